@@ -1,0 +1,343 @@
+/* ruda/ruda.h - the one header users include.
+ *
+ * ruda lets many host threads drive a GPU concurrently without blocking on
+ * it. Every stream id maps to a worker thread that drains a lock-free
+ * command queue into its own device stream; client calls validate their
+ * input, enqueue and return. Failures found by a worker wait on that
+ * stream's error queue until ruda_flush() or ruda_sync() hands them back.
+ *
+ * Conventions
+ *  - Functions return 0 or a negative RUDA_E* code (ruda/error.h). When a
+ *    call fails at the call, ruda_last_error() describes why.
+ *  - "Thread-safe" means any number of threads may call the function on the
+ *    same device at once. "Non-blocking" means it never waits for a worker
+ *    or the device (it may still allocate host memory).
+ *  - Calls on a closed device fail with RUDA_ECLOSED. Calling anything on a
+ *    device handle after ruda_device_close() returned is undefined, as with
+ *    any freed object.
+ */
+#ifndef RUDA_RUDA_H
+#define RUDA_RUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ruda/error.h"
+#include "ruda/export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RUDA_VERSION_MAJOR 0
+#define RUDA_VERSION_MINOR 1
+#define RUDA_VERSION_PATCH 0
+
+/* Returns "MAJOR.MINOR.PATCH". */
+RUDA_EXTERN const char *ruda_version_string(void);
+
+/* ------------------------------------------------------------------ */
+/* Device                                                              */
+/* ------------------------------------------------------------------ */
+
+typedef struct ruda_device ruda_device;
+
+typedef enum ruda_backend_kind {
+  RUDA_BACKEND_AUTO = 0, /* cuda when a usable GPU is present, else host */
+  RUDA_BACKEND_CUDA = 1,
+  RUDA_BACKEND_HOST = 2
+} ruda_backend_kind;
+
+typedef enum ruda_log_level {
+  RUDA_LOG_OFF = 0,
+  RUDA_LOG_ERROR = 1,
+  RUDA_LOG_WARN = 2,
+  RUDA_LOG_INFO = 3,
+  RUDA_LOG_DEBUG = 4
+} ruda_log_level;
+
+/* What a producer meets when its stream's queue holds queue_bound commands. */
+typedef enum ruda_backpressure {
+  RUDA_BACKPRESSURE_BLOCK = 0, /* wait (sleeping) until the worker drains */
+  RUDA_BACKPRESSURE_ERROR = 1  /* fail at once with RUDA_EQUEUEFULL */
+} ruda_backpressure;
+
+typedef struct ruda_config {
+  ruda_backend_kind backend; /* RUDA_BACKEND */
+  int device_ordinal;        /* RUDA_DEVICE: GPU ordinal for cuda */
+  uint32_t num_streams;      /* RUDA_STREAMS: worker threads (1..1024) */
+  uint32_t queue_bound;      /* RUDA_QUEUE_BOUND: commands per stream queue */
+  ruda_backpressure backpressure; /* RUDA_BACKPRESSURE: block|error */
+  ruda_log_level log_level;  /* RUDA_LOG: off|error|warn|info|debug */
+  int bounds_checked;        /* RUDA_BOUNDS_CHECK: kernels built with
+                                RUDA_BOUNDS_CHECKED defined (cuda) */
+  const char *cache_dir;     /* RUDA_CACHE_DIR: on-disk kernel cache; NULL
+                                selects $XDG_CACHE_HOME/ruda, "" disables */
+} ruda_config;
+
+/* Fills cfg with defaults (auto backend, 4 streams, 65536 commands per
+ * queue, block on a full queue, warn logging), then applies any RUDA_*
+ * environment variables named above. Fields set afterwards by the caller
+ * win over the environment. Thread-safe. */
+RUDA_EXTERN void ruda_config_init(ruda_config *cfg);
+
+/* Opens a device and starts its stream workers. cfg may be NULL (defaults
+ * plus environment). Fails with RUDA_ENOBACKEND when the cuda backend was
+ * asked for and is unusable, RUDA_EINVAL for out-of-range settings.
+ * Thread-safe; blocks while workers start. */
+RUDA_EXTERN int ruda_device_open(const ruda_config *cfg, ruda_device **out);
+
+/* Closes the device: new calls fail with RUDA_ECLOSED, every command
+ * already enqueued is executed (or reported), workers stop, all memory is
+ * released. Errors still queued on any stream are returned through *errors
+ * (owned by the caller; errors may be NULL to discard them), and the
+ * return value is RUDA_EUNHEALTHY when there were any. Must not race with
+ * other calls on the same device; blocks until the workers are done. */
+RUDA_EXTERN int ruda_device_close(ruda_device *dev, ruda_error **errors);
+
+/* Name of the backend in use ("host" or "cuda"). Thread-safe. */
+RUDA_EXTERN const char *ruda_device_backend(const ruda_device *dev);
+
+/* Number of worker streams. Thread-safe. */
+RUDA_EXTERN uint32_t ruda_device_num_streams(const ruda_device *dev);
+
+/* ------------------------------------------------------------------ */
+/* Streams                                                             */
+/* ------------------------------------------------------------------ */
+
+/* A stream id. Explicit ids are chosen by the user in [0, 2^63);
+ * RUDA_STREAM_CURRENT names the calling thread's own stream, whose id has
+ * the top bit set. Ids map to workers by a stable rule: explicit id i uses
+ * worker i % num_streams, so ids 0..num_streams-1 get a worker each. */
+typedef uint64_t ruda_stream_id;
+#define RUDA_STREAM_CURRENT ((ruda_stream_id)UINT64_MAX)
+#define RUDA_STREAM_EXPLICIT_MAX ((ruda_stream_id)INT64_MAX)
+
+/* The calling thread's stream id (stable for the thread's life). */
+RUDA_EXTERN ruda_stream_id ruda_stream_current(void);
+
+/* Writes up to cap ids of the streams used so far into ids; returns how
+ * many streams exist (which may exceed cap). Thread-safe, non-blocking. */
+RUDA_EXTERN size_t ruda_stream_ids(ruda_device *dev, ruda_stream_id *ids, size_t cap);
+
+/* ------------------------------------------------------------------ */
+/* Buffers                                                             */
+/* ------------------------------------------------------------------ */
+
+/* A buffer handle: slot index and generation. A handle whose buffer was
+ * freed is stale; every call given one fails (RUDA_ENOTFOUND, or RUDA_EFREE
+ * for a second free) instead of touching memory. */
+typedef struct ruda_handle {
+  uint32_t slot;
+  uint32_t gen;
+} ruda_handle;
+
+/* A byte range of a buffer. size 0 means "to the end of the buffer". */
+typedef struct ruda_binding {
+  ruda_handle handle;
+  uint64_t offset;
+  uint64_t size;
+} ruda_binding;
+
+/* Builds a binding covering the whole buffer. */
+static inline ruda_binding ruda_bind(ruda_handle h) {
+  ruda_binding b = {h, 0, 0};
+  return b;
+}
+
+/* Builds a binding of size bytes at offset. */
+static inline ruda_binding ruda_bind_range(ruda_handle h, uint64_t offset, uint64_t size) {
+  ruda_binding b = {h, offset, size};
+  return b;
+}
+
+/* Allocates a device buffer of size bytes for stream. The memory is usable
+ * by commands enqueued afterwards on any stream. Fails with RUDA_EINVAL for
+ * size 0, RUDA_EBUFFERTOOBIG when it can never fit, RUDA_EOUTOFMEMORY.
+ * Thread-safe; may call the device allocator. */
+RUDA_EXTERN int ruda_buffer_create(ruda_device *dev, ruda_stream_id stream, uint64_t size,
+                                   ruda_handle *out);
+
+/* Frees a buffer, ordered on stream: the handle is dead for new calls at
+ * once, the memory is released after every command already enqueued that
+ * uses it has run. RUDA_EFREE for a second free, RUDA_ENOTFOUND for a
+ * handle that never existed. Thread-safe, non-blocking. */
+RUDA_EXTERN int ruda_buffer_free(ruda_device *dev, ruda_stream_id stream, ruda_handle h);
+
+/* Size in bytes of a live buffer. Thread-safe, non-blocking. */
+RUDA_EXTERN int ruda_buffer_size(ruda_device *dev, ruda_handle h, uint64_t *size);
+
+/* ------------------------------------------------------------------ */
+/* Copies                                                              */
+/* ------------------------------------------------------------------ */
+
+#define RUDA_MAX_RANK 8
+
+/* Where and how a tensor lies in a buffer: rank dims of shape[i] elements
+ * with strides[i] (in elements) between consecutive indices of dim i, each
+ * element elem_size bytes. rank 0 means "binding.size contiguous bytes".
+ * Host-side data is always dense (row-major, last dim fastest). */
+typedef struct ruda_copy_desc {
+  ruda_binding binding;
+  uint32_t rank;
+  uint64_t shape[RUDA_MAX_RANK];
+  uint64_t strides[RUDA_MAX_RANK];
+  uint32_t elem_size;
+} ruda_copy_desc;
+
+/* Builds a contiguous descriptor for a whole binding. */
+static inline ruda_copy_desc ruda_copy_contiguous(ruda_binding b) {
+  ruda_copy_desc d;
+  d.binding = b;
+  d.rank = 0;
+  for (int i = 0; i < RUDA_MAX_RANK; i++) d.shape[i] = d.strides[i] = 0;
+  d.elem_size = 1;
+  return d;
+}
+
+/* Writes len bytes from src into the buffer region described by dst.
+ * src is copied before the call returns (the caller may reuse it at once);
+ * the device copy runs later, in stream order. len must equal the
+ * descriptor's element count times elem_size. Thread-safe, non-blocking
+ * unless the queue is full under RUDA_BACKPRESSURE_BLOCK. */
+RUDA_EXTERN int ruda_write(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *dst,
+                           const void *src, size_t len);
+
+/* A one-shot completion: of a read, or of a sync. */
+typedef struct ruda_future ruda_future;
+
+/* Enqueues a read of the region src into dst (len bytes, dense). dst must
+ * stay valid until the future completes. *fut receives the future, owned
+ * by the caller. Thread-safe, non-blocking. */
+RUDA_EXTERN int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src,
+                          void *dst, size_t len, ruda_future **fut);
+
+/* Copies src.size bytes between two buffers in stream order (src.size 0:
+ * the whole source binding). Thread-safe, non-blocking. */
+RUDA_EXTERN int ruda_copy(ruda_device *dev, ruda_stream_id stream, ruda_binding dst,
+                          ruda_binding src);
+
+/* Returns 1 when the future completed, 0 when not yet. Never blocks;
+ * thread-safe against one waiter. */
+RUDA_EXTERN int ruda_future_poll(ruda_future *fut);
+
+/* Blocks until the future completes. Returns 0, or the error code of the
+ * completion; then *err (if err is non-NULL) receives an owned error with
+ * the stream's queued errors as its list. Waiting twice returns the same
+ * result (the error is handed over only once). A stream holding errors
+ * yields RUDA_EUNHEALTHY as for ruda_flush. */
+RUDA_EXTERN int ruda_future_wait(ruda_future *fut, ruda_error **err);
+
+/* Frees a future. A future not yet complete is detached: the work still
+ * runs and its result is dropped. NULL is a no-op. */
+RUDA_EXTERN void ruda_future_free(ruda_future *fut);
+
+/* ------------------------------------------------------------------ */
+/* Kernels                                                             */
+/* ------------------------------------------------------------------ */
+
+typedef struct ruda_dim3 {
+  uint32_t x, y, z;
+} ruda_dim3;
+
+typedef enum ruda_arg_kind {
+  RUDA_ARG_BUFFER = 0, /* a binding; the kernel sees a pointer to its first byte */
+  RUDA_ARG_SCALAR = 1  /* bytes copied at enqueue, passed by value */
+} ruda_arg_kind;
+
+typedef struct ruda_arg {
+  ruda_arg_kind kind;
+  ruda_binding binding; /* RUDA_ARG_BUFFER */
+  const void *data;     /* RUDA_ARG_SCALAR */
+  uint32_t size;        /* RUDA_ARG_SCALAR, 1..RUDA_MAX_SCALAR_BYTES */
+} ruda_arg;
+
+#define RUDA_MAX_ARGS 64
+#define RUDA_MAX_SCALAR_BYTES 256
+
+static inline ruda_arg ruda_arg_buffer(ruda_binding b) {
+  ruda_arg a = {RUDA_ARG_BUFFER, b, NULL, 0};
+  return a;
+}
+
+static inline ruda_arg ruda_arg_scalar(const void *data, uint32_t size) {
+  ruda_arg a;
+  a.kind = RUDA_ARG_SCALAR;
+  a.binding = ruda_bind_range((ruda_handle){0, 0}, 0, 0);
+  a.data = data;
+  a.size = size;
+  return a;
+}
+
+/* Launch flags. */
+#define RUDA_LAUNCH_DRY_RUN 0x1u  /* validate (and compile), dispatch nothing */
+#define RUDA_LAUNCH_INDIRECT 0x2u /* grid read from indirect_grid (u32[3]) */
+
+typedef struct ruda_launch_desc {
+  const char *kernel;        /* registered kernel name */
+  ruda_dim3 grid;            /* blocks; ignored with RUDA_LAUNCH_INDIRECT */
+  ruda_dim3 block;           /* threads per block */
+  uint32_t shared_mem;       /* dynamic shared memory bytes */
+  const ruda_arg *args;      /* nargs arguments, in kernel parameter order */
+  uint32_t nargs;
+  uint32_t flags;            /* RUDA_LAUNCH_* */
+  ruda_binding indirect_grid; /* RUDA_LAUNCH_INDIRECT: 12 bytes, u32[3] */
+} ruda_launch_desc;
+
+/* Enqueues a kernel launch. Checks at the call: the kernel name is known,
+ * dims are non-zero and within device limits, every binding is live and in
+ * range, scalars fit. Device-side failures surface on flush/sync.
+ * Thread-safe, non-blocking (see ruda_write for a full queue). */
+RUDA_EXTERN int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc *l);
+
+/* Host-backend kernels: C functions registered by name. The worker calls fn
+ * once per thread of every block, in block order, with the indices set in
+ * ctx. args[i] points at the first byte of a buffer argument, or at the
+ * bytes of a scalar argument. A kernel reports a failure by returning a
+ * negative RUDA_E* code; the worker queues it on the stream. */
+typedef struct ruda_host_ctx {
+  ruda_dim3 grid_dim, block_dim, block_idx, thread_idx;
+  void *shared; /* shared_mem bytes, per block */
+} ruda_host_ctx;
+
+typedef int (*ruda_host_kernel_fn)(const ruda_host_ctx *ctx, void *const *args);
+
+/* Registers (or replaces) a host kernel. RUDA_ENOBACKEND on a cuda device.
+ * Thread-safe. */
+RUDA_EXTERN int ruda_host_kernel_register(ruda_device *dev, const char *name,
+                                          ruda_host_kernel_fn fn);
+
+/* Registers (or replaces) a CUDA C kernel given as source. The source must
+ * define `extern "C" __global__ void <name>(...)`; options is a
+ * NULL-terminated list of extra NVRTC options, or NULL. The cuda backend
+ * compiles it for the device (once, cached in memory and on disk) and
+ * reports compile errors with the NVRTC log as RUDA_ECOMPILE.
+ * RUDA_ENOBACKEND on a host device. Thread-safe; may block compiling. */
+RUDA_EXTERN int ruda_kernel_source(ruda_device *dev, const char *name, const char *source,
+                                   const char *const *options);
+
+/* ------------------------------------------------------------------ */
+/* Flush and sync                                                      */
+/* ------------------------------------------------------------------ */
+
+/* Returns once the stream's worker has submitted everything enqueued on
+ * the stream before this call, then drains the stream's error queue: 0 if
+ * it was empty, else RUDA_EUNHEALTHY with *errors (if non-NULL) receiving
+ * an owned RUDA_EUNHEALTHY error whose cause is the first queued error;
+ * ruda_error_next() walks the rest in the order they happened.
+ * Thread-safe; blocks for the worker, never for the device. */
+RUDA_EXTERN int ruda_flush(ruda_device *dev, ruda_stream_id stream, ruda_error **errors);
+
+/* Like ruda_flush, but returns once the device has also finished that
+ * work. Thread-safe; blocks. */
+RUDA_EXTERN int ruda_sync(ruda_device *dev, ruda_stream_id stream, ruda_error **errors);
+
+/* The asynchronous form of ruda_sync: *fut completes when the work
+ * enqueued before the call finished; its wait returns the stream's errors.
+ * Thread-safe, non-blocking. */
+RUDA_EXTERN int ruda_sync_async(ruda_device *dev, ruda_stream_id stream, ruda_future **fut);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* RUDA_RUDA_H */

@@ -1,0 +1,94 @@
+/* future.c - one-shot completions for reads and syncs.
+ *
+ * The worker marks a future submitted (with the backend's completion
+ * event, if any) and wakes the waiter with a futex. The waiter then waits
+ * for the event itself, on its own thread: workers never block on the
+ * device, so one slow sync cannot stall a stream's other commands.
+ */
+#include <stdlib.h>
+
+#include "../src/internal.h"
+#include "../src/sync.h"
+
+struct ruda_future *ruda__future_new(ruda_device *dev, ruda__stream *s, int drains) {
+  struct ruda_future *f = calloc(1, sizeof *f);
+  if (f == NULL) return NULL;
+  atomic_init(&f->state, RUDA__FUT_PENDING);
+  atomic_init(&f->refs, 2);
+  f->dev = dev;
+  f->stream = s;
+  f->drains_errors = drains;
+  return f;
+}
+
+void ruda__future_submitted(struct ruda_future *f, int code) {
+  f->code = code;
+  atomic_store_explicit(&f->state, RUDA__FUT_SUBMITTED, memory_order_release);
+  ruda__futex_wake_all((const uint32_t *)&f->state);
+}
+
+static void release_event(struct ruda_future *f) {
+  if (f->completion.event != NULL && f->dev->ops->event_release)
+    f->dev->ops->event_release(f->dev->bstate, f->completion.event);
+  f->completion.event = NULL;
+}
+
+void ruda__future_unref(struct ruda_future *f) {
+  if (atomic_fetch_sub_explicit(&f->refs, 1, memory_order_acq_rel) != 1) return;
+  if (!f->finished && f->completion.discard != NULL) {
+    /* Detached before it was waited: the work ran, its result is dropped,
+     * but whatever the backend holds for it (staging) must go back. If the
+     * device work may still run, wait for it first. */
+    if (f->completion.event != NULL) f->dev->ops->event_wait(f->dev->bstate, f->completion.event, NULL);
+    f->completion.discard(f->dev->bstate, f->completion.arg);
+  }
+  release_event(f);
+  ruda_error_free(f->err);
+  free(f);
+}
+
+int ruda_future_poll(ruda_future *f) {
+  if (f == NULL) return ruda__fail(RUDA_EINVAL, "ruda_future_poll: future is NULL");
+  if (atomic_load_explicit(&f->state, memory_order_acquire) != RUDA__FUT_SUBMITTED) return 0;
+  if (f->finished || f->completion.event == NULL) return 1;
+  return f->dev->ops->event_query(f->dev->bstate, f->completion.event);
+}
+
+int ruda_future_wait(ruda_future *f, ruda_error **err) {
+  if (err) *err = NULL;
+  if (f == NULL) return ruda__fail(RUDA_EINVAL, "ruda_future_wait: future is NULL");
+  while (atomic_load_explicit(&f->state, memory_order_acquire) != RUDA__FUT_SUBMITTED)
+    ruda__futex_wait((const uint32_t *)&f->state, RUDA__FUT_PENDING);
+  if (!f->finished) {
+    f->finished = 1;
+    int rc = f->code;
+    ruda_error *e = NULL;
+    if (rc == 0 && f->completion.event != NULL)
+      rc = f->dev->ops->event_wait(f->dev->bstate, f->completion.event, &e);
+    if (rc == 0 && f->completion.finish != NULL)
+      f->completion.finish(f->dev->bstate, f->completion.arg);
+    release_event(f);
+    if (e != NULL) {
+      e->stream = f->stream->id;
+      ruda__stream_push_error(f->stream, e);
+    }
+    /* A failed command already queued its error on the stream; handing
+     * the stream's errors back covers both. */
+    if (f->drains_errors || rc != 0) {
+      int drc = ruda__stream_drain(f->dev, f->stream, &f->err);
+      if (rc == 0) rc = drc;
+      else if (drc != 0) rc = drc;
+    }
+    f->code = rc;
+  }
+  if (err) {
+    *err = f->err;
+    f->err = NULL;
+  }
+  return f->code;
+}
+
+void ruda_future_free(ruda_future *f) {
+  if (f == NULL) return;
+  ruda__future_unref(f);
+}

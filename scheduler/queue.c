@@ -1,0 +1,58 @@
+/* queue.c - the multi-producer command queue of one worker.
+ *
+ * liburcu's wfcqueue gives a wait-free enqueue (one atomic exchange) and a
+ * consumer that takes the whole queue in one splice. The queue itself is
+ * unbounded, so the bound lives in a depth counter: a push that would pass
+ * queue_bound either sleeps on the worker's `space` event count or fails
+ * with RUDA_EQUEUEFULL, as the device's backpressure policy says. Nothing
+ * is ever dropped.
+ */
+#include <stdlib.h>
+
+#include "../src/internal.h"
+#include "../src/sync.h"
+
+ruda__cmd *ruda__cmd_alloc(size_t extra) {
+  ruda__cmd *cmd = malloc(sizeof *cmd + extra);
+  if (cmd == NULL) return NULL;
+  cds_wfcq_node_init(&cmd->node);
+  cmd->npins = 0;
+  cmd->pins = NULL;
+  cmd->future = NULL;
+  return cmd;
+}
+
+void ruda__cmd_free(ruda__cmd *cmd) { free(cmd); }
+
+static void push(ruda__worker *w, ruda__cmd *cmd) {
+  /* cds_wfcq_enqueue returns false when the queue was empty: only then can
+   * the worker be asleep (or about to be), so only then is it woken. A
+   * worker re-checks the queue after reading the event count and before
+   * sleeping, so this wake-up cannot be lost. */
+  if (!cds_wfcq_enqueue(&w->head, &w->tail, &cmd->node)) ck_ec32_inc(&w->wake, &ruda__ec_mp);
+}
+
+void ruda__queue_push_unbounded(ruda__worker *w, ruda__cmd *cmd) {
+  atomic_fetch_add_explicit(&w->depth, 1, memory_order_relaxed);
+  push(w, cmd);
+}
+
+int ruda__queue_push(ruda__worker *w, ruda__cmd *cmd) {
+  const ruda_config *cfg = &w->dev->cfg;
+  for (;;) {
+    uint32_t d = atomic_fetch_add_explicit(&w->depth, 1, memory_order_relaxed);
+    if (d < cfg->queue_bound) break;
+    atomic_fetch_sub_explicit(&w->depth, 1, memory_order_relaxed);
+    if (cfg->backpressure == RUDA_BACKPRESSURE_ERROR)
+      return ruda__fail(RUDA_EQUEUEFULL, "stream %llu: queue of worker %u holds %u commands (bound %u)",
+                        (unsigned long long)cmd->stream->id, w->index, d, cfg->queue_bound);
+    /* Sleep until the worker retires a batch. Reading the count before
+     * re-checking depth closes the window where the worker drains between
+     * our check and our sleep. */
+    uint32_t seen = ck_ec32_value(&w->space);
+    if (atomic_load_explicit(&w->depth, memory_order_relaxed) < cfg->queue_bound) continue;
+    ck_ec32_wait(&w->space, &ruda__ec_mp, seen, NULL);
+  }
+  push(w, cmd);
+  return 0;
+}

@@ -1,0 +1,163 @@
+/* scheduler.h - commands, stream queues, workers, error queues, futures.
+ *
+ * A command travels: client validates and builds it (api.c), pushes it on
+ * its worker's queue (queue.c: wait-free, bounded by a depth counter), the
+ * worker (worker.c) pops batches and runs them on the backend, failures go
+ * to the stream's error queue (stream.c), futures complete (future.c).
+ */
+#ifndef RUDA_SCHEDULER_H
+#define RUDA_SCHEDULER_H
+
+#include <ck_ec.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <urcu/wfcqueue.h>
+
+#include "../src/backend.h"
+#include "ruda/ruda.h"
+
+#define RUDA__CACHELINE 64
+
+typedef struct ruda__worker ruda__worker;
+typedef struct ruda__stream ruda__stream;
+
+/* ---- commands ---- */
+
+typedef enum ruda__cmd_kind {
+  RUDA__CMD_WRITE,
+  RUDA__CMD_READ,
+  RUDA__CMD_COPY,
+  RUDA__CMD_LAUNCH,
+  RUDA__CMD_FREE,  /* drop the owner's reference of a freed buffer */
+  RUDA__CMD_FENCE, /* flush: complete the future once reached */
+  RUDA__CMD_SYNC,  /* record completion of everything before it */
+  RUDA__CMD_STOP   /* worker exits after it (close) */
+} ruda__cmd_kind;
+
+#define RUDA__MAX_PINS (RUDA_MAX_ARGS + 1)
+
+typedef struct ruda__cmd {
+  struct cds_wfcq_node node; /* intrusive: the queue allocates nothing */
+  uint8_t kind;
+  uint8_t npins;
+  ruda__stream *stream;
+  uint64_t seq; /* per-stream number, quoted in error messages */
+  struct ruda_future *future;
+  uint32_t *pins; /* slots pinned by this command, unpinned after it ran */
+  union {
+    struct {
+      uint64_t dst;
+      void *staged;
+      ruda__layout layout;
+    } write;
+    struct {
+      uint64_t src;
+      void *dst;
+      ruda__layout layout;
+    } read;
+    struct {
+      uint64_t dst, src, size;
+    } copy;
+    ruda__launch_cmd launch;
+    struct {
+      uint32_t slot;
+    } free;
+  } u;
+} ruda__cmd;
+
+/* Allocates a command with extra trailing bytes (pins, args, scalars). */
+ruda__cmd *ruda__cmd_alloc(size_t extra);
+void ruda__cmd_free(ruda__cmd *cmd);
+/* The trailing bytes of a command. */
+static inline unsigned char *ruda__cmd_extra(ruda__cmd *cmd) { return (unsigned char *)(cmd + 1); }
+
+/* ---- futures ---- */
+
+enum { RUDA__FUT_PENDING = 0, RUDA__FUT_SUBMITTED = 1 };
+
+struct ruda_future {
+  _Atomic uint32_t state; /* futex word */
+  _Atomic uint32_t refs;  /* client + worker */
+  int code;               /* submission result */
+  int finished;           /* completion waited and finished (waiter only) */
+  ruda_error *err;
+  ruda__completion completion;
+  struct ruda_device *dev;
+  ruda__stream *stream;
+  int drains_errors;
+};
+
+struct ruda_future *ruda__future_new(struct ruda_device *dev, ruda__stream *s, int drains);
+/* Worker: the command ran (code 0) or failed; wakes the waiter. */
+void ruda__future_submitted(struct ruda_future *f, int code);
+void ruda__future_unref(struct ruda_future *f);
+
+/* ---- workers and their queues ---- */
+
+struct ruda__worker {
+  /* Producer side, on its own cache line. */
+  struct cds_wfcq_tail tail __attribute__((aligned(RUDA__CACHELINE)));
+  _Atomic uint32_t depth; /* commands queued, for the bound */
+  /* Consumer side. */
+  struct cds_wfcq_head head __attribute__((aligned(RUDA__CACHELINE)));
+  ck_ec32_t wake;  /* bumped when a push finds the queue empty */
+  ck_ec32_t space; /* bumped when the worker drained a batch */
+  uint32_t index;
+  pthread_t thread;
+  void *wstate;
+  int start_code;
+  struct ruda_device *dev;
+  uint64_t executed; /* commands run (worker only) */
+} __attribute__((aligned(RUDA__CACHELINE)));
+
+/* Pushes cmd on w's queue, applying the device's backpressure policy.
+ * Wait-free unless the queue is full under RUDA_BACKPRESSURE_BLOCK. */
+int ruda__queue_push(ruda__worker *w, ruda__cmd *cmd);
+/* Pushes without the bound (close, internal markers). */
+void ruda__queue_push_unbounded(ruda__worker *w, ruda__cmd *cmd);
+
+int ruda__workers_start(struct ruda_device *dev);
+/* Runs everything queued, stops and joins every worker. */
+void ruda__workers_stop(struct ruda_device *dev);
+
+/* Runs one command on the worker; used by the worker loop. */
+void ruda__execute(ruda__worker *w, ruda__cmd *cmd);
+
+/* ---- streams ---- */
+
+struct ruda__stream {
+  ruda_stream_id id;
+  ruda__worker *worker;
+  _Atomic uint64_t seq;
+  pthread_mutex_t err_lock; /* error path and drains only */
+  ruda_error *err_head, *err_tail;
+  _Atomic uint32_t nerr;
+  _Atomic uint64_t lost; /* errors that could not be recorded (no memory) */
+};
+
+/* Insert-only hash from id to stream with lock-free lookups. Tables are
+ * replaced when they fill up; old tables are kept until close because a
+ * reader may still be probing them (no reclamation needed). */
+typedef struct ruda__stream_table {
+  struct ruda__stream_slots *_Atomic current;
+  struct ruda__stream_slots *retired;
+  pthread_mutex_t lock; /* inserts only */
+  _Atomic uint64_t count;
+} ruda__stream_table;
+
+void ruda__streams_init(ruda__stream_table *t);
+void ruda__streams_destroy(ruda__stream_table *t);
+/* Finds or creates the stream for id (RUDA_STREAM_CURRENT resolved). */
+ruda__stream *ruda__stream_get(struct ruda_device *dev, ruda_stream_id id);
+size_t ruda__streams_list(ruda__stream_table *t, ruda_stream_id *ids, size_t cap);
+/* Calls fn for every stream. */
+void ruda__streams_each(ruda__stream_table *t, void (*fn)(ruda__stream *, void *), void *arg);
+
+/* Queues an error on a stream (worker side); a NULL err counts a loss. */
+void ruda__stream_push_error(ruda__stream *s, ruda_error *err);
+/* Takes the stream's errors; returns 0 or RUDA_EUNHEALTHY with *out an
+ * owned summary (or discards them when out is NULL). */
+int ruda__stream_drain(struct ruda_device *dev, ruda__stream *s, ruda_error **out);
+
+#endif /* RUDA_SCHEDULER_H */

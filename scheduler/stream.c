@@ -1,0 +1,226 @@
+/* stream.c - the stream table and per-stream error queues.
+ *
+ * Lookups happen on every call, inserts once per new stream id, so the
+ * table is an open-addressing hash whose slots are published with release
+ * stores and read with acquire loads: readers take no lock. An insert
+ * takes the table mutex; when the load passes 1/2 it builds a table twice
+ * the size and publishes it. The old table is retired, not freed, because a
+ * reader may still be probing it; retired tables (at most the sum of a
+ * geometric series, < the live table's size) are freed at close.
+ *
+ * A thread-local cache remembers the last stream a thread used, so the
+ * common case - a thread using its own stream - costs one comparison.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/internal.h"
+
+typedef struct ruda__stream_slots {
+  uint64_t mask;
+  struct ruda__stream_slots *prev_retired;
+  ruda__stream *_Atomic slot[];
+} ruda__stream_slots;
+
+static ruda__stream_slots *slots_new(uint64_t cap) {
+  ruda__stream_slots *t = calloc(1, sizeof *t + cap * sizeof(ruda__stream *));
+  if (t != NULL) t->mask = cap - 1;
+  return t;
+}
+
+static uint64_t mix(uint64_t x) { /* splitmix64 finalizer */
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+void ruda__streams_init(ruda__stream_table *t) {
+  atomic_init(&t->current, slots_new(64));
+  t->retired = NULL;
+  pthread_mutex_init(&t->lock, NULL);
+  atomic_init(&t->count, 0);
+}
+
+static ruda__stream *find(ruda__stream_slots *s, ruda_stream_id id) {
+  for (uint64_t i = mix(id) & s->mask;; i = (i + 1) & s->mask) {
+    ruda__stream *st = atomic_load_explicit(&s->slot[i], memory_order_acquire);
+    if (st == NULL) return NULL;
+    if (st->id == id) return st;
+  }
+}
+
+static void place(ruda__stream_slots *s, ruda__stream *st) {
+  uint64_t i = mix(st->id) & s->mask;
+  while (atomic_load_explicit(&s->slot[i], memory_order_relaxed) != NULL) i = (i + 1) & s->mask;
+  atomic_store_explicit(&s->slot[i], st, memory_order_release);
+}
+
+static _Thread_local struct {
+  uint64_t serial;
+  ruda_stream_id id;
+  ruda__stream *stream;
+} cache;
+
+static _Atomic uint64_t next_thread_stream = 1;
+static _Thread_local ruda_stream_id thread_stream;
+
+ruda_stream_id ruda_stream_current(void) {
+  if (thread_stream == 0)
+    thread_stream = (1ull << 63) | atomic_fetch_add_explicit(&next_thread_stream, 1, memory_order_relaxed);
+  return thread_stream;
+}
+
+static ruda__stream *create(ruda_device *dev, ruda_stream_id id) {
+  ruda__stream_table *t = &dev->streams;
+  pthread_mutex_lock(&t->lock);
+  ruda__stream_slots *cur = atomic_load_explicit(&t->current, memory_order_relaxed);
+  ruda__stream *st = cur ? find(cur, id) : NULL;
+  if (st != NULL || cur == NULL) goto out;
+  st = calloc(1, sizeof *st);
+  if (st == NULL) goto out;
+  st->id = id;
+  st->worker = &dev->workers[(id & ~(1ull << 63)) % dev->nworkers];
+  pthread_mutex_init(&st->err_lock, NULL);
+  uint64_t n = atomic_load_explicit(&t->count, memory_order_relaxed) + 1;
+  if (n * 2 > cur->mask + 1) {
+    ruda__stream_slots *bigger = slots_new((cur->mask + 1) * 2);
+    if (bigger == NULL) {
+      pthread_mutex_destroy(&st->err_lock);
+      free(st);
+      st = NULL;
+      goto out;
+    }
+    for (uint64_t i = 0; i <= cur->mask; i++) {
+      ruda__stream *old = atomic_load_explicit(&cur->slot[i], memory_order_relaxed);
+      if (old != NULL) place(bigger, old);
+    }
+    place(bigger, st);
+    atomic_store_explicit(&t->current, bigger, memory_order_release);
+    cur->prev_retired = t->retired;
+    t->retired = cur;
+  } else {
+    place(cur, st);
+  }
+  atomic_store_explicit(&t->count, n, memory_order_relaxed);
+out:
+  pthread_mutex_unlock(&t->lock);
+  return st;
+}
+
+ruda__stream *ruda__stream_get(ruda_device *dev, ruda_stream_id id) {
+  if (id == RUDA_STREAM_CURRENT) id = ruda_stream_current();
+  if (cache.serial == dev->serial && cache.id == id) return cache.stream;
+  ruda__stream_slots *cur = atomic_load_explicit(&dev->streams.current, memory_order_acquire);
+  ruda__stream *st = find(cur, id);
+  if (st == NULL) st = create(dev, id);
+  if (st != NULL) {
+    cache.serial = dev->serial;
+    cache.id = id;
+    cache.stream = st;
+  }
+  return st;
+}
+
+void ruda__streams_each(ruda__stream_table *t, void (*fn)(ruda__stream *, void *), void *arg) {
+  ruda__stream_slots *cur = atomic_load_explicit(&t->current, memory_order_acquire);
+  if (cur == NULL) return;
+  for (uint64_t i = 0; i <= cur->mask; i++) {
+    ruda__stream *st = atomic_load_explicit(&cur->slot[i], memory_order_acquire);
+    if (st != NULL) fn(st, arg);
+  }
+}
+
+typedef struct list_arg {
+  ruda_stream_id *ids;
+  size_t cap, n;
+} list_arg;
+
+static void list_one(ruda__stream *st, void *p) {
+  list_arg *a = p;
+  if (a->n < a->cap) a->ids[a->n] = st->id;
+  a->n++;
+}
+
+size_t ruda__streams_list(ruda__stream_table *t, ruda_stream_id *ids, size_t cap) {
+  list_arg a = {ids, ids ? cap : 0, 0};
+  ruda__streams_each(t, list_one, &a);
+  return a.n;
+}
+
+static void free_stream(ruda__stream *st, void *unused) {
+  (void)unused;
+  ruda_error_free(st->err_head);
+  pthread_mutex_destroy(&st->err_lock);
+  free(st);
+}
+
+void ruda__streams_destroy(ruda__stream_table *t) {
+  ruda__streams_each(t, free_stream, NULL);
+  free(atomic_load(&t->current));
+  for (ruda__stream_slots *r = t->retired; r != NULL;) {
+    ruda__stream_slots *p = r->prev_retired;
+    free(r);
+    r = p;
+  }
+  pthread_mutex_destroy(&t->lock);
+  /* Invalidate this thread's cache; other threads compare the serial. */
+  cache.serial = 0;
+}
+
+void ruda__stream_push_error(ruda__stream *s, ruda_error *err) {
+  if (err == NULL) {
+    atomic_fetch_add_explicit(&s->lost, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->nerr, 1, memory_order_release);
+    return;
+  }
+  err->next = NULL;
+  pthread_mutex_lock(&s->err_lock);
+  if (s->err_tail) s->err_tail->next = err;
+  else s->err_head = err;
+  s->err_tail = err;
+  pthread_mutex_unlock(&s->err_lock);
+  atomic_fetch_add_explicit(&s->nerr, 1, memory_order_release);
+}
+
+int ruda__stream_drain(ruda_device *dev, ruda__stream *s, ruda_error **out) {
+  if (out) *out = NULL;
+  int faulted = atomic_load_explicit(&dev->faulted, memory_order_acquire);
+  if (atomic_load_explicit(&s->nerr, memory_order_acquire) == 0 && !faulted) return 0;
+  pthread_mutex_lock(&s->err_lock);
+  ruda_error *list = s->err_head;
+  uint32_t n = atomic_exchange(&s->nerr, 0);
+  uint64_t lost = atomic_exchange(&s->lost, 0);
+  s->err_head = s->err_tail = NULL;
+  pthread_mutex_unlock(&s->err_lock);
+  if (n == 0 && !faulted) return 0;
+
+  if (out == NULL) {
+    ruda_error_free(list);
+    return RUDA_EUNHEALTHY;
+  }
+  ruda_error *sum = ruda__error_new(
+      RUDA_EUNHEALTHY, 0, "stream %llu is unhealthy: %u error%s%s%s", (unsigned long long)s->id,
+      n, n == 1 ? "" : "s", faulted ? "; the device is faulted: " : "",
+      faulted && dev->fault ? dev->fault->msg : "");
+  if (sum == NULL) { /* hand back the list itself rather than nothing */
+    *out = list;
+    return RUDA_EUNHEALTHY;
+  }
+  sum->stream = s->id;
+  if (lost > 0) {
+    ruda_error *l = ruda__error_new(RUDA_ENOMEM, 0,
+                                    "%llu further error%s on stream %llu could not be recorded "
+                                    "(host memory exhausted)",
+                                    (unsigned long long)lost, lost == 1 ? "" : "s",
+                                    (unsigned long long)s->id);
+    if (l != NULL) {
+      l->next = list;
+      list = l;
+    }
+  }
+  sum->cause = list;
+  *out = sum;
+  return RUDA_EUNHEALTHY;
+}

@@ -1,0 +1,226 @@
+/* worker.c - one thread per worker stream: pop batches, run them on the
+ * backend, queue failures on their stream, complete futures. */
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sched.h>
+
+#include "../src/internal.h"
+#include "../src/sync.h"
+
+static const char *cmd_name(int kind) {
+  switch (kind) {
+    case RUDA__CMD_WRITE: return "write";
+    case RUDA__CMD_READ: return "read";
+    case RUDA__CMD_COPY: return "copy";
+    case RUDA__CMD_LAUNCH: return "launch";
+    case RUDA__CMD_FREE: return "free";
+    case RUDA__CMD_FENCE: return "flush";
+    case RUDA__CMD_SYNC: return "sync";
+    default: return "stop";
+  }
+}
+
+/* Gives a backend error the command's context: which call, which stream,
+ * which command number. */
+static void report(ruda__worker *w, ruda__cmd *cmd, int code, ruda_error *err) {
+  ruda__stream *s = cmd->stream;
+  if (err == NULL) err = ruda__error_new(code, 0, "%s failed", cmd_name(cmd->kind));
+  if (err != NULL) {
+    char ctx[RUDA__MSG_MAX];
+    const char *what = cmd->kind == RUDA__CMD_LAUNCH ? cmd->u.launch.kernel->name : "";
+    snprintf(ctx, sizeof ctx, "ruda_%s%s%.64s%s (stream %llu, command #%llu): %.380s", cmd_name(cmd->kind),
+             *what ? " \"" : "", what, *what ? "\"" : "", (unsigned long long)s->id,
+             (unsigned long long)cmd->seq, err->msg);
+    memcpy(err->msg, ctx, sizeof err->msg);
+    err->stream = s->id;
+  }
+  ruda__log(w->dev, RUDA_LOG_DEBUG, "worker %u: %s", w->index, err ? err->msg : "error lost");
+  ruda__stream_push_error(s, err);
+}
+
+void ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
+  ruda_device *dev = w->dev;
+  const ruda__backend_ops *ops = dev->ops;
+  ruda_error *err = NULL;
+  int rc = 0;
+  switch (cmd->kind) {
+    case RUDA__CMD_WRITE:
+      rc = ops->write(w->wstate, cmd->u.write.dst, &cmd->u.write.layout, cmd->u.write.staged, &err);
+      break;
+    case RUDA__CMD_READ:
+      rc = ops->read(w->wstate, cmd->u.read.dst, cmd->u.read.src, &cmd->u.read.layout,
+                     &cmd->future->completion, &err);
+      break;
+    case RUDA__CMD_COPY:
+      rc = ops->copy(w->wstate, cmd->u.copy.dst, cmd->u.copy.src, cmd->u.copy.size, &err);
+      break;
+    case RUDA__CMD_LAUNCH:
+      if (!(cmd->u.launch.flags & RUDA_LAUNCH_DRY_RUN))
+        rc = ops->launch(w->wstate, &cmd->u.launch, &err);
+      break;
+    case RUDA__CMD_FREE:
+      ruda__handles_unpin(&dev->handles, dev, cmd->u.free.slot, w->wstate);
+      break;
+    case RUDA__CMD_SYNC:
+      rc = ops->record(w->wstate, &cmd->future->completion, &err);
+      break;
+    case RUDA__CMD_FENCE:
+    case RUDA__CMD_STOP:
+      break;
+  }
+  if (rc != 0) report(w, cmd, rc, err);
+  for (uint32_t i = 0; i < cmd->npins; i++)
+    ruda__handles_unpin(&dev->handles, dev, cmd->pins[i], w->wstate);
+  if (cmd->future != NULL) {
+    ruda__future_submitted(cmd->future, rc);
+    ruda__future_unref(cmd->future);
+  }
+}
+
+static void *worker_main(void *arg) {
+  ruda__worker *w = arg;
+  ruda_device *dev = w->dev;
+  char name[16];
+  snprintf(name, sizeof name, "ruda-w%u", w->index);
+  pthread_setname_np(pthread_self(), name);
+
+  int stop = 0;
+  while (!stop) {
+    struct cds_wfcq_head batch_head;
+    struct cds_wfcq_tail batch_tail;
+    cds_wfcq_init(&batch_head, &batch_tail);
+    /* Read the event count first: a push after this point changes it, so
+     * the wait below returns at once instead of missing the push. */
+    uint32_t seen = ck_ec32_value(&w->wake);
+    enum cds_wfcq_ret r =
+        __cds_wfcq_splice_nonblocking(&batch_head, &batch_tail, &w->head, &w->tail);
+    if (r == CDS_WFCQ_RET_SRC_EMPTY) {
+      ck_ec32_wait(&w->wake, &ruda__ec_mp, seen, NULL);
+      continue;
+    }
+    if (r == CDS_WFCQ_RET_WOULDBLOCK) { /* a producer is mid-push */
+      ruda__cpu_relax();
+      continue;
+    }
+    uint32_t n = 0;
+    struct cds_wfcq_node *node, *next;
+    __cds_wfcq_for_each_blocking_safe(&batch_head, &batch_tail, node, next) {
+      ruda__cmd *cmd = caa_container_of(node, ruda__cmd, node);
+      if (cmd->kind == RUDA__CMD_STOP) stop = 1;
+      ruda__execute(w, cmd);
+      ruda__cmd_free(cmd);
+      n++;
+    }
+    w->executed += n;
+    atomic_fetch_sub_explicit(&w->depth, n, memory_order_relaxed);
+    /* Always bump: a producer that saw the queue full and is about to sleep
+     * then finds the count changed. One increment per batch, not per command. */
+    ck_ec32_inc(&w->space, &ruda__ec_mp);
+  }
+  if (dev->ops->worker_stop) dev->ops->worker_stop(dev->bstate, w->wstate);
+  return NULL;
+}
+
+/* Start-up handshake: the backend's per-worker state (the CUDA stream) is
+ * made on the worker thread itself, and open() waits for every result. */
+typedef struct start_arg {
+  ruda__worker *w;
+  pthread_mutex_t *lock;
+  pthread_cond_t *cond;
+  uint32_t *pending;
+} start_arg;
+
+static void *worker_boot(void *p) {
+  start_arg a = *(start_arg *)p;
+  free(p);
+  ruda__worker *w = a.w;
+  w->start_code = w->dev->ops->worker_start
+                      ? w->dev->ops->worker_start(w->dev->bstate, w->index, &w->wstate)
+                      : 0;
+  pthread_mutex_lock(a.lock);
+  (*a.pending)--;
+  pthread_cond_broadcast(a.cond);
+  pthread_mutex_unlock(a.lock);
+  if (w->start_code != 0) return NULL;
+  return worker_main(w);
+}
+
+int ruda__workers_start(ruda_device *dev) {
+  uint32_t n = dev->nworkers;
+  pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
+  uint32_t pending = 0;
+  uint32_t started = 0;
+  int rc = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    ruda__worker *w = &dev->workers[i];
+    cds_wfcq_init(&w->head, &w->tail);
+    atomic_init(&w->depth, 0);
+    ck_ec32_init(&w->wake, 0);
+    ck_ec32_init(&w->space, 0);
+    w->index = i;
+    w->dev = dev;
+    w->wstate = NULL;
+    w->executed = 0;
+    start_arg *a = malloc(sizeof *a);
+    if (a == NULL) {
+      rc = ruda__fail(RUDA_ENOMEM, "ruda_device_open: no memory for worker %u", i);
+      break;
+    }
+    *a = (start_arg){w, &lock, &cond, &pending};
+    pthread_mutex_lock(&lock);
+    pending++;
+    pthread_mutex_unlock(&lock);
+    if (pthread_create(&w->thread, NULL, worker_boot, a) != 0) {
+      free(a);
+      pthread_mutex_lock(&lock);
+      pending--;
+      pthread_mutex_unlock(&lock);
+      rc = ruda__fail(RUDA_ENOMEM, "ruda_device_open: cannot start worker thread %u", i);
+      break;
+    }
+    started++;
+  }
+  pthread_mutex_lock(&lock);
+  while (pending > 0) pthread_cond_wait(&cond, &lock);
+  pthread_mutex_unlock(&lock);
+  for (uint32_t i = 0; i < started && rc == 0; i++)
+    if (dev->workers[i].start_code != 0) rc = dev->workers[i].start_code;
+  if (rc != 0) {
+    /* Stop the ones that run, join all that started. */
+    for (uint32_t i = 0; i < started; i++) {
+      ruda__worker *w = &dev->workers[i];
+      if (w->start_code == 0) {
+        ruda__cmd *stop = ruda__cmd_alloc(0);
+        if (stop != NULL) {
+          stop->kind = RUDA__CMD_STOP;
+          stop->stream = NULL;
+          ruda__queue_push_unbounded(w, stop);
+        }
+      }
+      pthread_join(w->thread, NULL);
+    }
+    return rc;
+  }
+  return 0;
+}
+
+void ruda__workers_stop(ruda_device *dev) {
+  /* Each STOP goes behind everything already queued, so every enqueued
+   * command runs (and reports) before its worker exits. */
+  for (uint32_t i = 0; i < dev->nworkers; i++) {
+    ruda__worker *w = &dev->workers[i];
+    ruda__cmd *stop = ruda__cmd_alloc(0);
+    while (stop == NULL) { /* cannot leave a worker running; retry */
+      sched_yield();
+      stop = ruda__cmd_alloc(0);
+    }
+    stop->kind = RUDA__CMD_STOP;
+    stop->stream = NULL;
+    stop->seq = 0;
+    ruda__queue_push_unbounded(w, stop);
+  }
+  for (uint32_t i = 0; i < dev->nworkers; i++) pthread_join(dev->workers[i].thread, NULL);
+}

@@ -1,0 +1,471 @@
+/* api.c - the client side of every command: validate at the call, build
+ * the command, push it on the stream's worker queue, return.
+ *
+ * Everything that can be checked without the device is checked here, so a
+ * bad input fails at the call with a message naming the call and the
+ * values, and never reaches a worker.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* ---- shared helpers ---- */
+
+static ruda__stream *stream_for(ruda_device *dev, ruda_stream_id id, const char *fn, int *rc) {
+  if (id != RUDA_STREAM_CURRENT && id > RUDA_STREAM_EXPLICIT_MAX) {
+    *rc = ruda__fail(RUDA_EINVAL, "%s: stream id %llu is reserved (explicit ids are below 2^63)", fn,
+                     (unsigned long long)id);
+    return NULL;
+  }
+  ruda__stream *s = ruda__stream_get(dev, id);
+  if (s == NULL) *rc = ruda__fail(RUDA_ENOMEM, "%s: out of host memory creating stream", fn);
+  return s;
+}
+
+/* Pins b's buffer and checks the range; on success *addr is the device
+ * address of the binding's first byte and *len its size. */
+static int pin_binding(ruda_device *dev, ruda_binding b, const char *fn, const char *what,
+                       uint64_t *addr, uint64_t *len) {
+  uint64_t base, size;
+  if (ruda__handles_pin(&dev->handles, b.handle, &base, &size) != 0)
+    return ruda__fail(RUDA_ENOTFOUND, "%s: %s handle {slot %u, gen %u} names no live buffer", fn,
+                      what, b.handle.slot, b.handle.gen);
+  uint64_t want = b.size ? b.size : (b.offset <= size ? size - b.offset : 0);
+  if (b.offset > size || want > size - b.offset || want == 0) {
+    ruda__handles_unpin(&dev->handles, dev, b.handle.slot, NULL);
+    return ruda__fail(RUDA_ERANGE,
+                      "%s: %s binding offset %llu + size %llu is outside buffer {slot %u} of %llu bytes",
+                      fn, what, (unsigned long long)b.offset, (unsigned long long)want, b.handle.slot,
+                      (unsigned long long)size);
+  }
+  *addr = base + b.offset;
+  *len = want;
+  return 0;
+}
+
+static void unpin_all(ruda_device *dev, const uint32_t *pins, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) ruda__handles_unpin(&dev->handles, dev, pins[i], NULL);
+}
+
+static int mul_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }
+static int add_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_add_overflow(a, b, out); }
+
+/* Checks a copy descriptor against its binding's size and fills l. */
+static int make_layout(const ruda_copy_desc *d, uint64_t binding_len, const char *fn, ruda__layout *l) {
+  memset(l, 0, sizeof *l);
+  if (d->rank == 0) {
+    l->bytes = l->extent = binding_len;
+    l->elem_size = 1;
+    l->contiguous = 1;
+    return 0;
+  }
+  if (d->rank > RUDA_MAX_RANK)
+    return ruda__fail(RUDA_EINVAL, "%s: rank %u exceeds %d", fn, d->rank, RUDA_MAX_RANK);
+  if (d->elem_size == 0) return ruda__fail(RUDA_EINVAL, "%s: elem_size is 0", fn);
+  l->rank = d->rank;
+  l->elem_size = d->elem_size;
+  uint64_t count = 1, span = 0; /* span: offset of the last element, in elements */
+  for (uint32_t i = 0; i < d->rank; i++) {
+    l->shape[i] = d->shape[i];
+    l->strides[i] = d->strides[i];
+    uint64_t t;
+    if (d->shape[i] == 0) return ruda__fail(RUDA_EINVAL, "%s: shape[%u] is 0", fn, i);
+    if (!mul_ok(count, d->shape[i], &count) || !mul_ok(d->shape[i] - 1, d->strides[i], &t) ||
+        !add_ok(span, t, &span))
+      return ruda__fail(RUDA_ERANGE, "%s: shape/strides overflow 64 bits at dim %u", fn, i);
+  }
+  if (!mul_ok(count, d->elem_size, &l->bytes) || !add_ok(span, 1, &span) ||
+      !mul_ok(span, d->elem_size, &l->extent))
+    return ruda__fail(RUDA_ERANGE, "%s: descriptor size overflows 64 bits", fn);
+  if (l->extent > binding_len)
+    return ruda__fail(RUDA_ERANGE,
+                      "%s: strided region spans %llu bytes but the binding holds %llu", fn,
+                      (unsigned long long)l->extent, (unsigned long long)binding_len);
+  /* Dense row-major in the buffer too? Then one memcpy does it. */
+  uint64_t expect = 1;
+  l->contiguous = 1;
+  for (int i = (int)d->rank - 1; i >= 0; i--) {
+    if (d->shape[i] > 1 && d->strides[i] != expect) l->contiguous = 0;
+    expect *= d->shape[i];
+  }
+  return 0;
+}
+
+static int submit(ruda__stream *s, ruda__cmd *cmd) {
+  cmd->stream = s;
+  cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
+  return ruda__queue_push(s->worker, cmd);
+}
+
+/* ---- buffers ---- */
+
+int ruda_buffer_create(ruda_device *dev, ruda_stream_id stream, uint64_t size, ruda_handle *out) {
+  RUDA__CHECK_DEV(dev, "ruda_buffer_create");
+  if (out == NULL) return ruda__fail(RUDA_EINVAL, "ruda_buffer_create: out is NULL");
+  *out = (ruda_handle){0, 0};
+  if (size == 0) return ruda__fail(RUDA_EINVAL, "ruda_buffer_create: size is 0");
+  if (size > dev->limits.total_mem)
+    return ruda__fail(RUDA_EBUFFERTOOBIG,
+                      "ruda_buffer_create: %llu bytes can never fit (device holds %llu bytes)",
+                      (unsigned long long)size, (unsigned long long)dev->limits.total_mem);
+  int rc = 0;
+  if (stream_for(dev, stream, "ruda_buffer_create", &rc) == NULL) return rc;
+  uint64_t addr;
+  if ((rc = dev->ops->mem_alloc(dev->bstate, size, &addr)) != 0) return rc;
+  if ((rc = ruda__handles_insert(&dev->handles, addr, size, out)) != 0)
+    dev->ops->mem_free(dev->bstate, addr, NULL);
+  return rc;
+}
+
+int ruda_buffer_free(ruda_device *dev, ruda_stream_id stream, ruda_handle h) {
+  RUDA__CHECK_DEV(dev, "ruda_buffer_free");
+  int rc = 0;
+  ruda__stream *s = stream_for(dev, stream, "ruda_buffer_free", &rc);
+  if (s == NULL) return rc;
+  ruda__cmd *cmd = ruda__cmd_alloc(0);
+  if (cmd == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_buffer_free: out of host memory");
+  if ((rc = ruda__handles_kill(&dev->handles, h)) != 0) {
+    ruda__cmd_free(cmd);
+    return rc;
+  }
+  cmd->kind = RUDA__CMD_FREE;
+  cmd->u.free.slot = h.slot;
+  /* The handle is already dead: the release must happen even when the
+   * queue is full, so it skips the bound rather than fail. */
+  cmd->stream = s;
+  cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
+  ruda__queue_push_unbounded(s->worker, cmd);
+  return 0;
+}
+
+int ruda_buffer_size(ruda_device *dev, ruda_handle h, uint64_t *size) {
+  RUDA__CHECK_DEV(dev, "ruda_buffer_size");
+  if (size == NULL) return ruda__fail(RUDA_EINVAL, "ruda_buffer_size: size is NULL");
+  return ruda__handles_size(&dev->handles, h, size);
+}
+
+/* ---- copies ---- */
+
+int ruda_write(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *dst, const void *src,
+               size_t len) {
+  static const char fn[] = "ruda_write";
+  RUDA__CHECK_DEV(dev, fn);
+  if (dst == NULL || src == NULL)
+    return ruda__fail(RUDA_EINVAL, "ruda_write: %s is NULL", dst ? "src" : "dst");
+  if (len == 0) return ruda__fail(RUDA_EINVAL, "ruda_write: len is 0");
+  int rc = 0;
+  ruda__stream *s = stream_for(dev, stream, fn, &rc);
+  if (s == NULL) return rc;
+  uint64_t addr, blen;
+  if ((rc = pin_binding(dev, dst->binding, fn, "dst", &addr, &blen)) != 0) return rc;
+  ruda__layout l;
+  if ((rc = make_layout(dst, blen, fn, &l)) != 0) goto unpin;
+  if (l.bytes != len) {
+    rc = ruda__fail(RUDA_EINVAL, "ruda_write: len %zu does not match the descriptor's %llu bytes",
+                    len, (unsigned long long)l.bytes);
+    goto unpin;
+  }
+  ruda__cmd *cmd = ruda__cmd_alloc(sizeof(uint32_t));
+  void *staged = cmd ? dev->ops->stage_alloc(dev->bstate, len) : NULL;
+  if (staged == NULL) {
+    ruda__cmd_free(cmd);
+    rc = ruda__fail(RUDA_ENOMEM, "ruda_write: no staging memory for %zu bytes", len);
+    goto unpin;
+  }
+  memcpy(staged, src, len);
+  cmd->kind = RUDA__CMD_WRITE;
+  cmd->pins = (uint32_t *)ruda__cmd_extra(cmd);
+  cmd->pins[0] = dst->binding.handle.slot;
+  cmd->npins = 1;
+  cmd->u.write.dst = addr;
+  cmd->u.write.staged = staged;
+  cmd->u.write.layout = l;
+  if ((rc = submit(s, cmd)) != 0) {
+    dev->ops->stage_free(dev->bstate, staged);
+    ruda__cmd_free(cmd);
+    goto unpin;
+  }
+  return 0;
+unpin:
+  ruda__handles_unpin(&dev->handles, dev, dst->binding.handle.slot, NULL);
+  return rc;
+}
+
+int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src, void *dst, size_t len,
+              ruda_future **fut) {
+  static const char fn[] = "ruda_read";
+  RUDA__CHECK_DEV(dev, fn);
+  if (fut != NULL) *fut = NULL;
+  if (src == NULL || dst == NULL || fut == NULL)
+    return ruda__fail(RUDA_EINVAL, "ruda_read: %s is NULL", !src ? "src" : !dst ? "dst" : "fut");
+  if (len == 0) return ruda__fail(RUDA_EINVAL, "ruda_read: len is 0");
+  int rc = 0;
+  ruda__stream *s = stream_for(dev, stream, fn, &rc);
+  if (s == NULL) return rc;
+  uint64_t addr, blen;
+  if ((rc = pin_binding(dev, src->binding, fn, "src", &addr, &blen)) != 0) return rc;
+  ruda__layout l;
+  if ((rc = make_layout(src, blen, fn, &l)) != 0) goto unpin;
+  if (l.bytes != len) {
+    rc = ruda__fail(RUDA_EINVAL, "ruda_read: len %zu does not match the descriptor's %llu bytes", len,
+                    (unsigned long long)l.bytes);
+    goto unpin;
+  }
+  ruda__cmd *cmd = ruda__cmd_alloc(sizeof(uint32_t));
+  ruda_future *f = cmd ? ruda__future_new(dev, s, 1) : NULL;
+  if (f == NULL) {
+    ruda__cmd_free(cmd);
+    rc = ruda__fail(RUDA_ENOMEM, "ruda_read: out of host memory");
+    goto unpin;
+  }
+  cmd->kind = RUDA__CMD_READ;
+  cmd->pins = (uint32_t *)ruda__cmd_extra(cmd);
+  cmd->pins[0] = src->binding.handle.slot;
+  cmd->npins = 1;
+  cmd->future = f;
+  cmd->u.read.src = addr;
+  cmd->u.read.dst = dst;
+  cmd->u.read.layout = l;
+  if ((rc = submit(s, cmd)) != 0) {
+    free(f);
+    ruda__cmd_free(cmd);
+    goto unpin;
+  }
+  *fut = f;
+  return 0;
+unpin:
+  ruda__handles_unpin(&dev->handles, dev, src->binding.handle.slot, NULL);
+  return rc;
+}
+
+int ruda_copy(ruda_device *dev, ruda_stream_id stream, ruda_binding dst, ruda_binding src) {
+  static const char fn[] = "ruda_copy";
+  RUDA__CHECK_DEV(dev, fn);
+  int rc = 0;
+  ruda__stream *s = stream_for(dev, stream, fn, &rc);
+  if (s == NULL) return rc;
+  uint64_t da, dl, sa, sl;
+  if ((rc = pin_binding(dev, src, fn, "src", &sa, &sl)) != 0) return rc;
+  if ((rc = pin_binding(dev, dst, fn, "dst", &da, &dl)) != 0) {
+    ruda__handles_unpin(&dev->handles, dev, src.handle.slot, NULL);
+    return rc;
+  }
+  uint32_t pins[2] = {src.handle.slot, dst.handle.slot};
+  if (sl > dl) {
+    unpin_all(dev, pins, 2);
+    return ruda__fail(RUDA_ERANGE, "ruda_copy: source of %llu bytes does not fit in destination of %llu",
+                      (unsigned long long)sl, (unsigned long long)dl);
+  }
+  ruda__cmd *cmd = ruda__cmd_alloc(sizeof pins);
+  if (cmd == NULL) {
+    unpin_all(dev, pins, 2);
+    return ruda__fail(RUDA_ENOMEM, "ruda_copy: out of host memory");
+  }
+  cmd->kind = RUDA__CMD_COPY;
+  cmd->pins = (uint32_t *)ruda__cmd_extra(cmd);
+  memcpy(cmd->pins, pins, sizeof pins);
+  cmd->npins = 2;
+  cmd->u.copy.dst = da;
+  cmd->u.copy.src = sa;
+  cmd->u.copy.size = sl;
+  if ((rc = submit(s, cmd)) != 0) {
+    ruda__cmd_free(cmd);
+    unpin_all(dev, pins, 2);
+  }
+  return rc;
+}
+
+/* ---- launch ---- */
+
+static int check_limits(ruda_device *dev, const ruda_launch_desc *l) {
+  const ruda__limits *lim = &dev->limits;
+  const ruda_dim3 b = l->block, g = l->grid;
+  if (b.x == 0 || b.y == 0 || b.z == 0)
+    return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": block (%u,%u,%u) has a zero dimension",
+                      l->kernel, b.x, b.y, b.z);
+  if (b.x > lim->max_block[0] || b.y > lim->max_block[1] || b.z > lim->max_block[2])
+    return ruda__fail(RUDA_ECUBEDIM, "ruda_launch \"%s\": block (%u,%u,%u) exceeds maximum (%u,%u,%u)",
+                      l->kernel, b.x, b.y, b.z, lim->max_block[0], lim->max_block[1], lim->max_block[2]);
+  uint64_t units = (uint64_t)b.x * b.y * b.z;
+  if (units > lim->max_threads_per_block)
+    return ruda__fail(RUDA_EUNITSPERCUBE,
+                      "ruda_launch \"%s\": %llu threads per block requested, maximum is %u", l->kernel,
+                      (unsigned long long)units, lim->max_threads_per_block);
+  if (!(l->flags & RUDA_LAUNCH_INDIRECT)) {
+    if (g.x == 0 || g.y == 0 || g.z == 0)
+      return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": grid (%u,%u,%u) has a zero dimension",
+                        l->kernel, g.x, g.y, g.z);
+    if (g.x > lim->max_grid[0] || g.y > lim->max_grid[1] || g.z > lim->max_grid[2])
+      return ruda__fail(RUDA_EUNITS, "ruda_launch \"%s\": grid (%u,%u,%u) exceeds maximum (%u,%u,%u)",
+                        l->kernel, g.x, g.y, g.z, lim->max_grid[0], lim->max_grid[1], lim->max_grid[2]);
+  }
+  if (l->shared_mem > lim->max_shared_optin)
+    return ruda__fail(RUDA_ESHAREDMEM,
+                      "ruda_launch \"%s\": %u bytes of shared memory requested, maximum is %u",
+                      l->kernel, l->shared_mem, lim->max_shared_optin);
+  return 0;
+}
+
+int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc *l) {
+  static const char fn[] = "ruda_launch";
+  RUDA__CHECK_DEV(dev, fn);
+  if (l == NULL || l->kernel == NULL)
+    return ruda__fail(RUDA_EINVAL, "ruda_launch: %s is NULL", l ? "kernel name" : "launch descriptor");
+  if (l->nargs > RUDA_MAX_ARGS)
+    return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": %u arguments, at most %d", l->kernel, l->nargs,
+                      RUDA_MAX_ARGS);
+  if (l->nargs > 0 && l->args == NULL)
+    return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": args is NULL with nargs %u", l->kernel, l->nargs);
+  if (l->flags & ~(RUDA_LAUNCH_DRY_RUN | RUDA_LAUNCH_INDIRECT))
+    return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": unknown flags 0x%x", l->kernel, l->flags);
+  ruda__kernel *k = ruda__kernel_find(dev, l->kernel);
+  if (k == NULL)
+    return ruda__fail(RUDA_EKERNEL, "ruda_launch: no kernel named \"%s\" is registered", l->kernel);
+  int rc = check_limits(dev, l);
+  if (rc != 0) return rc;
+  int rc2 = 0;
+  ruda__stream *s = stream_for(dev, stream, fn, &rc2);
+  if (s == NULL) return rc2;
+
+  /* One allocation: header, pins, args, scalar bytes. */
+  size_t scalar_bytes = 0;
+  uint32_t nbuf = 0;
+  for (uint32_t i = 0; i < l->nargs; i++) {
+    const ruda_arg *a = &l->args[i];
+    if (a->kind == RUDA_ARG_SCALAR) {
+      if (a->data == NULL || a->size == 0 || a->size > RUDA_MAX_SCALAR_BYTES)
+        return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": scalar argument %u has %s", l->kernel, i,
+                          a->data == NULL ? "NULL data" : "a size outside 1..256");
+      scalar_bytes += (a->size + 7u) & ~7u;
+    } else if (a->kind == RUDA_ARG_BUFFER) {
+      nbuf++;
+    } else {
+      return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": argument %u has unknown kind %d", l->kernel, i,
+                        (int)a->kind);
+    }
+  }
+  const int indirect = (l->flags & RUDA_LAUNCH_INDIRECT) != 0;
+  const uint32_t npins = nbuf + (uint32_t)indirect;
+  size_t pins_off = 0;
+  size_t args_off = (npins * sizeof(uint32_t) + 7) & ~(size_t)7;
+  size_t bytes_off = args_off + l->nargs * sizeof(ruda__karg);
+  ruda__cmd *cmd = ruda__cmd_alloc(bytes_off + scalar_bytes);
+  if (cmd == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_launch \"%s\": out of host memory", l->kernel);
+  unsigned char *extra = ruda__cmd_extra(cmd);
+  cmd->pins = (uint32_t *)(extra + pins_off);
+  ruda__karg *kargs = (ruda__karg *)(extra + args_off);
+  unsigned char *bytes = extra + bytes_off;
+
+  uint32_t pinned = 0;
+  for (uint32_t i = 0; i < l->nargs; i++) {
+    const ruda_arg *a = &l->args[i];
+    kargs[i].kind = (uint32_t)a->kind;
+    if (a->kind == RUDA_ARG_SCALAR) {
+      memcpy(bytes, a->data, a->size);
+      kargs[i].bytes = bytes;
+      kargs[i].size = a->size;
+      kargs[i].addr = 0;
+      bytes += (a->size + 7u) & ~7u;
+    } else {
+      uint64_t addr, len;
+      char what[32];
+      snprintf(what, sizeof what, "argument %u", i);
+      if ((rc = pin_binding(dev, a->binding, fn, what, &addr, &len)) != 0) goto fail;
+      cmd->pins[pinned++] = a->binding.handle.slot;
+      kargs[i].addr = addr;
+      kargs[i].size = 0;
+      kargs[i].bytes = NULL;
+    }
+  }
+  uint64_t indirect_addr = 0;
+  if (indirect) {
+    uint64_t len;
+    if ((rc = pin_binding(dev, l->indirect_grid, fn, "indirect grid", &indirect_addr, &len)) != 0) goto fail;
+    cmd->pins[pinned++] = l->indirect_grid.handle.slot;
+    if (len < 3 * sizeof(uint32_t)) {
+      rc = ruda__fail(RUDA_ERANGE, "ruda_launch \"%s\": indirect grid binding holds %llu bytes, needs 12",
+                      l->kernel, (unsigned long long)len);
+      goto fail;
+    }
+  }
+  if (l->flags & RUDA_LAUNCH_DRY_RUN) { /* validated; nothing to dispatch */
+    unpin_all(dev, cmd->pins, pinned);
+    ruda__cmd_free(cmd);
+    return 0;
+  }
+  cmd->kind = RUDA__CMD_LAUNCH;
+  cmd->npins = (uint8_t)pinned;
+  cmd->u.launch = (ruda__launch_cmd){.kernel = k,
+                                     .grid = l->grid,
+                                     .block = l->block,
+                                     .shared_mem = l->shared_mem,
+                                     .flags = l->flags,
+                                     .nargs = l->nargs,
+                                     .indirect_addr = indirect_addr,
+                                     .args = kargs};
+  if ((rc = submit(s, cmd)) != 0) goto fail;
+  return 0;
+fail:
+  unpin_all(dev, cmd->pins, pinned);
+  ruda__cmd_free(cmd);
+  return rc;
+}
+
+/* ---- flush and sync ---- */
+
+/* Pushes a control command carrying a new future. */
+static int control(ruda_device *dev, ruda_stream_id stream, int kind, const char *fn, ruda__stream **sp,
+                   ruda_future **out) {
+  int rc = 0;
+  ruda__stream *s = stream_for(dev, stream, fn, &rc);
+  if (s == NULL) return rc;
+  ruda__cmd *cmd = ruda__cmd_alloc(0);
+  ruda_future *f = cmd ? ruda__future_new(dev, s, kind == RUDA__CMD_SYNC) : NULL;
+  if (f == NULL) {
+    ruda__cmd_free(cmd);
+    return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
+  }
+  cmd->kind = (uint8_t)kind;
+  cmd->future = f;
+  cmd->stream = s;
+  cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
+  /* Control commands skip the bound: their caller waits for them anyway,
+   * so they cannot pile up, and refusing a flush would strand its errors. */
+  ruda__queue_push_unbounded(s->worker, cmd);
+  *sp = s;
+  *out = f;
+  return 0;
+}
+
+int ruda_flush(ruda_device *dev, ruda_stream_id stream, ruda_error **errors) {
+  if (errors) *errors = NULL;
+  RUDA__CHECK_DEV(dev, "ruda_flush");
+  ruda__stream *s;
+  ruda_future *f;
+  int rc = control(dev, stream, RUDA__CMD_FENCE, "ruda_flush", &s, &f);
+  if (rc != 0) return rc;
+  ruda_future_wait(f, NULL);
+  ruda_future_free(f);
+  return ruda__stream_drain(dev, s, errors);
+}
+
+int ruda_sync_async(ruda_device *dev, ruda_stream_id stream, ruda_future **fut) {
+  if (fut) *fut = NULL;
+  RUDA__CHECK_DEV(dev, "ruda_sync_async");
+  if (fut == NULL) return ruda__fail(RUDA_EINVAL, "ruda_sync_async: fut is NULL");
+  ruda__stream *s;
+  return control(dev, stream, RUDA__CMD_SYNC, "ruda_sync_async", &s, fut);
+}
+
+int ruda_sync(ruda_device *dev, ruda_stream_id stream, ruda_error **errors) {
+  if (errors) *errors = NULL;
+  RUDA__CHECK_DEV(dev, "ruda_sync");
+  ruda__stream *s;
+  ruda_future *f;
+  int rc = control(dev, stream, RUDA__CMD_SYNC, "ruda_sync", &s, &f);
+  if (rc != 0) return rc;
+  rc = ruda_future_wait(f, errors);
+  ruda_future_free(f);
+  return rc;
+}

@@ -1,0 +1,114 @@
+/* backend.h - the contract every backend implements.
+ *
+ * A backend is a table of operations, in the manner of jemalloc's extent
+ * hooks: `host` runs everything on the CPU, `cuda` drives the Driver API.
+ * Worker-side operations (write, read, copy, launch, record) run on the
+ * stream's worker thread with the state worker_start made; the rest may run
+ * on any thread. Operations that fail return a negative RUDA_E* code and,
+ * when they run on a worker, an owned error in *err (NULL if even that
+ * allocation failed; the caller then counts a lost error).
+ */
+#ifndef RUDA_BACKEND_H
+#define RUDA_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ruda/ruda.h"
+
+/* A validated copy layout over device memory. */
+typedef struct ruda__layout {
+  uint32_t rank; /* 0: contiguous bytes */
+  uint32_t elem_size;
+  uint64_t shape[RUDA_MAX_RANK];
+  uint64_t strides[RUDA_MAX_RANK]; /* elements */
+  uint64_t bytes;                  /* dense size on the host side */
+  uint64_t extent;                 /* bytes spanned in the buffer */
+  int contiguous;                  /* dense in the buffer too */
+} ruda__layout;
+
+/* Device limits used to validate launches before they are enqueued. */
+typedef struct ruda__limits {
+  char name[128];
+  int cc_major, cc_minor;
+  uint32_t sm_count, warp_size, max_threads_per_block;
+  uint32_t max_block[3], max_grid[3];
+  uint32_t max_shared, max_shared_optin;
+  uint64_t total_mem;
+} ruda__limits;
+
+/* A registered kernel. Entries live until the device closes. */
+typedef struct ruda__kernel {
+  const char *name;
+  ruda_host_kernel_fn host_fn; /* host backend */
+  char *source;                /* cuda backend: CUDA C source */
+  char **options;              /* NULL-terminated NVRTC options, or NULL */
+  void *impl;                  /* backend's compiled form (cuda) */
+} ruda__kernel;
+
+typedef struct ruda__karg {
+  uint32_t kind; /* ruda_arg_kind */
+  uint32_t size; /* scalar bytes */
+  uint64_t addr; /* buffer: device address of the binding's first byte */
+  const unsigned char *bytes; /* scalar: points into the command */
+} ruda__karg;
+
+typedef struct ruda__launch_cmd {
+  ruda__kernel *kernel;
+  ruda_dim3 grid, block;
+  uint32_t shared_mem, flags, nargs;
+  uint64_t indirect_addr; /* RUDA_LAUNCH_INDIRECT: u32[3] on the device */
+  ruda__karg *args;
+} ruda__launch_cmd;
+
+/* What a future waits for once its command was submitted: an optional
+ * backend event, then an optional finishing step (e.g. copy a read out of
+ * staging memory) run by the waiting thread. */
+typedef struct ruda__completion {
+  void *event;
+  void (*finish)(void *backend_state, void *arg);  /* after the event */
+  void (*discard)(void *backend_state, void *arg); /* future dropped unfinished */
+  void *arg;
+} ruda__completion;
+
+typedef struct ruda__backend_ops {
+  const char *name;
+  /* Opens the backend for dev; fills *limits. Failure: ruda__fail(). */
+  int (*open)(ruda_device *dev, void **state, ruda__limits *limits);
+  void (*close)(void *state);
+  /* On the worker thread, before its first and after its last command. */
+  int (*worker_start)(void *state, uint32_t index, void **wstate);
+  void (*worker_stop)(void *state, void *wstate);
+  /* Device memory. Failure: ruda__fail(). Any thread. */
+  int (*mem_alloc)(void *state, uint64_t size, uint64_t *addr);
+  void (*mem_free)(void *state, uint64_t addr, void *wstate);
+  /* Host memory that stages a write until its copy ran. Any thread. */
+  void *(*stage_alloc)(void *state, size_t size);
+  void (*stage_free)(void *state, void *p);
+  /* Worker side. write takes ownership of the staged bytes. */
+  int (*write)(void *wstate, uint64_t dst, const ruda__layout *l, void *staged, ruda_error **err);
+  int (*read)(void *wstate, void *dst, uint64_t src, const ruda__layout *l, ruda__completion *c,
+              ruda_error **err);
+  int (*copy)(void *wstate, uint64_t dst, uint64_t src, uint64_t size, ruda_error **err);
+  int (*launch)(void *wstate, const ruda__launch_cmd *cmd, ruda_error **err);
+  /* Marks "everything submitted so far" in c (event NULL: already done). */
+  int (*record)(void *wstate, ruda__completion *c, ruda_error **err);
+  /* Waiter side, any thread. */
+  int (*event_wait)(void *state, void *event, ruda_error **err);
+  int (*event_query)(void *state, void *event); /* 1 done, 0 pending */
+  void (*event_release)(void *state, void *event);
+  /* Registry hooks: accept a host kernel (host), compile sources (cuda). */
+  int (*kernel_prepare)(void *state, ruda__kernel *k);
+  void (*kernel_release)(void *state, ruda__kernel *k);
+} ruda__backend_ops;
+
+extern const ruda__backend_ops ruda__host_backend;
+/* NULL when built without the CUDA toolkit headers. */
+extern const ruda__backend_ops *const ruda__cuda_backend;
+
+/* Strided copies between a dense host buffer and a strided region; shared
+ * by the host backend and the CUDA fallback paths. */
+void ruda__copy_to_strided(unsigned char *dst, const ruda__layout *l, const unsigned char *src);
+void ruda__copy_from_strided(unsigned char *dst, const ruda__layout *l, const unsigned char *src);
+
+#endif /* RUDA_BACKEND_H */

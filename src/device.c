@@ -1,0 +1,208 @@
+/* device.c - configuration, device open/close, logging. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "internal.h"
+
+const char *ruda_version_string(void) { return "0.1.0"; }
+
+static int env_u32(const char *name, uint32_t *out) {
+  const char *v = getenv(name);
+  if (v == NULL || *v == '\0') return 0;
+  char *end;
+  unsigned long x = strtoul(v, &end, 10);
+  if (*end != '\0' || x > UINT32_MAX) return -1;
+  *out = (uint32_t)x;
+  return 1;
+}
+
+void ruda_config_init(ruda_config *cfg) {
+  if (cfg == NULL) return;
+  memset(cfg, 0, sizeof *cfg);
+  cfg->backend = RUDA_BACKEND_AUTO;
+  cfg->num_streams = 4;
+  cfg->queue_bound = 65536;
+  cfg->backpressure = RUDA_BACKPRESSURE_BLOCK;
+  cfg->log_level = RUDA_LOG_WARN;
+  cfg->cache_dir = NULL;
+
+  /* Malformed variables are ignored with a warning rather than failing
+   * open(): the environment is not the caller's code. */
+  const char *v;
+  if ((v = getenv("RUDA_BACKEND")) != NULL) {
+    if (!strcasecmp(v, "cuda")) cfg->backend = RUDA_BACKEND_CUDA;
+    else if (!strcasecmp(v, "host")) cfg->backend = RUDA_BACKEND_HOST;
+    else if (!strcasecmp(v, "auto")) cfg->backend = RUDA_BACKEND_AUTO;
+    else fprintf(stderr, "ruda: ignoring RUDA_BACKEND=%s (auto|cuda|host)\n", v);
+  }
+  uint32_t u;
+  if (env_u32("RUDA_DEVICE", &u) > 0) cfg->device_ordinal = (int)u;
+  if (env_u32("RUDA_STREAMS", &u) < 0) fprintf(stderr, "ruda: ignoring malformed RUDA_STREAMS\n");
+  else if (getenv("RUDA_STREAMS") && *getenv("RUDA_STREAMS")) cfg->num_streams = u;
+  if (env_u32("RUDA_QUEUE_BOUND", &u) < 0) fprintf(stderr, "ruda: ignoring malformed RUDA_QUEUE_BOUND\n");
+  else if (getenv("RUDA_QUEUE_BOUND") && *getenv("RUDA_QUEUE_BOUND")) cfg->queue_bound = u;
+  if ((v = getenv("RUDA_BACKPRESSURE")) != NULL) {
+    if (!strcasecmp(v, "block")) cfg->backpressure = RUDA_BACKPRESSURE_BLOCK;
+    else if (!strcasecmp(v, "error")) cfg->backpressure = RUDA_BACKPRESSURE_ERROR;
+    else fprintf(stderr, "ruda: ignoring RUDA_BACKPRESSURE=%s (block|error)\n", v);
+  }
+  if ((v = getenv("RUDA_LOG")) != NULL) {
+    static const char *names[] = {"off", "error", "warn", "info", "debug"};
+    int found = 0;
+    for (int i = 0; i < 5; i++)
+      if (!strcasecmp(v, names[i])) cfg->log_level = (ruda_log_level)i, found = 1;
+    if (!found) fprintf(stderr, "ruda: ignoring RUDA_LOG=%s (off|error|warn|info|debug)\n", v);
+  }
+  if (env_u32("RUDA_BOUNDS_CHECK", &u) > 0) cfg->bounds_checked = u != 0;
+  if ((v = getenv("RUDA_CACHE_DIR")) != NULL) cfg->cache_dir = v;
+}
+
+void ruda__log(const ruda_device *dev, ruda_log_level level, const char *fmt, ...) {
+  if (dev != NULL && level > dev->cfg.log_level) return;
+  static const char *tag[] = {"", "error", "warn", "info", "debug"};
+  char line[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "ruda %s: %s\n", tag[level], line);
+}
+
+static _Atomic uint64_t device_serial = 1;
+
+int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
+  if (out == NULL) return ruda__fail(RUDA_EINVAL, "ruda_device_open: out is NULL");
+  *out = NULL;
+  ruda_config cfg;
+  if (cfg_in) cfg = *cfg_in;
+  else ruda_config_init(&cfg);
+
+  if (cfg.num_streams == 0 || cfg.num_streams > 1024)
+    return ruda__fail(RUDA_EINVAL, "ruda_device_open: num_streams %u outside 1..1024", cfg.num_streams);
+  if (cfg.queue_bound == 0 || cfg.queue_bound > (1u << 30))
+    return ruda__fail(RUDA_EINVAL, "ruda_device_open: queue_bound %u outside 1..2^30", cfg.queue_bound);
+  if (cfg.backend > RUDA_BACKEND_HOST)
+    return ruda__fail(RUDA_EINVAL, "ruda_device_open: backend %d is not auto, cuda or host", (int)cfg.backend);
+  if ((int)cfg.backpressure < 0 || cfg.backpressure > RUDA_BACKPRESSURE_ERROR)
+    return ruda__fail(RUDA_EINVAL, "ruda_device_open: backpressure %d is not block or error",
+                      (int)cfg.backpressure);
+  if ((int)cfg.log_level < 0 || cfg.log_level > RUDA_LOG_DEBUG)
+    return ruda__fail(RUDA_EINVAL, "ruda_device_open: log level %d outside 0..4", (int)cfg.log_level);
+
+  ruda_device *dev = calloc(1, sizeof *dev);
+  if (dev == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
+  dev->cfg = cfg;
+  dev->serial = atomic_fetch_add(&device_serial, 1);
+
+  /* Backend choice: cuda when asked; auto tries cuda, then host. */
+  int rc = RUDA_ENOBACKEND;
+  if (cfg.backend != RUDA_BACKEND_HOST) {
+    if (ruda__cuda_backend == NULL) {
+      rc = ruda__fail(RUDA_ENOBACKEND, "ruda_device_open: this libruda was built without CUDA support");
+    } else {
+      dev->ops = ruda__cuda_backend;
+      rc = dev->ops->open(dev, &dev->bstate, &dev->limits);
+    }
+    if (rc != 0 && cfg.backend == RUDA_BACKEND_AUTO) {
+      ruda__log(&(ruda_device){.cfg = cfg}, RUDA_LOG_INFO, "cuda backend unavailable (%s); using host",
+                ruda_error_message(ruda_last_error()));
+    }
+  }
+  if (rc != 0 && cfg.backend != RUDA_BACKEND_CUDA) {
+    dev->ops = &ruda__host_backend;
+    rc = dev->ops->open(dev, &dev->bstate, &dev->limits);
+  }
+  if (rc != 0) {
+    free(dev);
+    return rc;
+  }
+
+  ruda__handles_init(&dev->handles);
+  ruda__streams_init(&dev->streams);
+  ruda__kernels_init(&dev->kernels);
+  dev->nworkers = cfg.num_streams;
+  dev->workers = aligned_alloc(RUDA__CACHELINE, sizeof(ruda__worker) * dev->nworkers);
+  if (dev->workers == NULL || atomic_load(&dev->streams.current) == NULL) {
+    rc = ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
+    goto fail;
+  }
+  memset(dev->workers, 0, sizeof(ruda__worker) * dev->nworkers);
+  rc = ruda__workers_start(dev);
+  if (rc != 0) goto fail;
+  ruda__log(dev, RUDA_LOG_INFO, "device open: backend %s (%s), %u streams, queue bound %u",
+            dev->ops->name, dev->limits.name, dev->nworkers, cfg.queue_bound);
+  *out = dev;
+  return 0;
+
+fail:
+  free(dev->workers);
+  ruda__kernels_destroy(dev);
+  ruda__streams_destroy(&dev->streams);
+  ruda__handles_destroy(&dev->handles, dev);
+  dev->ops->close(dev->bstate);
+  free(dev);
+  return rc;
+}
+
+typedef struct collect_arg {
+  ruda_device *dev;
+  ruda_error *head, *tail;
+  int unhealthy;
+} collect_arg;
+
+static void collect(ruda__stream *s, void *p) {
+  collect_arg *a = p;
+  ruda_error *e = NULL;
+  if (ruda__stream_drain(a->dev, s, &e) == 0) return;
+  a->unhealthy = 1;
+  if (e == NULL) return;
+  if (a->tail) a->tail->next = e;
+  else a->head = e;
+  while (e->next) e = e->next;
+  a->tail = e;
+}
+
+int ruda_device_close(ruda_device *dev, ruda_error **errors) {
+  if (errors) *errors = NULL;
+  if (dev == NULL) return ruda__fail(RUDA_EINVAL, "ruda_device_close: device is NULL");
+  if (atomic_exchange(&dev->closed, 1))
+    return ruda__fail(RUDA_ECLOSED, "ruda_device_close: device already closed");
+  ruda__workers_stop(dev);
+
+  collect_arg a = {dev, NULL, NULL, 0};
+  ruda__streams_each(&dev->streams, collect, &a);
+  if (errors) *errors = a.head;
+  else ruda_error_free(a.head);
+
+  ruda__handles_destroy(&dev->handles, dev);
+  ruda__kernels_destroy(dev);
+  ruda__streams_destroy(&dev->streams);
+  dev->ops->close(dev->bstate);
+  ruda_error_free(dev->fault);
+  free(dev->workers);
+  free(dev);
+  return a.unhealthy ? RUDA_EUNHEALTHY : 0;
+}
+
+const char *ruda_device_backend(const ruda_device *dev) { return dev ? dev->ops->name : ""; }
+uint32_t ruda_device_num_streams(const ruda_device *dev) { return dev ? dev->nworkers : 0; }
+
+size_t ruda_stream_ids(ruda_device *dev, ruda_stream_id *ids, size_t cap) {
+  if (dev == NULL) return 0;
+  return ruda__streams_list(&dev->streams, ids, cap);
+}
+
+void ruda__device_fault(ruda_device *dev, ruda_error *err) {
+  ruda_error *expected = NULL;
+  /* First fault wins; later ones are the same poisoned context. */
+  if (err != NULL && __atomic_compare_exchange_n(&dev->fault, &expected, err, 0, __ATOMIC_ACQ_REL,
+                                                 __ATOMIC_ACQUIRE)) {
+    atomic_store_explicit(&dev->faulted, 1, memory_order_release);
+    return;
+  }
+  atomic_store_explicit(&dev->faulted, 1, memory_order_release);
+  ruda_error_free(err);
+}

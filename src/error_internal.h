@@ -1,0 +1,44 @@
+/* error_internal.h - building errors inside ruda. */
+#ifndef RUDA_ERROR_INTERNAL_H
+#define RUDA_ERROR_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdint.h>
+
+#include "ruda/error.h"
+
+#define RUDA__BT_DEPTH 24
+#define RUDA__MSG_MAX 512
+
+struct ruda_error {
+  int code;
+  long backend_code;
+  uint64_t stream;
+  ruda_error *cause; /* owned */
+  ruda_error *next;  /* owned: the rest of a list */
+  int nframes;
+  void *frames[RUDA__BT_DEPTH];
+  char msg[RUDA__MSG_MAX];
+};
+
+/* Allocates an error (with the caller's backtrace). Returns NULL only when
+ * host memory is exhausted; callers count such losses instead of dropping
+ * them silently. */
+ruda_error *ruda__error_new(int code, long backend_code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+ruda_error *ruda__error_vnew(int code, long backend_code, const char *fmt, va_list ap);
+
+/* Records a failure of the current call in the thread's last-error slot
+ * (no allocation) and returns code, so call sites read
+ * `return ruda__fail(RUDA_EINVAL, "ruda_write: src is NULL");`. */
+int ruda__fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Like ruda__fail, with a backend result attached. */
+int ruda__fail_backend(int code, long backend_code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Copies an owned error into the thread's last-error slot (first line of
+ * the message and the code), frees it and returns its code. */
+int ruda__fail_with(ruda_error *err);
+
+#endif /* RUDA_ERROR_INTERNAL_H */

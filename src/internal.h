@@ -1,0 +1,58 @@
+/* internal.h - the device object and what the modules share. */
+#ifndef RUDA_INTERNAL_H
+#define RUDA_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "../memory/handles.h"
+#include "../scheduler/scheduler.h"
+#include "backend.h"
+#include "error_internal.h"
+#include "ruda/ruda.h"
+
+/* Kernel registry: name -> kernel, lock-free reads (see kernels.c). */
+typedef struct ruda__kernel_table {
+  struct ruda__kernel_slots *_Atomic current;
+  struct ruda__kernel_slots *retired;
+  pthread_mutex_t lock;
+} ruda__kernel_table;
+
+struct ruda_device {
+  uint64_t serial; /* distinguishes devices in thread-local caches */
+  ruda_config cfg;
+  const ruda__backend_ops *ops;
+  void *bstate;
+  ruda__limits limits;
+  _Atomic int closed;
+  _Atomic int faulted; /* sticky device error: every stream reports it */
+  ruda_error *fault;   /* the error that faulted it (set once) */
+  ruda__worker *workers;
+  uint32_t nworkers;
+  ruda__stream_table streams;
+  ruda__handles handles;
+  ruda__kernel_table kernels;
+};
+
+/* Logging to stderr, filtered by the device's level. */
+void ruda__log(const ruda_device *dev, ruda_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+void ruda__kernels_init(ruda__kernel_table *t);
+void ruda__kernels_destroy(ruda_device *dev);
+ruda__kernel *ruda__kernel_find(ruda_device *dev, const char *name);
+/* Adds or replaces a kernel; takes ownership of k. */
+int ruda__kernel_add(ruda_device *dev, ruda__kernel *k);
+
+/* Marks the device faulted by err (first one wins; err is consumed). */
+void ruda__device_fault(ruda_device *dev, ruda_error *err);
+
+/* Shared check at the top of every public call. */
+#define RUDA__CHECK_DEV(dev, fn)                                                  \
+  do {                                                                            \
+    if ((dev) == NULL) return ruda__fail(RUDA_EINVAL, "%s: device is NULL", fn);  \
+    if (atomic_load_explicit(&(dev)->closed, memory_order_relaxed))               \
+      return ruda__fail(RUDA_ECLOSED, "%s: device is closed", fn);                \
+  } while (0)
+
+#endif /* RUDA_INTERNAL_H */
