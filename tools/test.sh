@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds ruda and runs its tests: first under ASan+UBSan (leaks are
+# failures), then the normal build, whose ctest summary ends the output.
+# GPU tests report "skipped" where no GPU is usable.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/deps.sh
+jobs="$(nproc)"
+cmake -S . -B build-asan -DRUDA_WERROR=ON -DRUDA_ASAN=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
+cmake --build build-asan -j"$jobs" >/dev/null
+echo "== tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j"$jobs" -E "^stress_" || {
+  echo "sanitizer run failed"; exit 1; }
+cmake -S . -B build -DRUDA_WERROR=ON >/dev/null
+cmake --build build -j"$jobs" >/dev/null
+echo "== tests"
+exec ctest --test-dir build --output-on-failure -j"$jobs"
