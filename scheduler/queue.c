@@ -25,6 +25,7 @@ ruda__cmd *ruda__cmd_alloc(size_t extra) {
 void ruda__cmd_free(ruda__cmd *cmd) { free(cmd); }
 
 static void push(ruda__worker *w, ruda__cmd *cmd) {
+  RUDA__TSAN_RELEASE(&cmd->node);
   /* cds_wfcq_enqueue returns false when the queue was empty: only then can
    * the worker be asleep (or about to be), so only then is it woken. A
    * worker re-checks the queue after reading the event count and before

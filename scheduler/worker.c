@@ -108,6 +108,7 @@ static void *worker_main(void *arg) {
     struct cds_wfcq_node *node, *next;
     __cds_wfcq_for_each_blocking_safe(&batch_head, &batch_tail, node, next) {
       ruda__cmd *cmd = caa_container_of(node, ruda__cmd, node);
+      RUDA__TSAN_ACQUIRE(&cmd->node);
       if (cmd->kind == RUDA__CMD_STOP) stop = 1;
       ruda__execute(w, cmd);
       ruda__cmd_free(cmd);

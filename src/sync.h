@@ -32,4 +32,18 @@ static inline void ruda__cpu_relax(void) {
 #endif
 }
 
+/* liburcu (0.13) and Concurrency Kit implement their atomics in inline
+ * assembly, which ThreadSanitizer cannot see. Where they are what orders
+ * our plain accesses (a command built by a producer, read by the worker),
+ * the happens-before edge is declared to TSan explicitly. */
+#if defined(__SANITIZE_THREAD__)
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+#define RUDA__TSAN_RELEASE(p) __tsan_release((void *)(p))
+#define RUDA__TSAN_ACQUIRE(p) __tsan_acquire((void *)(p))
+#else
+#define RUDA__TSAN_RELEASE(p) ((void)(p))
+#define RUDA__TSAN_ACQUIRE(p) ((void)(p))
+#endif
+
 #endif /* RUDA_SYNC_H */
