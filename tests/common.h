@@ -1,0 +1,141 @@
+/* common.h - what every ruda test shares: cmocka, assertions that print
+ * ruda's last error, device set-up, and a main that runs one test per
+ * process when ctest names it. */
+#ifndef RUDA_TESTS_COMMON_H
+#define RUDA_TESTS_COMMON_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ruda/ruda.h"
+
+/* A call that must succeed; on failure the message carries ruda's
+ * explanation, which is what one needs to read a red test. */
+#define assert_ok(call)                                                                  \
+  do {                                                                                   \
+    int rc_ = (call);                                                                    \
+    if (rc_ != 0)                                                                        \
+      fail_msg("%s returned %s: %s", #call, ruda_err_name(rc_),                          \
+               ruda_error_message(ruda_last_error()));                                   \
+  } while (0)
+
+/* A call that must fail with exactly code, leaving that code in the
+ * thread's last error. */
+#define assert_rc(call, code)                                                            \
+  do {                                                                                   \
+    int rc_ = (call);                                                                    \
+    if (rc_ != (code))                                                                   \
+      fail_msg("%s returned %s, expected %s (last error: %s)", #call, ruda_err_name(rc_),  \
+               ruda_err_name(code), ruda_error_message(ruda_last_error()));              \
+    if (rc_ != 0 && ruda_error_code(ruda_last_error()) != rc_)                           \
+      fail_msg("%s: last error holds %s, not the returned %s", #call,                    \
+               ruda_err_name(ruda_error_code(ruda_last_error())), ruda_err_name(rc_));   \
+  } while (0)
+
+/* The text must appear in s. */
+#define assert_contains(s, text)                                                         \
+  do {                                                                                   \
+    const char *s_ = (s);                                                                \
+    if (s_ == NULL || strstr(s_, (text)) == NULL)                                        \
+      fail_msg("\"%s\" does not contain \"%s\"", s_ ? s_ : "(null)", (text));            \
+  } while (0)
+
+#define assert_last_error_contains(text) \
+  assert_contains(ruda_error_message(ruda_last_error()), text)
+
+/* A host device with explicit settings, so the tester's RUDA_*
+ * environment cannot change what a test exercises. */
+static inline ruda_device *test_open(uint32_t streams, uint32_t queue_bound, ruda_backpressure bp) {
+  ruda_config cfg;
+  ruda_config_init(&cfg);
+  cfg.backend = RUDA_BACKEND_HOST;
+  cfg.num_streams = streams;
+  cfg.queue_bound = queue_bound;
+  cfg.backpressure = bp;
+  cfg.log_level = RUDA_LOG_ERROR;
+  ruda_device *dev = NULL;
+  int rc = ruda_device_open(&cfg, &dev);
+  if (rc != 0)
+    fail_msg("ruda_device_open: %s: %s", ruda_err_name(rc), ruda_error_message(ruda_last_error()));
+  return dev;
+}
+
+static inline ruda_device *test_open_default(void) {
+  return test_open(4, 65536, RUDA_BACKPRESSURE_BLOCK);
+}
+
+/* Closes a device that must hold no errors. */
+static inline void test_close(ruda_device *dev) {
+  ruda_error *errs = NULL;
+  int rc = ruda_device_close(dev, &errs);
+  if (rc != 0) {
+    ruda_error_print(errs, stderr, 0);
+    ruda_error_free(errs);
+    fail_msg("ruda_device_close returned %s", ruda_err_name(rc));
+  }
+  assert_null(errs);
+}
+
+/* A one-thread launch of kernel with args. */
+static inline int test_launch(ruda_device *dev, ruda_stream_id s, const char *kernel, const ruda_arg *args,
+                              uint32_t nargs) {
+  ruda_launch_desc l;
+  memset(&l, 0, sizeof l);
+  l.kernel = kernel;
+  l.grid = (ruda_dim3){1, 1, 1};
+  l.block = (ruda_dim3){1, 1, 1};
+  l.args = args;
+  l.nargs = nargs;
+  return ruda_launch(dev, s, &l);
+}
+
+/* Reads len contiguous bytes of b on stream s and waits for them. */
+static inline void test_read(ruda_device *dev, ruda_stream_id s, ruda_binding b, void *dst, size_t len) {
+  ruda_copy_desc d = ruda_copy_contiguous(b);
+  ruda_future *f = NULL;
+  assert_ok(ruda_read(dev, s, &d, dst, len, &f));
+  ruda_error *err = NULL;
+  int rc = ruda_future_wait(f, &err);
+  if (rc != 0) {
+    ruda_error_print(err, stderr, 0);
+    ruda_error_free(err);
+    ruda_future_free(f);
+    fail_msg("read: future returned %s", ruda_err_name(rc));
+  }
+  ruda_future_free(f);
+}
+
+static inline void test_write(ruda_device *dev, ruda_stream_id s, ruda_binding b, const void *src, size_t len) {
+  ruda_copy_desc d = ruda_copy_contiguous(b);
+  assert_ok(ruda_write(dev, s, &d, src, len));
+}
+
+/* Runs the group, or only the test named by argv[1]: ctest starts every
+ * test as its own process, so a crash or a hang is charged to that test
+ * alone and the per-test timeout applies. A name matching nothing is an
+ * error, not a silent pass. */
+static inline int test_main(const char *group, const struct CMUnitTest *tests, size_t n, int argc,
+                            char **argv) {
+  if (argc > 1) {
+    size_t i = 0;
+    while (i < n && strcmp(tests[i].name, argv[1]) != 0) i++;
+    if (i == n) {
+      fprintf(stderr, "%s: no test named \"%s\"\n", group, argv[1]);
+      return 2;
+    }
+    cmocka_set_test_filter(argv[1]);
+  }
+  return _cmocka_run_group_tests(group, tests, n, NULL, NULL);
+}
+
+#define TEST_MAIN(group, tests) \
+  int main(int argc, char **argv) { return test_main(group, tests, sizeof(tests) / sizeof(tests[0]), argc, argv); }
+
+#endif /* RUDA_TESTS_COMMON_H */

@@ -1,0 +1,169 @@
+/* close.c - closing with commands in flight runs or reports every one of
+ * them, hands back the errors still queued, and leaks nothing (the ASan
+ * build's LeakSanitizer checks the last part). */
+#include <stdatomic.h>
+#include <unistd.h>
+
+#include "common.h"
+
+static _Atomic uint64_t runs;
+static _Atomic int gate_open;
+
+/* Counts the runs; fails with the code given, if any. */
+static int work_kernel(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  int code = *(const int *)args[0];
+  uint64_t *cell = args[1];
+  (*cell)++;
+  atomic_fetch_add(&runs, 1);
+  return code;
+}
+
+static int gate_kernel(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  (void)args;
+  while (!atomic_load(&gate_open)) usleep(200);
+  return 0;
+}
+
+static ruda_device *open_counting(uint32_t streams) {
+  ruda_device *dev = test_open(streams, 65536, RUDA_BACKPRESSURE_BLOCK);
+  atomic_store(&runs, 0);
+  atomic_store(&gate_open, 0);
+  assert_ok(ruda_host_kernel_register(dev, "work", work_kernel));
+  assert_ok(ruda_host_kernel_register(dev, "gate", gate_kernel));
+  return dev;
+}
+
+static void launch_work(ruda_device *dev, ruda_stream_id s, ruda_handle cells, int code) {
+  ruda_arg a[2] = {ruda_arg_scalar(&code, sizeof code),
+                   ruda_arg_buffer(ruda_bind_range(cells, s * 64, 8))};
+  assert_ok(test_launch(dev, s, "work", a, 2));
+}
+
+/* Counts the errors of close's list: one unhealthy summary per stream,
+ * each with its stream's errors as the cause chain. */
+static uint64_t count_errors(const ruda_error *list, uint64_t *streams) {
+  uint64_t n = 0;
+  *streams = 0;
+  for (const ruda_error *s = list; s != NULL; s = ruda_error_next(s)) {
+    assert_int_equal(ruda_error_code(s), RUDA_EUNHEALTHY);
+    (*streams)++;
+    for (const ruda_error *e = ruda_error_cause(s); e != NULL; e = ruda_error_next(e)) {
+      assert_int_equal(ruda_error_code(e), RUDA_EVALIDATION);
+      assert_int_equal(ruda_error_stream(e), ruda_error_stream(s));
+      n++;
+    }
+  }
+  return n;
+}
+
+static void close_runs_everything_enqueued(void **state) {
+  (void)state;
+  enum { STREAMS = 4, PER_STREAM = 20000 };
+  ruda_device *dev = open_counting(STREAMS);
+  ruda_handle cells;
+  assert_ok(ruda_buffer_create(dev, 0, STREAMS * 64, &cells));
+  for (int i = 0; i < PER_STREAM; i++)
+    for (ruda_stream_id s = 0; s < STREAMS; s++) launch_work(dev, s, cells, 0);
+  /* No flush, no sync, the buffer still live: close at once. */
+  ruda_error *errs = (ruda_error *)&errs;
+  assert_rc(ruda_device_close(dev, &errs), 0);
+  assert_null(errs);
+  assert_int_equal(atomic_load(&runs), STREAMS * PER_STREAM);
+}
+
+static void close_reports_queued_errors(void **state) {
+  (void)state;
+  enum { STREAMS = 3, PER_STREAM = 5000 };
+  ruda_device *dev = open_counting(STREAMS);
+  ruda_handle cells;
+  assert_ok(ruda_buffer_create(dev, 0, 8 * 64, &cells));
+  /* Hold the workers so that everything is still queued at close. */
+  for (ruda_stream_id s = 0; s < STREAMS; s++) assert_ok(test_launch(dev, s, "gate", NULL, 0));
+  uint64_t failing = 0;
+  for (int i = 0; i < PER_STREAM; i++)
+    for (ruda_stream_id s = 0; s < 6; s++) { /* streams 3..5 share workers 0..2 */
+      int fail = (s == 1 || s == 4) && i % 1000 == 7;
+      launch_work(dev, s, cells, fail ? RUDA_EVALIDATION : 0);
+      failing += (uint64_t)fail;
+    }
+  /* Buffers freed with their uses still queued, and reads whose futures
+   * were dropped. */
+  ruda_handle tmp;
+  assert_ok(ruda_buffer_create(dev, 2, 4096, &tmp));
+  char dst[4096] = {0};
+  ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(tmp));
+  ruda_future *f = NULL;
+  assert_ok(ruda_write(dev, 2, &d, dst, sizeof dst));
+  assert_ok(ruda_read(dev, 2, &d, dst, sizeof dst, &f));
+  ruda_future_free(f);
+  assert_ok(ruda_buffer_free(dev, 2, tmp));
+  atomic_store(&gate_open, 1);
+
+  ruda_error *errs = NULL;
+  assert_int_equal(ruda_device_close(dev, &errs), RUDA_EUNHEALTHY);
+  uint64_t streams = 0;
+  assert_int_equal(count_errors(errs, &streams), failing);
+  assert_int_equal(streams, 2); /* streams 1 and 4 only */
+  ruda_error_free(errs);
+  assert_int_equal(atomic_load(&runs), 6 * PER_STREAM);
+}
+
+static void close_without_error_list(void **state) {
+  (void)state;
+  ruda_device *dev = open_counting(2);
+  ruda_handle cells;
+  assert_ok(ruda_buffer_create(dev, 0, 64, &cells));
+  for (int i = 0; i < 100; i++) launch_work(dev, 0, cells, i == 50 ? RUDA_EVALIDATION : 0);
+  /* The errors are discarded, but the code still says they were there. */
+  assert_int_equal(ruda_device_close(dev, NULL), RUDA_EUNHEALTHY);
+  assert_int_equal(atomic_load(&runs), 100);
+}
+
+static void close_right_after_open(void **state) {
+  (void)state;
+  for (int i = 0; i < 20; i++) {
+    ruda_device *dev = test_open((uint32_t)(1 + i % 8), 16, RUDA_BACKPRESSURE_BLOCK);
+    test_close(dev);
+  }
+}
+
+static void close_with_many_live_buffers(void **state) {
+  (void)state;
+  /* Live buffers, freed buffers, and buffers freed on one stream while
+   * another stream's work still uses them: all go at close. */
+  ruda_device *dev = open_counting(4);
+  ruda_handle cells;
+  assert_ok(ruda_buffer_create(dev, 0, 8 * 64, &cells));
+  assert_ok(test_launch(dev, 3, "gate", NULL, 0));
+  for (int i = 0; i < 3000; i++) {
+    ruda_handle h;
+    assert_ok(ruda_buffer_create(dev, (ruda_stream_id)(i % 4), 1 + (uint64_t)i * 7 % 5000, &h));
+    if (i % 3 == 0) {
+      /* "work" ignores its third argument; the launch pins h behind the
+       * gate while stream 0 frees it. */
+      int code = 0;
+      ruda_arg a[3] = {ruda_arg_scalar(&code, sizeof code), ruda_arg_buffer(ruda_bind_range(cells, 3 * 64, 8)),
+                       ruda_arg_buffer(ruda_bind(h))};
+      assert_ok(test_launch(dev, 3, "work", a, 3));
+      assert_ok(ruda_buffer_free(dev, 0, h));
+    } else if (i % 3 == 1) {
+      assert_ok(ruda_buffer_free(dev, (ruda_stream_id)(i % 4), h));
+    }
+  }
+  atomic_store(&gate_open, 1);
+  test_close(dev);
+  assert_int_equal(atomic_load(&runs), 1000);
+}
+
+int main(int argc, char **argv) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(close_runs_everything_enqueued),
+      cmocka_unit_test(close_reports_queued_errors),
+      cmocka_unit_test(close_without_error_list),
+      cmocka_unit_test(close_right_after_open),
+      cmocka_unit_test(close_with_many_live_buffers),
+  };
+  return test_main("integration_close", tests, sizeof tests / sizeof tests[0], argc, argv);
+}

@@ -1,0 +1,282 @@
+/* config.c - configuration from defaults, RUDA_* variables and the caller;
+ * invalid settings refused; stream ids and their workers. */
+#include <pthread.h>
+
+#include "common.h"
+
+static const char *const vars[] = {"RUDA_BACKEND",   "RUDA_DEVICE", "RUDA_STREAMS",      "RUDA_QUEUE_BOUND",
+                                   "RUDA_BACKPRESSURE", "RUDA_LOG", "RUDA_BOUNDS_CHECK", "RUDA_CACHE_DIR"};
+
+static int clear_env(void **state) {
+  (void)state;
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+  return 0;
+}
+
+static void defaults(void **state) {
+  (void)state;
+  ruda_config cfg;
+  memset(&cfg, 0xff, sizeof cfg);
+  ruda_config_init(&cfg);
+  assert_int_equal(cfg.backend, RUDA_BACKEND_AUTO);
+  assert_int_equal(cfg.device_ordinal, 0);
+  assert_int_equal(cfg.num_streams, 4);
+  assert_int_equal(cfg.queue_bound, 65536);
+  assert_int_equal(cfg.backpressure, RUDA_BACKPRESSURE_BLOCK);
+  assert_int_equal(cfg.log_level, RUDA_LOG_WARN);
+  assert_int_equal(cfg.bounds_checked, 0);
+  assert_null(cfg.cache_dir);
+  ruda_config_init(NULL); /* harmless */
+  assert_string_equal(ruda_version_string(), "0.1.0");
+  char v[32];
+  snprintf(v, sizeof v, "%d.%d.%d", RUDA_VERSION_MAJOR, RUDA_VERSION_MINOR, RUDA_VERSION_PATCH);
+  assert_string_equal(ruda_version_string(), v);
+}
+
+static void environment_applies(void **state) {
+  (void)state;
+  setenv("RUDA_BACKEND", "HOST", 1); /* case does not matter */
+  setenv("RUDA_DEVICE", "2", 1);
+  setenv("RUDA_STREAMS", "3", 1);
+  setenv("RUDA_QUEUE_BOUND", "17", 1);
+  setenv("RUDA_BACKPRESSURE", "error", 1);
+  setenv("RUDA_LOG", "debug", 1);
+  setenv("RUDA_BOUNDS_CHECK", "1", 1);
+  setenv("RUDA_CACHE_DIR", "/tmp/ruda-test-cache", 1);
+  ruda_config cfg;
+  ruda_config_init(&cfg);
+  assert_int_equal(cfg.backend, RUDA_BACKEND_HOST);
+  assert_int_equal(cfg.device_ordinal, 2);
+  assert_int_equal(cfg.num_streams, 3);
+  assert_int_equal(cfg.queue_bound, 17);
+  assert_int_equal(cfg.backpressure, RUDA_BACKPRESSURE_ERROR);
+  assert_int_equal(cfg.log_level, RUDA_LOG_DEBUG);
+  assert_int_equal(cfg.bounds_checked, 1);
+  assert_string_equal(cfg.cache_dir, "/tmp/ruda-test-cache");
+
+  setenv("RUDA_BACKEND", "cuda", 1);
+  setenv("RUDA_BACKPRESSURE", "BLOCK", 1);
+  setenv("RUDA_LOG", "off", 1);
+  setenv("RUDA_BOUNDS_CHECK", "0", 1);
+  setenv("RUDA_CACHE_DIR", "", 1); /* "" disables the disk cache */
+  ruda_config_init(&cfg);
+  assert_int_equal(cfg.backend, RUDA_BACKEND_CUDA);
+  assert_int_equal(cfg.backpressure, RUDA_BACKPRESSURE_BLOCK);
+  assert_int_equal(cfg.log_level, RUDA_LOG_OFF);
+  assert_int_equal(cfg.bounds_checked, 0);
+  assert_string_equal(cfg.cache_dir, "");
+  /* Fields set after init win over the environment. */
+  cfg.num_streams = 2;
+  cfg.backend = RUDA_BACKEND_HOST;
+  ruda_device *dev = NULL;
+  assert_ok(ruda_device_open(&cfg, &dev));
+  assert_int_equal(ruda_device_num_streams(dev), 2);
+  assert_string_equal(ruda_device_backend(dev), "host");
+  test_close(dev);
+}
+
+static void malformed_environment_is_ignored(void **state) {
+  (void)state;
+  setenv("RUDA_BACKEND", "gpu", 1);
+  setenv("RUDA_STREAMS", "three", 1);
+  setenv("RUDA_QUEUE_BOUND", "-5", 1);
+  setenv("RUDA_BACKPRESSURE", "drop", 1);
+  setenv("RUDA_LOG", "verbose", 1);
+  setenv("RUDA_DEVICE", "1x", 1);
+  ruda_config cfg;
+  ruda_config_init(&cfg);
+  assert_int_equal(cfg.backend, RUDA_BACKEND_AUTO);
+  assert_int_equal(cfg.num_streams, 4);
+  assert_int_equal(cfg.queue_bound, 65536);
+  assert_int_equal(cfg.backpressure, RUDA_BACKPRESSURE_BLOCK);
+  assert_int_equal(cfg.log_level, RUDA_LOG_WARN);
+  assert_int_equal(cfg.device_ordinal, 0);
+  setenv("RUDA_STREAMS", "99999999999", 1); /* past 32 bits */
+  ruda_config_init(&cfg);
+  assert_int_equal(cfg.num_streams, 4);
+}
+
+static void open_uses_the_environment(void **state) {
+  (void)state;
+  setenv("RUDA_BACKEND", "host", 1);
+  setenv("RUDA_STREAMS", "3", 1);
+  setenv("RUDA_LOG", "error", 1);
+  ruda_device *dev = NULL;
+  assert_ok(ruda_device_open(NULL, &dev));
+  assert_int_equal(ruda_device_num_streams(dev), 3);
+  assert_string_equal(ruda_device_backend(dev), "host");
+  test_close(dev);
+  /* Well-formed but out of range: refused at open, not ignored. */
+  setenv("RUDA_STREAMS", "0", 1);
+  dev = (ruda_device *)&dev;
+  assert_rc(ruda_device_open(NULL, &dev), RUDA_EINVAL);
+  assert_null(dev);
+  assert_last_error_contains("num_streams 0");
+}
+
+static int open_with(ruda_config cfg) {
+  ruda_device *dev = NULL;
+  int rc = ruda_device_open(&cfg, &dev);
+  if (rc == 0) test_close(dev);
+  else assert_null(dev);
+  return rc;
+}
+
+static void invalid_values_are_refused(void **state) {
+  (void)state;
+  ruda_config base;
+  ruda_config_init(&base);
+  base.backend = RUDA_BACKEND_HOST;
+  base.log_level = RUDA_LOG_ERROR;
+  ruda_config c;
+
+  c = base, c.num_streams = 0;
+  assert_rc(open_with(c), RUDA_EINVAL);
+  assert_last_error_contains("num_streams 0");
+  c = base, c.num_streams = 1025;
+  assert_rc(open_with(c), RUDA_EINVAL);
+  assert_last_error_contains("1025");
+  c = base, c.queue_bound = 0;
+  assert_rc(open_with(c), RUDA_EINVAL);
+  assert_last_error_contains("queue_bound 0");
+  c = base, c.queue_bound = (1u << 30) + 1;
+  assert_rc(open_with(c), RUDA_EINVAL);
+  c = base, c.backend = (ruda_backend_kind)3;
+  assert_rc(open_with(c), RUDA_EINVAL);
+  assert_last_error_contains("backend 3");
+  c = base, c.backpressure = (ruda_backpressure)2;
+  assert_rc(open_with(c), RUDA_EINVAL);
+  assert_last_error_contains("backpressure 2");
+  c = base, c.backpressure = (ruda_backpressure)-1;
+  assert_rc(open_with(c), RUDA_EINVAL);
+  c = base, c.log_level = (ruda_log_level)5;
+  assert_rc(open_with(c), RUDA_EINVAL);
+  assert_last_error_contains("log level 5");
+  c = base, c.log_level = (ruda_log_level)-1;
+  assert_rc(open_with(c), RUDA_EINVAL);
+
+  /* The limits themselves are accepted. */
+  c = base, c.num_streams = 1, c.queue_bound = 1;
+  assert_ok(open_with(c));
+  c = base, c.queue_bound = 1u << 30;
+  assert_ok(open_with(c));
+  c = base, c.num_streams = 64;
+  assert_ok(open_with(c));
+}
+
+static int noop_kernel(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  (void)args;
+  return 0;
+}
+
+static void backend_choice(void **state) {
+  (void)state;
+  ruda_config c;
+  ruda_config_init(&c);
+  c.log_level = RUDA_LOG_OFF;
+  /* auto always opens something. */
+  c.backend = RUDA_BACKEND_AUTO;
+  ruda_device *dev = NULL;
+  assert_ok(ruda_device_open(&c, &dev));
+  const char *name = ruda_device_backend(dev);
+  assert_true(strcmp(name, "host") == 0 || strcmp(name, "cuda") == 0);
+  int auto_is_cuda = strcmp(name, "cuda") == 0;
+  test_close(dev);
+  /* cuda, where auto did not find it usable, fails with a clear code. */
+  c.backend = RUDA_BACKEND_CUDA;
+  dev = NULL;
+  int rc = ruda_device_open(&c, &dev);
+  if (auto_is_cuda) {
+    assert_int_equal(rc, 0);
+    assert_string_equal(ruda_device_backend(dev), "cuda");
+    /* Host kernels need the host backend. */
+    assert_rc(ruda_host_kernel_register(dev, "k", noop_kernel), RUDA_ENOBACKEND);
+    test_close(dev);
+  } else {
+    assert_true(rc == RUDA_ENOBACKEND || rc == RUDA_ENODRIVER);
+    assert_null(dev);
+    assert_int_equal(ruda_error_code(ruda_last_error()), rc);
+  }
+}
+
+/* Records which thread ran stream i's launch. */
+static pthread_t ran_on[16];
+
+static int where_kernel(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  ran_on[*(const uint32_t *)args[0]] = pthread_self();
+  return 0;
+}
+
+static void explicit_ids_map_to_workers(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(4, 1024, RUDA_BACKPRESSURE_BLOCK);
+  assert_ok(ruda_host_kernel_register(dev, "where", where_kernel));
+  for (uint32_t i = 0; i < 12; i++) {
+    ruda_arg a = ruda_arg_scalar(&i, sizeof i);
+    assert_ok(test_launch(dev, i, "where", &a, 1));
+  }
+  for (ruda_stream_id s = 0; s < 12; s++) assert_ok(ruda_sync(dev, s, NULL));
+  /* Stream i runs on worker i % 4: ids 0..3 have a worker each. */
+  for (int i = 0; i < 12; i++) {
+    assert_false(pthread_equal(ran_on[i], pthread_self()));
+    assert_true(pthread_equal(ran_on[i], ran_on[i % 4]));
+    for (int j = 0; j < 4; j++)
+      if (j != i % 4) assert_false(pthread_equal(ran_on[i], ran_on[j]));
+  }
+  test_close(dev);
+}
+
+static int contains(const ruda_stream_id *ids, size_t n, ruda_stream_id id) {
+  for (size_t i = 0; i < n; i++)
+    if (ids[i] == id) return 1;
+  return 0;
+}
+
+static void stream_ids_lists_streams_used(void **state) {
+  (void)state;
+  ruda_device *dev = test_open_default();
+  assert_int_equal(ruda_stream_ids(dev, NULL, 0), 0);
+  ruda_handle h;
+  assert_ok(ruda_buffer_create(dev, 7, 16, &h));
+  assert_ok(ruda_flush(dev, 3, NULL));
+  assert_ok(ruda_flush(dev, RUDA_STREAM_CURRENT, NULL));
+  assert_ok(ruda_flush(dev, RUDA_STREAM_EXPLICIT_MAX, NULL));
+  ruda_stream_id ids[8];
+  for (int i = 0; i < 8; i++) ids[i] = 12345;
+  assert_int_equal(ruda_stream_ids(dev, ids, 8), 4);
+  assert_true(contains(ids, 4, 7));
+  assert_true(contains(ids, 4, 3));
+  assert_true(contains(ids, 4, ruda_stream_current()));
+  assert_true(contains(ids, 4, RUDA_STREAM_EXPLICIT_MAX));
+  assert_int_equal(ids[4], 12345);
+  /* A short array gets what fits; the count is still the total. */
+  for (int i = 0; i < 8; i++) ids[i] = 12345;
+  assert_int_equal(ruda_stream_ids(dev, ids, 1), 4);
+  assert_true(ids[0] != 12345);
+  assert_int_equal(ids[1], 12345);
+  /* Many streams: the table grows and keeps every id. */
+  for (ruda_stream_id s = 1000; s < 1300; s++) assert_ok(ruda_flush(dev, s, NULL));
+  ruda_stream_id *all = calloc(400, sizeof *all);
+  assert_int_equal(ruda_stream_ids(dev, all, 400), 304);
+  for (ruda_stream_id s = 1000; s < 1300; s++) assert_true(contains(all, 304, s));
+  assert_true(contains(all, 304, 7));
+  free(all);
+  assert_ok(ruda_buffer_free(dev, 7, h));
+  test_close(dev);
+}
+
+int main(int argc, char **argv) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(defaults, clear_env, clear_env),
+      cmocka_unit_test_setup_teardown(environment_applies, clear_env, clear_env),
+      cmocka_unit_test_setup_teardown(malformed_environment_is_ignored, clear_env, clear_env),
+      cmocka_unit_test_setup_teardown(open_uses_the_environment, clear_env, clear_env),
+      cmocka_unit_test_setup_teardown(invalid_values_are_refused, clear_env, clear_env),
+      cmocka_unit_test_setup_teardown(backend_choice, clear_env, clear_env),
+      cmocka_unit_test_setup_teardown(explicit_ids_map_to_workers, clear_env, clear_env),
+      cmocka_unit_test_setup_teardown(stream_ids_lists_streams_used, clear_env, clear_env),
+  };
+  return test_main("integration_config", tests, sizeof tests / sizeof tests[0], argc, argv);
+}

@@ -1,0 +1,283 @@
+/* isolation.c - an error belongs to the stream that caused it: it surfaces
+ * on that stream's flush, sync or read, once, in order, and never on
+ * another stream, even one served by the same worker. */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "common.h"
+
+static _Atomic uint64_t ok_runs;
+
+/* Returns the code it is given; counts the launches that succeed. */
+static int fail_kernel(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  int code = *(const int *)args[0];
+  if (code == 0) atomic_fetch_add(&ok_runs, 1);
+  return code;
+}
+
+static ruda_device *open_with_kernel(uint32_t streams) {
+  ruda_device *dev = test_open(streams, 65536, RUDA_BACKPRESSURE_BLOCK);
+  atomic_store(&ok_runs, 0);
+  assert_ok(ruda_host_kernel_register(dev, "fail", fail_kernel));
+  return dev;
+}
+
+static void launch_code(ruda_device *dev, ruda_stream_id s, int code) {
+  ruda_arg a = ruda_arg_scalar(&code, sizeof code);
+  assert_ok(test_launch(dev, s, "fail", &a, 1));
+}
+
+/* err is the RUDA_EUNHEALTHY summary of stream s holding one error of
+ * code, raised by the kernel "fail". */
+static void check_single(const ruda_error *err, ruda_stream_id s, int code) {
+  char want[64];
+  assert_non_null(err);
+  assert_int_equal(ruda_error_code(err), RUDA_EUNHEALTHY);
+  assert_int_equal(ruda_error_stream(err), s);
+  snprintf(want, sizeof want, "stream %llu is unhealthy: 1 error", (unsigned long long)s);
+  assert_contains(ruda_error_message(err), want);
+  const ruda_error *cause = ruda_error_cause(err);
+  assert_non_null(cause);
+  assert_int_equal(ruda_error_code(cause), code);
+  assert_int_equal(ruda_error_stream(cause), s);
+  assert_contains(ruda_error_message(cause), "ruda_launch \"fail\"");
+  snprintf(want, sizeof want, "(stream %llu, command #", (unsigned long long)s);
+  assert_contains(ruda_error_message(cause), want);
+  assert_contains(ruda_error_message(cause), ruda_err_name(code));
+  assert_null(ruda_error_next(cause));
+  size_t frames = 0;
+  ruda_error_backtrace(cause, &frames);
+  assert_true(frames > 0);
+}
+
+static void error_surfaces_on_its_flush(void **state) {
+  (void)state;
+  ruda_device *dev = open_with_kernel(4);
+  const ruda_stream_id a = 1, b = 2;
+  launch_code(dev, a, RUDA_EVALIDATION);
+  launch_code(dev, b, 0);
+  launch_code(dev, a, 0); /* an unhealthy stream still runs its work */
+
+  ruda_error *err = (ruda_error *)&err;
+  assert_rc(ruda_flush(dev, b, &err), 0);
+  assert_null(err);
+  assert_rc(ruda_sync(dev, b, &err), 0);
+  assert_null(err);
+
+  assert_int_equal(ruda_flush(dev, a, &err), RUDA_EUNHEALTHY);
+  check_single(err, a, RUDA_EVALIDATION);
+  ruda_error_free(err);
+  assert_int_equal(atomic_load(&ok_runs), 2);
+
+  /* Drained once: the next flush and sync find nothing. */
+  assert_rc(ruda_flush(dev, a, &err), 0);
+  assert_null(err);
+  assert_rc(ruda_sync(dev, a, &err), 0);
+  assert_null(err);
+  test_close(dev);
+}
+
+static void error_surfaces_on_its_sync(void **state) {
+  (void)state;
+  ruda_device *dev = open_with_kernel(4);
+  const ruda_stream_id a = 5, b = 6;
+  launch_code(dev, a, RUDA_EGENERIC);
+  launch_code(dev, b, 0);
+  ruda_error *err = NULL;
+  assert_rc(ruda_sync(dev, b, &err), 0);
+  assert_null(err);
+  assert_int_equal(ruda_sync(dev, a, &err), RUDA_EUNHEALTHY);
+  check_single(err, a, RUDA_EGENERIC);
+  ruda_error_free(err);
+  assert_rc(ruda_flush(dev, a, &err), 0);
+  assert_null(err);
+  /* A caller that does not want the list still learns the stream was
+   * unhealthy, and the errors are drained all the same. */
+  launch_code(dev, a, RUDA_EGENERIC);
+  assert_int_equal(ruda_sync(dev, a, NULL), RUDA_EUNHEALTHY);
+  assert_rc(ruda_sync(dev, a, NULL), 0);
+  test_close(dev);
+}
+
+static void shared_worker_keeps_errors_apart(void **state) {
+  (void)state;
+  /* One worker serves both streams: attribution is by stream, not by
+   * worker. */
+  ruda_device *dev = open_with_kernel(1);
+  const ruda_stream_id a = 10, b = 11;
+  for (int i = 0; i < 100; i++) {
+    launch_code(dev, b, 0);
+    if (i == 50) launch_code(dev, a, RUDA_ELAUNCH);
+  }
+  ruda_error *err = NULL;
+  assert_rc(ruda_flush(dev, b, &err), 0);
+  assert_rc(ruda_sync(dev, b, &err), 0);
+  assert_null(err);
+  assert_int_equal(atomic_load(&ok_runs), 100);
+  assert_int_equal(ruda_sync(dev, a, &err), RUDA_EUNHEALTHY);
+  check_single(err, a, RUDA_ELAUNCH);
+  ruda_error_free(err);
+  test_close(dev);
+}
+
+static void errors_keep_their_order(void **state) {
+  (void)state;
+  ruda_device *dev = open_with_kernel(2);
+  const ruda_stream_id a = 3;
+  const int codes[] = {RUDA_EVALIDATION, RUDA_EGENERIC, RUDA_ELAUNCH, RUDA_EIO, RUDA_EVALIDATION};
+  const int n = (int)(sizeof codes / sizeof codes[0]);
+  for (int i = 0; i < n; i++) {
+    launch_code(dev, a, 0);
+    launch_code(dev, a, codes[i]);
+  }
+  ruda_error *err = NULL;
+  assert_int_equal(ruda_flush(dev, a, &err), RUDA_EUNHEALTHY);
+  assert_contains(ruda_error_message(err), "5 errors");
+  int i = 0;
+  unsigned long long prev_cmd = 0;
+  for (const ruda_error *e = ruda_error_cause(err); e != NULL; e = ruda_error_next(e), i++) {
+    assert_true(i < n);
+    assert_int_equal(ruda_error_code(e), codes[i]);
+    assert_int_equal(ruda_error_stream(e), a);
+    /* The command numbers quoted by the messages increase: the failing
+     * launches were the 2nd, 4th, ... commands of the stream. */
+    const char *m = strstr(ruda_error_message(e), "command #");
+    assert_non_null(m);
+    unsigned long long cmd = strtoull(m + strlen("command #"), NULL, 10);
+    assert_true(cmd > prev_cmd);
+    prev_cmd = cmd;
+  }
+  assert_int_equal(i, n);
+  char *text = NULL;
+  size_t len = 0;
+  FILE *out = open_memstream(&text, &len);
+  ruda_error_print(err, out, 0);
+  fclose(out);
+  assert_contains(text, "RUDA_EUNHEALTHY");
+  assert_contains(text, "caused by RUDA_EIO");
+  free(text);
+  ruda_error_free(err);
+  assert_int_equal(atomic_load(&ok_runs), n);
+  test_close(dev);
+}
+
+typedef struct thread_result {
+  ruda_device *dev;
+  int fail;
+  int flush_rc, cause_code;
+  ruda_stream_id current;
+} thread_result;
+
+static void *use_current_stream(void *p) {
+  thread_result *r = p;
+  int code = r->fail ? RUDA_EVALIDATION : 0;
+  ruda_arg a = ruda_arg_scalar(&code, sizeof code);
+  r->current = ruda_stream_current();
+  if (test_launch(r->dev, RUDA_STREAM_CURRENT, "fail", &a, 1) != 0) {
+    r->flush_rc = 1;
+    return NULL;
+  }
+  ruda_error *err = NULL;
+  r->flush_rc = ruda_flush(r->dev, RUDA_STREAM_CURRENT, &err);
+  r->cause_code = ruda_error_code(ruda_error_cause(err));
+  ruda_error_free(err);
+  return NULL;
+}
+
+static void thread_streams_are_isolated(void **state) {
+  (void)state;
+  ruda_device *dev = open_with_kernel(2);
+  thread_result r[4];
+  pthread_t t[4];
+  for (int i = 0; i < 4; i++) {
+    r[i] = (thread_result){.dev = dev, .fail = i % 2};
+    assert_int_equal(pthread_create(&t[i], NULL, use_current_stream, &r[i]), 0);
+  }
+  for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+  for (int i = 0; i < 4; i++) {
+    assert_true(r[i].current > RUDA_STREAM_EXPLICIT_MAX);
+    assert_true(r[i].current != RUDA_STREAM_CURRENT);
+    for (int j = 0; j < i; j++) assert_true(r[i].current != r[j].current);
+    if (r[i].fail) {
+      assert_int_equal(r[i].flush_rc, RUDA_EUNHEALTHY);
+      assert_int_equal(r[i].cause_code, RUDA_EVALIDATION);
+    } else {
+      assert_int_equal(r[i].flush_rc, 0);
+      assert_int_equal(r[i].cause_code, 0);
+    }
+  }
+  /* The calling thread's own stream is a fifth one, and healthy. */
+  assert_rc(ruda_flush(dev, RUDA_STREAM_CURRENT, NULL), 0);
+  assert_true(ruda_stream_current() == ruda_stream_current());
+  test_close(dev);
+}
+
+static void read_future_reports_stream_errors(void **state) {
+  (void)state;
+  ruda_device *dev = open_with_kernel(2);
+  const ruda_stream_id a = 0, b = 1;
+  ruda_handle h;
+  assert_ok(ruda_buffer_create(dev, a, 16, &h));
+  test_write(dev, a, ruda_bind(h), "0123456789abcdef", 16);
+  assert_ok(ruda_sync(dev, a, NULL));
+  launch_code(dev, a, RUDA_EGENERIC);
+  char out[16] = {0};
+  ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(h));
+  ruda_future *fb = NULL, *fa = NULL;
+  /* The same buffer read on a healthy stream: no error. */
+  assert_ok(ruda_read(dev, b, &d, out, 16, &fb));
+  ruda_error *err = NULL;
+  assert_rc(ruda_future_wait(fb, &err), 0);
+  assert_null(err);
+  assert_memory_equal(out, "0123456789abcdef", 16);
+  ruda_future_free(fb);
+
+  assert_ok(ruda_read(dev, a, &d, out, 16, &fa));
+  assert_int_equal(ruda_future_wait(fa, &err), RUDA_EUNHEALTHY);
+  check_single(err, a, RUDA_EGENERIC);
+  ruda_error_free(err);
+  /* Waiting again gives the same code; the error was handed over once. */
+  err = (ruda_error *)&err;
+  assert_int_equal(ruda_future_wait(fa, &err), RUDA_EUNHEALTHY);
+  assert_null(err);
+  ruda_future_free(fa);
+  assert_rc(ruda_flush(dev, a, NULL), 0);
+  assert_ok(ruda_buffer_free(dev, a, h));
+  test_close(dev);
+}
+
+static int fail_at_one_thread(const ruda_host_ctx *c, void *const *args) {
+  (void)args;
+  if (c->block_idx.x == 2 && c->thread_idx.x == 5) return RUDA_EVALIDATION;
+  return 0;
+}
+
+static void kernel_error_names_the_thread(void **state) {
+  (void)state;
+  ruda_device *dev = open_with_kernel(1);
+  assert_ok(ruda_host_kernel_register(dev, "picky", fail_at_one_thread));
+  ruda_launch_desc l = {.kernel = "picky", .grid = {4, 1, 1}, .block = {8, 1, 1}};
+  assert_ok(ruda_launch(dev, 7, &l));
+  ruda_error *err = NULL;
+  assert_int_equal(ruda_sync(dev, 7, &err), RUDA_EUNHEALTHY);
+  const ruda_error *cause = ruda_error_cause(err);
+  assert_int_equal(ruda_error_code(cause), RUDA_EVALIDATION);
+  assert_contains(ruda_error_message(cause), "\"picky\"");
+  assert_contains(ruda_error_message(cause), "block (2,0,0) thread (5,0,0)");
+  ruda_error_free(err);
+  test_close(dev);
+}
+
+int main(int argc, char **argv) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(error_surfaces_on_its_flush),
+      cmocka_unit_test(error_surfaces_on_its_sync),
+      cmocka_unit_test(shared_worker_keeps_errors_apart),
+      cmocka_unit_test(errors_keep_their_order),
+      cmocka_unit_test(thread_streams_are_isolated),
+      cmocka_unit_test(read_future_reports_stream_errors),
+      cmocka_unit_test(kernel_error_names_the_thread),
+  };
+  return test_main("integration_isolation", tests, sizeof tests / sizeof tests[0], argc, argv);
+}
