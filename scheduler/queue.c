@@ -12,18 +12,6 @@
 #include "../src/internal.h"
 #include "../src/sync.h"
 
-ruda__cmd *ruda__cmd_alloc(size_t extra) {
-  ruda__cmd *cmd = malloc(sizeof *cmd + extra);
-  if (cmd == NULL) return NULL;
-  cds_wfcq_node_init(&cmd->node);
-  cmd->npins = 0;
-  cmd->pins = NULL;
-  cmd->future = NULL;
-  return cmd;
-}
-
-void ruda__cmd_free(ruda__cmd *cmd) { free(cmd); }
-
 static void push(ruda__worker *w, ruda__cmd *cmd) {
   RUDA__TSAN_RELEASE(&cmd->node);
   /* cds_wfcq_enqueue returns false when the queue was empty: only then can
