@@ -179,12 +179,26 @@ static __attribute__((noinline)) int inline_launch(ruda_host_kernel_fn fn, const
 
 /* ---- one run ---- */
 
-typedef enum mode { MODE_INLINE_1BUF, MODE_INLINE_0BUF, MODE_RUDA_1BUF, MODE_RUDA_0BUF, NMODES } mode;
+/* The nopool modes run producers with RUDA_CMD_POOL=0, so their commands
+ * are plain malloc blocks: the allocator before and after, in one run. */
+typedef enum mode {
+  MODE_INLINE_1BUF,
+  MODE_INLINE_0BUF,
+  MODE_RUDA_1BUF,
+  MODE_RUDA_0BUF,
+  MODE_RUDA_1BUF_NOPOOL,
+  MODE_RUDA_0BUF_NOPOOL,
+  NMODES
+} mode;
 
-static const char *mode_name[NMODES] = {"inline-1buf", "inline-0buf", "ruda-1buf", "ruda-0buf"};
+static const char *mode_name[NMODES] = {"inline-1buf", "inline-0buf",        "ruda-1buf",
+                                        "ruda-0buf",   "ruda-1buf-nopool", "ruda-0buf-nopool"};
 
-static int mode_is_ruda(mode m) { return m == MODE_RUDA_1BUF || m == MODE_RUDA_0BUF; }
-static int mode_has_buf(mode m) { return m == MODE_INLINE_1BUF || m == MODE_RUDA_1BUF; }
+static int mode_is_ruda(mode m) { return m >= MODE_RUDA_1BUF; }
+static int mode_has_buf(mode m) {
+  return m == MODE_INLINE_1BUF || m == MODE_RUDA_1BUF || m == MODE_RUDA_1BUF_NOPOOL;
+}
+static int mode_nopool(mode m) { return m >= MODE_RUDA_1BUF_NOPOOL; }
 
 typedef struct producer {
   pthread_t thread;
@@ -269,6 +283,9 @@ typedef struct setup {
 static result run_once(setup *s, mode m, int nprod, uint64_t n) {
   pthread_barrier_t go;
   pthread_barrier_init(&go, NULL, (unsigned)nprod);
+  /* Read by each producer thread at its first command. */
+  if (mode_nopool(m)) setenv("RUDA_CMD_POOL", "0", 1);
+  else unsetenv("RUDA_CMD_POOL");
   for (int i = 0; i < nprod; i++) {
     producer *w = &s->prod[i];
     w->m = m;
@@ -288,7 +305,7 @@ static result run_once(setup *s, mode m, int nprod, uint64_t n) {
   }
   /* Nothing lost, nothing run twice: each accumulator holds the sum the
    * producer computed itself. */
-  if (m == MODE_RUDA_1BUF) {
+  if (mode_is_ruda(m) && mode_has_buf(m)) {
     for (int i = 0; i < nprod; i++) {
       producer *w = &s->prod[i];
       uint64_t got = 0;
@@ -367,7 +384,8 @@ static void usage(const char *argv0) {
           "  -n N       commands per producer per run (default: sized so a run takes ~1 s)\n"
           "  -t SEC     target run length when -n is not given (default 1.0)\n"
           "  -r R       repetitions; the table shows medians (default 5)\n"
-          "  -m LIST    modes (default inline-1buf,inline-0buf,ruda-1buf,ruda-0buf)\n"
+          "  -m LIST    modes (default inline-1buf,inline-0buf,ruda-1buf,ruda-0buf;\n"
+          "             also ruda-1buf-nopool,ruda-0buf-nopool: commands from malloc)\n"
           "  -s S       worker streams (default: one per producer)\n"
           "  -q Q       queue bound per stream (default: the library's)\n"
           "  -c CLOCK   tsc or mono (default tsc where available)\n"
@@ -378,7 +396,7 @@ static void usage(const char *argv0) {
 
 int main(int argc, char **argv) {
   int prods[16] = {1, 2, 4, 8}, nprods = 4;
-  int modes[NMODES] = {1, 1, 1, 1};
+  int modes[NMODES] = {1, 1, 1, 1, 0, 0};
   uint64_t n_fixed = 0;
   double target_s = 1.0;
   int reps = 5;
