@@ -97,7 +97,17 @@ static void *worker_main(void *arg) {
     enum cds_wfcq_ret r =
         __cds_wfcq_splice_nonblocking(&batch_head, &batch_tail, &w->head, &w->tail);
     if (r == CDS_WFCQ_RET_SRC_EMPTY) {
-      ck_ec32_wait(&w->wake, &ruda__ec_mp, seen, NULL);
+      /* While device work is still retiring (write staging held until its
+       * copy ran), sleep only briefly so it is returned promptly. */
+      if (dev->ops->progress != NULL && dev->ops->progress(w->wstate)) {
+        struct timespec dl;
+        clock_gettime(CLOCK_MONOTONIC, &dl);
+        dl.tv_nsec += 100 * 1000;
+        if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+        ck_ec32_wait(&w->wake, &ruda__ec_mp, seen, &dl);
+      } else {
+        ck_ec32_wait(&w->wake, &ruda__ec_mp, seen, NULL);
+      }
       continue;
     }
     if (r == CDS_WFCQ_RET_WOULDBLOCK) { /* a producer is mid-push */
@@ -115,6 +125,7 @@ static void *worker_main(void *arg) {
       n++;
     }
     w->executed += n;
+    if (dev->ops->progress != NULL) dev->ops->progress(w->wstate);
     atomic_fetch_sub_explicit(&w->depth, n, memory_order_relaxed);
     /* Always bump: a producer that saw the queue full and is about to sleep
      * then finds the count changed. One increment per batch, not per command. */

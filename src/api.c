@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "../memory/staging.h"
 
 /* ---- shared helpers ---- */
 
@@ -147,33 +148,100 @@ int ruda_buffer_size(ruda_device *dev, ruda_handle h, uint64_t *size) {
 
 /* ---- copies ---- */
 
-int ruda_write(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *dst, const void *src,
-               size_t len) {
-  static const char fn[] = "ruda_write";
+/* A backend may refuse strided layouts it cannot copy (cuda: innermost
+ * stride 1, at most three dims after merging); refuse them at the call. */
+static int check_layout(ruda_device *dev, const ruda__layout *l, const char *fn) {
+  if (l->contiguous || dev->ops->layout_check == NULL) return 0;
+  return dev->ops->layout_check(dev->bstate, l, fn);
+}
+
+/* Contiguous writes larger than this go in pieces of this size, staged in
+ * parallel (memory/staging_copy.c) and each pushed as soon as it is
+ * copied, so the host copy of later pieces overlaps the DMA of earlier
+ * ones. Every piece is pushed before ruda_write returns, so later commands
+ * of the caller still follow the whole write. */
+#define RUDA__WRITE_PIECE ((size_t)8 << 20)
+
+typedef struct write_pieces {
+  ruda_device *dev;
+  ruda__stream *s;
+  ruda_handle h;
+  uint64_t addr;
+  const unsigned char *src;
+  size_t len;
+} write_pieces;
+
+static int write_piece(void *arg, size_t i) {
+  write_pieces *j = arg;
+  ruda_device *dev = j->dev;
+  size_t off = i * RUDA__WRITE_PIECE;
+  size_t n = j->len - off < RUDA__WRITE_PIECE ? j->len - off : RUDA__WRITE_PIECE;
+  uint64_t base, size;
+  /* Each piece pins the buffer itself: pieces retire independently. */
+  if (ruda__handles_pin(&dev->handles, j->h, &base, &size) != 0)
+    return ruda__fail(RUDA_ENOTFOUND, "ruda_write: buffer {slot %u, gen %u} was freed during the write",
+                      j->h.slot, j->h.gen);
+  ruda__cmd *cmd = ruda__cmd_alloc(sizeof(uint32_t));
+  void *staged = cmd ? dev->ops->stage_alloc(dev->bstate, n) : NULL;
+  if (staged == NULL) {
+    ruda__cmd_free(cmd);
+    ruda__handles_unpin(&dev->handles, dev, j->h.slot, NULL);
+    return ruda__fail(RUDA_ENOMEM, "ruda_write: no staging memory for a %zu-byte piece at offset %zu", n, off);
+  }
+  memcpy(staged, j->src + off, n);
+  cmd->kind = RUDA__CMD_WRITE;
+  cmd->pins = (uint32_t *)ruda__cmd_extra(cmd);
+  cmd->pins[0] = j->h.slot;
+  cmd->npins = 1;
+  cmd->u.write.dst = j->addr + off;
+  cmd->u.write.staged = staged;
+  memset(&cmd->u.write.layout, 0, sizeof cmd->u.write.layout);
+  cmd->u.write.layout.elem_size = 1;
+  cmd->u.write.layout.bytes = cmd->u.write.layout.extent = n;
+  cmd->u.write.layout.contiguous = 1;
+  int rc = submit(j->s, cmd);
+  if (rc != 0) {
+    dev->ops->stage_free(dev->bstate, staged);
+    ruda__cmd_free(cmd);
+    ruda__handles_unpin(&dev->handles, dev, j->h.slot, NULL);
+  }
+  return rc;
+}
+
+/* user_staged: a staging buffer the caller hands over (ruda_write_staged),
+ * uploaded as is; NULL: src is copied into staging here. */
+static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *dst, const void *src,
+                      size_t len, void *user_staged, const char *fn) {
   RUDA__CHECK_DEV(dev, fn);
   if (dst == NULL || src == NULL)
-    return ruda__fail(RUDA_EINVAL, "ruda_write: %s is NULL", dst ? "src" : "dst");
-  if (len == 0) return ruda__fail(RUDA_EINVAL, "ruda_write: len is 0");
+    return ruda__fail(RUDA_EINVAL, "%s: %s is NULL", fn, dst ? "src" : "dst");
+  if (len == 0) return ruda__fail(RUDA_EINVAL, "%s: len is 0", fn);
   int rc = 0;
   ruda__stream *s = stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
   uint64_t addr, blen;
   if ((rc = pin_binding(dev, dst->binding, fn, "dst", &addr, &blen)) != 0) return rc;
   ruda__layout l;
-  if ((rc = make_layout(dst, blen, fn, &l)) != 0) goto unpin;
+  if ((rc = make_layout(dst, blen, fn, &l)) != 0 || (rc = check_layout(dev, &l, fn)) != 0) goto unpin;
   if (l.bytes != len) {
-    rc = ruda__fail(RUDA_EINVAL, "ruda_write: len %zu does not match the descriptor's %llu bytes",
-                    len, (unsigned long long)l.bytes);
+    rc = ruda__fail(RUDA_EINVAL, "%s: len %zu does not match the descriptor's %llu bytes", fn, len,
+                    (unsigned long long)l.bytes);
     goto unpin;
+  }
+  if (user_staged == NULL && l.contiguous && len > RUDA__WRITE_PIECE) {
+    write_pieces j = {dev, s, dst->binding.handle, addr, src, len};
+    rc = ruda__staging_parallel((len + RUDA__WRITE_PIECE - 1) / RUDA__WRITE_PIECE, write_piece, &j);
+    goto unpin; /* the pieces hold their own pins */
   }
   ruda__cmd *cmd = ruda__cmd_alloc(sizeof(uint32_t));
-  void *staged = cmd ? dev->ops->stage_alloc(dev->bstate, len) : NULL;
-  if (staged == NULL) {
+  void *staged = user_staged;
+  if (cmd != NULL && staged == NULL) staged = dev->ops->stage_alloc(dev->bstate, len);
+  if (cmd == NULL || staged == NULL) {
     ruda__cmd_free(cmd);
-    rc = ruda__fail(RUDA_ENOMEM, "ruda_write: no staging memory for %zu bytes", len);
+    rc = ruda__fail(RUDA_ENOMEM, "%s: no staging memory for %zu bytes", fn, len);
     goto unpin;
   }
-  memcpy(staged, src, len);
+  if (user_staged == NULL) memcpy(staged, src, len);
   cmd->kind = RUDA__CMD_WRITE;
   cmd->pins = (uint32_t *)ruda__cmd_extra(cmd);
   cmd->pins[0] = dst->binding.handle.slot;
@@ -182,7 +250,7 @@ int ruda_write(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *ds
   cmd->u.write.staged = staged;
   cmd->u.write.layout = l;
   if ((rc = submit(s, cmd)) != 0) {
-    dev->ops->stage_free(dev->bstate, staged);
+    if (user_staged == NULL) dev->ops->stage_free(dev->bstate, staged);
     ruda__cmd_free(cmd);
     goto unpin;
   }
@@ -190,6 +258,16 @@ int ruda_write(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *ds
 unpin:
   ruda__handles_unpin(&dev->handles, dev, dst->binding.handle.slot, NULL);
   return rc;
+}
+
+int ruda_write(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *dst, const void *src,
+               size_t len) {
+  return write_impl(dev, stream, dst, src, len, NULL, "ruda_write");
+}
+
+int ruda_write_staged(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *dst, void *staged,
+                      size_t len) {
+  return write_impl(dev, stream, dst, staged, len, staged, "ruda_write_staged");
 }
 
 int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src, void *dst, size_t len,
@@ -206,7 +284,7 @@ int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src
   uint64_t addr, blen;
   if ((rc = pin_binding(dev, src->binding, fn, "src", &addr, &blen)) != 0) return rc;
   ruda__layout l;
-  if ((rc = make_layout(src, blen, fn, &l)) != 0) goto unpin;
+  if ((rc = make_layout(src, blen, fn, &l)) != 0 || (rc = check_layout(dev, &l, fn)) != 0) goto unpin;
   if (l.bytes != len) {
     rc = ruda__fail(RUDA_EINVAL, "ruda_read: len %zu does not match the descriptor's %llu bytes", len,
                     (unsigned long long)l.bytes);
@@ -323,6 +401,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
   if (k == NULL)
     return ruda__fail(RUDA_EKERNEL, "ruda_launch: no kernel named \"%s\" is registered", l->kernel);
   int rc = check_limits(dev, l);
+  if (rc == 0 && dev->ops->launch_check != NULL) rc = dev->ops->launch_check(dev->bstate, k, l);
   if (rc != 0) return rc;
   int rc2 = 0;
   ruda__stream *s = stream_for(dev, stream, fn, &rc2);

@@ -100,6 +100,21 @@ typedef struct ruda__backend_ops {
   /* Registry hooks: accept a host kernel (host), compile sources (cuda). */
   int (*kernel_prepare)(void *state, ruda__kernel *k);
   void (*kernel_release)(void *state, ruda__kernel *k);
+  /* Optional (NULL: nothing to do / not supported). */
+  /* Worker: retires finished device work (returns write staging whose copy
+   * completed). Non-zero while some is still pending: the worker then
+   * sleeps with a short timeout instead of indefinitely. */
+  int (*progress)(void *wstate);
+  /* Client: can a non-contiguous layout be copied? 0, or a failure
+   * (RUDA_EUNSUPPORTEDSTRIDES) recorded with ruda__fail naming fn. */
+  int (*layout_check)(void *state, const ruda__layout *l, const char *fn);
+  /* Client: limits of the compiled kernel (registers, shared memory,
+   * parameters), checked for every launch, dry runs included. */
+  int (*launch_check)(void *state, const ruda__kernel *k, const ruda_launch_desc *l);
+  /* Native handles for interop: a worker's CUstream, the CUcontext. */
+  void *(*native_stream)(void *wstate);
+  void *(*native_context)(void *state);
+  int (*stage_usage)(void *state, ruda_staging_stats *out);
 } ruda__backend_ops;
 
 extern const ruda__backend_ops ruda__host_backend;

@@ -340,4 +340,8 @@ RUDA_EXTERN int ruda_sync_async(ruda_device *dev, ruda_stream_id stream, ruda_fu
 #ifdef __cplusplus
 }
 #endif
+
+/* Device properties, staging buffers, CUDA interop. */
+#include "ruda/cuda.h"
+
 #endif /* RUDA_RUDA_H */

@@ -1,0 +1,151 @@
+/* ruda/cuda.h - device properties, launch-shape helpers, staging buffers
+ * and CUDA interop. Included by ruda/ruda.h; include that instead.
+ *
+ * Properties, the launch-shape helpers, staging buffers and
+ * ruda_binding_device_ptr work on every backend; the CUDA handles only on
+ * the cuda backend (RUDA_ENOBACKEND elsewhere).
+ */
+#ifndef RUDA_CUDA_H
+#define RUDA_CUDA_H
+
+#include "ruda/ruda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ */
+/* Device properties                                                   */
+/* ------------------------------------------------------------------ */
+
+/* The hardware limits launches are validated against. The host backend
+ * reports the limits it emulates (compute capability 0.0). */
+typedef struct ruda_device_props {
+  char name[128];
+  const char *backend;         /* "cuda" or "host" */
+  int cc_major, cc_minor;      /* compute capability */
+  uint32_t sm_count;           /* streaming multiprocessors */
+  uint32_t warp_size;          /* threads per warp (the reference's plane size) */
+  uint32_t max_threads_per_block;
+  ruda_dim3 max_block;         /* per-dimension block limits */
+  ruda_dim3 max_grid;          /* per-dimension grid limits */
+  uint32_t max_shared_per_block;       /* bytes a block gets without opting in */
+  uint32_t max_shared_per_block_optin; /* bytes a launch may request (ruda opts in) */
+  uint64_t total_mem;          /* device memory, bytes */
+} ruda_device_props;
+
+/* Fills *out. Thread-safe, non-blocking. */
+RUDA_EXTERN int ruda_device_get_props(const ruda_device *dev, ruda_device_props *out);
+
+/* A block shape for a simple (element-wise) kernel over working_units
+ * threads, the reference's CubeDim::new: (warp_size, planes, 1), where
+ * planes is the largest power of two <= min(8, working_units / warp_size),
+ * at least 1, capped so the block stays within max_threads_per_block.
+ * Returns (1,1,1) for a NULL device. Thread-safe. */
+RUDA_EXTERN ruda_dim3 ruda_block_for(const ruda_device *dev, uint64_t working_units);
+
+/* Spreads num_blocks blocks over a grid within the device's limits, the
+ * reference's cube_count_spread: while x exceeds its maximum it is halved
+ * (rounding up) and y doubled, then the same from y into z. *actual (may be
+ * NULL) receives x*y*z, which exceeds num_blocks when rounding left idle
+ * blocks (the reference's CubeCountSelection::Approx): the kernel must then
+ * bounds-check its block index. RUDA_EINVAL for num_blocks 0, RUDA_EUNITS
+ * when even z overflows. Thread-safe. */
+RUDA_EXTERN int ruda_grid_spread(const ruda_device *dev, uint32_t num_blocks, ruda_dim3 *grid,
+                                 uint64_t *actual);
+
+/* The same against explicit maxima. */
+RUDA_EXTERN int ruda_grid_spread_max(ruda_dim3 max, uint32_t num_blocks, ruda_dim3 *grid,
+                                     uint64_t *actual);
+
+/* ------------------------------------------------------------------ */
+/* Staging buffers                                                     */
+/* ------------------------------------------------------------------ */
+
+/* Host memory for uploads. On the cuda backend it is page-locked memory
+ * from a jemalloc arena whose extents come from cuMemHostAlloc, so the
+ * DMA engine reads it directly; ruda_write() copies pageable input into
+ * such blocks (large writes in pieces, copied in parallel, so the copy
+ * overlaps the DMA) and returns each block once its copy completed. When
+ * the page-locked total would pass the limit, blocks fall back to pageable
+ * memory (slower, still correct) and are counted as fallbacks.
+ *
+ * Limits come from the environment: RUDA_STAGING_LIMIT (bytes of
+ * page-locked memory; default a quarter of physical memory) and
+ * RUDA_STAGING_CHUNK (bytes reserved from the driver at a time; 64 MiB). */
+
+/* Allocates a staging buffer of size bytes for the caller to fill, then
+ * hand to ruda_write_staged() (which takes it) or give back with
+ * ruda_staging_free(). Buffers die with the device. Thread-safe; may call
+ * the driver to reserve more page-locked memory. */
+RUDA_EXTERN int ruda_staging_alloc(ruda_device *dev, size_t size, void **out);
+
+/* Returns a staging buffer not handed to ruda_write_staged(). NULL is a
+ * no-op. Thread-safe, non-blocking. */
+RUDA_EXTERN int ruda_staging_free(ruda_device *dev, void *p);
+
+/* ruda_write() without the copy: staged (from ruda_staging_alloc, at
+ * least len bytes) is uploaded as it is. On success ruda owns staged and
+ * returns it to the arena once the device copy completed; the caller must
+ * not touch it again. On failure the caller still owns it. Thread-safe,
+ * non-blocking (see ruda_write for a full queue). */
+RUDA_EXTERN int ruda_write_staged(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *dst,
+                                  void *staged, size_t len);
+
+typedef struct ruda_staging_stats {
+  uint64_t pinned_bytes;   /* page-locked memory reserved from the driver */
+  uint64_t in_use_bytes;   /* page-locked bytes handed out and not yet returned */
+  uint64_t peak_bytes;     /* high-water mark of in_use_bytes */
+  uint64_t limit_bytes;    /* cap on pinned_bytes */
+  uint64_t chunk_bytes;    /* reservation granularity */
+  uint64_t fallback_bytes; /* pageable bytes in use because the cap was reached */
+  uint64_t fallback_count; /* pageable blocks handed out so far */
+} ruda_staging_stats;
+
+/* Reports the staging arena's figures. RUDA_ENOBACKEND on the host backend
+ * (its staging is plain malloc). Thread-safe, non-blocking. */
+RUDA_EXTERN int ruda_staging_usage(ruda_device *dev, ruda_staging_stats *out);
+
+/* ------------------------------------------------------------------ */
+/* Interop                                                             */
+/* ------------------------------------------------------------------ */
+
+/* Ordering rules for work issued outside ruda (cuBLAS, NCCL, raw driver
+ * calls) on a ruda stream's CUDA stream:
+ *  - ruda submits a stream's commands from its worker thread, later than
+ *    the call that enqueued them. After ruda_flush(dev, s) returns, all
+ *    work enqueued on s before the flush is on the CUDA stream, so work
+ *    the caller then issues on that CUstream runs after it.
+ *  - Work the caller issued on the CUstream before it enqueues a ruda
+ *    command (from the same thread) runs before that command.
+ *  - Several ruda stream ids may share one worker and so one CUstream
+ *    (explicit id i uses worker i % num_streams).
+ *  - Never destroy, capture into or synchronize-and-reset the stream;
+ *    ruda owns it until ruda_device_close().
+ *  - A device pointer from ruda_binding_device_ptr() is valid while the
+ *    buffer lives: ruda_buffer_free() releases the memory once ruda's own
+ *    commands using it ran, not yours; free it only after your work on it
+ *    completed (e.g. after a ruda_sync on the stream you used). */
+
+/* The CUstream (as void *) of stream's worker. RUDA_ENOBACKEND on the host
+ * backend. Thread-safe, non-blocking. */
+RUDA_EXTERN int ruda_cuda_stream(ruda_device *dev, ruda_stream_id stream, void **cu_stream);
+
+/* The CUcontext (as void *): the device's primary context. */
+RUDA_EXTERN int ruda_cuda_context(ruda_device *dev, void **cu_context);
+
+/* The device address of the binding's first byte, the reference's
+ * get_resource (a host address on the host backend). Checks that the
+ * handle is live and the range inside the buffer. Thread-safe,
+ * non-blocking. */
+RUDA_EXTERN int ruda_binding_device_ptr(ruda_device *dev, ruda_binding b, uint64_t *addr);
+
+/* The full NVRTC log of this thread's last failed kernel compilation (the
+ * error message holds only its start), or "" when none failed. Valid until
+ * the thread's next compilation. */
+RUDA_EXTERN const char *ruda_compile_log(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* RUDA_CUDA_H */
