@@ -89,8 +89,11 @@ static ruda_device *open_fake(uint32_t streams) {
   fake.write = fake_write;
   /* Registered first: host kernels are refused on any other backend. */
   assert_ok(ruda_host_kernel_register(dev, "inc", inc_kernel));
-  /* No command has been pushed yet; the first push publishes this. */
+  /* Idle workers read dev->ops too, so swap it with them stopped; the
+   * join and the thread creation order the swap for them. */
+  ruda__workers_stop(dev);
   dev->ops = &fake;
+  assert_ok(ruda__workers_start(dev));
   return dev;
 }
 
