@@ -17,63 +17,121 @@ static ruda__slot *slot_at(ruda__handles *h, uint32_t index) {
   return chunk ? &chunk[index % RUDA__SLOTS_PER_CHUNK] : NULL;
 }
 
+ruda__slot *ruda__handles_slot(ruda__handles *h, uint32_t index) { return slot_at(h, index); }
+
 void ruda__handles_init(ruda__handles *h) {
   for (uint32_t i = 0; i < RUDA__MAX_CHUNKS; i++) atomic_init(&h->chunks[i], NULL);
   pthread_mutex_init(&h->lock, NULL);
   h->nslots = 0;
   h->free_head = NONE;
+  atomic_init(&h->returned, NONE);
   atomic_init(&h->live_bytes, 0);
   atomic_init(&h->live_count, 0);
 }
 
-int ruda__handles_insert(ruda__handles *h, uint64_t addr, uint64_t size, ruda_handle *out) {
+/* Moves the slots workers released onto the free list. Lock held. Taking
+ * the whole stack with one exchange leaves no ABA window. */
+static void adopt_returned(ruda__handles *h) {
+  uint32_t i = atomic_exchange_explicit(&h->returned, NONE, memory_order_acquire);
+  while (i != NONE) {
+    ruda__slot *s = slot_at(h, i);
+    uint32_t next = s->next_free;
+    s->next_free = h->free_head;
+    h->free_head = i;
+    i = next;
+  }
+}
+
+uint32_t ruda__handles_take(ruda__handles *h, uint32_t *slots, uint32_t n) {
+  uint32_t got = 0;
   pthread_mutex_lock(&h->lock);
-  uint32_t index = h->free_head;
-  ruda__slot *s;
-  if (index != NONE) {
-    s = slot_at(h, index);
-    h->free_head = s->next_free;
-  } else {
-    index = h->nslots;
+  if (h->free_head == NONE) adopt_returned(h);
+  while (got < n && h->free_head != NONE) {
+    uint32_t i = h->free_head;
+    h->free_head = slot_at(h, i)->next_free;
+    slots[got++] = i;
+  }
+  /* Carve new slots only when none are free, so the table grows with the
+   * number of buffers alive at once, not with the callers' caches. */
+  const int carve = got == 0;
+  while (carve && got < n) {
+    uint32_t index = h->nslots;
     uint32_t c = index / RUDA__SLOTS_PER_CHUNK;
     if (c >= RUDA__MAX_CHUNKS) {
-      pthread_mutex_unlock(&h->lock);
-      return ruda__fail(RUDA_ENOMEM, "ruda_buffer_create: %u live buffers is the limit",
-                        RUDA__MAX_CHUNKS * RUDA__SLOTS_PER_CHUNK);
+      ruda__fail(RUDA_ENOMEM, "ruda_buffer_create: %u live buffers is the limit",
+                 RUDA__MAX_CHUNKS * RUDA__SLOTS_PER_CHUNK);
+      break;
     }
     if (atomic_load_explicit(&h->chunks[c], memory_order_relaxed) == NULL) {
       ruda__slot *chunk = calloc(RUDA__SLOTS_PER_CHUNK, sizeof *chunk);
       if (chunk == NULL) {
-        pthread_mutex_unlock(&h->lock);
-        return ruda__fail(RUDA_ENOMEM, "ruda_buffer_create: no host memory for the handle table");
+        ruda__fail(RUDA_ENOMEM, "ruda_buffer_create: no host memory for the handle table");
+        break;
       }
       atomic_store_explicit(&h->chunks[c], chunk, memory_order_release);
     }
     h->nslots++;
-    s = slot_at(h, index);
+    slots[got++] = index;
   }
+  pthread_mutex_unlock(&h->lock);
+  return got;
+}
+
+void ruda__handles_put(ruda__handles *h, const uint32_t *slots, uint32_t n) {
+  pthread_mutex_lock(&h->lock);
+  for (uint32_t k = n; k-- > 0;) {
+    slot_at(h, slots[k])->next_free = h->free_head;
+    h->free_head = slots[k];
+  }
+  pthread_mutex_unlock(&h->lock);
+}
+
+void ruda__handles_publish(ruda__handles *h, uint32_t index, uint64_t addr, uint64_t size, uint32_t home,
+                           void *mem, ruda_handle *out) {
+  ruda__slot *s = slot_at(h, index);
   uint32_t gen = gen_of(atomic_load_explicit(&s->state, memory_order_relaxed)) + 1;
   gen &= 0x7fffffffu;
   if (gen == 0) gen = 1; /* handle {0,0} is never valid */
   s->addr = addr;
   s->size = size;
-  /* Release: a pinner that sees the new generation sees addr and size. */
+  s->raw = 0;
+  atomic_store_explicit(&s->home, home, memory_order_relaxed);
+  atomic_store_explicit(&s->users, 0, memory_order_relaxed);
+  atomic_store_explicit(&s->mem, mem, memory_order_relaxed);
+  /* Release: a pinner that sees the new generation sees all of the above. */
   atomic_store_explicit(&s->state, ((uint64_t)gen << GEN_SHIFT) | LIVE | 1, memory_order_release);
-  pthread_mutex_unlock(&h->lock);
   atomic_fetch_add_explicit(&h->live_bytes, size, memory_order_relaxed);
   atomic_fetch_add_explicit(&h->live_count, 1, memory_order_relaxed);
   out->slot = index;
   out->gen = gen;
+}
+
+int ruda__handles_insert(ruda__handles *h, uint64_t addr, uint64_t size, ruda_handle *out) {
+  uint32_t index;
+  if (ruda__handles_take(h, &index, 1) != 1) return RUDA_ENOMEM;
+  ruda__handles_publish(h, index, addr, size, UINT32_MAX, NULL, out);
+  slot_at(h, index)->raw = 1; /* before any pin can see it: the handle is not out yet */
   return 0;
 }
 
-int ruda__handles_pin(ruda__handles *h, ruda_handle handle, uint64_t *addr, uint64_t *size) {
+int ruda__handles_pin_use(ruda__handles *h, ruda_handle handle, uint32_t worker, uint64_t *addr,
+                          uint64_t *size) {
   ruda__slot *s = slot_at(h, handle.slot);
   if (s == NULL || handle.gen == 0) goto not_found;
   uint64_t st = atomic_load_explicit(&s->state, memory_order_acquire);
   for (;;) {
     if (gen_of(st) != handle.gen || !(st & LIVE)) goto not_found;
-    if (atomic_compare_exchange_weak_explicit(&s->state, &st, st + 1, memory_order_acquire,
+    /* Record a foreign user before the pin takes effect: a free that
+     * kills the handle after this pin then sees the bit (its kill reads
+     * this pin's increment). A pin that fails leaves a stray bit, which
+     * only makes a free more careful. */
+    uint32_t home = atomic_load_explicit(&s->home, memory_order_relaxed);
+    if (worker != UINT32_MAX && worker != home) {
+      uint64_t bit = UINT64_C(1) << (worker & 63);
+      if (!(atomic_load_explicit(&s->users, memory_order_relaxed) & bit))
+        atomic_fetch_or_explicit(&s->users, bit, memory_order_relaxed);
+    }
+    if (atomic_compare_exchange_weak_explicit(&s->state, &st, st + 1, memory_order_acq_rel,
                                               memory_order_acquire))
       break;
   }
@@ -85,16 +143,19 @@ not_found:
                     handle.slot, handle.gen);
 }
 
+int ruda__handles_pin(ruda__handles *h, ruda_handle handle, uint64_t *addr, uint64_t *size) {
+  return ruda__handles_pin_use(h, handle, UINT32_MAX, addr, size);
+}
+
 int ruda__handles_size(ruda__handles *h, ruda_handle handle, uint64_t *size) {
   uint64_t addr;
   int rc = ruda__handles_pin(h, handle, &addr, size);
-  if (rc == 0) {
-    /* The pin guarantees the slot stays ours while size was read; the
-     * owner's reference is still held, so this unpin never frees. */
-    ruda__slot *s = slot_at(h, handle.slot);
-    atomic_fetch_sub_explicit(&s->state, 1, memory_order_release);
-  }
-  return rc;
+  if (rc != 0) return rc;
+  /* If the owner freed the buffer meanwhile, this pin may be the last
+   * reference, which must release like any other. */
+  if (h->dev != NULL) ruda__handles_unpin(h, h->dev, handle.slot, NULL);
+  else atomic_fetch_sub_explicit(&slot_at(h, handle.slot)->state, 1, memory_order_release);
+  return 0;
 }
 
 int ruda__handles_kill(ruda__handles *h, ruda_handle handle) {
@@ -118,26 +179,43 @@ int ruda__handles_kill(ruda__handles *h, ruda_handle handle) {
   }
 }
 
+int ruda__handles_drop(ruda__handles *h, uint32_t index) {
+  ruda__slot *s = slot_at(h, index);
+  uint64_t st = atomic_fetch_sub_explicit(&s->state, 1, memory_order_acq_rel);
+  if ((st & REFS_MASK) != 1) return 0;
+  atomic_fetch_sub_explicit(&h->live_bytes, s->size, memory_order_relaxed);
+  atomic_fetch_sub_explicit(&h->live_count, 1, memory_order_relaxed);
+  return 1;
+}
+
 void ruda__handles_unpin(ruda__handles *h, ruda_device *dev, uint32_t index, void *wstate) {
   ruda__slot *s = slot_at(h, index);
   uint64_t st = atomic_fetch_sub_explicit(&s->state, 1, memory_order_acq_rel);
   if ((st & REFS_MASK) != 1) return;
   /* Last reference of a dead buffer (a live one always holds the owner's). */
-  uint64_t size = s->size;
-  dev->ops->mem_free(dev->bstate, s->addr, wstate);
-  atomic_fetch_sub_explicit(&h->live_bytes, size, memory_order_relaxed);
+  void *mem = atomic_load_explicit(&s->mem, memory_order_relaxed);
+  if (mem != NULL)
+    ruda__memory_retire(dev, mem, s->addr, s->size, atomic_load_explicit(&s->home, memory_order_relaxed),
+                        atomic_load_explicit(&s->users, memory_order_relaxed));
+  else if (s->raw)
+    dev->ops->mem_free(dev->bstate, s->addr, wstate);
+  atomic_fetch_sub_explicit(&h->live_bytes, s->size, memory_order_relaxed);
   atomic_fetch_sub_explicit(&h->live_count, 1, memory_order_relaxed);
-  pthread_mutex_lock(&h->lock);
-  s->next_free = h->free_head;
-  h->free_head = index;
-  pthread_mutex_unlock(&h->lock);
+  /* Workers release here; a lock-free push keeps them off the table lock. */
+  uint32_t head = atomic_load_explicit(&h->returned, memory_order_relaxed);
+  do {
+    s->next_free = head;
+  } while (!atomic_compare_exchange_weak_explicit(&h->returned, &head, index, memory_order_release,
+                                                  memory_order_relaxed));
 }
 
 void ruda__handles_destroy(ruda__handles *h, ruda_device *dev) {
+  /* Pool memory goes back with the pools (ruda__memory_destroy); only raw
+   * buffers are freed here. */
   for (uint32_t i = 0; i < h->nslots; i++) {
     ruda__slot *s = slot_at(h, i);
     uint64_t st = atomic_load(&s->state);
-    if (st & LIVE) dev->ops->mem_free(dev->bstate, s->addr, NULL);
+    if ((st & LIVE) && s->raw) dev->ops->mem_free(dev->bstate, s->addr, NULL);
   }
   for (uint32_t c = 0; c < RUDA__MAX_CHUNKS; c++) free(atomic_load(&h->chunks[c]));
   pthread_mutex_destroy(&h->lock);

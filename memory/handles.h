@@ -8,6 +8,14 @@
  * returns the memory. A stale handle can never pin: its generation or live
  * bit does not match. Slots live in chunks that never move, so lookups take
  * no lock.
+ *
+ * Buffers from the pools (memory/pool.c) carry their page in `mem` and
+ * their home worker; a pin from another worker sets that worker's bit in
+ * `users`, which is how a free learns that other streams must pass their
+ * last use before the memory is reused (record-stream semantics). The
+ * pools hand out slots in batches (take/put) so the table's lock stays off
+ * the allocation path; slots released by workers go back on a lock-free
+ * stack.
  */
 #ifndef RUDA_HANDLES_H
 #define RUDA_HANDLES_H
@@ -23,9 +31,13 @@
 
 typedef struct ruda__slot {
   _Atomic uint64_t state; /* gen:31 | live:1 | refs:32 */
-  uint64_t addr;
+  uint64_t addr;          /* RUDA__UNBACKED set: offset in a dry-run page */
   uint64_t size;
   uint32_t next_free;
+  _Atomic uint32_t home;  /* worker of the allocating stream */
+  _Atomic uint64_t users; /* other workers that pinned it: bit w % 64 */
+  _Atomic(void *) mem;    /* pool page; NULL once given back, or raw */
+  uint8_t raw;            /* inserted by ruda__handles_insert: mem_free it */
 } ruda__slot;
 
 typedef struct ruda__handles {
@@ -33,7 +45,9 @@ typedef struct ruda__handles {
   pthread_mutex_t lock; /* slot allocation only */
   uint32_t nslots;      /* slots carved so far */
   uint32_t free_head;   /* UINT32_MAX: none */
+  _Atomic uint32_t returned; /* lock-free stack of slots released by workers */
   _Atomic uint64_t live_bytes, live_count;
+  struct ruda_device *dev; /* set by the device (NULL in a bare table) */
 } ruda__handles;
 
 struct ruda_device;
@@ -42,15 +56,37 @@ void ruda__handles_init(ruda__handles *h);
 /* Frees every buffer still allocated (close). */
 void ruda__handles_destroy(ruda__handles *h, struct ruda_device *dev);
 
-/* Registers memory at addr as a new live handle. */
+/* Registers backend memory at addr as a new live handle; the last
+ * reference gives it back with ops->mem_free. */
 int ruda__handles_insert(ruda__handles *h, uint64_t addr, uint64_t size, ruda_handle *out);
+
+/* Takes up to n free slots for the caller's cache (carving new ones as
+ * needed); returns how many. put gives n back. Both take the table lock. */
+uint32_t ruda__handles_take(ruda__handles *h, uint32_t *slots, uint32_t n);
+void ruda__handles_put(ruda__handles *h, const uint32_t *slots, uint32_t n);
+/* Makes a taken slot a live handle of pool memory mem. Lock-free. */
+void ruda__handles_publish(ruda__handles *h, uint32_t slot, uint64_t addr, uint64_t size, uint32_t home,
+                           void *mem, ruda_handle *out);
+/* The slot behind an index known to exist. */
+ruda__slot *ruda__handles_slot(ruda__handles *h, uint32_t slot);
 
 /* Pins a live handle; fills its address and size. RUDA_ENOTFOUND for a
  * dead or unknown handle. Lock-free. */
 int ruda__handles_pin(ruda__handles *h, ruda_handle handle, uint64_t *addr, uint64_t *size);
+/* The same for a command of worker `worker`: a worker other than the
+ * buffer's home is recorded in users before the pin takes effect. */
+int ruda__handles_pin_use(ruda__handles *h, ruda_handle handle, uint32_t worker, uint64_t *addr,
+                          uint64_t *size);
 
-/* Drops one reference; the last one frees the memory and the slot. */
+/* Drops one reference; the last one gives back the memory (to its pool,
+ * through ruda__memory_retire, or ops->mem_free for raw memory) and the
+ * slot. */
 void ruda__handles_unpin(ruda__handles *h, struct ruda_device *dev, uint32_t slot, void *wstate);
+
+/* Drops one reference of a buffer whose memory the caller already gave
+ * back; returns 1 when it was the last, the slot then being the caller's
+ * (to reuse, or return with ruda__handles_put). */
+int ruda__handles_drop(ruda__handles *h, uint32_t slot);
 
 /* Marks a live handle dead. RUDA_EFREE if already freed, RUDA_ENOTFOUND if
  * it never existed. The owner's reference stays until the caller drops it

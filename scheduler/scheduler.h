@@ -134,6 +134,7 @@ struct ruda__stream {
   ruda_error *err_head, *err_tail;
   _Atomic uint32_t nerr;
   _Atomic uint64_t lost; /* errors that could not be recorded (no memory) */
+  struct ruda__pools *_Atomic pools; /* memory/pool.c; made at first use */
 };
 
 /* Insert-only hash from id to stream with lock-free lookups. Tables are

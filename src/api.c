@@ -26,12 +26,20 @@ static ruda__stream *stream_for(ruda_device *dev, ruda_stream_id id, const char 
 
 /* Pins b's buffer and checks the range; on success *addr is the device
  * address of the binding's first byte and *len its size. */
-static int pin_binding(ruda_device *dev, ruda_binding b, const char *fn, const char *what,
+static int pin_binding(ruda_device *dev, ruda__stream *s, ruda_binding b, const char *fn, const char *what,
                        uint64_t *addr, uint64_t *len) {
   uint64_t base, size;
-  if (ruda__handles_pin(&dev->handles, b.handle, &base, &size) != 0)
+  /* Pinned for s's worker: a worker other than the buffer's home is
+   * recorded, so the buffer's memory waits for it after a free. */
+  if (ruda__handles_pin_use(&dev->handles, b.handle, s->worker->index, &base, &size) != 0)
     return ruda__fail(RUDA_ENOTFOUND, "%s: %s handle {slot %u, gen %u} names no live buffer", fn,
                       what, b.handle.slot, b.handle.gen);
+  if ((base & RUDA__UNBACKED) &&
+      ruda__memory_back(dev, atomic_load(&ruda__handles_slot(&dev->handles, b.handle.slot)->mem), base,
+                        fn, &base) != 0) {
+    ruda__handles_unpin(&dev->handles, dev, b.handle.slot, NULL);
+    return ruda_error_code(ruda_last_error());
+  }
   uint64_t want = b.size ? b.size : (b.offset <= size ? size - b.offset : 0);
   if (b.offset > size || want > size - b.offset || want == 0) {
     ruda__handles_unpin(&dev->handles, dev, b.handle.slot, NULL);
@@ -111,12 +119,9 @@ int ruda_buffer_create(ruda_device *dev, ruda_stream_id stream, uint64_t size, r
                       "ruda_buffer_create: %llu bytes can never fit (device holds %llu bytes)",
                       (unsigned long long)size, (unsigned long long)dev->limits.total_mem);
   int rc = 0;
-  if (stream_for(dev, stream, "ruda_buffer_create", &rc) == NULL) return rc;
-  uint64_t addr;
-  if ((rc = dev->ops->mem_alloc(dev->bstate, size, &addr)) != 0) return rc;
-  if ((rc = ruda__handles_insert(&dev->handles, addr, size, out)) != 0)
-    dev->ops->mem_free(dev->bstate, addr, NULL);
-  return rc;
+  ruda__stream *s = stream_for(dev, stream, "ruda_buffer_create", &rc);
+  if (s == NULL) return rc;
+  return ruda__memory_alloc(dev, s, size, out); /* memory/pool.c */
 }
 
 int ruda_buffer_free(ruda_device *dev, ruda_stream_id stream, ruda_handle h) {
@@ -124,20 +129,9 @@ int ruda_buffer_free(ruda_device *dev, ruda_stream_id stream, ruda_handle h) {
   int rc = 0;
   ruda__stream *s = stream_for(dev, stream, "ruda_buffer_free", &rc);
   if (s == NULL) return rc;
-  ruda__cmd *cmd = ruda__cmd_alloc(0);
-  if (cmd == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_buffer_free: out of host memory");
-  if ((rc = ruda__handles_kill(&dev->handles, h)) != 0) {
-    ruda__cmd_free(cmd);
-    return rc;
-  }
-  cmd->kind = RUDA__CMD_FREE;
-  cmd->u.free.slot = h.slot;
-  /* The handle is already dead: the release must happen even when the
-   * queue is full, so it skips the bound rather than fail. */
-  cmd->stream = s;
-  cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
-  ruda__queue_push_unbounded(s->worker, cmd);
-  return 0;
+  /* Stream order comes from the pins of the commands that use the buffer
+   * and, for other workers, from fences (memory/pool.c): no command. */
+  return ruda__memory_free(dev, s, h);
 }
 
 int ruda_buffer_size(ruda_device *dev, ruda_handle h, uint64_t *size) {
@@ -220,7 +214,7 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
   ruda__stream *s = stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
   uint64_t addr, blen;
-  if ((rc = pin_binding(dev, dst->binding, fn, "dst", &addr, &blen)) != 0) return rc;
+  if ((rc = pin_binding(dev, s, dst->binding, fn, "dst", &addr, &blen)) != 0) return rc;
   ruda__layout l;
   if ((rc = make_layout(dst, blen, fn, &l)) != 0 || (rc = check_layout(dev, &l, fn)) != 0) goto unpin;
   if (l.bytes != len) {
@@ -282,7 +276,7 @@ int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src
   ruda__stream *s = stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
   uint64_t addr, blen;
-  if ((rc = pin_binding(dev, src->binding, fn, "src", &addr, &blen)) != 0) return rc;
+  if ((rc = pin_binding(dev, s, src->binding, fn, "src", &addr, &blen)) != 0) return rc;
   ruda__layout l;
   if ((rc = make_layout(src, blen, fn, &l)) != 0 || (rc = check_layout(dev, &l, fn)) != 0) goto unpin;
   if (l.bytes != len) {
@@ -324,8 +318,8 @@ int ruda_copy(ruda_device *dev, ruda_stream_id stream, ruda_binding dst, ruda_bi
   ruda__stream *s = stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
   uint64_t da, dl, sa, sl;
-  if ((rc = pin_binding(dev, src, fn, "src", &sa, &sl)) != 0) return rc;
-  if ((rc = pin_binding(dev, dst, fn, "dst", &da, &dl)) != 0) {
+  if ((rc = pin_binding(dev, s, src, fn, "src", &sa, &sl)) != 0) return rc;
+  if ((rc = pin_binding(dev, s, dst, fn, "dst", &da, &dl)) != 0) {
     ruda__handles_unpin(&dev->handles, dev, src.handle.slot, NULL);
     return rc;
   }
@@ -450,7 +444,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
       uint64_t addr, len;
       char what[32];
       snprintf(what, sizeof what, "argument %u", i);
-      if ((rc = pin_binding(dev, a->binding, fn, what, &addr, &len)) != 0) goto fail;
+      if ((rc = pin_binding(dev, s, a->binding, fn, what, &addr, &len)) != 0) goto fail;
       cmd->pins[pinned++] = a->binding.handle.slot;
       kargs[i].addr = addr;
       kargs[i].size = 0;
@@ -460,7 +454,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
   uint64_t indirect_addr = 0;
   if (indirect) {
     uint64_t len;
-    if ((rc = pin_binding(dev, l->indirect_grid, fn, "indirect grid", &indirect_addr, &len)) != 0) goto fail;
+    if ((rc = pin_binding(dev, s, l->indirect_grid, fn, "indirect grid", &indirect_addr, &len)) != 0) goto fail;
     cmd->pins[pinned++] = l->indirect_grid.handle.slot;
     if (len < 3 * sizeof(uint32_t)) {
       rc = ruda__fail(RUDA_ERANGE, "ruda_launch \"%s\": indirect grid binding holds %llu bytes, needs 12",

@@ -130,6 +130,9 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
     goto fail;
   }
   memset(dev->workers, 0, sizeof(ruda__worker) * dev->nworkers);
+  rc = ruda__memory_init(dev);
+  if (rc != 0) goto fail;
+  dev->handles.dev = dev;
   rc = ruda__workers_start(dev);
   if (rc != 0) goto fail;
   ruda__log(dev, RUDA_LOG_INFO, "device open: backend %s (%s), %u streams, queue bound %u",
@@ -138,6 +141,7 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   return 0;
 
 fail:
+  ruda__memory_destroy(dev);
   free(dev->workers);
   ruda__kernels_destroy(dev);
   ruda__streams_destroy(&dev->streams);
@@ -178,6 +182,7 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
   else ruda_error_free(a.head);
 
   ruda__handles_destroy(&dev->handles, dev);
+  ruda__memory_destroy(dev);
   ruda__kernels_destroy(dev);
   ruda__streams_destroy(&dev->streams);
   dev->ops->close(dev->bstate);

@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 
 #include "../memory/handles.h"
+#include "../memory/pool.h"
 #include "../scheduler/scheduler.h"
 #include "backend.h"
 #include "error_internal.h"
@@ -31,6 +32,7 @@ struct ruda_device {
   uint32_t nworkers;
   ruda__stream_table streams;
   ruda__handles handles;
+  ruda__memory memory; /* pools and arena (memory/pool.h) */
   ruda__kernel_table kernels;
 };
 

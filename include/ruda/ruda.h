@@ -24,6 +24,7 @@
 
 #include "ruda/error.h"
 #include "ruda/export.h"
+#include "ruda/memory.h"
 
 #ifdef __cplusplus
 extern "C" {

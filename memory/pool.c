@@ -1,0 +1,678 @@
+/* pool.c - a stream's pools: routing, size classes, slots, the fast path.
+ *
+ * Allocation and free of a buffer homed on the calling stream take only
+ * that stream's pool lock (uncontended unless several threads share an
+ * explicit stream id) and touch only the stream's own pages: no global
+ * lock, no command, no wait. Pages come from and go back to the shared
+ * arena (pool_arena.c) only when a class runs out or a page falls empty.
+ */
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/internal.h"
+
+/* Empty sliced pages a pool keeps beside the one each class keeps. */
+#define KEEP_EMPTY 1
+/* Free exclusive pages a pool keeps for its home stream. */
+#define KEEP_CACHED 4
+/* Smallest slab: cuMemAlloc is slow, so small classes share 64 KiB. */
+#define SLAB_MIN (UINT64_C(64) << 10)
+/* A slab holds at least this many slots (fewer only when page_size says). */
+#define SLAB_SLOTS 8
+
+/* ---- size classes ---- */
+
+/* Four classes per doubling, all multiples of 256: 256, 512, 768, 1024,
+ * 1280, 1536, 1792, 2048, 2560, ... A request wastes under 25% of its
+ * slot, about 10% on average. */
+uint32_t ruda__class_index(uint64_t size) {
+  if (size <= 1024) return size == 0 ? 0 : (uint32_t)((size + 255) / 256 - 1);
+  uint32_t e = 63u - (uint32_t)__builtin_clzll(size - 1); /* 2^e < size <= 2^(e+1) */
+  uint32_t k = (uint32_t)((size - 1) >> (e - 2));         /* 4..7 */
+  return 4 + (e - 10) * 4 + (k - 4);
+}
+
+uint64_t ruda__class_size(uint32_t index) {
+  if (index < 4) return (uint64_t)(index + 1) * 256;
+  uint32_t e = 10 + (index - 4) / 4, k = 4 + (index - 4) % 4;
+  return (uint64_t)(k + 1) << (e - 2);
+}
+
+static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+/* Exclusive pages: sixteen sizes per doubling (under 6.25% waste). */
+uint64_t ruda__exclusive_size(uint64_t size) {
+  if (size <= 4096) return round_up(size, RUDA__MEM_ALIGN);
+  uint32_t e = 63u - (uint32_t)__builtin_clzll(size - 1);
+  uint64_t step = UINT64_C(1) << (e - 3);
+  if (step < RUDA__MEM_ALIGN) step = RUDA__MEM_ALIGN;
+  return round_up(size, step);
+}
+
+static uint64_t pow2_ceil(uint64_t x) {
+  return x <= 1 ? 1 : UINT64_C(1) << (64 - __builtin_clzll(x - 1));
+}
+
+/* ---- building pools ---- */
+
+static const char *kind_name(ruda_pool_kind k) {
+  return k == RUDA_POOL_SLICED ? "sliced" : k == RUDA_POOL_EXCLUSIVE ? "exclusive" : "persistent";
+}
+
+static int pool_build(ruda__pools *p, ruda__pool *pool, const ruda_pool_config *cfg, uint64_t min_alloc) {
+  memset(pool, 0, sizeof *pool);
+  pool->cfg = *cfg;
+  pool->min_alloc = min_alloc;
+  pool->owner = p;
+  if (cfg->kind != RUDA_POOL_SLICED) return 0;
+  pool->c_lo = ruda__class_index(min_alloc + 1);
+  uint32_t c_hi = ruda__class_index(cfg->max_alloc);
+  pool->nclasses = c_hi - pool->c_lo + 1;
+  pool->classes = calloc(pool->nclasses, sizeof *pool->classes);
+  if (pool->classes == NULL) return RUDA_ENOMEM;
+  for (uint32_t i = 0; i < pool->nclasses; i++) {
+    ruda__class *c = &pool->classes[i];
+    c->size = ruda__class_size(pool->c_lo + i);
+    uint64_t slab = pow2_ceil(c->size) * SLAB_SLOTS;
+    if (slab < SLAB_MIN) slab = SLAB_MIN;
+    if (slab > cfg->page_size) slab = round_up(cfg->page_size, RUDA__MEM_ALIGN);
+    if (slab < c->size) slab = c->size;
+    c->slab = slab;
+  }
+  return 0;
+}
+
+static void build_layout(ruda__pools *p, const ruda_pool_config *layout, uint32_t n) {
+  uint64_t lo = 0;
+  p->npools = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    if (pool_build(p, &p->pools[i], &layout[i], lo) != 0) break; /* no memory: fewer pools */
+    p->npools++;
+    lo = layout[i].max_alloc;
+  }
+  p->peak_in_use = p->peak_reserved = 0;
+}
+
+uint32_t ruda_memory_default_pools(ruda_pool_config *pools, uint32_t cap) {
+  /* Small buffers share 2 MiB pages; medium ones up to 1 MiB get slabs of
+   * 8 slots or more (at most 16 MiB); anything larger gets its own page. */
+  static const ruda_pool_config def[] = {
+      {RUDA_POOL_SLICED, UINT64_C(32) << 10, UINT64_C(2) << 20, 0},
+      {RUDA_POOL_SLICED, UINT64_C(1) << 20, UINT64_C(16) << 20, 0},
+      {RUDA_POOL_EXCLUSIVE, UINT64_MAX, 0, 0},
+  };
+  uint32_t n = sizeof def / sizeof def[0];
+  for (uint32_t i = 0; i < n && i < cap && pools != NULL; i++) pools[i] = def[i];
+  return n;
+}
+
+ruda__pools *ruda__pools_of(ruda_device *dev, ruda__stream *s) {
+  ruda__pools *p = atomic_load_explicit(&s->pools, memory_order_acquire);
+  if (p != NULL) return p;
+  p = calloc(1, sizeof *p);
+  if (p == NULL) return NULL;
+  pthread_mutex_init(&p->lock, NULL);
+  p->dev = dev;
+  p->stream = s;
+  p->worker = s->worker->index;
+  ruda_pool_config layout[RUDA_MEMORY_MAX_POOLS];
+  pthread_mutex_lock(&dev->memory.layout_lock);
+  uint32_t n = dev->memory.nlayout;
+  memcpy(layout, dev->memory.layout, n * sizeof layout[0]);
+  pthread_mutex_unlock(&dev->memory.layout_lock);
+  build_layout(p, layout, n);
+  ruda_pool_config pers = {RUDA_POOL_PERSISTENT, UINT64_MAX, 0, 0};
+  pool_build(p, &p->persistent, &pers, 0);
+  ruda__pools *expected = NULL;
+  if (!atomic_compare_exchange_strong_explicit(&s->pools, &expected, p, memory_order_acq_rel,
+                                               memory_order_acquire)) {
+    for (uint32_t i = 0; i < p->npools; i++) free(p->pools[i].classes);
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+    return expected;
+  }
+  pthread_mutex_lock(&dev->memory.all_lock);
+  p->all_next = dev->memory.all;
+  dev->memory.all = p;
+  pthread_mutex_unlock(&dev->memory.all_lock);
+  return p;
+}
+
+/* ---- figures ---- */
+
+static void note_reserved(ruda__pool *pool, int64_t delta, int unbacked) {
+  ruda__pools *p = pool->owner;
+  pool->reserved += (uint64_t)delta;
+  if (unbacked) pool->unbacked += (uint64_t)delta;
+  pool->pages += delta > 0 ? 1 : (uint64_t)-1;
+  if (pool->reserved > pool->peak_reserved) pool->peak_reserved = pool->reserved;
+  if (delta > 0) {
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < p->npools; i++) total += p->pools[i].reserved;
+    total += p->persistent.reserved;
+    if (total > p->peak_reserved) p->peak_reserved = total;
+  }
+}
+
+static void note_alloc(ruda__pool *pool, uint64_t size, uint64_t slot) {
+  ruda__pools *p = pool->owner;
+  pool->nallocs++;
+  pool->in_use += size;
+  pool->padding += slot - size;
+  if (pool->nallocs > pool->peak_nallocs) pool->peak_nallocs = pool->nallocs;
+  if (pool->in_use > pool->peak_in_use) pool->peak_in_use = pool->in_use;
+  uint64_t total = p->persistent.in_use;
+  for (uint32_t i = 0; i < p->npools; i++) total += p->pools[i].in_use;
+  if (total > p->peak_in_use) p->peak_in_use = total;
+}
+
+/* ---- pages in a pool ---- */
+
+static void list_push(ruda__page **head, ruda__page *pg) {
+  pg->prev = NULL;
+  pg->next = *head;
+  if (*head) (*head)->prev = pg;
+  *head = pg;
+  pg->in_list = 1;
+}
+
+static void list_unlink(ruda__page **head, ruda__page *pg) {
+  if (pg->prev) pg->prev->next = pg->next;
+  else *head = pg->next;
+  if (pg->next) pg->next->prev = pg->prev;
+  pg->next = pg->prev = NULL;
+  pg->in_list = 0;
+}
+
+/* A page leaves its pool for the arena. */
+static void page_out(ruda__pool *pool, ruda__page *pg) {
+  ruda_device *dev = pool->owner->dev;
+  note_reserved(pool, -(int64_t)pg->size, atomic_load_explicit(&pg->base, memory_order_relaxed) == 0);
+  pg->pool = NULL;
+  ruda__arena_put(dev, pg, pool->owner->worker);
+}
+
+/* Gives every page the pools hold without a live buffer back to the
+ * arena: empty slabs, kept exclusive pages. */
+static void pool_release_unused(ruda__pool *pool) {
+  while (pool->empty) {
+    ruda__page *pg = pool->empty;
+    list_unlink(&pool->empty, pg);
+    pool->nempty--;
+    page_out(pool, pg);
+  }
+  while (pool->cache) {
+    ruda__page *pg = pool->cache;
+    list_unlink(&pool->cache, pg);
+    pool->ncache--;
+    page_out(pool, pg);
+  }
+  for (uint32_t i = 0; i < pool->nclasses; i++) {
+    ruda__class *c = &pool->classes[i];
+    for (ruda__page *pg = c->nonfull, *next; pg != NULL; pg = next) {
+      next = pg->next;
+      if (pg->nused == 0) {
+        list_unlink(&c->nonfull, pg);
+        page_out(pool, pg);
+      }
+    }
+  }
+}
+
+void ruda__pools_release_unused(ruda__pools *p) {
+  for (uint32_t i = 0; i < p->npools; i++) pool_release_unused(&p->pools[i]);
+  pool_release_unused(&p->persistent);
+}
+
+/* Room for need more bytes of pages under the pool's cap? Unused pages
+ * go first. */
+static int cap_check(ruda__pool *pool, uint64_t need, uint64_t request, const char *fn) {
+  uint64_t cap = pool->cfg.capacity;
+  if (cap == 0 || pool->reserved + need <= cap) return 0;
+  pool_release_unused(pool);
+  if (pool->reserved + need <= cap) return 0;
+  ruda__pools *p = pool->owner;
+  return ruda__fail(RUDA_EPOOLCAPACITY,
+                    "%s: %s pool (up to %llu bytes) of stream %llu is capped at %llu bytes: a %llu-byte "
+                    "buffer needs a %llu-byte page; %llu bytes in use, %llu reserved",
+                    fn, kind_name(pool->cfg.kind), (unsigned long long)pool->cfg.max_alloc,
+                    (unsigned long long)p->stream->id, (unsigned long long)cap,
+                    (unsigned long long)request, (unsigned long long)need,
+                    (unsigned long long)pool->in_use, (unsigned long long)pool->reserved);
+}
+
+/* A page of at least size bytes for pool: from the arena (up to an
+ * eighth bigger, and within the cap), else the backend. */
+static ruda__page *page_in(ruda__pool *pool, uint64_t size, uint64_t request, const char *fn, int *rc) {
+  ruda__pools *p = pool->owner;
+  if ((*rc = cap_check(pool, size, request, fn)) != 0) return NULL;
+  if (p->retired || atomic_load_explicit(&p->incoming, memory_order_relaxed)) ruda__pools_poll_retired(p);
+  uint64_t max = size + size / 8;
+  if (pool->cfg.capacity && max > pool->cfg.capacity - pool->reserved) max = pool->cfg.capacity - pool->reserved;
+  ruda__page *pg = ruda__arena_take(p->dev, p, size, max, p->dry_depth > 0, fn, request, rc);
+  if (pg == NULL) return NULL;
+  pg->pool = pool;
+  note_reserved(pool, (int64_t)pg->size, atomic_load_explicit(&pg->base, memory_order_relaxed) == 0);
+  return pg;
+}
+
+/* Cuts pg into slots of class c. */
+static int slice(ruda__page *pg, ruda__class *c, uint32_t klass) {
+  uint32_t n = (uint32_t)(pg->size / c->size);
+  if (n > pg->free_cap) {
+    uint32_t *f = realloc(pg->free_idx, n * sizeof *f);
+    if (f == NULL) return RUDA_ENOMEM;
+    pg->free_idx = f;
+    pg->free_cap = n;
+  }
+  pg->klass = klass;
+  pg->slot_size = c->size;
+  pg->nslots = n;
+  pg->nused = pg->nfree = pg->bump = 0;
+  return 0;
+}
+
+/* Non-dry allocations must not land on a page a dry run left unbacked. */
+static int ensure_backed(ruda__pools *p, ruda__page *pg) {
+  if (p->dry_depth > 0 || atomic_load_explicit(&pg->base, memory_order_acquire) != 0) return 0;
+  return ruda__arena_back(p->dev, p, pg);
+}
+
+static int alloc_sliced(ruda__pool *pool, uint64_t size, ruda__page **out, uint64_t *addr) {
+  ruda__pools *p = pool->owner;
+  uint32_t k = ruda__class_index(size) - pool->c_lo;
+  ruda__class *c = &pool->classes[k];
+  ruda__page *pg = c->nonfull;
+  int rc;
+  if (pg == NULL) {
+    /* An empty page of the pool that is big enough and not much bigger. */
+    for (ruda__page *e = pool->empty; e != NULL; e = e->next)
+      if (e->size >= c->slab && e->size <= 2 * c->slab) {
+        pg = e;
+        list_unlink(&pool->empty, e);
+        pool->nempty--;
+        break;
+      }
+    if (pg == NULL && (pg = page_in(pool, c->slab, size, "ruda_buffer_create", &rc)) == NULL) return rc;
+    if (slice(pg, c, k) != 0) {
+      list_push(&pool->empty, pg);
+      pool->nempty++;
+      return ruda__fail(RUDA_ENOMEM, "ruda_buffer_create: out of host memory for page metadata");
+    }
+    list_push(&c->nonfull, pg);
+  }
+  if ((rc = ensure_backed(p, pg)) != 0) return rc;
+  uint32_t idx = pg->nfree ? pg->free_idx[--pg->nfree] : pg->bump++;
+  if (++pg->nused == pg->nslots) list_unlink(&c->nonfull, pg);
+  uint64_t off = (uint64_t)idx * pg->slot_size;
+  uint64_t base = atomic_load_explicit(&pg->base, memory_order_relaxed);
+  *addr = base ? base + off : (RUDA__UNBACKED | off);
+  *out = pg;
+  note_alloc(pool, size, pg->slot_size);
+  return 0;
+}
+
+static int alloc_exclusive(ruda__pool *pool, uint64_t size, ruda__page **out, uint64_t *addr) {
+  ruda__pools *p = pool->owner;
+  uint64_t want = pool->cfg.kind == RUDA_POOL_PERSISTENT ? round_up(size, RUDA__MEM_ALIGN)
+                                                         : ruda__exclusive_size(size);
+  ruda__page *pg = NULL;
+  int rc;
+  for (ruda__page *e = pool->cache; e != NULL; e = e->next)
+    if (e->size >= want && e->size - want <= want / 8) {
+      pg = e;
+      list_unlink(&pool->cache, e);
+      pool->ncache--;
+      break;
+    }
+  if (pg == NULL && (pg = page_in(pool, want, size, "ruda_buffer_create", &rc)) == NULL) return rc;
+  if ((rc = ensure_backed(p, pg)) != 0) {
+    list_push(&pool->cache, pg);
+    pool->ncache++;
+    return rc;
+  }
+  pg->klass = UINT32_MAX;
+  pg->nslots = pg->nused = 1;
+  pg->slot_size = pg->size;
+  uint64_t base = atomic_load_explicit(&pg->base, memory_order_relaxed);
+  *addr = base ? base : RUDA__UNBACKED;
+  *out = pg;
+  note_alloc(pool, size, pg->size);
+  return 0;
+}
+
+/* Returns a buffer's memory to its pool (owner's lock held). */
+static void release(ruda__page *pg, uint64_t addr, uint64_t size) {
+  ruda__pool *pool = pg->pool;
+  pool->nallocs--;
+  pool->in_use -= size;
+  pool->padding -= pg->slot_size - size;
+  if (pg->klass == UINT32_MAX) { /* exclusive page */
+    pg->nused = 0;
+    list_push(&pool->cache, pg);
+    if (++pool->ncache > KEEP_CACHED) {
+      ruda__page *old = pool->cache;
+      while (old->next) old = old->next;
+      list_unlink(&pool->cache, old);
+      pool->ncache--;
+      page_out(pool, old);
+    }
+    return;
+  }
+  uint64_t off = (addr & RUDA__UNBACKED) ? (addr & ~RUDA__UNBACKED)
+                                         : addr - atomic_load_explicit(&pg->base, memory_order_relaxed);
+  ruda__class *c = &pool->classes[pg->klass];
+  pg->free_idx[pg->nfree++] = (uint32_t)(off / pg->slot_size);
+  if (pg->nused-- == pg->nslots) list_push(&c->nonfull, pg);
+  if (pg->nused > 0) return;
+  /* Empty: the class keeps one page to cut from; others go to the pool's
+   * empty list, and past that to the arena. */
+  if (c->nonfull == pg && pg->next == NULL) return;
+  list_unlink(&c->nonfull, pg);
+  pg->klass = UINT32_MAX;
+  if (pool->nempty < KEEP_EMPTY) {
+    list_push(&pool->empty, pg);
+    pool->nempty++;
+  } else {
+    page_out(pool, pg);
+  }
+}
+
+static ruda__pool *route(ruda__pools *p, uint64_t size) {
+  if (p->mode_depth > 0 && p->modes[p->mode_depth - 1] == RUDA_ALLOC_PERSISTENT) return &p->persistent;
+  for (uint32_t i = 0; i < p->npools; i++)
+    if (size <= p->pools[i].cfg.max_alloc) return &p->pools[i];
+  return NULL;
+}
+
+/* ---- buffers ---- */
+
+int ruda__memory_alloc(ruda_device *dev, ruda__stream *s, uint64_t size, ruda_handle *out) {
+  ruda__pools *p = ruda__pools_of(dev, s);
+  if (p == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_buffer_create: out of host memory for pools");
+  pthread_mutex_lock(&p->lock);
+  if (atomic_load_explicit(&p->incoming, memory_order_relaxed) != NULL) ruda__pools_poll_retired(p);
+  ruda__pool *pool = route(p, size);
+  int rc;
+  if (pool == NULL) {
+    uint64_t max = p->npools ? p->pools[p->npools - 1].cfg.max_alloc : 0;
+    pthread_mutex_unlock(&p->lock);
+    return ruda__fail(RUDA_EBUFFERTOOBIG,
+                      "ruda_buffer_create: %llu bytes can never fit: the largest pool of stream %llu "
+                      "takes %llu bytes",
+                      (unsigned long long)size, (unsigned long long)s->id, (unsigned long long)max);
+  }
+  if (p->nslots == 0) {
+    p->nslots = ruda__handles_take(&dev->handles, p->slots, RUDA__SLOT_BATCH);
+    if (p->nslots == 0) {
+      pthread_mutex_unlock(&p->lock);
+      return ruda__fail(RUDA_ENOMEM, "ruda_buffer_create: no handle slot left (host memory or the "
+                                     "limit of live buffers)");
+    }
+  }
+  ruda__page *pg = NULL;
+  uint64_t addr = 0;
+  rc = pool->cfg.kind == RUDA_POOL_SLICED ? alloc_sliced(pool, size, &pg, &addr)
+                                          : alloc_exclusive(pool, size, &pg, &addr);
+  if (rc != 0) {
+    pthread_mutex_unlock(&p->lock);
+    return rc;
+  }
+  uint32_t slot = p->slots[--p->nslots];
+  pthread_mutex_unlock(&p->lock);
+  ruda__handles_publish(&dev->handles, slot, addr, size, p->worker, pg, out);
+  return 0;
+}
+
+int ruda__memory_free(ruda_device *dev, ruda__stream *s, ruda_handle h) {
+  (void)s; /* memory goes home; the freeing stream does not matter */
+  int rc = ruda__handles_kill(&dev->handles, h);
+  if (rc != 0) return rc;
+  ruda__slot *slot = ruda__handles_slot(&dev->handles, h.slot);
+  ruda__page *pg = atomic_load_explicit(&slot->mem, memory_order_relaxed);
+  /* The kill's acquire-release pairs with every successful pin, so any
+   * other worker that pinned the buffer has its bit in users by now. */
+  uint64_t users = atomic_load_explicit(&slot->users, memory_order_acquire);
+  if (pg == NULL || users != 0) {
+    /* Raw memory, or used on other workers: the last reference decides
+     * (ruda__memory_retire waits for those workers' fences). */
+    ruda__handles_unpin(&dev->handles, dev, h.slot, NULL);
+    return 0;
+  }
+  /* Only the home worker ever used it: every later command of the home
+   * stream runs after those uses, so the memory is reusable at once. */
+  ruda__pools *p = pg->pool->owner;
+  uint64_t addr = slot->addr, size = slot->size;
+  pthread_mutex_lock(&p->lock);
+  release(pg, addr, size);
+  atomic_store_explicit(&slot->mem, NULL, memory_order_relaxed);
+  if (ruda__handles_drop(&dev->handles, h.slot)) {
+    if (p->nslots == RUDA__SLOT_CACHE) {
+      ruda__handles_put(&dev->handles, p->slots, RUDA__SLOT_BATCH);
+      p->nslots -= RUDA__SLOT_BATCH;
+      memmove(p->slots, p->slots + RUDA__SLOT_BATCH, p->nslots * sizeof p->slots[0]);
+    }
+    p->slots[p->nslots++] = h.slot;
+  }
+  pthread_mutex_unlock(&p->lock);
+  return 0;
+}
+
+void ruda__memory_retire(ruda_device *dev, void *mem, uint64_t addr, uint64_t size, uint32_t home,
+                         uint64_t users) {
+  ruda__page *pg = mem;
+  ruda__pools *p = pg->pool->owner;
+  uint32_t n = 0, nw = dev->memory.nworkers;
+  for (uint32_t w = 0; w < nw; w++)
+    if (w != home && (users >> (w & 63)) & 1) n++;
+  if (n == 0 && pthread_mutex_trylock(&p->lock) == 0) {
+    release(pg, addr, size);
+    pthread_mutex_unlock(&p->lock);
+    return;
+  }
+  ruda__retired *r;
+  /* Losing this record would leak the memory for the device's life. */
+  while ((r = malloc(sizeof *r + n * sizeof r->wait[0])) == NULL) sched_yield();
+  r->page = pg;
+  r->addr = addr;
+  r->size = size;
+  r->nwait = 0;
+  for (uint32_t w = 0; w < nw; w++)
+    if (w != home && (users >> (w & 63)) & 1) {
+      r->wait[r->nwait].worker = w;
+      r->wait[r->nwait].need = ruda__fence_need(dev, w);
+      r->nwait++;
+    }
+  /* A worker may be the caller: push without the lock, never wait on it. */
+  r->next = atomic_load_explicit(&p->incoming, memory_order_relaxed);
+  while (!atomic_compare_exchange_weak_explicit(&p->incoming, &r->next, r, memory_order_release,
+                                                memory_order_relaxed)) {
+  }
+}
+
+void ruda__pools_poll_retired(ruda__pools *p) {
+  ruda__retired *in = atomic_exchange_explicit(&p->incoming, NULL, memory_order_acquire);
+  while (in != NULL) {
+    ruda__retired *next = in->next;
+    in->next = p->retired;
+    p->retired = in;
+    in = next;
+  }
+  ruda__retired **link = &p->retired;
+  while (*link != NULL) {
+    ruda__retired *r = *link;
+    uint32_t i = 0;
+    while (i < r->nwait && ruda__fence_passed(p->dev, r->wait[i].worker, r->wait[i].need)) i++;
+    if (i < r->nwait) {
+      link = &r->next;
+      continue;
+    }
+    *link = r->next;
+    release(r->page, r->addr, r->size);
+    free(r);
+  }
+}
+
+int ruda__memory_back(ruda_device *dev, void *mem, uint64_t tagged, const char *fn, uint64_t *addr) {
+  ruda__page *pg = mem;
+  uint64_t base = pg ? atomic_load_explicit(&pg->base, memory_order_acquire) : 0;
+  if (pg != NULL && base == 0) {
+    ruda__pools *p = pg->pool->owner;
+    pthread_mutex_lock(&p->lock);
+    int rc = 0;
+    if (atomic_load_explicit(&pg->base, memory_order_relaxed) == 0) rc = ruda__arena_back(dev, p, pg);
+    pthread_mutex_unlock(&p->lock);
+    if (rc != 0) {
+      char cause[RUDA__MSG_MAX];
+      snprintf(cause, sizeof cause, "%s", ruda_error_message(ruda_last_error()));
+      return ruda__fail(RUDA_ESTORAGEMAPPING,
+                        "%s: could not back a deferred (dry-run) allocation: its %llu-byte page has "
+                        "no device memory; the plan was measured against more memory than there is; "
+                        "caused by %s: %.300s",
+                        fn, (unsigned long long)pg->size, ruda_err_name(rc), cause);
+    }
+    base = atomic_load_explicit(&pg->base, memory_order_acquire);
+  }
+  if (pg == NULL)
+    return ruda__fail(RUDA_ENOTFOUND, "%s: the buffer was freed while the call used it", fn);
+  *addr = base + (tagged & ~RUDA__UNBACKED);
+  return 0;
+}
+
+/* ---- modes, dry runs, layouts ---- */
+
+static int pools_for(ruda_device *dev, ruda_stream_id id, const char *fn, ruda__stream **sp,
+                     ruda__pools **pp) {
+  if (id != RUDA_STREAM_CURRENT && id > RUDA_STREAM_EXPLICIT_MAX)
+    return ruda__fail(RUDA_EINVAL, "%s: stream id %llu is reserved (explicit ids are below 2^63)", fn,
+                      (unsigned long long)id);
+  ruda__stream *s = ruda__stream_get(dev, id);
+  ruda__pools *p = s ? ruda__pools_of(dev, s) : NULL;
+  if (p == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
+  if (sp) *sp = s;
+  *pp = p;
+  return 0;
+}
+
+int ruda_memory_mode_push(ruda_device *dev, ruda_stream_id stream, ruda_alloc_mode mode) {
+  RUDA__CHECK_DEV(dev, "ruda_memory_mode_push");
+  if ((int)mode < 0 || mode > RUDA_ALLOC_PERSISTENT)
+    return ruda__fail(RUDA_EINVAL, "ruda_memory_mode_push: unknown mode %d", (int)mode);
+  ruda__pools *p;
+  int rc = pools_for(dev, stream, "ruda_memory_mode_push", NULL, &p);
+  if (rc != 0) return rc;
+  pthread_mutex_lock(&p->lock);
+  if (p->mode_depth == RUDA_MEMORY_MODE_DEPTH) {
+    pthread_mutex_unlock(&p->lock);
+    return ruda__fail(RUDA_EINVAL, "ruda_memory_mode_push: modes nest %d deep at most",
+                      RUDA_MEMORY_MODE_DEPTH);
+  }
+  p->modes[p->mode_depth++] = (uint8_t)mode;
+  pthread_mutex_unlock(&p->lock);
+  return 0;
+}
+
+int ruda_memory_mode_pop(ruda_device *dev, ruda_stream_id stream) {
+  RUDA__CHECK_DEV(dev, "ruda_memory_mode_pop");
+  ruda__pools *p;
+  int rc = pools_for(dev, stream, "ruda_memory_mode_pop", NULL, &p);
+  if (rc != 0) return rc;
+  pthread_mutex_lock(&p->lock);
+  if (p->mode_depth == 0) rc = ruda__fail(RUDA_EINVAL, "ruda_memory_mode_pop: no mode was pushed");
+  else p->mode_depth--;
+  pthread_mutex_unlock(&p->lock);
+  return rc;
+}
+
+int ruda_memory_dry_run_begin(ruda_device *dev, ruda_stream_id stream) {
+  RUDA__CHECK_DEV(dev, "ruda_memory_dry_run_begin");
+  ruda__pools *p;
+  int rc = pools_for(dev, stream, "ruda_memory_dry_run_begin", NULL, &p);
+  if (rc != 0) return rc;
+  pthread_mutex_lock(&p->lock);
+  p->dry_depth++;
+  pthread_mutex_unlock(&p->lock);
+  return 0;
+}
+
+int ruda_memory_dry_run_end(ruda_device *dev, ruda_stream_id stream) {
+  RUDA__CHECK_DEV(dev, "ruda_memory_dry_run_end");
+  ruda__pools *p;
+  int rc = pools_for(dev, stream, "ruda_memory_dry_run_end", NULL, &p);
+  if (rc != 0) return rc;
+  pthread_mutex_lock(&p->lock);
+  if (p->dry_depth == 0) rc = ruda__fail(RUDA_EINVAL, "ruda_memory_dry_run_end: no dry run is open");
+  else p->dry_depth--;
+  pthread_mutex_unlock(&p->lock);
+  return rc;
+}
+
+static int check_layout(const ruda_pool_config *pools, uint32_t n) {
+  static const char fn[] = "ruda_memory_install_pools";
+  if (pools == NULL) return ruda__fail(RUDA_EINVAL, "%s: pools is NULL", fn);
+  if (n == 0 || n > RUDA_MEMORY_MAX_POOLS)
+    return ruda__fail(RUDA_EINVAL, "%s: %u pools, expected 1..%d", fn, n, RUDA_MEMORY_MAX_POOLS);
+  uint64_t lo = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    const ruda_pool_config *c = &pools[i];
+    if (c->kind != RUDA_POOL_SLICED && c->kind != RUDA_POOL_EXCLUSIVE)
+      return ruda__fail(RUDA_EINVAL, "%s: pool %u has kind %d, not sliced or exclusive", fn, i, (int)c->kind);
+    if (c->max_alloc <= lo)
+      return ruda__fail(RUDA_EINVAL, "%s: pool %u takes up to %llu bytes, not more than pool %u's %llu",
+                        fn, i, (unsigned long long)c->max_alloc, i ? i - 1 : 0, (unsigned long long)lo);
+    if (c->kind == RUDA_POOL_SLICED) {
+      if (c->max_alloc > (UINT64_C(1) << 40) || c->page_size > (UINT64_C(1) << 40))
+        return ruda__fail(RUDA_EINVAL, "%s: sliced pool %u: max_alloc and page_size must be at most 1 TiB",
+                          fn, i);
+      if (c->page_size < c->max_alloc)
+        return ruda__fail(RUDA_EINVAL, "%s: sliced pool %u: page_size %llu is below its max_alloc %llu", fn,
+                          i, (unsigned long long)c->page_size, (unsigned long long)c->max_alloc);
+    }
+    lo = c->max_alloc;
+  }
+  return 0;
+}
+
+int ruda_memory_install_pools(ruda_device *dev, ruda_stream_id stream, const ruda_pool_config *pools,
+                              uint32_t n) {
+  static const char fn[] = "ruda_memory_install_pools";
+  RUDA__CHECK_DEV(dev, fn);
+  int rc = check_layout(pools, n);
+  if (rc != 0) return rc;
+  pthread_mutex_lock(&dev->memory.layout_lock);
+  memcpy(dev->memory.layout, pools, n * sizeof *pools);
+  dev->memory.nlayout = n;
+  pthread_mutex_unlock(&dev->memory.layout_lock);
+  ruda__stream *s;
+  ruda__pools *p;
+  if ((rc = pools_for(dev, stream, fn, &s, &p)) != 0) return rc;
+  pthread_mutex_lock(&p->lock);
+  if (p->retired) ruda__pools_poll_retired(p);
+  uint64_t live = 0, bytes = 0;
+  for (uint32_t i = 0; i < p->npools; i++) {
+    live += p->pools[i].nallocs;
+    bytes += p->pools[i].in_use;
+  }
+  if (live > 0) {
+    pthread_mutex_unlock(&p->lock);
+    return ruda__fail(RUDA_EPOOLSINUSE,
+                      "%s: stream %llu kept its old layout: %llu buffers (%llu bytes) are live in its "
+                      "pools; the new layout applies to streams created from now on",
+                      fn, (unsigned long long)s->id, (unsigned long long)live, (unsigned long long)bytes);
+  }
+  /* Same layout already? Keep the pages. */
+  int same = p->npools == n;
+  for (uint32_t i = 0; same && i < n; i++)
+    same = memcmp(&p->pools[i].cfg, &pools[i], sizeof *pools) == 0;
+  if (!same) {
+    for (uint32_t i = 0; i < p->npools; i++) {
+      pool_release_unused(&p->pools[i]);
+      free(p->pools[i].classes);
+    }
+    build_layout(p, pools, n);
+  }
+  pthread_mutex_unlock(&p->lock);
+  return 0;
+}

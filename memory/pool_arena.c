@@ -1,0 +1,412 @@
+/* pool_arena.c - the device arena, backend pages, fences, lifecycle.
+ *
+ * The arena holds pages no stream's pools hold. A page returned by a pool
+ * on worker W may be taken again at once by a stream of W (its commands
+ * follow W's earlier ones), and by any other stream once a fence issued on
+ * W after the return has completed on the device. Fences are internal sync
+ * commands; at most one is in flight per worker, and they are polled, so
+ * neither the allocation path nor a worker ever waits for the device.
+ */
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../src/internal.h"
+#include "../src/sync.h"
+
+/* Free pages the arena keeps: an eighth of the pages in use, at least
+ * this much. Past it, the oldest pages whose fences passed are freed. */
+#define RETAIN_MIN (UINT64_C(64) << 20)
+/* How long an out-of-memory retry waits for workers to pass fences. */
+#define OOM_WAIT_NS (50ull * 1000 * 1000)
+/* Arena pages examined per bucket before giving up on it. */
+#define SCAN_MAX 32
+
+static uint32_t bucket_of(uint64_t size) {
+  if (size < 4096) return (uint32_t)(size / 256);
+  uint32_t e = 63u - (uint32_t)__builtin_clzll(size);
+  uint32_t sub = (uint32_t)(size >> (e - 4)) & 15u;
+  return 16 + (e - 12) * 16 + sub;
+}
+
+static void bucket_link(ruda__arena *a, ruda__page *pg) {
+  uint32_t b = bucket_of(pg->size);
+  pg->bucket = b;
+  /* Append: older pages, likelier past their fences, are met first. */
+  pg->next = NULL;
+  pg->prev = a->bucket_tail[b];
+  if (pg->prev) pg->prev->next = pg;
+  else a->bucket[b] = pg;
+  a->bucket_tail[b] = pg;
+  a->nonempty[b / 64] |= UINT64_C(1) << (b % 64);
+  pg->lru_next = NULL;
+  pg->lru_prev = a->lru_tail;
+  if (a->lru_tail) a->lru_tail->lru_next = pg;
+  else a->lru_head = pg;
+  a->lru_tail = pg;
+  a->free_bytes += pg->size;
+  a->npages++;
+}
+
+static void bucket_unlink(ruda__arena *a, ruda__page *pg) {
+  uint32_t b = pg->bucket;
+  if (pg->prev) pg->prev->next = pg->next;
+  else a->bucket[b] = pg->next;
+  if (pg->next) pg->next->prev = pg->prev;
+  else a->bucket_tail[b] = pg->prev;
+  if (a->bucket[b] == NULL) a->nonempty[b / 64] &= ~(UINT64_C(1) << (b % 64));
+  if (pg->lru_prev) pg->lru_prev->lru_next = pg->lru_next;
+  else a->lru_head = pg->lru_next;
+  if (pg->lru_next) pg->lru_next->lru_prev = pg->lru_prev;
+  else a->lru_tail = pg->lru_prev;
+  pg->next = pg->prev = pg->lru_next = pg->lru_prev = NULL;
+  a->free_bytes -= pg->size;
+  a->npages--;
+}
+
+/* ---- fences ---- */
+
+static void fence_issue(ruda_device *dev, ruda__wfence *f, uint32_t w) {
+  if (atomic_load_explicit(&dev->closed, memory_order_acquire)) {
+    /* Closing: workers drain everything queued before they stop, and
+     * nothing is reused after; count the fence as passed. */
+    f->passed = ++f->created;
+    return;
+  }
+  ruda__fence *node = malloc(sizeof *node);
+  ruda__cmd *cmd = node ? ruda__cmd_alloc(0) : NULL;
+  struct ruda_future *fut = cmd ? ruda__future_new(dev, f->stream, 0) : NULL;
+  if (fut == NULL) { /* no host memory: a later poll tries again */
+    if (cmd) ruda__cmd_free(cmd);
+    free(node);
+    return;
+  }
+  cmd->kind = RUDA__CMD_SYNC;
+  cmd->future = fut;
+  cmd->stream = f->stream;
+  cmd->seq = 0;
+  node->seq = ++f->created;
+  node->fut = fut;
+  node->next = NULL;
+  if (f->tail) f->tail->next = node;
+  else f->head = node;
+  f->tail = node;
+  ruda__queue_push_unbounded(f->stream->worker, cmd);
+}
+
+static void fence_poll(ruda_device *dev, ruda__wfence *f, uint32_t w) {
+  while (f->head != NULL && ruda_future_poll(f->head->fut) == 1) {
+    ruda__fence *node = f->head;
+    /* A failed record left an error on the private stream (logged at
+     * close); the worker did pass the point, which is what reuse needs on
+     * the host, and a CUDA context that cannot record events is faulted. */
+    f->passed = node->seq;
+    f->head = node->next;
+    if (f->head == NULL) f->tail = NULL;
+    ruda_future_free(node->fut);
+    free(node);
+  }
+  if (f->head == NULL && f->wanted > f->created) fence_issue(dev, f, w);
+}
+
+uint64_t ruda__fence_need(ruda_device *dev, uint32_t w) {
+  ruda__memory *m = &dev->memory;
+  pthread_mutex_lock(&m->fence_lock);
+  ruda__wfence *f = &m->fences[w];
+  uint64_t need = f->created + 1;
+  if (f->wanted < need) f->wanted = need;
+  if (f->head == NULL) fence_issue(dev, f, w);
+  else fence_poll(dev, f, w);
+  pthread_mutex_unlock(&m->fence_lock);
+  return need;
+}
+
+int ruda__fence_passed(ruda_device *dev, uint32_t w, uint64_t need) {
+  ruda__memory *m = &dev->memory;
+  pthread_mutex_lock(&m->fence_lock);
+  ruda__wfence *f = &m->fences[w];
+  if (f->passed < need) fence_poll(dev, f, w);
+  int r = f->passed >= need;
+  pthread_mutex_unlock(&m->fence_lock);
+  return r;
+}
+
+void ruda__fence_poll_all(ruda_device *dev) {
+  ruda__memory *m = &dev->memory;
+  pthread_mutex_lock(&m->fence_lock);
+  for (uint32_t w = 0; w < m->nworkers; w++) fence_poll(dev, &m->fences[w], w);
+  pthread_mutex_unlock(&m->fence_lock);
+}
+
+/* ---- pages ---- */
+
+static ruda__page *page_new(ruda_device *dev, uint64_t size, uint64_t base) {
+  ruda__page *pg = calloc(1, sizeof *pg);
+  if (pg == NULL) return NULL;
+  pg->size = size;
+  atomic_init(&pg->base, base);
+  pg->klass = UINT32_MAX;
+  ruda__arena *a = &dev->memory.arena;
+  pthread_mutex_lock(&a->lock);
+  pg->all_next = a->all;
+  if (a->all) a->all->all_prev = pg;
+  a->all = pg;
+  pthread_mutex_unlock(&a->lock);
+  if (base) {
+    uint64_t now = atomic_fetch_add(&a->backed, size) + size;
+    uint64_t peak = atomic_load(&a->peak_backed);
+    while (now > peak && !atomic_compare_exchange_weak(&a->peak_backed, &peak, now)) {
+    }
+  } else {
+    atomic_fetch_add(&a->virtual_bytes, size);
+  }
+  return pg;
+}
+
+/* Forgets a page (its memory, if any, already went back). */
+static void page_forget(ruda_device *dev, ruda__page *pg) {
+  ruda__arena *a = &dev->memory.arena;
+  pthread_mutex_lock(&a->lock);
+  if (pg->all_prev) pg->all_prev->all_next = pg->all_next;
+  else a->all = pg->all_next;
+  if (pg->all_next) pg->all_next->all_prev = pg->all_prev;
+  pthread_mutex_unlock(&a->lock);
+  free(pg->free_idx);
+  free(pg);
+}
+
+void ruda__page_discard(ruda_device *dev, ruda__page *pg) {
+  uint64_t base = atomic_load_explicit(&pg->base, memory_order_relaxed);
+  ruda__arena *a = &dev->memory.arena;
+  if (base) {
+    dev->ops->mem_free(dev->bstate, base, NULL);
+    atomic_fetch_sub(&a->backed, pg->size);
+    atomic_fetch_add(&a->backend_frees, 1);
+  } else {
+    atomic_fetch_sub(&a->virtual_bytes, pg->size);
+  }
+  page_forget(dev, pg);
+}
+
+/* Asks every stream's pools to give their unused pages back; the caller
+ * holds own's lock (others' are only tried, so two threads reclaiming at
+ * once cannot deadlock). */
+static void reclaim_pools(ruda_device *dev, ruda__pools *own) {
+  if (own) ruda__pools_release_unused(own);
+  pthread_mutex_lock(&dev->memory.all_lock);
+  ruda__pools *q = dev->memory.all; /* the list only grows at its head */
+  pthread_mutex_unlock(&dev->memory.all_lock);
+  for (; q != NULL; q = q->all_next) {
+    if (q == own || pthread_mutex_trylock(&q->lock) != 0) continue;
+    ruda__pools_release_unused(q);
+    pthread_mutex_unlock(&q->lock);
+  }
+}
+
+/* The backend call, retried once after releasing cached pages. */
+static int backend_alloc(ruda_device *dev, ruda__pools *p, uint64_t size, uint64_t request,
+                         const char *fn, uint64_t *addr) {
+  ruda__arena *a = &dev->memory.arena;
+  atomic_fetch_add(&a->backend_allocs, 1);
+  int rc = dev->ops->mem_alloc(dev->bstate, size, addr);
+  if (rc != RUDA_EOUTOFMEMORY) return rc;
+  reclaim_pools(dev, p);
+  uint64_t released = ruda__arena_trim(dev, 0, OOM_WAIT_NS);
+  atomic_fetch_add(&a->backend_allocs, 1);
+  rc = dev->ops->mem_alloc(dev->bstate, size, addr);
+  if (rc != RUDA_EOUTOFMEMORY) return rc;
+  char cause[RUDA__MSG_MAX];
+  snprintf(cause, sizeof cause, "%s", ruda_error_message(ruda_last_error()));
+  return ruda__fail(RUDA_EOUTOFMEMORY,
+                    "%s: out of device memory for a %llu-byte page (a %llu-byte buffer), also after "
+                    "releasing %llu cached bytes; %llu bytes are reserved: %.200s",
+                    fn, (unsigned long long)size, (unsigned long long)request,
+                    (unsigned long long)released, (unsigned long long)atomic_load(&a->backed), cause);
+}
+
+ruda__page *ruda__arena_take(ruda_device *dev, ruda__pools *p, uint64_t size, uint64_t max_size,
+                             int virtual_ok, const char *fn, uint64_t request, int *rc) {
+  ruda__arena *a = &dev->memory.arena;
+  ruda__page *found = NULL;
+  pthread_mutex_lock(&a->lock);
+  if (a->npages > 0) {
+    uint32_t b_hi = bucket_of(max_size);
+    for (uint32_t b = bucket_of(size); b <= b_hi && found == NULL; b++) {
+      if (!(a->nonempty[b / 64] & (UINT64_C(1) << (b % 64)))) continue;
+      int scanned = 0;
+      for (ruda__page *pg = a->bucket[b]; pg != NULL && scanned < SCAN_MAX; pg = pg->next, scanned++) {
+        if (pg->size < size || pg->size > max_size) continue;
+        if (pg->worker != p->worker && !ruda__fence_passed(dev, pg->worker, pg->need)) continue;
+        found = pg;
+        break;
+      }
+    }
+    if (found) bucket_unlink(a, found);
+  }
+  pthread_mutex_unlock(&a->lock);
+  if (found) return found;
+  uint64_t addr = 0;
+  if (!virtual_ok && (*rc = backend_alloc(dev, p, size, request, fn, &addr)) != 0) return NULL;
+  ruda__page *pg = page_new(dev, size, addr);
+  if (pg == NULL) {
+    if (addr) dev->ops->mem_free(dev->bstate, addr, NULL);
+    *rc = ruda__fail(RUDA_ENOMEM, "%s: out of host memory for a page descriptor", fn);
+  }
+  return pg;
+}
+
+int ruda__arena_back(ruda_device *dev, ruda__pools *p, ruda__page *pg) {
+  uint64_t addr;
+  int rc = backend_alloc(dev, p, pg->size, pg->size, "ruda_buffer_create", &addr);
+  if (rc != 0) return rc;
+  ruda__arena *a = &dev->memory.arena;
+  atomic_fetch_sub(&a->virtual_bytes, pg->size);
+  uint64_t now = atomic_fetch_add(&a->backed, pg->size) + pg->size;
+  uint64_t peak = atomic_load(&a->peak_backed);
+  while (now > peak && !atomic_compare_exchange_weak(&a->peak_backed, &peak, now)) {
+  }
+  if (pg->pool) pg->pool->unbacked -= pg->size;
+  atomic_store_explicit(&pg->base, addr, memory_order_release);
+  return 0;
+}
+
+/* Collects up to the oldest pages past their fences until free_bytes
+ * would be at most keep. Under arena.lock. */
+static ruda__page *collect(ruda_device *dev, uint64_t keep) {
+  ruda__arena *a = &dev->memory.arena;
+  ruda__page *out = NULL;
+  int skipped = 0;
+  for (ruda__page *pg = a->lru_head, *next; pg != NULL && a->free_bytes > keep; pg = next) {
+    next = pg->lru_next;
+    if (!ruda__fence_passed(dev, pg->worker, pg->need)) {
+      if (++skipped > SCAN_MAX) break;
+      continue;
+    }
+    bucket_unlink(a, pg);
+    pg->next = out;
+    out = pg;
+  }
+  return out;
+}
+
+static void discard_list(ruda_device *dev, ruda__page *list) {
+  while (list) {
+    ruda__page *next = list->next;
+    ruda__page_discard(dev, list);
+    list = next;
+  }
+}
+
+void ruda__arena_put(ruda_device *dev, ruda__page *pg, uint32_t worker) {
+  if (atomic_load_explicit(&pg->base, memory_order_relaxed) == 0) { /* a dry run's: nothing behind it */
+    ruda__page_discard(dev, pg);
+    return;
+  }
+  pg->worker = worker;
+  pg->need = ruda__fence_need(dev, worker);
+  pg->klass = UINT32_MAX;
+  ruda__arena *a = &dev->memory.arena;
+  pthread_mutex_lock(&a->lock);
+  bucket_link(a, pg);
+  ruda__page *drop = NULL;
+  uint64_t used = atomic_load(&a->backed) - a->free_bytes;
+  uint64_t keep = used / 8 > RETAIN_MIN ? used / 8 : RETAIN_MIN;
+  if (a->free_bytes > keep) drop = collect(dev, keep);
+  pthread_mutex_unlock(&a->lock);
+  discard_list(dev, drop);
+}
+
+uint64_t ruda__arena_trim(ruda_device *dev, uint64_t keep, uint64_t wait_ns) {
+  ruda__arena *a = &dev->memory.arena;
+  uint64_t released = 0, deadline = ruda__now_ns() + wait_ns;
+  for (;;) {
+    ruda__fence_poll_all(dev);
+    pthread_mutex_lock(&a->lock);
+    ruda__page *drop = collect(dev, keep);
+    uint64_t left = a->free_bytes;
+    pthread_mutex_unlock(&a->lock);
+    for (ruda__page *pg = drop; pg != NULL; pg = pg->next) released += pg->size;
+    discard_list(dev, drop);
+    if (left <= keep || ruda__now_ns() >= deadline) break;
+    struct timespec ts = {0, 20000};
+    nanosleep(&ts, NULL);
+  }
+  return released;
+}
+
+/* ---- lifecycle ---- */
+
+int ruda__memory_init(ruda_device *dev) {
+  ruda__memory *m = &dev->memory;
+  memset(m, 0, sizeof *m);
+  pthread_mutex_init(&m->arena.lock, NULL);
+  pthread_mutex_init(&m->layout_lock, NULL);
+  pthread_mutex_init(&m->fence_lock, NULL);
+  pthread_mutex_init(&m->all_lock, NULL);
+  m->nlayout = ruda_memory_default_pools(m->layout, RUDA_MEMORY_MAX_POOLS);
+  m->nworkers = dev->nworkers;
+  m->fences = calloc(m->nworkers, sizeof *m->fences);
+  if (m->fences == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
+  for (uint32_t w = 0; w < m->nworkers; w++) {
+    ruda__stream *s = calloc(1, sizeof *s);
+    if (s == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
+    /* Not in the stream table: ruda_stream_ids does not list it. */
+    s->id = UINT64_MAX - 1 - w;
+    s->worker = &dev->workers[w];
+    pthread_mutex_init(&s->err_lock, NULL);
+    m->fences[w].stream = s;
+  }
+  return 0;
+}
+
+void ruda__memory_destroy(ruda_device *dev) {
+  ruda__memory *m = &dev->memory;
+  for (uint32_t w = 0; m->fences != NULL && w < m->nworkers; w++) {
+    ruda__wfence *f = &m->fences[w];
+    while (f->head) {
+      ruda__fence *n = f->head;
+      f->head = n->next;
+      ruda_future_free(n->fut);
+      free(n);
+    }
+    ruda__stream *s = f->stream;
+    if (s == NULL) continue;
+    for (ruda_error *e = s->err_head; e != NULL; e = e->next)
+      ruda__log(dev, RUDA_LOG_WARN, "memory fence on worker %u failed: %s", w, e->msg);
+    ruda_error_free(s->err_head);
+    pthread_mutex_destroy(&s->err_lock);
+    free(s);
+  }
+  free(m->fences);
+  for (ruda__pools *p = m->all, *next; p != NULL; p = next) {
+    next = p->all_next;
+    ruda__retired *r = atomic_exchange(&p->incoming, NULL);
+    while (r) {
+      ruda__retired *rn = r->next;
+      free(r);
+      r = rn;
+    }
+    for (r = p->retired; r != NULL;) {
+      ruda__retired *rn = r->next;
+      free(r);
+      r = rn;
+    }
+    for (uint32_t i = 0; i < p->npools; i++) free(p->pools[i].classes);
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+  }
+  /* Every page, in a pool or in the arena, live buffer or not. */
+  for (ruda__page *pg = m->arena.all, *next; pg != NULL; pg = next) {
+    next = pg->all_next;
+    uint64_t base = atomic_load(&pg->base);
+    if (base) dev->ops->mem_free(dev->bstate, base, NULL);
+    free(pg->free_idx);
+    free(pg);
+  }
+  pthread_mutex_destroy(&m->arena.lock);
+  pthread_mutex_destroy(&m->layout_lock);
+  pthread_mutex_destroy(&m->fence_lock);
+  pthread_mutex_destroy(&m->all_lock);
+}
