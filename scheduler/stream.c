@@ -170,18 +170,20 @@ void ruda__streams_destroy(ruda__stream_table *t) {
 }
 
 void ruda__stream_push_error(ruda__stream *s, ruda_error *err) {
+  /* The count changes under the lock with the list: a drain between the
+   * two would take an error it does not count (and drop it when it counts
+   * none), leaving a count with no error behind. */
+  pthread_mutex_lock(&s->err_lock);
   if (err == NULL) {
     atomic_fetch_add_explicit(&s->lost, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&s->nerr, 1, memory_order_release);
-    return;
+  } else {
+    err->next = NULL;
+    if (s->err_tail) s->err_tail->next = err;
+    else s->err_head = err;
+    s->err_tail = err;
   }
-  err->next = NULL;
-  pthread_mutex_lock(&s->err_lock);
-  if (s->err_tail) s->err_tail->next = err;
-  else s->err_head = err;
-  s->err_tail = err;
-  pthread_mutex_unlock(&s->err_lock);
   atomic_fetch_add_explicit(&s->nerr, 1, memory_order_release);
+  pthread_mutex_unlock(&s->err_lock);
 }
 
 int ruda__stream_drain(ruda_device *dev, ruda__stream *s, ruda_error **out) {
