@@ -269,6 +269,99 @@ static void kernel_error_names_the_thread(void **state) {
   test_close(dev);
 }
 
+typedef struct failer {
+  ruda_device *dev;
+  ruda_stream_id stream;
+  int count;
+  _Atomic int done;
+  int rc;
+} failer;
+
+static void *launch_failures(void *p) {
+  failer *f = p;
+  int code = RUDA_EVALIDATION;
+  ruda_arg a = ruda_arg_scalar(&code, sizeof code);
+  for (int i = 0; i < f->count && f->rc == 0; i++) f->rc = test_launch(f->dev, f->stream, "fail", &a, 1);
+  atomic_store(&f->done, 1);
+  return NULL;
+}
+
+/* Adds up one drained list; each summary must say how many it holds. */
+static int drained(const ruda_error *err) {
+  int n = 0;
+  for (const ruda_error *e = ruda_error_cause(err); e != NULL; e = ruda_error_next(e)) {
+    if (ruda_error_code(e) != RUDA_EVALIDATION) fail_msg("unexpected %s", ruda_error_message(e));
+    n++;
+  }
+  char want[64];
+  snprintf(want, sizeof want, ": %d error%s", n, n == 1 ? "" : "s");
+  if (n == 0 || strstr(ruda_error_message(err), want) == NULL)
+    fail_msg("summary \"%s\" but %d errors in its list", ruda_error_message(err), n);
+  return n;
+}
+
+typedef struct drainer {
+  ruda_device *dev;
+  failer *f;
+  int total;
+  char failure[256];
+} drainer;
+
+/* Flushes until the failures are all enqueued; checks each list as
+ * drained() does, but records instead of asserting (not the main thread). */
+static void *drain_loop(void *p) {
+  drainer *d = p;
+  while (!atomic_load(&d->f->done) && !d->failure[0]) {
+    ruda_error *err = NULL;
+    int rc = ruda_flush(d->dev, d->f->stream, &err);
+    if (rc == RUDA_EUNHEALTHY) {
+      int n = 0;
+      for (const ruda_error *e = ruda_error_cause(err); e != NULL; e = ruda_error_next(e)) n++;
+      char want[64];
+      snprintf(want, sizeof want, ": %d error%s", n, n == 1 ? "" : "s");
+      if (n == 0 || strstr(ruda_error_message(err), want) == NULL)
+        snprintf(d->failure, sizeof d->failure, "summary \"%.150s\" but %d errors in its list",
+                 ruda_error_message(err), n);
+      d->total += n;
+    } else if (rc != 0) {
+      snprintf(d->failure, sizeof d->failure, "flush returned %s", ruda_err_name(rc));
+    }
+    ruda_error_free(err);
+  }
+  return NULL;
+}
+
+static void flushes_racing_failures_lose_nothing(void **state) {
+  (void)state;
+  /* Errors are queued by the worker while several threads drain the same
+   * stream: every one must come out exactly once, in a summary that counts
+   * it, and none may be lost or leaked. */
+  enum { DRAINERS = 3 };
+  ruda_device *dev = open_with_kernel(1);
+  failer f = {.dev = dev, .stream = 9, .count = 20000};
+  drainer d[DRAINERS];
+  pthread_t t, td[DRAINERS];
+  assert_int_equal(pthread_create(&t, NULL, launch_failures, &f), 0);
+  for (int i = 0; i < DRAINERS; i++) {
+    d[i] = (drainer){.dev = dev, .f = &f};
+    assert_int_equal(pthread_create(&td[i], NULL, drain_loop, &d[i]), 0);
+  }
+  pthread_join(t, NULL);
+  int total = 0;
+  for (int i = 0; i < DRAINERS; i++) {
+    pthread_join(td[i], NULL);
+    if (d[i].failure[0]) fail_msg("drainer %d: %s", i, d[i].failure);
+    total += d[i].total;
+  }
+  assert_int_equal(f.rc, 0);
+  ruda_error *err = NULL;
+  int rc = ruda_sync(dev, 9, &err);
+  if (rc == RUDA_EUNHEALTHY) total += drained(err);
+  ruda_error_free(err);
+  assert_int_equal(total, f.count);
+  test_close(dev);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(error_surfaces_on_its_flush),
@@ -278,6 +371,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(thread_streams_are_isolated),
       cmocka_unit_test(read_future_reports_stream_errors),
       cmocka_unit_test(kernel_error_names_the_thread),
+      cmocka_unit_test(flushes_racing_failures_lose_nothing),
   };
   return test_main("integration_isolation", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
