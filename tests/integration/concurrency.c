@@ -175,11 +175,51 @@ static void buffers_churn_across_threads(void **state) {
   test_close(dev);
 }
 
+typedef struct brief {
+  ruda_device *dev;
+  int index;
+  int rc;
+} brief;
+
+/* Enqueues and exits at once: its commands are still in flight (and
+ * their memory still out) when the thread is gone. */
+static void *brief_life(void *p) {
+  brief *b = p;
+  for (int i = 0; i < 300 && b->rc == 0; i++)
+    b->rc = test_launch(b->dev, (ruda_stream_id)(b->index % 4), b->index % 2 ? "a" : "b", NULL, 0);
+  return NULL;
+}
+
+static void short_lived_threads(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(2, 1024, RUDA_BACKPRESSURE_BLOCK);
+  atomic_store(&ran_a, 0);
+  atomic_store(&ran_b, 0);
+  assert_ok(ruda_host_kernel_register(dev, "a", kernel_a));
+  assert_ok(ruda_host_kernel_register(dev, "b", kernel_b));
+  enum { WAVES = 10, T = 6 };
+  for (int w = 0; w < WAVES; w++) {
+    brief b[T];
+    pthread_t t[T];
+    for (int i = 0; i < T; i++) {
+      b[i] = (brief){dev, i, 0};
+      assert_int_equal(pthread_create(&t[i], NULL, brief_life, &b[i]), 0);
+    }
+    for (int i = 0; i < T; i++) pthread_join(t[i], NULL);
+    for (int i = 0; i < T; i++) assert_int_equal(b[i].rc, 0);
+  }
+  for (ruda_stream_id s = 0; s < 4; s++) assert_ok(ruda_sync(dev, s, NULL));
+  assert_int_equal(atomic_load(&ran_a), WAVES * (T / 2) * 300);
+  assert_int_equal(atomic_load(&ran_b), WAVES * (T / 2) * 300);
+  test_close(dev);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(kernels_replaced_while_launching),
       cmocka_unit_test(threads_use_two_devices),
       cmocka_unit_test(buffers_churn_across_threads),
+      cmocka_unit_test(short_lived_threads),
   };
   return test_main("integration_concurrency", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
