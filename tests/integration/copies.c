@@ -251,6 +251,80 @@ static void concurrent_disjoint_writes(void **state) {
   test_close(dev);
 }
 
+/* Contiguous writes past 8 MiB are staged in pieces, by helper threads
+ * when there are any; RUDA_COPY_THREADS asks for helpers even on a small
+ * machine (read once, at the first large write of the process). */
+static void large_writes_in_pieces(void **state) {
+  (void)state;
+  setenv("RUDA_COPY_THREADS", "3", 1);
+  ruda_device *dev = test_open_default();
+  const size_t len = ((size_t)16 << 20) + 12345; /* 3 pieces, the last short */
+  unsigned char *src = malloc(len), *back = malloc(len);
+  assert_non_null(src);
+  assert_non_null(back);
+  for (size_t i = 0; i < len; i++) src[i] = (unsigned char)((i * 2654435761u) >> 13);
+  ruda_handle h;
+  assert_ok(ruda_buffer_create(dev, 0, len + 100, &h));
+  ruda_copy_desc d = ruda_copy_contiguous(ruda_bind_range(h, 100, len));
+  assert_ok(ruda_write(dev, 0, &d, src, len));
+  memset(src, 0, 4096); /* the caller may reuse src once ruda_write returned */
+  /* Commands after the write see all of it. */
+  ruda_future *f = NULL;
+  assert_ok(ruda_read(dev, 0, &d, back, len, &f));
+  assert_rc(ruda_future_wait(f, NULL), 0);
+  ruda_future_free(f);
+  for (size_t i = 0; i < 4096; i++) src[i] = (unsigned char)((i * 2654435761u) >> 13);
+  assert_memory_equal(back, src, len);
+  assert_ok(ruda_buffer_free(dev, 0, h));
+  free(src);
+  free(back);
+  test_close(dev);
+}
+
+typedef struct big_writer {
+  ruda_device *dev;
+  uint32_t index;
+  size_t len;
+  int rc;
+} big_writer;
+
+static void *write_big(void *p) {
+  big_writer *w = p;
+  unsigned char *src = malloc(w->len), *back = malloc(w->len);
+  ruda_handle h;
+  ruda_stream_id s = w->index;
+  for (size_t i = 0; i < w->len; i++) src[i] = (unsigned char)(i * 31 + w->index);
+  if ((w->rc = ruda_buffer_create(w->dev, s, w->len, &h)) == 0) {
+    ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(h));
+    ruda_future *f = NULL;
+    if ((w->rc = ruda_write(w->dev, s, &d, src, w->len)) == 0 &&
+        (w->rc = ruda_read(w->dev, s, &d, back, w->len, &f)) == 0)
+      w->rc = ruda_future_wait(f, NULL);
+    ruda_future_free(f);
+    if (w->rc == 0 && memcmp(src, back, w->len) != 0) w->rc = -1000;
+    ruda_buffer_free(w->dev, s, h);
+  }
+  free(src);
+  free(back);
+  return NULL;
+}
+
+static void concurrent_large_writes(void **state) {
+  (void)state;
+  setenv("RUDA_COPY_THREADS", "2", 1);
+  ruda_device *dev = test_open_default();
+  enum { T = 3 };
+  big_writer w[T];
+  pthread_t t[T];
+  for (uint32_t i = 0; i < T; i++) {
+    w[i] = (big_writer){dev, i, ((size_t)9 << 20) + i * 4099, 0};
+    assert_int_equal(pthread_create(&t[i], NULL, write_big, &w[i]), 0);
+  }
+  for (int i = 0; i < T; i++) pthread_join(t[i], NULL);
+  for (int i = 0; i < T; i++) assert_int_equal(w[i].rc, 0);
+  test_close(dev);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(pitched_2d),
@@ -260,6 +334,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(random_layouts),
       cmocka_unit_test(copy_between_buffers),
       cmocka_unit_test(concurrent_disjoint_writes),
+      cmocka_unit_test(large_writes_in_pieces),
+      cmocka_unit_test(concurrent_large_writes),
   };
   return test_main("integration_copies", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
