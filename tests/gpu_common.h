@@ -1,0 +1,239 @@
+/* gpu_common.h - what the GPU tests share: opening a cuda device (or
+ * skipping), the CUDA C test kernels, random inputs, float64 references.
+ *
+ * Every gpu_* test binary is registered twice with ctest: labelled `gpu`,
+ * against the real driver (skipped, exit code 77, where there is none),
+ * and labelled `mock`, against tests/gpu_mock_driver.c (RUDA_CUDA_DRIVER),
+ * which runs the backend's host-side logic on machines without a GPU.
+ * NVRTC is real in both. The mock emulates the kernels below by name. */
+#ifndef RUDA_TESTS_GPU_COMMON_H
+#define RUDA_TESTS_GPU_COMMON_H
+
+#include <math.h>
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common.h"
+
+#define GPU_SKIP 77
+
+static int gpu_single_case; /* set by gpu_main: ctest runs one case per process */
+
+/* Skips the current case: exit 77 (ctest's SKIP_RETURN_CODE) when it runs
+ * alone, cmocka's skip otherwise. */
+#define gpu_skip(...)                       \
+  do {                                      \
+    fprintf(stderr, "skipped: ");           \
+    fprintf(stderr, __VA_ARGS__);           \
+    fprintf(stderr, "\n");                  \
+    if (gpu_single_case) exit(GPU_SKIP);    \
+    skip();                                 \
+  } while (0)
+
+/* A cuda device with explicit settings; NULL (with why) when none. */
+static inline int gpu_try_open(uint32_t streams, const char *cache_dir, int bounds_checked, ruda_device **out) {
+  ruda_config cfg;
+  ruda_config_init(&cfg);
+  cfg.backend = RUDA_BACKEND_CUDA;
+  cfg.num_streams = streams;
+  cfg.queue_bound = 1u << 20;
+  cfg.backpressure = RUDA_BACKPRESSURE_BLOCK;
+  cfg.log_level = RUDA_LOG_ERROR;
+  cfg.cache_dir = cache_dir;
+  cfg.bounds_checked = bounds_checked;
+  return ruda_device_open(&cfg, out);
+}
+
+static inline ruda_device *gpu_open_cfg(uint32_t streams, const char *cache_dir, int bounds_checked) {
+  ruda_device *dev = NULL;
+  int rc = gpu_try_open(streams, cache_dir, bounds_checked, &dev);
+  if (rc == RUDA_ENODRIVER || rc == RUDA_ENOBACKEND)
+    gpu_skip("no usable CUDA device: %s", ruda_error_message(ruda_last_error()));
+  if (rc != 0) fail_msg("ruda_device_open(cuda): %s: %s", ruda_err_name(rc), ruda_error_message(ruda_last_error()));
+  return dev;
+}
+
+/* The default: 4 streams, kernel cache disabled so every run compiles. */
+static inline ruda_device *gpu_open(void) { return gpu_open_cfg(4, "", 0); }
+
+static inline int gpu_is_mock(ruda_device *dev) {
+  ruda_device_props p;
+  return ruda_device_get_props(dev, &p) == 0 && strcmp(p.name, "ruda mock GPU") == 0;
+}
+
+/* ---- kernels ---- */
+
+/* Linear thread index over any grid and block shape. */
+#define GPU_PRELUDE                                                                          \
+  "__device__ unsigned long long gid() {\n"                                                  \
+  "  unsigned long long blk = blockIdx.x + (unsigned long long)gridDim.x *\n"                \
+  "      (blockIdx.y + (unsigned long long)gridDim.y * blockIdx.z);\n"                       \
+  "  unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);\n"    \
+  "  return blk * (blockDim.x * blockDim.y * blockDim.z) + t;\n"                             \
+  "}\n"                                                                                      \
+  "__device__ unsigned long long nthreads() {\n"                                             \
+  "  return (unsigned long long)gridDim.x * gridDim.y * gridDim.z *\n"                       \
+  "         blockDim.x * blockDim.y * blockDim.z;\n"                                         \
+  "}\n"
+
+static const char *const SRC_AXPY = GPU_PRELUDE
+    "extern \"C\" __global__ void axpy(unsigned n, float a, const float *x, float *y) {\n"
+    "  unsigned long long i = gid();\n"
+    "  if (i < n) y[i] = a * x[i] + y[i];\n"
+    "}\n";
+
+/* Block tree reduction in dynamic shared memory, one atomic per block. */
+static const char *const SRC_REDUCE = GPU_PRELUDE
+    "extern \"C\" __global__ void reduce_sum(unsigned n, const float *x, double *out) {\n"
+    "  extern __shared__ double part[];\n"
+    "  unsigned t = threadIdx.x + blockDim.x * threadIdx.y;\n"
+    "  unsigned nt = blockDim.x * blockDim.y;\n"
+    "  double s = 0;\n"
+    "  for (unsigned long long i = gid(); i < n; i += nthreads()) s += x[i];\n"
+    "  part[t] = s;\n"
+    "  __syncthreads();\n"
+    "  for (unsigned k = nt / 2; k > 0; k /= 2) {\n"
+    "    if (t < k) part[t] += part[t + k];\n"
+    "    __syncthreads();\n"
+    "  }\n"
+    "  if (t == 0) atomicAdd(out, part[0]);\n"
+    "}\n";
+
+/* Square tiles of TILE x TILE (an NVRTC option), staged in dynamic
+ * shared memory: block (TILE, TILE), grid (ceil(N/TILE), ceil(M/TILE)). */
+static const char *const SRC_MATMUL =
+    "extern \"C\" __global__ void matmul(unsigned M, unsigned N, unsigned K, const float *A,\n"
+    "                                    const float *B, float *C) {\n"
+    "  extern __shared__ float sm[];\n"
+    "  float *As = sm, *Bs = sm + TILE * TILE;\n"
+    "  unsigned tx = threadIdx.x, ty = threadIdx.y;\n"
+    "  unsigned row = blockIdx.y * TILE + ty, col = blockIdx.x * TILE + tx;\n"
+    "  float acc = 0;\n"
+    "  for (unsigned k0 = 0; k0 < K; k0 += TILE) {\n"
+    "    As[ty * TILE + tx] = (row < M && k0 + tx < K) ? A[(size_t)row * K + k0 + tx] : 0.0f;\n"
+    "    Bs[ty * TILE + tx] = (col < N && k0 + ty < K) ? B[(size_t)(k0 + ty) * N + col] : 0.0f;\n"
+    "    __syncthreads();\n"
+    "    for (unsigned k = 0; k < TILE; k++) acc += As[ty * TILE + k] * Bs[k * TILE + tx];\n"
+    "    __syncthreads();\n"
+    "  }\n"
+    "  if (row < M && col < N) C[(size_t)row * N + col] = acc;\n"
+    "}\n";
+
+/* buf[i] == k becomes k + 1; anything else becomes a poison value, so a
+ * launch that runs out of order or twice is visible in the result. */
+static const char *const SRC_STEP = GPU_PRELUDE
+    "extern \"C\" __global__ void step(unsigned n, unsigned *buf, unsigned k) {\n"
+    "  unsigned long long i = gid();\n"
+    "  if (i < n) buf[i] = buf[i] == k ? k + 1 : 0xffffffffu;\n"
+    "}\n";
+
+/* sum of w[i] * (2i + 1) mod 2^64: order-free, position-sensitive. */
+static const char *const SRC_CHECKSUM = GPU_PRELUDE
+    "extern \"C\" __global__ void checksum(unsigned long long n, const unsigned *w,\n"
+    "                                      unsigned long long *out) {\n"
+    "  unsigned long long s = 0;\n"
+    "  for (unsigned long long i = gid(); i < n; i += nthreads())\n"
+    "    s += (unsigned long long)w[i] * (2 * i + 1);\n"
+    "  atomicAdd(out, s);\n"
+    "}\n";
+
+static const char *const SRC_MARK_BLOCKS =
+    "extern \"C\" __global__ void mark_blocks(unsigned *out) {\n"
+    "  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0)\n"
+    "    atomicAdd(&out[blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)], 1u);\n"
+    "}\n";
+
+/* Writes through a pointer the caller chooses: an unmapped one faults. */
+static const char *const SRC_FAULT =
+    "extern \"C\" __global__ void planted_fault(int *p) { *(volatile int *)p = 1; }\n";
+
+static const char *const SRC_EMPTY = "extern \"C\" __global__ void empty() {}\n";
+
+static const char *const SRC_STATIC_SMEM =
+    "extern \"C\" __global__ void static_smem(float *out) {\n"
+    "  __shared__ float s[4096];\n"
+    "  s[threadIdx.x] = threadIdx.x;\n"
+    "  __syncthreads();\n"
+    "  if (threadIdx.x == 0) out[0] = s[blockDim.x - 1];\n"
+    "}\n";
+
+static const char *const SRC_BOUNDED =
+    "extern \"C\" __global__ void __launch_bounds__(128) bounded128(float *out) {\n"
+    "  out[threadIdx.x] = 1.0f;\n"
+    "}\n";
+
+/* Defines bounds_on only in bounds-checked builds. */
+static const char *const SRC_BOUNDS =
+    "#ifdef RUDA_BOUNDS_CHECKED\n"
+    "extern \"C\" __global__ void bounds_on(int *p) { p[0] = 1; }\n"
+    "#endif\n"
+    "extern \"C\" __global__ void bounds_any(int *p) { p[0] = 2; }\n";
+
+/* ---- inputs and references ---- */
+
+static inline uint64_t gpu_seed(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t s = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ ((uint64_t)getpid() << 40);
+  fprintf(stderr, "seed %llu\n", (unsigned long long)s);
+  return s ? s : 1;
+}
+
+static inline uint64_t gpu_rand(uint64_t *s) { /* xorshift64* */
+  *s ^= *s >> 12;
+  *s ^= *s << 25;
+  *s ^= *s >> 27;
+  return *s * 2685821657736338717ull;
+}
+
+/* Uniform in [-1, 1). */
+static inline float gpu_randf(uint64_t *s) { return (float)((gpu_rand(s) >> 40) * (2.0 / 16777216.0) - 1.0); }
+
+static inline void gpu_fill(float *x, size_t n, uint64_t *s) {
+  for (size_t i = 0; i < n; i++) x[i] = gpu_randf(s);
+}
+
+/* A launch of n threads in the shape ruda suggests. */
+static inline ruda_launch_desc gpu_launch_1d(ruda_device *dev, const char *kernel, uint64_t n,
+                                             const ruda_arg *args, uint32_t nargs) {
+  ruda_launch_desc l;
+  memset(&l, 0, sizeof l);
+  l.kernel = kernel;
+  l.block = ruda_block_for(dev, n);
+  uint64_t per = (uint64_t)l.block.x * l.block.y * l.block.z;
+  uint64_t actual;
+  assert_ok(ruda_grid_spread(dev, (uint32_t)((n + per - 1) / per), &l.grid, &actual));
+  l.args = args;
+  l.nargs = nargs;
+  return l;
+}
+
+static inline void gpu_sync_ok(ruda_device *dev, ruda_stream_id s) {
+  ruda_error *err = NULL;
+  int rc = ruda_sync(dev, s, &err);
+  if (rc != 0) {
+    ruda_error_print(err, stderr, 0);
+    ruda_error_free(err);
+    fail_msg("ruda_sync: %s", ruda_err_name(rc));
+  }
+}
+
+/* Runs the group after making sure a cuda device exists; exit 77 when none
+ * does, so ctest reports the case as skipped rather than passed. */
+static inline int gpu_main(const char *group, const struct CMUnitTest *tests, size_t n, int argc, char **argv) {
+  gpu_single_case = argc > 1;
+  ruda_device *dev = NULL;
+  int rc = gpu_try_open(1, "", 0, &dev);
+  if (rc == RUDA_ENODRIVER || rc == RUDA_ENOBACKEND) {
+    fprintf(stderr, "%s: skipped, no usable CUDA device: %s\n", group, ruda_error_message(ruda_last_error()));
+    return GPU_SKIP;
+  }
+  if (rc == 0) ruda_device_close(dev, NULL);
+  return test_main(group, tests, n, argc, argv);
+}
+
+#define GPU_MAIN(group, tests) \
+  int main(int argc, char **argv) { return gpu_main(group, tests, sizeof(tests) / sizeof(tests[0]), argc, argv); }
+
+#endif /* RUDA_TESTS_GPU_COMMON_H */

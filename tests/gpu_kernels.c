@@ -1,0 +1,444 @@
+/* gpu_kernels.c - NVRTC kernels on the cuda backend: results against
+ * float64 CPU references on fresh random inputs, compile errors, launch
+ * limits, dry runs, the bounds-checked define, the kernel caches and
+ * indirect grids. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include "gpu_common.h"
+#include "src/cuda/cuda_internal.h"
+
+static ruda_handle buffer_with(ruda_device *dev, const void *data, size_t bytes) {
+  ruda_handle h;
+  assert_ok(ruda_buffer_create(dev, 0, bytes, &h));
+  if (data) test_write(dev, 0, ruda_bind(h), data, bytes);
+  return h;
+}
+
+static void axpy_matches_float64(void **state) {
+  (void)state;
+  ruda_device *dev = gpu_open();
+  uint64_t seed = gpu_seed();
+  const unsigned n = 100000 + (unsigned)(gpu_rand(&seed) % 3000000);
+  const float a = gpu_randf(&seed) * 4;
+  float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y), *got = malloc(n * sizeof *got);
+  gpu_fill(x, n, &seed);
+  gpu_fill(y, n, &seed);
+  assert_ok(ruda_kernel_source(dev, "axpy", SRC_AXPY, NULL));
+  ruda_handle hx = buffer_with(dev, x, n * sizeof *x), hy = buffer_with(dev, y, n * sizeof *y);
+  ruda_arg args[] = {ruda_arg_scalar(&n, 4), ruda_arg_scalar(&a, 4), ruda_arg_buffer(ruda_bind(hx)),
+                     ruda_arg_buffer(ruda_bind(hy))};
+  ruda_launch_desc l = gpu_launch_1d(dev, "axpy", n, args, 4);
+  assert_ok(ruda_launch(dev, 0, &l));
+  test_read(dev, 0, ruda_bind(hy), got, n * sizeof *got);
+  for (unsigned i = 0; i < n; i++) {
+    double ref = (double)a * x[i] + y[i];
+    double tol = 4 * 1.1920929e-7 * (fabs((double)a * x[i]) + fabs(y[i])) + 1e-30;
+    if (fabs(got[i] - ref) > tol) fail_msg("axpy[%u] = %.9g, float64 reference %.9g (n %u)", i, got[i], ref, n);
+  }
+  assert_ok(ruda_buffer_free(dev, 0, hx));
+  assert_ok(ruda_buffer_free(dev, 0, hy));
+  test_close(dev);
+  free(x), free(y), free(got);
+}
+
+static void reduction_matches_float64(void **state) {
+  (void)state;
+  ruda_device *dev = gpu_open();
+  uint64_t seed = gpu_seed();
+  const unsigned n = 1 + (unsigned)(gpu_rand(&seed) % (1u << 22));
+  float *x = malloc(n * sizeof *x);
+  gpu_fill(x, n, &seed);
+  double ref = 0, mag = 0;
+  for (unsigned i = 0; i < n; i++) ref += x[i], mag += fabs(x[i]);
+  assert_ok(ruda_kernel_source(dev, "reduce_sum", SRC_REDUCE, NULL));
+  const double zero = 0;
+  ruda_handle hx = buffer_with(dev, x, n * sizeof *x), ho = buffer_with(dev, &zero, sizeof zero);
+  ruda_arg args[] = {ruda_arg_scalar(&n, 4), ruda_arg_buffer(ruda_bind(hx)), ruda_arg_buffer(ruda_bind(ho))};
+  ruda_device_props p;
+  assert_ok(ruda_device_get_props(dev, &p));
+  /* A grid-stride loop: a few blocks per SM, not one thread per element. */
+  ruda_launch_desc l = gpu_launch_1d(dev, "reduce_sum", n, args, 3);
+  if (l.grid.x > 4 * p.sm_count) l.grid = (ruda_dim3){4 * p.sm_count, 1, 1};
+  l.shared_mem = l.block.x * l.block.y * (uint32_t)sizeof(double);
+  assert_ok(ruda_launch(dev, 0, &l));
+  double got;
+  test_read(dev, 0, ruda_bind(ho), &got, sizeof got);
+  if (fabs(got - ref) > 1e-9 * mag + 1e-12)
+    fail_msg("sum of %u floats = %.17g, float64 reference %.17g", n, got, ref);
+  assert_ok(ruda_buffer_free(dev, 0, hx));
+  assert_ok(ruda_buffer_free(dev, 0, ho));
+  test_close(dev);
+  free(x);
+}
+
+static void matmul_matches_float64(void **state) {
+  (void)state;
+  ruda_device *dev = gpu_open();
+  uint64_t seed = gpu_seed();
+  /* Sizes that are not multiples of the tile exercise the edges. */
+  const unsigned M = 65 + (unsigned)(gpu_rand(&seed) % 300), N = 65 + (unsigned)(gpu_rand(&seed) % 300),
+                 K = 65 + (unsigned)(gpu_rand(&seed) % 300), T = 16;
+  float *A = malloc((size_t)M * K * 4), *B = malloc((size_t)K * N * 4), *C = malloc((size_t)M * N * 4);
+  gpu_fill(A, (size_t)M * K, &seed);
+  gpu_fill(B, (size_t)K * N, &seed);
+  const char *opts[] = {"-DTILE=16", NULL};
+  assert_ok(ruda_kernel_source(dev, "matmul", SRC_MATMUL, opts));
+  ruda_handle ha = buffer_with(dev, A, (size_t)M * K * 4), hb = buffer_with(dev, B, (size_t)K * N * 4),
+              hc = buffer_with(dev, NULL, (size_t)M * N * 4);
+  ruda_arg args[] = {ruda_arg_scalar(&M, 4),          ruda_arg_scalar(&N, 4),
+                     ruda_arg_scalar(&K, 4),          ruda_arg_buffer(ruda_bind(ha)),
+                     ruda_arg_buffer(ruda_bind(hb)), ruda_arg_buffer(ruda_bind(hc))};
+  ruda_launch_desc l;
+  memset(&l, 0, sizeof l);
+  l.kernel = "matmul";
+  l.block = (ruda_dim3){T, T, 1};
+  l.grid = (ruda_dim3){(N + T - 1) / T, (M + T - 1) / T, 1};
+  l.shared_mem = 2 * T * T * 4;
+  l.args = args;
+  l.nargs = 6;
+  assert_ok(ruda_launch(dev, 0, &l));
+  test_read(dev, 0, ruda_bind(hc), C, (size_t)M * N * 4);
+  for (unsigned i = 0; i < M; i++)
+    for (unsigned j = 0; j < N; j++) {
+      double ref = 0, mag = 0;
+      for (unsigned k = 0; k < K; k++) {
+        double t = (double)A[(size_t)i * K + k] * B[(size_t)k * N + j];
+        ref += t;
+        mag += fabs(t);
+      }
+      double got = C[(size_t)i * N + j];
+      if (fabs(got - ref) > 2.0 * K * 1.1920929e-7 * mag + 1e-6)
+        fail_msg("C[%u][%u] = %.9g, float64 reference %.9g (M %u N %u K %u)", i, j, got, ref, M, N, K);
+    }
+  assert_ok(ruda_buffer_free(dev, 0, ha));
+  assert_ok(ruda_buffer_free(dev, 0, hb));
+  assert_ok(ruda_buffer_free(dev, 0, hc));
+  test_close(dev);
+  free(A), free(B), free(C);
+}
+
+static void compile_error_carries_log(void **state) {
+  (void)state;
+  ruda_device *dev = gpu_open();
+  const char *bad = "extern \"C\" __global__ void broken(int *p) { p[0] = undeclared_thing; }\n";
+  assert_rc(ruda_kernel_source(dev, "broken", bad, NULL), RUDA_ECOMPILE);
+  const ruda_error *e = ruda_last_error();
+  assert_contains(ruda_error_message(e), "\"broken\"");
+  assert_contains(ruda_error_message(e), "undeclared_thing");
+  assert_true(ruda_error_backend_code(e) != 0); /* the nvrtcResult */
+  assert_contains(ruda_compile_log(), "undeclared_thing");
+  /* The kernel was not registered. */
+  ruda_launch_desc l;
+  memset(&l, 0, sizeof l);
+  l.kernel = "broken";
+  l.grid = l.block = (ruda_dim3){1, 1, 1};
+  assert_rc(ruda_launch(dev, 0, &l), RUDA_EKERNEL);
+  test_close(dev);
+}
+
+static void missing_function_is_ekernel(void **state) {
+  (void)state;
+  ruda_device *dev = gpu_open();
+  assert_rc(ruda_kernel_source(dev, "not_there", SRC_EMPTY, NULL), RUDA_EKERNEL);
+  assert_last_error_contains("not_there");
+  test_close(dev);
+}
+
+static int launch_shape(ruda_device *dev, const char *k, ruda_dim3 grid, ruda_dim3 block, uint32_t shared,
+                        const ruda_arg *args, uint32_t nargs, uint32_t flags) {
+  ruda_launch_desc l;
+  memset(&l, 0, sizeof l);
+  l.kernel = k;
+  l.grid = grid;
+  l.block = block;
+  l.shared_mem = shared;
+  l.args = args;
+  l.nargs = nargs;
+  l.flags = flags;
+  return ruda_launch(dev, 0, &l);
+}
+
+static void resource_limits_fail_at_the_call(void **state) {
+  (void)state;
+  ruda_device *dev = gpu_open();
+  ruda_device_props p;
+  assert_ok(ruda_device_get_props(dev, &p));
+  assert_ok(ruda_kernel_source(dev, "static_smem", SRC_STATIC_SMEM, NULL));
+  assert_ok(ruda_kernel_source(dev, "bounded128", SRC_BOUNDED, NULL));
+  ruda_handle h;
+  assert_ok(ruda_buffer_create(dev, 0, 4096, &h));
+  ruda_arg a = ruda_arg_buffer(ruda_bind(h));
+  const ruda_dim3 one = {1, 1, 1};
+  char want[64];
+
+  assert_rc(launch_shape(dev, "static_smem", one, (ruda_dim3){p.max_block.x + 1, 1, 1}, 0, &a, 1, 0),
+            RUDA_ECUBEDIM);
+  snprintf(want, sizeof want, "(%u,%u,%u)", p.max_block.x, p.max_block.y, p.max_block.z);
+  assert_last_error_contains(want);
+  assert_rc(launch_shape(dev, "static_smem", one, (ruda_dim3){32, 32, 2}, 0, &a, 1, 0), RUDA_EUNITSPERCUBE);
+  assert_last_error_contains("2048");
+  assert_rc(launch_shape(dev, "static_smem", (ruda_dim3){1, p.max_grid.y + 1, 1}, one, 0, &a, 1, 0), RUDA_EUNITS);
+  assert_rc(launch_shape(dev, "static_smem", one, one, p.max_shared_per_block_optin + 1, &a, 1, 0),
+            RUDA_ESHAREDMEM);
+  /* Kernel-specific: its 16 KiB of static shared memory leave less. */
+  assert_rc(launch_shape(dev, "static_smem", one, one, p.max_shared_per_block_optin, &a, 1, 0), RUDA_ESHAREDMEM);
+  assert_last_error_contains("16384 static");
+  /* Kernel-specific: __launch_bounds__(128). */
+  assert_rc(launch_shape(dev, "bounded128", one, (ruda_dim3){256, 1, 1}, 0, &a, 1, 0), RUDA_EUNITSPERCUBE);
+  assert_last_error_contains("maximum is 128");
+  /* Opt-in shared memory above the 48 KiB default is allowed. */
+  assert_ok(launch_shape(dev, "bounded128", one, (ruda_dim3){128, 1, 1}, 100 * 1024, &a, 1, 0));
+  /* Parameter lists (where the driver can tell, CUDA 12.4+). */
+  ruda_arg two[] = {a, a};
+  int rc = launch_shape(dev, "bounded128", one, one, 0, two, 2, 0);
+  if (rc != 0) {
+    assert_int_equal(rc, RUDA_EINVAL);
+    assert_last_error_contains("the kernel takes 1");
+    const uint32_t small = 1;
+    ruda_arg s = ruda_arg_scalar(&small, 4);
+    assert_rc(launch_shape(dev, "bounded128", one, one, 0, &s, 1, 0), RUDA_EINVAL);
+    assert_last_error_contains("8 bytes");
+  } else {
+    fprintf(stderr, "note: the driver cannot report parameter sizes; argument checks skipped\n");
+  }
+  gpu_sync_ok(dev, 0);
+  assert_ok(ruda_buffer_free(dev, 0, h));
+  test_close(dev);
+}
+
+static void dry_run_dispatches_nothing(void **state) {
+  (void)state;
+  ruda_device *dev = gpu_open();
+  assert_ok(ruda_kernel_source(dev, "step", SRC_STEP, NULL));
+  const unsigned n = 1000, k = 0;
+  unsigned *zeros = calloc(n, 4), *got = malloc(n * 4);
+  ruda_handle h = buffer_with(dev, zeros, n * 4);
+  ruda_arg args[] = {ruda_arg_scalar(&n, 4), ruda_arg_buffer(ruda_bind(h)), ruda_arg_scalar(&k, 4)};
+  ruda_launch_desc l = gpu_launch_1d(dev, "step", n, args, 3);
+  l.flags = RUDA_LAUNCH_DRY_RUN;
+  assert_ok(ruda_launch(dev, 0, &l));
+  /* Validation still applies to dry runs. */
+  ruda_launch_desc bad = l;
+  bad.block = (ruda_dim3){4096, 1, 1};
+  assert_rc(ruda_launch(dev, 0, &bad), RUDA_ECUBEDIM);
+  bad = l;
+  bad.nargs = 2;
+  assert_rc(ruda_launch(dev, 0, &bad), RUDA_EINVAL);
+  gpu_sync_ok(dev, 0);
+  test_read(dev, 0, ruda_bind(h), got, n * 4);
+  for (unsigned i = 0; i < n; i++) assert_int_equal(got[i], 0);
+  /* The same launch for real does run. */
+  l.flags = 0;
+  assert_ok(ruda_launch(dev, 0, &l));
+  test_read(dev, 0, ruda_bind(h), got, n * 4);
+  for (unsigned i = 0; i < n; i++) assert_int_equal(got[i], 1);
+  assert_ok(ruda_buffer_free(dev, 0, h));
+  test_close(dev);
+  free(zeros), free(got);
+}
+
+static void bounds_checked_define(void **state) {
+  (void)state;
+  ruda_device *plain = gpu_open_cfg(1, "", 0), *checked = gpu_open_cfg(1, "", 1);
+  assert_rc(ruda_kernel_source(plain, "bounds_on", SRC_BOUNDS, NULL), RUDA_EKERNEL);
+  assert_ok(ruda_kernel_source(plain, "bounds_any", SRC_BOUNDS, NULL));
+  assert_ok(ruda_kernel_source(checked, "bounds_on", SRC_BOUNDS, NULL));
+  assert_ok(ruda_kernel_source(checked, "bounds_any", SRC_BOUNDS, NULL));
+  test_close(plain);
+  test_close(checked);
+}
+
+typedef struct reg_arg {
+  ruda_device *dev;
+  pthread_barrier_t *go;
+  int rc;
+} reg_arg;
+
+static void *register_axpy(void *p) {
+  reg_arg *a = p;
+  pthread_barrier_wait(a->go);
+  a->rc = ruda_kernel_source(a->dev, "axpy", SRC_AXPY, NULL);
+  return NULL;
+}
+
+static void concurrent_registrations_compile_once(void **state) {
+  (void)state;
+  ruda_device *dev = gpu_open();
+  enum { T = 16 };
+  pthread_t t[T];
+  reg_arg a[T];
+  pthread_barrier_t go;
+  pthread_barrier_init(&go, NULL, T);
+  for (int i = 0; i < T; i++) {
+    a[i] = (reg_arg){dev, &go, -1};
+    assert_int_equal(pthread_create(&t[i], NULL, register_axpy, &a[i]), 0);
+  }
+  for (int i = 0; i < T; i++) pthread_join(t[i], NULL);
+  for (int i = 0; i < T; i++) assert_int_equal(a[i].rc, 0);
+  uint64_t compiles, disk, mem;
+  ruda__cu_cache_stats(dev, &compiles, &disk, &mem);
+  assert_int_equal(compiles, 1);
+  assert_int_equal(disk, 0);
+  assert_int_equal(mem, T - 1);
+  /* Different options are a different module. */
+  const char *opts[] = {"-DUNUSED=1", NULL};
+  assert_ok(ruda_kernel_source(dev, "axpy", SRC_AXPY, opts));
+  ruda__cu_cache_stats(dev, &compiles, &disk, &mem);
+  assert_int_equal(compiles, 2);
+  pthread_barrier_destroy(&go);
+  test_close(dev);
+}
+
+static int count_cubins(const char *dir, char *path, size_t len) {
+  DIR *d = opendir(dir);
+  if (d == NULL) return 0;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    size_t l = strlen(e->d_name);
+    if (l > 6 && strcmp(e->d_name + l - 6, ".cubin") == 0) {
+      n++;
+      snprintf(path, len, "%s/%s", dir, e->d_name);
+    }
+  }
+  closedir(d);
+  return n;
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void disk_cache_warm_start(void **state) {
+  (void)state;
+  char dir[] = "/tmp/ruda-kcache-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char sub[300], file[600];
+  snprintf(sub, sizeof sub, "%s/nested/dir", dir); /* created on demand */
+  uint64_t compiles, disk, mem;
+
+  ruda_device *cold = gpu_open_cfg(1, sub, 0);
+  double t0 = now_ms();
+  assert_ok(ruda_kernel_source(cold, "axpy", SRC_AXPY, NULL));
+  double cold_ms = now_ms() - t0;
+  ruda__cu_cache_stats(cold, &compiles, &disk, &mem);
+  assert_int_equal(compiles, 1);
+  assert_int_equal(disk, 0);
+  test_close(cold);
+  assert_int_equal(count_cubins(sub, file, sizeof file), 1);
+
+  ruda_device *warm = gpu_open_cfg(1, sub, 0);
+  t0 = now_ms();
+  assert_ok(ruda_kernel_source(warm, "axpy", SRC_AXPY, NULL));
+  double warm_ms = now_ms() - t0;
+  ruda__cu_cache_stats(warm, &compiles, &disk, &mem);
+  assert_int_equal(compiles, 0);
+  assert_int_equal(disk, 1);
+  fprintf(stderr, "kernel load: NVRTC %.2f ms, disk cache %.3f ms\n", cold_ms, warm_ms);
+  /* The cached kernel works. */
+  const unsigned n = 256;
+  const float a = 2;
+  float x[256], y[256], got[256];
+  for (unsigned i = 0; i < n; i++) x[i] = (float)i, y[i] = 1;
+  ruda_handle hx = buffer_with(warm, x, sizeof x), hy = buffer_with(warm, y, sizeof y);
+  ruda_arg args[] = {ruda_arg_scalar(&n, 4), ruda_arg_scalar(&a, 4), ruda_arg_buffer(ruda_bind(hx)),
+                     ruda_arg_buffer(ruda_bind(hy))};
+  ruda_launch_desc l = gpu_launch_1d(warm, "axpy", n, args, 4);
+  assert_ok(ruda_launch(warm, 0, &l));
+  test_read(warm, 0, ruda_bind(hy), got, sizeof got);
+  for (unsigned i = 0; i < n; i++) assert_true(got[i] == 2.0f * i + 1);
+  assert_ok(ruda_buffer_free(warm, 0, hx));
+  assert_ok(ruda_buffer_free(warm, 0, hy));
+  test_close(warm);
+
+  /* A damaged file is a miss: recompiled and rewritten. */
+  int fd = open(file, O_WRONLY);
+  assert_true(fd >= 0);
+  assert_int_equal(pwrite(fd, "XXXX", 4, 200), 4);
+  close(fd);
+  ruda_device *again = gpu_open_cfg(1, sub, 0);
+  assert_ok(ruda_kernel_source(again, "axpy", SRC_AXPY, NULL));
+  ruda__cu_cache_stats(again, &compiles, &disk, &mem);
+  assert_int_equal(compiles, 1);
+  assert_int_equal(disk, 0);
+  test_close(again);
+  ruda_device *fixed = gpu_open_cfg(1, sub, 0);
+  assert_ok(ruda_kernel_source(fixed, "axpy", SRC_AXPY, NULL));
+  ruda__cu_cache_stats(fixed, &compiles, &disk, &mem);
+  assert_int_equal(disk, 1);
+  test_close(fixed);
+  char cmd[700];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
+static void indirect_grid_read_on_the_worker(void **state) {
+  (void)state;
+  ruda_device *dev = gpu_open();
+  assert_ok(ruda_kernel_source(dev, "mark_blocks", SRC_MARK_BLOCKS, NULL));
+  unsigned zeros[64] = {0}, got[64];
+  ruda_handle out = buffer_with(dev, zeros, sizeof zeros);
+  const uint32_t dims[3] = {3, 2, 2};
+  ruda_handle grid = buffer_with(dev, dims, sizeof dims);
+  ruda_arg a = ruda_arg_buffer(ruda_bind(out));
+  ruda_launch_desc l;
+  memset(&l, 0, sizeof l);
+  l.kernel = "mark_blocks";
+  l.block = (ruda_dim3){32, 1, 1};
+  l.args = &a;
+  l.nargs = 1;
+  l.flags = RUDA_LAUNCH_INDIRECT;
+  l.indirect_grid = ruda_bind(grid);
+  assert_ok(ruda_launch(dev, 0, &l));
+  /* The grid is read when the launch runs, after this write landed. */
+  const uint32_t empty[3] = {0, 1, 1};
+  test_write(dev, 0, ruda_bind(grid), empty, sizeof empty);
+  assert_ok(ruda_launch(dev, 0, &l));
+  test_read(dev, 0, ruda_bind(out), got, sizeof got);
+  for (unsigned i = 0; i < 64; i++) assert_int_equal(got[i], i < 12 ? 1 : 0);
+  /* Too short a binding fails at the call. */
+  l.indirect_grid = ruda_bind_range(grid, 0, 8);
+  assert_rc(ruda_launch(dev, 0, &l), RUDA_ERANGE);
+  gpu_sync_ok(dev, 0);
+  assert_ok(ruda_buffer_free(dev, 0, out));
+  assert_ok(ruda_buffer_free(dev, 0, grid));
+  test_close(dev);
+}
+
+/* ctest runs this case with RUDA_NVRTC pointing nowhere. */
+static void nvrtc_missing_is_clear(void **state) {
+  (void)state;
+  const char *v = getenv("RUDA_NVRTC");
+  if (v == NULL || access(v, F_OK) == 0) gpu_skip("needs RUDA_NVRTC set to a missing file");
+  ruda_device *dev = gpu_open();
+  assert_rc(ruda_kernel_source(dev, "empty", SRC_EMPTY, NULL), RUDA_ENONVRTC);
+  assert_last_error_contains(v);
+  assert_last_error_contains("\"empty\"");
+  /* The device itself still works. */
+  ruda_handle h;
+  assert_ok(ruda_buffer_create(dev, 0, 64, &h));
+  assert_ok(ruda_buffer_free(dev, 0, h));
+  test_close(dev);
+}
+
+int main(int argc, char **argv) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(axpy_matches_float64),
+      cmocka_unit_test(reduction_matches_float64),
+      cmocka_unit_test(matmul_matches_float64),
+      cmocka_unit_test(compile_error_carries_log),
+      cmocka_unit_test(missing_function_is_ekernel),
+      cmocka_unit_test(resource_limits_fail_at_the_call),
+      cmocka_unit_test(dry_run_dispatches_nothing),
+      cmocka_unit_test(bounds_checked_define),
+      cmocka_unit_test(concurrent_registrations_compile_once),
+      cmocka_unit_test(disk_cache_warm_start),
+      cmocka_unit_test(indirect_grid_read_on_the_worker),
+      cmocka_unit_test(nvrtc_missing_is_clear),
+  };
+  return gpu_main("gpu_kernels", tests, sizeof tests / sizeof tests[0], argc, argv);
+}

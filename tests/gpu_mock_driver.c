@@ -1,0 +1,840 @@
+/* gpu_mock_driver.c - a stand-in libcuda for machines without a GPU.
+ *
+ * Built as libruda_mockcuda.so and loaded by ruda through
+ * RUDA_CUDA_DRIVER, it lets the GPU tests exercise the cuda backend's own
+ * code - loading through cuGetProcAddress, limits, streams, pooled events,
+ * staging retirement, 1D/2D/3D copies, parameter passing, launch checks,
+ * faults - where no device exists. It is not a GPU model:
+ *  - "device" memory is host memory; a CUdeviceptr is a host address;
+ *  - each stream is a host thread running its operations in order, later
+ *    than they were issued (truly asynchronous, so a staging block freed
+ *    too early or a missing wait shows up as wrong data);
+ *  - kernels are C functions looked up by name (the test kernels of
+ *    gpu_common.h); any other kernel does nothing. The module image is
+ *    only searched for the kernel's name, so NVRTC (real) still has to
+ *    compile the source;
+ *  - launching "planted_fault" poisons the context: from then on syncs,
+ *    queries and new work return CUDA_ERROR_ILLEGAL_ADDRESS, as a real
+ *    illegal access does.
+ * Device properties are an H100's, with 8 GiB of memory (RUDA_MOCK_MEM).
+ */
+#include <cuda.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* ---- context-wide state ---- */
+
+static _Atomic int sticky;                /* CUresult that poisoned the context */
+static _Atomic unsigned long long mem_used;
+static unsigned long long mem_total = 8ull << 30;
+static int dummy_ctx;
+static _Thread_local CUcontext current;
+
+static pthread_mutex_t pinned_lock = PTHREAD_MUTEX_INITIALIZER;
+typedef struct range {
+  uintptr_t base;
+  size_t size;
+  struct range *next;
+} range;
+static range *pinned, *allocs;
+
+static int in_ranges(range *r, const void *p, size_t n) {
+  uintptr_t a = (uintptr_t)p;
+  pthread_mutex_lock(&pinned_lock);
+  for (; r; r = r->next)
+    if (a >= r->base && a + n <= r->base + r->size) break;
+  pthread_mutex_unlock(&pinned_lock);
+  return r != NULL;
+}
+
+static void add_range(range **list, void *p, size_t n) {
+  range *r = malloc(sizeof *r);
+  r->base = (uintptr_t)p;
+  r->size = n;
+  pthread_mutex_lock(&pinned_lock);
+  r->next = *list;
+  *list = r;
+  pthread_mutex_unlock(&pinned_lock);
+}
+
+static size_t remove_range(range **list, void *p) {
+  size_t n = 0;
+  pthread_mutex_lock(&pinned_lock);
+  for (range **pp = list; *pp; pp = &(*pp)->next)
+    if ((*pp)->base == (uintptr_t)p) {
+      range *r = *pp;
+      *pp = r->next;
+      n = r->size;
+      free(r);
+      break;
+    }
+  pthread_mutex_unlock(&pinned_lock);
+  return n;
+}
+
+/* ---- streams: a thread per stream running queued operations ---- */
+
+typedef struct op op;
+struct CUstream_st;
+struct CUevent_st {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  unsigned long long recorded, done; /* generations */
+};
+
+struct op {
+  op *next;
+  void (*run)(op *);
+  union {
+    struct {
+      void *dst;
+      const void *src;
+      size_t n;
+      void *owned; /* snapshot of pageable source, freed after */
+    } copy;
+    struct {
+      CUDA_MEMCPY3D c; /* 2D copies are stored as one-slice 3D copies */
+    } c3;
+    struct {
+      struct CUevent_st *ev;
+      unsigned long long gen;
+    } event;
+    struct {
+      const struct mock_kernel *k;
+      unsigned g[3], b[3], shared;
+      unsigned char params[128];
+    } launch;
+  } u;
+};
+
+struct CUstream_st {
+  pthread_t thread;
+  pthread_mutex_t lock;
+  pthread_cond_t cond, idle;
+  op *head, *tail;
+  int busy, stop;
+};
+
+static void *stream_main(void *p) {
+  struct CUstream_st *s = p;
+  pthread_mutex_lock(&s->lock);
+  for (;;) {
+    while (s->head == NULL && !s->stop) pthread_cond_wait(&s->cond, &s->lock);
+    if (s->head == NULL && s->stop) break;
+    op *o = s->head;
+    s->head = o->next;
+    if (s->head == NULL) s->tail = NULL;
+    s->busy = 1;
+    pthread_mutex_unlock(&s->lock);
+    o->run(o); /* runs even when poisoned: events must still complete */
+    free(o);
+    pthread_mutex_lock(&s->lock);
+    s->busy = 0;
+    if (s->head == NULL) pthread_cond_broadcast(&s->idle);
+  }
+  pthread_mutex_unlock(&s->lock);
+  return NULL;
+}
+
+static void enqueue(struct CUstream_st *s, op *o) {
+  o->next = NULL;
+  pthread_mutex_lock(&s->lock);
+  if (s->tail) s->tail->next = o;
+  else s->head = o;
+  s->tail = o;
+  pthread_cond_signal(&s->cond);
+  pthread_mutex_unlock(&s->lock);
+}
+
+static void drain(struct CUstream_st *s) {
+  pthread_mutex_lock(&s->lock);
+  while (s->head != NULL || s->busy) pthread_cond_wait(&s->idle, &s->lock);
+  pthread_mutex_unlock(&s->lock);
+}
+
+static pthread_mutex_t streams_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct CUstream_st *streams[4096];
+static int nstreams;
+
+static void drain_all(void) {
+  pthread_mutex_lock(&streams_lock);
+  for (int i = 0; i < nstreams; i++)
+    if (streams[i]) drain(streams[i]);
+  pthread_mutex_unlock(&streams_lock);
+}
+
+static op *op_new(void (*run)(op *)) {
+  op *o = calloc(1, sizeof *o);
+  o->run = run;
+  return o;
+}
+
+#define POISONED() (atomic_load(&sticky) != 0)
+
+/* ---- kernels ---- */
+
+typedef struct mock_kernel {
+  const char *name;
+  int nparams;
+  unsigned sizes[8];
+  int max_threads, static_shared;
+  void (*fn)(const unsigned g[3], const unsigned b[3], const unsigned char *params);
+} mock_kernel;
+
+static unsigned long long total_threads(const unsigned g[3], const unsigned b[3]) {
+  return (unsigned long long)g[0] * g[1] * g[2] * b[0] * b[1] * b[2];
+}
+
+#define P(type, off) (*(const type *)(params + (off)))
+#define PTR(type, off) ((type *)(uintptr_t)P(CUdeviceptr, off))
+
+static void k_axpy(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
+  unsigned n = P(unsigned, 0);
+  float a = P(float, 4);
+  const float *x = PTR(const float, 8);
+  float *y = PTR(float, 16);
+  unsigned long long t = total_threads(g, b);
+  for (unsigned long long i = 0; i < n && i < t; i++) y[i] = a * x[i] + y[i];
+}
+
+static void k_reduce_sum(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
+  (void)g, (void)b;
+  unsigned n = P(unsigned, 0);
+  const float *x = PTR(const float, 8);
+  double *out = PTR(double, 16);
+  double s = 0;
+  for (unsigned i = 0; i < n; i++) s += x[i];
+  *out += s;
+}
+
+static void k_matmul(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
+  unsigned M = P(unsigned, 0), N = P(unsigned, 4), K = P(unsigned, 8);
+  const float *A = PTR(const float, 16), *B = PTR(const float, 24);
+  float *C = PTR(float, 32);
+  unsigned rows = g[1] * b[1], cols = g[0] * b[0];
+  for (unsigned i = 0; i < M && i < rows; i++)
+    for (unsigned j = 0; j < N && j < cols; j++) {
+      float s = 0;
+      for (unsigned k = 0; k < K; k++) s += A[(size_t)i * K + k] * B[(size_t)k * N + j];
+      C[(size_t)i * N + j] = s;
+    }
+}
+
+static void k_step(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
+  unsigned n = P(unsigned, 0);
+  unsigned *buf = PTR(unsigned, 8);
+  unsigned k = P(unsigned, 16);
+  unsigned long long t = total_threads(g, b);
+  for (unsigned long long i = 0; i < n && i < t; i++) buf[i] = buf[i] == k ? k + 1 : 0xffffffffu;
+}
+
+static void k_checksum(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
+  (void)g, (void)b;
+  unsigned long long n = P(unsigned long long, 0);
+  const unsigned *w = PTR(const unsigned, 8);
+  unsigned long long *out = PTR(unsigned long long, 16);
+  unsigned long long s = 0;
+  for (unsigned long long i = 0; i < n; i++) s += (unsigned long long)w[i] * (2 * i + 1);
+  *out += s;
+}
+
+static void k_mark_blocks(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
+  (void)b;
+  unsigned *out = PTR(unsigned, 0);
+  for (unsigned long long i = 0; i < (unsigned long long)g[0] * g[1] * g[2]; i++) out[i] += 1;
+}
+
+static void k_planted_fault(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
+  (void)g, (void)b, (void)params;
+  int expected = 0;
+  atomic_compare_exchange_strong(&sticky, &expected, CUDA_ERROR_ILLEGAL_ADDRESS);
+}
+
+static void k_nop(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
+  (void)g, (void)b, (void)params;
+}
+
+static const mock_kernel kernels[] = {
+    {"axpy", 4, {4, 4, 8, 8}, 1024, 0, k_axpy},
+    {"reduce_sum", 3, {4, 8, 8}, 1024, 0, k_reduce_sum},
+    {"matmul", 6, {4, 4, 4, 8, 8, 8}, 1024, 0, k_matmul},
+    {"step", 3, {4, 8, 4}, 1024, 0, k_step},
+    {"checksum", 3, {8, 8, 8}, 1024, 0, k_checksum},
+    {"mark_blocks", 1, {8}, 1024, 0, k_mark_blocks},
+    {"planted_fault", 1, {8}, 1024, 0, k_planted_fault},
+    {"empty", 0, {0}, 1024, 0, k_nop},
+    {"static_smem", 1, {8}, 1024, 16384, k_nop},
+    {"bounded128", 1, {8}, 128, 0, k_nop},
+};
+
+/* Parameters sit at their natural alignment, as in the CUDA ABI. */
+static size_t param_offset(const mock_kernel *k, size_t i) {
+  size_t off = 0;
+  for (size_t j = 0;; j++) {
+    size_t a = k->sizes[j] < 8 ? k->sizes[j] : 8;
+    off = (off + a - 1) / a * a;
+    if (j == i) return off;
+    off += k->sizes[j];
+  }
+}
+
+struct CUfunc_st {
+  char name[128];
+  const mock_kernel *k; /* NULL: unknown, runs as a no-op */
+  int max_dyn_shared;
+};
+
+struct CUmod_st {
+  unsigned char *image;
+  size_t size;
+};
+
+/* ---- API ---- */
+
+static CUresult m_cuInit(unsigned int flags) {
+  (void)flags;
+  const char *v = getenv("RUDA_MOCK_MEM");
+  if (v && *v) mem_total = strtoull(v, NULL, 10);
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuDriverGetVersion(int *v) {
+  *v = CUDA_VERSION;
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuDeviceGet(CUdevice *d, int ordinal) {
+  if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
+  *d = 0;
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuDeviceGetCount(int *n) {
+  *n = 1;
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuDeviceGetName(char *name, int len, CUdevice d) {
+  (void)d;
+  snprintf(name, (size_t)len, "ruda mock GPU");
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuDeviceGetAttribute(int *pi, CUdevice_attribute a, CUdevice d) {
+  (void)d;
+  switch (a) {
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = 0; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = 132; break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *pi = 32; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: *pi = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: *pi = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: *pi = 64; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: *pi = 2147483647; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: *pi = 65535; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: *pi = 65535; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: *pi = 49152; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: *pi = 232448; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_PITCH: *pi = 2147483647; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuDeviceTotalMem(size_t *bytes, CUdevice d) {
+  (void)d;
+  *bytes = mem_total;
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
+  (void)d;
+  *c = (CUcontext)&dummy_ctx;
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuDevicePrimaryCtxRelease(CUdevice d) {
+  (void)d;
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuCtxSetCurrent(CUcontext c) {
+  current = c;
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuCtxGetCurrent(CUcontext *c) {
+  *c = current;
+  return CUDA_SUCCESS;
+}
+/* Calls that need a context fail without one, as the driver's do. */
+#define NEED_CTX()                                              \
+  do {                                                          \
+    if (current != (CUcontext)&dummy_ctx) return CUDA_ERROR_INVALID_CONTEXT; \
+  } while (0)
+
+static CUresult m_cuCtxSynchronize(void) {
+  NEED_CTX();
+  drain_all();
+  return atomic_load(&sticky);
+}
+static CUresult m_cuStreamCreate(CUstream *out, unsigned int flags) {
+  (void)flags;
+  NEED_CTX();
+  struct CUstream_st *s = calloc(1, sizeof *s);
+  pthread_mutex_init(&s->lock, NULL);
+  pthread_cond_init(&s->cond, NULL);
+  pthread_cond_init(&s->idle, NULL);
+  pthread_create(&s->thread, NULL, stream_main, s);
+  pthread_mutex_lock(&streams_lock);
+  streams[nstreams++] = s;
+  pthread_mutex_unlock(&streams_lock);
+  *out = s;
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuStreamDestroy(CUstream s) {
+  drain(s);
+  pthread_mutex_lock(&s->lock);
+  s->stop = 1;
+  pthread_cond_signal(&s->cond);
+  pthread_mutex_unlock(&s->lock);
+  pthread_join(s->thread, NULL);
+  pthread_mutex_lock(&streams_lock);
+  for (int i = 0; i < nstreams; i++)
+    if (streams[i] == s) streams[i] = NULL;
+  pthread_mutex_unlock(&streams_lock);
+  free(s);
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuStreamSynchronize(CUstream s) {
+  NEED_CTX();
+  drain(s);
+  return atomic_load(&sticky);
+}
+static CUresult m_cuStreamQuery(CUstream s) {
+  pthread_mutex_lock(&s->lock);
+  int idle = s->head == NULL && !s->busy;
+  pthread_mutex_unlock(&s->lock);
+  if (POISONED()) return atomic_load(&sticky);
+  return idle ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+static void run_event(op *o) {
+  struct CUevent_st *e = o->u.event.ev;
+  pthread_mutex_lock(&e->lock);
+  if (o->u.event.gen > e->done) e->done = o->u.event.gen;
+  pthread_cond_broadcast(&e->cond);
+  pthread_mutex_unlock(&e->lock);
+}
+static void run_wait_event(op *o) {
+  struct CUevent_st *e = o->u.event.ev;
+  pthread_mutex_lock(&e->lock);
+  while (e->done < o->u.event.gen) pthread_cond_wait(&e->cond, &e->lock);
+  pthread_mutex_unlock(&e->lock);
+}
+static CUresult m_cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
+  (void)flags;
+  if (POISONED()) return atomic_load(&sticky);
+  op *o = op_new(run_wait_event);
+  o->u.event.ev = e;
+  pthread_mutex_lock(&e->lock);
+  o->u.event.gen = e->recorded;
+  pthread_mutex_unlock(&e->lock);
+  enqueue(s, o);
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuEventCreate(CUevent *out, unsigned int flags) {
+  (void)flags;
+  NEED_CTX();
+  struct CUevent_st *e = calloc(1, sizeof *e);
+  pthread_mutex_init(&e->lock, NULL);
+  pthread_cond_init(&e->cond, NULL);
+  *out = e;
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuEventDestroy(CUevent e) {
+  pthread_mutex_destroy(&e->lock);
+  pthread_cond_destroy(&e->cond);
+  free(e);
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuEventRecord(CUevent e, CUstream s) {
+  if (POISONED()) return atomic_load(&sticky);
+  op *o = op_new(run_event);
+  o->u.event.ev = e;
+  pthread_mutex_lock(&e->lock);
+  o->u.event.gen = ++e->recorded;
+  pthread_mutex_unlock(&e->lock);
+  enqueue(s, o);
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuEventQuery(CUevent e) {
+  pthread_mutex_lock(&e->lock);
+  int done = e->done >= e->recorded;
+  pthread_mutex_unlock(&e->lock);
+  if (done && POISONED()) return atomic_load(&sticky);
+  return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+static CUresult m_cuEventSynchronize(CUevent e) {
+  pthread_mutex_lock(&e->lock);
+  while (e->done < e->recorded) pthread_cond_wait(&e->cond, &e->lock);
+  pthread_mutex_unlock(&e->lock);
+  return atomic_load(&sticky);
+}
+static CUresult m_cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
+  (void)a, (void)b;
+  *ms = 0;
+  return CUDA_SUCCESS;
+}
+
+static CUresult m_cuMemAlloc(CUdeviceptr *p, size_t n) {
+  NEED_CTX();
+  if (POISONED()) return atomic_load(&sticky);
+  if (n == 0) return CUDA_ERROR_INVALID_VALUE;
+  unsigned long long used = atomic_fetch_add(&mem_used, n) + n;
+  if (used > mem_total) {
+    atomic_fetch_sub(&mem_used, n);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  void *m = NULL;
+  if (posix_memalign(&m, 256, n) != 0) {
+    atomic_fetch_sub(&mem_used, n);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  add_range(&allocs, m, n);
+  *p = (CUdeviceptr)(uintptr_t)m;
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuMemFree(CUdeviceptr p) {
+  NEED_CTX();
+  /* The real cuMemFree waits for work in flight; so does this one. */
+  drain_all();
+  size_t n = remove_range(&allocs, (void *)(uintptr_t)p);
+  if (n == 0) return CUDA_ERROR_INVALID_VALUE;
+  atomic_fetch_sub(&mem_used, n);
+  free((void *)(uintptr_t)p);
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuMemGetInfo(size_t *fr, size_t *total) {
+  *total = mem_total;
+  *fr = mem_total - atomic_load(&mem_used);
+  return CUDA_SUCCESS;
+}
+/* mmap, as the driver does: memory from the process's malloc would be
+ * known to jemalloc already, and the staging arena carves its own extents
+ * out of these blocks. */
+static CUresult m_cuMemHostAlloc(void **pp, size_t n, unsigned int flags) {
+  (void)flags;
+  NEED_CTX();
+  void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  add_range(&pinned, m, n);
+  *pp = m;
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuMemFreeHost(void *p) {
+  size_t n = remove_range(&pinned, p);
+  if (n == 0) return CUDA_ERROR_INVALID_VALUE;
+  munmap(p, n);
+  return CUDA_SUCCESS;
+}
+
+static int device_range(CUdeviceptr p, size_t n) { return in_ranges(allocs, (void *)(uintptr_t)p, n); }
+
+static void run_copy(op *o) {
+  if (!POISONED()) memcpy(o->u.copy.dst, o->u.copy.src, o->u.copy.n);
+  free(o->u.copy.owned);
+}
+
+/* Async copies from pageable memory behave as the driver's do: the source
+ * is consumed before the call returns. Page-locked sources are read later,
+ * by the stream thread. */
+static CUresult copy_async(void *dst, const void *src, size_t n, CUstream s, int src_is_host) {
+  if (POISONED()) return atomic_load(&sticky);
+  op *o = op_new(run_copy);
+  o->u.copy.dst = dst;
+  o->u.copy.n = n;
+  if (src_is_host && !in_ranges(pinned, src, n)) {
+    o->u.copy.owned = malloc(n ? n : 1);
+    memcpy(o->u.copy.owned, src, n);
+    o->u.copy.src = o->u.copy.owned;
+  } else {
+    o->u.copy.src = src;
+  }
+  enqueue(s, o);
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuMemcpyHtoDAsync(CUdeviceptr d, const void *h, size_t n, CUstream s) {
+  if (!device_range(d, n)) return CUDA_ERROR_INVALID_VALUE;
+  return copy_async((void *)(uintptr_t)d, h, n, s, 1);
+}
+static CUresult m_cuMemcpyDtoHAsync(void *h, CUdeviceptr d, size_t n, CUstream s) {
+  if (!device_range(d, n)) return CUDA_ERROR_INVALID_VALUE;
+  return copy_async(h, (const void *)(uintptr_t)d, n, s, 0);
+}
+static CUresult m_cuMemcpyDtoDAsync(CUdeviceptr d, CUdeviceptr src, size_t n, CUstream s) {
+  if (!device_range(d, n) || !device_range(src, n)) return CUDA_ERROR_INVALID_VALUE;
+  return copy_async((void *)(uintptr_t)d, (const void *)(uintptr_t)src, n, s, 0);
+}
+static CUresult m_cuMemcpyHtoD(CUdeviceptr d, const void *h, size_t n) {
+  NEED_CTX();
+  drain_all();
+  if (!device_range(d, n)) return CUDA_ERROR_INVALID_VALUE;
+  memcpy((void *)(uintptr_t)d, h, n);
+  return atomic_load(&sticky);
+}
+static CUresult m_cuMemcpyDtoH(void *h, CUdeviceptr d, size_t n) {
+  NEED_CTX();
+  drain_all();
+  if (!device_range(d, n)) return CUDA_ERROR_INVALID_VALUE;
+  memcpy(h, (const void *)(uintptr_t)d, n);
+  return atomic_load(&sticky);
+}
+
+static unsigned char *addr_of(CUmemorytype t, const void *host, CUdeviceptr dev) {
+  return t == CU_MEMORYTYPE_HOST ? (unsigned char *)(uintptr_t)host : (unsigned char *)(uintptr_t)dev;
+}
+
+static void run_3d(op *o) {
+  const CUDA_MEMCPY3D *c = &o->u.c3.c;
+  if (POISONED()) return;
+  unsigned char *s = addr_of(c->srcMemoryType, c->srcHost, c->srcDevice);
+  unsigned char *d = addr_of(c->dstMemoryType, c->dstHost, c->dstDevice);
+  for (size_t z = 0; z < c->Depth; z++)
+    for (size_t y = 0; y < c->Height; y++)
+      memcpy(d + (z * c->dstHeight + y) * c->dstPitch + c->dstXInBytes,
+             s + (z * c->srcHeight + y) * c->srcPitch + c->srcXInBytes, c->WidthInBytes);
+}
+
+/* The bytes a pitched region spans, for range checks. */
+static size_t span(size_t pitch, size_t height, size_t rows, size_t depth, size_t width) {
+  if (depth == 0 || rows == 0) return 0;
+  return ((depth - 1) * height + (rows - 1)) * pitch + width;
+}
+
+static CUresult check_3d(const CUDA_MEMCPY3D *c) {
+  if (c->WidthInBytes > c->srcPitch || c->WidthInBytes > c->dstPitch) return CUDA_ERROR_INVALID_VALUE;
+  if (c->Depth > 1 && (c->srcHeight < c->Height || c->dstHeight < c->Height)) return CUDA_ERROR_INVALID_VALUE;
+  if (c->srcMemoryType == CU_MEMORYTYPE_DEVICE &&
+      !device_range(c->srcDevice, span(c->srcPitch, c->srcHeight, c->Height, c->Depth, c->WidthInBytes)))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (c->dstMemoryType == CU_MEMORYTYPE_DEVICE &&
+      !device_range(c->dstDevice, span(c->dstPitch, c->dstHeight, c->Height, c->Depth, c->WidthInBytes)))
+    return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+
+static CUresult enqueue_3d(const CUDA_MEMCPY3D *c, CUstream s) {
+  if (POISONED()) return atomic_load(&sticky);
+  CUresult r = check_3d(c);
+  if (r != CUDA_SUCCESS) return r;
+  op *o = op_new(run_3d);
+  o->u.c3.c = *c;
+  /* Pageable host sources are consumed at the call (see copy_async). */
+  if (c->srcMemoryType == CU_MEMORYTYPE_HOST) {
+    size_t n = span(c->srcPitch, c->srcHeight ? c->srcHeight : c->Height, c->Height, c->Depth, c->WidthInBytes);
+    if (!in_ranges(pinned, c->srcHost, n)) {
+      run_3d(o); /* synchronous with respect to the host, like the driver */
+      free(o);
+      return CUDA_SUCCESS;
+    }
+  }
+  enqueue(s, o);
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuMemcpy2DAsync(const CUDA_MEMCPY2D *p, CUstream s) {
+  CUDA_MEMCPY3D c;
+  memset(&c, 0, sizeof c);
+  c.srcXInBytes = p->srcXInBytes;
+  c.srcY = p->srcY;
+  c.srcMemoryType = p->srcMemoryType;
+  c.srcHost = p->srcHost;
+  c.srcDevice = p->srcDevice;
+  c.srcPitch = p->srcPitch;
+  c.srcHeight = p->Height;
+  c.dstXInBytes = p->dstXInBytes;
+  c.dstY = p->dstY;
+  c.dstMemoryType = p->dstMemoryType;
+  c.dstHost = p->dstHost;
+  c.dstDevice = p->dstDevice;
+  c.dstPitch = p->dstPitch;
+  c.dstHeight = p->Height;
+  c.WidthInBytes = p->WidthInBytes;
+  c.Height = p->Height;
+  c.Depth = 1;
+  if (p->srcY || p->dstY) return CUDA_ERROR_NOT_SUPPORTED; /* ruda never uses them */
+  return enqueue_3d(&c, s);
+}
+static CUresult m_cuMemcpy3DAsync(const CUDA_MEMCPY3D *p, CUstream s) { return enqueue_3d(p, s); }
+
+static void run_memset(op *o) {
+  if (!POISONED()) memset(o->u.copy.dst, (int)(uintptr_t)o->u.copy.src, o->u.copy.n);
+}
+static CUresult m_cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s) {
+  if (POISONED()) return atomic_load(&sticky);
+  if (!device_range(d, n)) return CUDA_ERROR_INVALID_VALUE;
+  op *o = op_new(run_memset);
+  o->u.copy.dst = (void *)(uintptr_t)d;
+  o->u.copy.src = (const void *)(uintptr_t)v;
+  o->u.copy.n = n;
+  enqueue(s, o);
+  return CUDA_SUCCESS;
+}
+
+/* A cubin is an ELF file: its size is where the section headers end. */
+static size_t image_size(const unsigned char *img) {
+  if (memcmp(img, "\177ELF", 4) == 0 && img[4] == 2) {
+    uint64_t shoff;
+    uint16_t shentsize, shnum;
+    memcpy(&shoff, img + 0x28, 8);
+    memcpy(&shentsize, img + 0x3a, 2);
+    memcpy(&shnum, img + 0x3c, 2);
+    return shoff + (size_t)shentsize * shnum;
+  }
+  return strlen((const char *)img) + 1; /* PTX */
+}
+
+static CUresult m_cuModuleLoadData(CUmodule *m, const void *image) {
+  NEED_CTX();
+  if (POISONED()) return atomic_load(&sticky);
+  struct CUmod_st *mod = calloc(1, sizeof *mod);
+  mod->size = image_size(image);
+  mod->image = malloc(mod->size);
+  memcpy(mod->image, image, mod->size);
+  *m = mod;
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuModuleUnload(CUmodule m) {
+  free(m->image);
+  free(m);
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
+  /* An ELF symbol name sits between NULs in the string table. */
+  size_t n = strlen(name);
+  int found = 0;
+  for (size_t i = 0; i + n + 1 < m->size && !found; i++)
+    found = m->image[i] == 0 && memcmp(m->image + i + 1, name, n) == 0 && m->image[i + n + 1] == 0;
+  if (!found) return CUDA_ERROR_NOT_FOUND;
+  struct CUfunc_st *fn = calloc(1, sizeof *fn);
+  snprintf(fn->name, sizeof fn->name, "%s", name);
+  for (size_t i = 0; i < sizeof kernels / sizeof *kernels; i++)
+    if (strcmp(kernels[i].name, name) == 0) fn->k = &kernels[i];
+  fn->max_dyn_shared = 49152;
+  *f = fn; /* leaked with the module: a test process is short */
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuFuncGetAttribute(int *pi, CUfunction_attribute a, CUfunction f) {
+  switch (a) {
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = f->k ? f->k->max_threads : 1024; break;
+    case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: *pi = f->k ? f->k->static_shared : 0; break;
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *pi = f->max_dyn_shared; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) {
+  if (a != CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) return CUDA_ERROR_NOT_SUPPORTED;
+  int st = f->k ? f->k->static_shared : 0;
+  if (v < 0 || v + st > 232448) return CUDA_ERROR_INVALID_VALUE;
+  f->max_dyn_shared = v;
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuFuncGetParamInfo(CUfunction f, size_t i, size_t *off, size_t *size) {
+  if (f->k == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  if (i >= (size_t)f->k->nparams) return CUDA_ERROR_INVALID_VALUE;
+  *off = param_offset(f->k, i);
+  *size = f->k->sizes[i];
+  return CUDA_SUCCESS;
+}
+
+static void run_launch(op *o) {
+  if (POISONED()) return;
+  o->u.launch.k->fn(o->u.launch.g, o->u.launch.b, o->u.launch.params);
+}
+static CUresult m_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                 unsigned bz, unsigned shared, CUstream s, void **params, void **extra) {
+  (void)extra;
+  NEED_CTX();
+  if (POISONED()) return atomic_load(&sticky);
+  if (!gx || !gy || !gz || !bx || !by || !bz || (unsigned long long)bx * by * bz > 1024)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (f->k && (unsigned long long)bx * by * bz > (unsigned)f->k->max_threads)
+    return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+  if ((int)shared > f->max_dyn_shared) return CUDA_ERROR_INVALID_VALUE;
+  if (f->k == NULL) return CUDA_SUCCESS;
+  op *o = op_new(run_launch);
+  o->u.launch.k = f->k;
+  unsigned g[3] = {gx, gy, gz}, b[3] = {bx, by, bz};
+  memcpy(o->u.launch.g, g, sizeof g);
+  memcpy(o->u.launch.b, b, sizeof b);
+  o->u.launch.shared = shared;
+  /* The driver copies parameter values at the call; so does this. */
+  for (int i = 0; i < f->k->nparams; i++)
+    memcpy(o->u.launch.params + param_offset(f->k, (size_t)i), params[i], f->k->sizes[i]);
+  enqueue(s, o);
+  return CUDA_SUCCESS;
+}
+
+static CUresult m_cuGetErrorName(CUresult r, const char **s) {
+  switch (r) {
+    case CUDA_SUCCESS: *s = "CUDA_SUCCESS"; break;
+    case CUDA_ERROR_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    case CUDA_ERROR_ILLEGAL_ADDRESS: *s = "CUDA_ERROR_ILLEGAL_ADDRESS"; break;
+    case CUDA_ERROR_NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; break;
+    case CUDA_ERROR_NOT_READY: *s = "CUDA_ERROR_NOT_READY"; break;
+    case CUDA_ERROR_INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; break;
+    case CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: *s = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"; break;
+    default: *s = "CUDA_ERROR_UNKNOWN"; return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuGetErrorString(CUresult r, const char **s) {
+  switch (r) {
+    case CUDA_ERROR_ILLEGAL_ADDRESS: *s = "an illegal memory access was encountered"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: *s = "out of memory"; break;
+    default: *s = "mock driver error"; break;
+  }
+  return CUDA_SUCCESS;
+}
+
+/* ---- cuGetProcAddress ---- */
+
+/* Each entry is checked against the declaration in <cuda.h> at compile
+ * time: a mismatched signature does not build. */
+#define MOCK_FUNCS(X)                                                                               \
+  X(cuInit) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName)             \
+  X(cuDeviceGetAttribute) X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) \
+  X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxSynchronize) X(cuStreamCreate) X(cuStreamDestroy)    \
+  X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy)   \
+  X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) X(cuEventElapsedTime) X(cuMemAlloc)        \
+  X(cuMemFree) X(cuMemGetInfo) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyHtoD) X(cuMemcpyDtoH)   \
+  X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemcpy2DAsync)                 \
+  X(cuMemcpy3DAsync) X(cuMemsetD8Async) X(cuModuleLoadData) X(cuModuleUnload)                       \
+  X(cuModuleGetFunction) X(cuFuncGetAttribute) X(cuFuncSetAttribute) X(cuLaunchKernel)             \
+  X(cuGetErrorName) X(cuGetErrorString) X(cuFuncGetParamInfo)
+
+#define MOCK_ENTRY(name) {#name, (void *)(__typeof__(&name))m_##name},
+static const struct {
+  const char *name;
+  void *fn;
+} table[] = {MOCK_FUNCS(MOCK_ENTRY)};
+
+#define MOCK_CHECK(name) static __typeof__(&name) const check_##name __attribute__((unused)) = m_##name;
+MOCK_FUNCS(MOCK_CHECK)
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status) {
+  (void)version, (void)flags;
+  for (size_t i = 0; i < sizeof table / sizeof *table; i++)
+    if (strcmp(table[i].name, symbol) == 0) {
+      *pfn = table[i].fn;
+      if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+      return CUDA_SUCCESS;
+    }
+  *pfn = NULL;
+  if (status) *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  return CUDA_ERROR_NOT_FOUND;
+}
+
+EXPORT CUresult cuDriverGetVersion(int *v) { return m_cuDriverGetVersion(v); }
