@@ -111,6 +111,9 @@ static void strided_2d_and_3d_round_trips(void **state) {
   /* Rank 5 that merges down to 2D (inner dims contiguous, unit dims). */
   ruda_copy_desc d5 = desc(h, 0, 4, 5, (uint64_t[]){9, 1, 4, 5, 6}, (uint64_t[]){400, 7, 30, 6, 1});
   strided_round_trip(dev, h, model, size, &d5, &seed);
+  /* A column: rows one element wide. */
+  ruda_copy_desc col = desc(h, 4, 4, 2, (uint64_t[]){50, 1}, (uint64_t[]){7, 1});
+  strided_round_trip(dev, h, model, size, &col, &seed);
   /* Random 2D shapes. */
   for (int i = 0; i < 20; i++) {
     uint64_t rows = 1 + gpu_rand(&seed) % 50, cols = 1 + gpu_rand(&seed) % 50;

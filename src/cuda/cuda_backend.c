@@ -75,6 +75,8 @@ ruda__cu_event *ruda__cu_record(ruda__cu_worker *w, CUresult *r) {
   e->kernel = w->last_kernel;
   e->stream = w->last_stream;
   e->seq = w->last_seq;
+  e->worker = w;
+  e->writes = w->writes; /* worker-only counter: no lock needed to read */
   return e;
 }
 
@@ -156,10 +158,12 @@ static int cu_stage_usage(void *state, ruda_staging_stats *out) {
 }
 
 void ruda__cu_retire(ruda__cu_worker *w, ruda__cu_event *ev, void *staged) {
+  pthread_mutex_lock(&w->plock);
   if (w->count == w->cap) {
     uint32_t cap = w->cap ? w->cap * 2 : 64;
     ruda__cu_pending *p = malloc(cap * sizeof *p);
     if (p == NULL) {
+      pthread_mutex_unlock(&w->plock);
       /* No room to remember it: wait here rather than leak or free early. */
       ruda__cu.cuEventSynchronize(ev->ev);
       ruda__cu_event_put(w->b, ev);
@@ -172,8 +176,23 @@ void ruda__cu_retire(ruda__cu_worker *w, ruda__cu_event *ev, void *staged) {
     w->head = 0;
     w->cap = cap;
   }
-  w->pending[(w->head + w->count) % w->cap] = (ruda__cu_pending){ev, staged};
+  w->pending[(w->head + w->count) % w->cap] = (ruda__cu_pending){ev, staged, ++w->writes};
   w->count++;
+  pthread_mutex_unlock(&w->plock);
+}
+
+/* Pops the oldest pending write (under plock) into *out. */
+static int pop_oldest(ruda__cu_worker *w, ruda__cu_pending *out) {
+  if (w->count == 0) return 0;
+  *out = w->pending[w->head];
+  w->head = (w->head + 1) % w->cap;
+  w->count--;
+  return 1;
+}
+
+static void release_pending(ruda__cu_worker *w, ruda__cu_pending *p) {
+  ruda__cu_event_put(w->b, p->ev);
+  ruda__staging_free(w->b->staging, p->staged);
 }
 
 /* Returns the staging of every write whose copy completed; non-zero while
@@ -181,17 +200,33 @@ void ruda__cu_retire(ruda__cu_worker *w, ruda__cu_event *ev, void *staged) {
  * them in order. */
 static int cu_progress(void *ws) {
   ruda__cu_worker *w = ws;
-  while (w->count > 0) {
-    ruda__cu_pending *p = &w->pending[w->head];
-    CUresult r = ruda__cu.cuEventQuery(p->ev->ev);
-    if (r == CUDA_ERROR_NOT_READY) return 1;
+  for (;;) {
+    pthread_mutex_lock(&w->plock);
+    if (w->count == 0) {
+      pthread_mutex_unlock(&w->plock);
+      return 0;
+    }
+    CUresult r = ruda__cu.cuEventQuery(w->pending[w->head].ev->ev);
+    ruda__cu_pending p;
     /* Done, or the context died (no copy will touch the block again). */
-    ruda__cu_event_put(w->b, p->ev);
-    ruda__staging_free(w->b->staging, p->staged);
-    w->head = (w->head + 1) % w->cap;
-    w->count--;
+    int done = r != CUDA_ERROR_NOT_READY && pop_oldest(w, &p);
+    pthread_mutex_unlock(&w->plock);
+    if (!done) return 1;
+    release_pending(w, &p);
   }
-  return 0;
+}
+
+void ruda__cu_retire_upto(ruda__cu_event *e) {
+  ruda__cu_worker *w = e->worker;
+  if (w == NULL) return;
+  for (;;) {
+    ruda__cu_pending p;
+    pthread_mutex_lock(&w->plock);
+    int got = w->count > 0 && w->pending[w->head].n <= e->writes && pop_oldest(w, &p);
+    pthread_mutex_unlock(&w->plock);
+    if (!got) return;
+    release_pending(w, &p);
+  }
 }
 
 /* ---- open / close ---- */
@@ -325,15 +360,18 @@ static int cu_worker_start(void *state, uint32_t index, void **wstate) {
   if (w == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_device_open: worker %u: out of host memory", index);
   w->b = b;
   w->index = index;
+  pthread_mutex_init(&w->plock, NULL);
   /* Non-blocking: no implicit ordering with the legacy default stream,
    * which other code in the process may use. */
   if ((r = ruda__cu.cuStreamCreate(&w->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
+    pthread_mutex_destroy(&w->plock);
     free(w);
     return ruda__cu_fail(r, "ruda_device_open: worker %u: cuStreamCreate", index);
   }
   w->indirect = ruda__staging_alloc(b->staging, 16);
   if (w->indirect == NULL) {
     ruda__cu.cuStreamDestroy(w->stream);
+    pthread_mutex_destroy(&w->plock);
     free(w);
     return ruda__fail(RUDA_ENOMEM, "ruda_device_open: worker %u: out of host memory", index);
   }
@@ -352,6 +390,7 @@ static void cu_worker_stop(void *state, void *ws) {
   free(w->pending);
   ruda__staging_free(w->b->staging, w->indirect);
   ruda__cu.cuStreamDestroy(w->stream);
+  pthread_mutex_destroy(&w->plock);
   free(w);
 }
 
@@ -417,7 +456,12 @@ static int cu_event_wait(void *state, void *event, ruda_error **err) {
   }
   CUresult r = ruda__cu.cuEventSynchronize(e->ev);
   ruda__cu_leave(&g);
-  if (r == CUDA_SUCCESS) return 0;
+  if (r == CUDA_SUCCESS) {
+    /* The uploads before this point are done: their staging can serve the
+     * caller's next write now rather than at the worker's next poll. */
+    ruda__cu_retire_upto(e);
+    return 0;
+  }
   ruda_error *x;
   if (ruda__cu_sticky(r)) {
     char last[200];
@@ -446,6 +490,7 @@ static int cu_event_query(void *state, void *event) {
   if (ruda__cu_enter(b, &g) != 0) return 1; /* the wait will report it */
   CUresult r = ruda__cu.cuEventQuery(((ruda__cu_event *)event)->ev);
   ruda__cu_leave(&g);
+  if (r == CUDA_SUCCESS) ruda__cu_retire_upto(event);
   return r != CUDA_ERROR_NOT_READY;
 }
 

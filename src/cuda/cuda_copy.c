@@ -60,6 +60,12 @@ static int make_plan(const ruda__layout *l, uint64_t max_pitch, plan *p, char *w
     p->width = es;
     return 0;
   }
+  /* A column (innermost extent 1) is rows of one element each. */
+  if (stride[n - 1] != es && l->shape[l->rank - 1] == 1 && n < RUDA_MAX_RANK) {
+    shape[n] = 1;
+    stride[n] = es;
+    n++;
+  }
   if (stride[n - 1] != es) {
     snprintf(why, len, "the innermost stride is %llu elements; the cuda backend copies rows with stride 1",
              (unsigned long long)(stride[n - 1] / es));

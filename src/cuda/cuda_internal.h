@@ -28,6 +28,10 @@ typedef struct ruda__cu_event {
   struct ruda__cu_event *next_all;
   const char *kernel; /* registry-owned name, alive until close */
   uint64_t stream, seq;
+  /* The worker that recorded it and how many writes it had retired-to-be
+   * then: once this event completed, so had those writes' copies. */
+  struct ruda__cu_worker *worker;
+  uint64_t writes;
 } ruda__cu_event;
 
 typedef struct ruda__cu_backend {
@@ -55,15 +59,20 @@ typedef struct ruda__cu_backend {
 typedef struct ruda__cu_pending {
   ruda__cu_event *ev;
   void *staged;
+  uint64_t n; /* the worker's write number */
 } ruda__cu_pending;
 
 typedef struct ruda__cu_worker {
   ruda__cu_backend *b;
   CUstream stream;
   uint32_t index;
-  /* FIFO of writes in flight; stream order means they finish in order. */
+  /* FIFO of writes in flight; stream order means they finish in order.
+   * The worker adds and polls; a thread that saw a later event of this
+   * stream complete (a sync's waiter) may retire them too, so the lock. */
+  pthread_mutex_t plock;
   ruda__cu_pending *pending;
   uint32_t head, count, cap;
+  uint64_t writes; /* writes queued so far */
   uint32_t *indirect; /* 16 page-locked bytes for indirect grid reads */
   /* The last launch submitted, for fault reports. */
   const char *last_kernel;
@@ -107,6 +116,9 @@ int ruda__cu_worker_fail(ruda__cu_worker *w, CUresult r, ruda_error **err, const
 
 /* Worker: keeps a write's staging block until ev shows its copy ran. */
 void ruda__cu_retire(ruda__cu_worker *w, ruda__cu_event *ev, void *staged);
+/* Any thread: e completed, so every write its worker queued before it did:
+ * return their staging now. */
+void ruda__cu_retire_upto(ruda__cu_event *e);
 
 /* cuda_copy.c */
 int ruda__cu_layout_check(void *state, const ruda__layout *l, const char *fn);

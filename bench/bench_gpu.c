@@ -1,0 +1,431 @@
+#define _GNU_SOURCE
+/* bench_gpu.c - the cuda backend beside the raw driver, in one process.
+ *
+ *   bench_gpu [-q] [-w workers] [out.csv]
+ *
+ * 1. Caller-side launch latency: one thread calls ruda_launch (an empty
+ *    kernel, grid 1, block 32) n times; the same thread then calls
+ *    cuLaunchKernel n times on a stream of its own. Each call is timed
+ *    with a calibrated TSC; the cost of a clock pair is printed and not
+ *    subtracted.
+ * 2. Sustained launches/s for 1, 2, 4, 8, 16 and 64 client threads: each
+ *    thread issues its share of the launches on its own stream and then
+ *    waits for it (ruda_sync / cuStreamSynchronize); the rate is launches
+ *    over the wall time from the start barrier to the last thread done.
+ *    ruda uses `workers` worker threads (default 4): client threads beyond
+ *    that share workers, so the number of threads calling the driver stays
+ *    at its sweet spot.
+ * 3. Upload of 512 MiB: ruda_write from pageable memory (staged, chunked),
+ *    ruda_write_staged from a staging buffer, and the raw driver's
+ *    cuMemcpyHtoD from pageable and from page-locked memory. Best and
+ *    median of 5 runs, each until the copy completed.
+ * 4. Kernel load: 20 distinct kernels registered on a device with an empty
+ *    disk cache (NVRTC), then on a fresh device over the same cache (disk),
+ *    then again on that device (memory).
+ *
+ * The raw driver is reached through ruda's own loader (dlopen of
+ * libcuda.so.1 + cuGetProcAddress), on the same primary context.
+ */
+#include <dirent.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <x86intrin.h>
+
+#include "ruda/ruda.h"
+#include "src/cuda/cuda_internal.h"
+
+/* ---- clocks ---- */
+
+static double ns_per_tick;
+
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline uint64_t tick0(void) {
+  _mm_lfence();
+  uint64_t t = __rdtsc();
+  _mm_lfence();
+  return t;
+}
+
+static inline uint64_t tick1(void) {
+  unsigned aux;
+  uint64_t t = __rdtscp(&aux);
+  _mm_lfence();
+  return t;
+}
+
+static void calibrate(void) {
+  uint64_t n0 = mono_ns(), t0 = __rdtsc();
+  while (mono_ns() - n0 < 100000000ull) {
+  }
+  uint64_t n1 = mono_ns(), t1 = __rdtsc();
+  ns_per_tick = (double)(n1 - n0) / (double)(t1 - t0);
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double pct(uint64_t *sorted, size_t n, double p) { return sorted[(size_t)(p * (double)(n - 1))] * ns_per_tick; }
+
+/* ---- output ---- */
+
+static FILE *csv;
+
+static void row(const char *section, const char *variant, int threads, const char *metric, double value,
+                const char *unit) {
+  if (csv) fprintf(csv, "%s,%s,%d,%s,%.6g,%s\n", section, variant, threads, metric, value, unit);
+}
+
+static void die(const char *what, int rc) {
+  fprintf(stderr, "bench_gpu: %s: %s: %s\n", what, ruda_err_name(rc), ruda_error_message(ruda_last_error()));
+  exit(1);
+}
+
+#define CHECK(call)                 \
+  do {                              \
+    int rc_ = (call);               \
+    if (rc_ != 0) die(#call, rc_);  \
+  } while (0)
+
+#define CU(call)                                                                    \
+  do {                                                                              \
+    CUresult r_ = (call);                                                           \
+    if (r_ != CUDA_SUCCESS) {                                                       \
+      char d_[160];                                                                 \
+      fprintf(stderr, "bench_gpu: %s: %s\n", #call, ruda__cu_describe(r_, d_, sizeof d_)); \
+      exit(1);                                                                      \
+    }                                                                               \
+  } while (0)
+
+static ruda_device *open_dev(uint32_t workers, const char *cache_dir) {
+  ruda_config cfg;
+  ruda_config_init(&cfg);
+  cfg.backend = RUDA_BACKEND_CUDA;
+  cfg.num_streams = workers;
+  cfg.queue_bound = 1u << 22;
+  cfg.log_level = RUDA_LOG_WARN;
+  cfg.cache_dir = cache_dir;
+  ruda_device *dev = NULL;
+  int rc = ruda_device_open(&cfg, &dev);
+  if (rc != 0) die("ruda_device_open(cuda)", rc);
+  return dev;
+}
+
+static const char SRC_EMPTY[] = "extern \"C\" __global__ void empty() {}\n";
+
+static CUfunction raw_function(ruda_device *dev, const char *name) {
+  ruda__kernel *k = ruda__kernel_find(dev, name);
+  return ((ruda__cu_kernel *)k->impl)->fn;
+}
+
+static CUcontext ctx_of(ruda_device *dev) {
+  void *c = NULL;
+  CHECK(ruda_cuda_context(dev, &c));
+  return (CUcontext)c;
+}
+
+/* ---- 1. latency ---- */
+
+static void latency(ruda_device *dev, size_t n) {
+  uint64_t *t = malloc(n * sizeof *t);
+  ruda_launch_desc l;
+  memset(&l, 0, sizeof l);
+  l.kernel = "empty";
+  l.grid = (ruda_dim3){1, 1, 1};
+  l.block = (ruda_dim3){32, 1, 1};
+  /* clock pair cost */
+  for (size_t i = 0; i < n; i++) {
+    uint64_t a = tick0();
+    t[i] = tick1() - a;
+  }
+  qsort(t, n, sizeof *t, cmp_u64);
+  double clk = pct(t, n, 0.5);
+  printf("clock pair: p50 %.1f ns (included in every latency below)\n", clk);
+  row("latency", "clock_pair", 1, "p50", clk, "ns");
+
+  for (int warm = 0; warm < 1000; warm++) CHECK(ruda_launch(dev, 0, &l));
+  CHECK(ruda_sync(dev, 0, NULL));
+  for (size_t i = 0; i < n; i++) {
+    uint64_t a = tick0();
+    int rc = ruda_launch(dev, 0, &l);
+    t[i] = tick1() - a;
+    if (rc != 0) die("ruda_launch", rc);
+  }
+  uint64_t s0 = mono_ns();
+  CHECK(ruda_sync(dev, 0, NULL));
+  double drain_ms = (mono_ns() - s0) / 1e6;
+  qsort(t, n, sizeof *t, cmp_u64);
+  double r50 = pct(t, n, 0.5), r99 = pct(t, n, 0.99), r999 = pct(t, n, 0.999);
+
+  CUfunction fn = raw_function(dev, "empty");
+  CU(ruda__cu.cuCtxSetCurrent(ctx_of(dev)));
+  CUstream st;
+  CU(ruda__cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+  for (int warm = 0; warm < 1000; warm++) CU(ruda__cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, st, NULL, NULL));
+  CU(ruda__cu.cuStreamSynchronize(st));
+  for (size_t i = 0; i < n; i++) {
+    uint64_t a = tick0();
+    CUresult r = ruda__cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, st, NULL, NULL);
+    t[i] = tick1() - a;
+    if (r != CUDA_SUCCESS) die("cuLaunchKernel", RUDA_ECUDA);
+  }
+  CU(ruda__cu.cuStreamSynchronize(st));
+  CU(ruda__cu.cuStreamDestroy(st));
+  qsort(t, n, sizeof *t, cmp_u64);
+  double d50 = pct(t, n, 0.5), d99 = pct(t, n, 0.99), d999 = pct(t, n, 0.999);
+
+  printf("\n1. caller-side launch latency, %zu launches, one thread (ns)\n", n);
+  printf("   %-22s %10s %10s %10s\n", "", "p50", "p99", "p99.9");
+  printf("   %-22s %10.1f %10.1f %10.1f   (worker drained the rest in %.1f ms)\n", "ruda_launch", r50, r99,
+         r999, drain_ms);
+  printf("   %-22s %10.1f %10.1f %10.1f\n", "cuLaunchKernel", d50, d99, d999);
+  row("latency", "ruda", 1, "p50", r50, "ns");
+  row("latency", "ruda", 1, "p99", r99, "ns");
+  row("latency", "ruda", 1, "p999", r999, "ns");
+  row("latency", "raw", 1, "p50", d50, "ns");
+  row("latency", "raw", 1, "p99", d99, "ns");
+  row("latency", "raw", 1, "p999", d999, "ns");
+  free(t);
+}
+
+/* ---- 2. throughput ---- */
+
+typedef struct tput_arg {
+  ruda_device *dev;
+  int raw;
+  int index;
+  size_t launches;
+  CUcontext ctx;
+  CUfunction fn;
+  pthread_barrier_t *go;
+  uint64_t done_ns;
+} tput_arg;
+
+static void *tput_main(void *p) {
+  tput_arg *a = p;
+  if (a->raw) {
+    CU(ruda__cu.cuCtxSetCurrent(a->ctx));
+    CUstream st;
+    CU(ruda__cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+    pthread_barrier_wait(a->go);
+    for (size_t i = 0; i < a->launches; i++)
+      CU(ruda__cu.cuLaunchKernel(a->fn, 1, 1, 1, 32, 1, 1, 0, st, NULL, NULL));
+    CU(ruda__cu.cuStreamSynchronize(st));
+    a->done_ns = mono_ns();
+    CU(ruda__cu.cuStreamDestroy(st));
+  } else {
+    ruda_launch_desc l;
+    memset(&l, 0, sizeof l);
+    l.kernel = "empty";
+    l.grid = (ruda_dim3){1, 1, 1};
+    l.block = (ruda_dim3){32, 1, 1};
+    ruda_stream_id s = (ruda_stream_id)a->index;
+    CHECK(ruda_sync(a->dev, s, NULL)); /* create the stream outside the timing */
+    pthread_barrier_wait(a->go);
+    for (size_t i = 0; i < a->launches; i++) CHECK(ruda_launch(a->dev, s, &l));
+    CHECK(ruda_sync(a->dev, s, NULL));
+    a->done_ns = mono_ns();
+  }
+  return NULL;
+}
+
+static double run_tput(ruda_device *dev, int raw, int threads, size_t total) {
+  pthread_t t[64];
+  tput_arg a[64];
+  pthread_barrier_t go;
+  pthread_barrier_init(&go, NULL, (unsigned)threads + 1);
+  CUfunction fn = raw_function(dev, "empty");
+  for (int i = 0; i < threads; i++) {
+    a[i] = (tput_arg){dev, raw, i, total / (size_t)threads, ctx_of(dev), fn, &go, 0};
+    pthread_create(&t[i], NULL, tput_main, &a[i]);
+  }
+  pthread_barrier_wait(&go);
+  uint64_t start = mono_ns(), end = start;
+  for (int i = 0; i < threads; i++) {
+    pthread_join(t[i], NULL);
+    if (a[i].done_ns > end) end = a[i].done_ns;
+  }
+  pthread_barrier_destroy(&go);
+  return (double)(total / (size_t)threads * (size_t)threads) / ((end - start) / 1e9);
+}
+
+static void throughput(ruda_device *dev, size_t total, uint32_t workers) {
+  static const int T[] = {1, 2, 4, 8, 16, 64};
+  printf("\n2. sustained launches/s (%zu empty launches per point; ruda with %u workers)\n", total, workers);
+  printf("   %8s %14s %14s %8s\n", "threads", "ruda", "raw driver", "ratio");
+  double best_raw = 0;
+  for (size_t i = 0; i < sizeof T / sizeof *T; i++) {
+    double raw = run_tput(dev, 1, T[i], total);
+    double r = run_tput(dev, 0, T[i], total);
+    if (raw > best_raw) best_raw = raw;
+    printf("   %8d %14.0f %14.0f %8.3f\n", T[i], r, raw, r / raw);
+    row("throughput", "ruda", T[i], "launches_per_s", r, "1/s");
+    row("throughput", "raw", T[i], "launches_per_s", raw, "1/s");
+  }
+  printf("   raw driver best: %.0f/s\n", best_raw);
+  row("throughput", "raw_best", 0, "launches_per_s", best_raw, "1/s");
+}
+
+/* ---- 3. uploads ---- */
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void report_gbs(const char *variant, double *gbs, int n) {
+  qsort(gbs, (size_t)n, sizeof *gbs, cmp_d);
+  printf("   %-36s best %6.2f  median %6.2f GB/s\n", variant, gbs[n - 1], gbs[n / 2]);
+  row("upload_512MiB", variant, 1, "best", gbs[n - 1], "GB/s");
+  row("upload_512MiB", variant, 1, "median", gbs[n / 2], "GB/s");
+}
+
+static void uploads(ruda_device *dev, int runs) {
+  const size_t n = 512u << 20;
+  unsigned char *pageable = malloc(n);
+  for (size_t i = 0; i < n; i++) pageable[i] = (unsigned char)(i * 7); /* resident */
+  ruda_handle h;
+  CHECK(ruda_buffer_create(dev, 0, n, &h));
+  ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(h));
+  uint64_t dptr;
+  CHECK(ruda_binding_device_ptr(dev, ruda_bind(h), &dptr));
+  double gbs[16];
+  printf("\n3. upload of 512 MiB (staging: %u helper copy threads + the caller)\n", ruda__staging_helpers());
+
+  CHECK(ruda_write(dev, 0, &d, pageable, n)); /* warm-up: the arena reserves its chunks */
+  CHECK(ruda_sync(dev, 0, NULL));
+  for (int r = 0; r < runs; r++) {
+    uint64_t t0 = mono_ns();
+    CHECK(ruda_write(dev, 0, &d, pageable, n));
+    CHECK(ruda_sync(dev, 0, NULL));
+    gbs[r] = n / ((mono_ns() - t0) / 1e9) / 1e9;
+  }
+  report_gbs("ruda_write (pageable via staging)", gbs, runs);
+
+  for (int r = 0; r < runs; r++) {
+    void *p;
+    CHECK(ruda_staging_alloc(dev, n, &p));
+    memset(p, r, n);
+    uint64_t t0 = mono_ns();
+    CHECK(ruda_write_staged(dev, 0, &d, p, n));
+    CHECK(ruda_sync(dev, 0, NULL));
+    gbs[r] = n / ((mono_ns() - t0) / 1e9) / 1e9;
+  }
+  report_gbs("ruda_write_staged (direct staging)", gbs, runs);
+
+  CU(ruda__cu.cuCtxSetCurrent(ctx_of(dev)));
+  for (int r = 0; r < runs; r++) {
+    uint64_t t0 = mono_ns();
+    CU(ruda__cu.cuMemcpyHtoD((CUdeviceptr)dptr, pageable, n));
+    gbs[r] = n / ((mono_ns() - t0) / 1e9) / 1e9;
+  }
+  report_gbs("cuMemcpyHtoD from pageable", gbs, runs);
+
+  void *pinned;
+  CU(ruda__cu.cuMemHostAlloc(&pinned, n, 0));
+  memcpy(pinned, pageable, n);
+  for (int r = 0; r < runs; r++) {
+    uint64_t t0 = mono_ns();
+    CU(ruda__cu.cuMemcpyHtoD((CUdeviceptr)dptr, pinned, n));
+    gbs[r] = n / ((mono_ns() - t0) / 1e9) / 1e9;
+  }
+  report_gbs("cuMemcpyHtoD from page-locked", gbs, runs);
+  CU(ruda__cu.cuMemFreeHost(pinned));
+
+  ruda_staging_stats st;
+  CHECK(ruda_staging_usage(dev, &st));
+  printf("   staging arena: %llu MiB page-locked, peak in use %llu MiB, %llu pageable fallbacks\n",
+         (unsigned long long)(st.pinned_bytes >> 20), (unsigned long long)(st.peak_bytes >> 20),
+         (unsigned long long)st.fallback_count);
+  CHECK(ruda_buffer_free(dev, 0, h));
+  CHECK(ruda_sync(dev, 0, NULL));
+  free(pageable);
+}
+
+/* ---- 4. kernel load ---- */
+
+static void load_all(ruda_device *dev, int k, double *ms) {
+  char src[256], name[32];
+  for (int i = 0; i < k; i++) {
+    snprintf(name, sizeof name, "k%d", i);
+    snprintf(src, sizeof src,
+             "extern \"C\" __global__ void k%d(float *x, unsigned n) {\n"
+             "  unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+             "  if (i < n) x[i] = x[i] * %d.0f + 1.0f;\n"
+             "}\n",
+             i, i + 2);
+    uint64_t t0 = mono_ns();
+    CHECK(ruda_kernel_source(dev, name, src, NULL));
+    ms[i] = (mono_ns() - t0) / 1e6;
+  }
+}
+
+static void kernel_load(int k) {
+  char dir[] = "/tmp/ruda-bench-cache-XXXXXX";
+  if (mkdtemp(dir) == NULL) die("mkdtemp", RUDA_EIO);
+  double cold[64], warm[64], mem[64];
+  ruda_device *a = open_dev(1, dir);
+  load_all(a, k, cold);
+  ruda_device_close(a, NULL);
+  ruda_device *b = open_dev(1, dir);
+  load_all(b, k, warm);
+  load_all(b, k, mem);
+  ruda_device_close(b, NULL);
+  qsort(cold, (size_t)k, sizeof *cold, cmp_d);
+  qsort(warm, (size_t)k, sizeof *warm, cmp_d);
+  qsort(mem, (size_t)k, sizeof *mem, cmp_d);
+  printf("\n4. kernel load, %d distinct small kernels (ms per kernel)\n", k);
+  printf("   %-30s median %8.3f  max %8.3f\n", "NVRTC compile + load", cold[k / 2], cold[k - 1]);
+  printf("   %-30s median %8.3f  max %8.3f\n", "disk cache (new device)", warm[k / 2], warm[k - 1]);
+  printf("   %-30s median %8.3f  max %8.3f\n", "in-memory cache", mem[k / 2], mem[k - 1]);
+  row("kernel_load", "nvrtc", 1, "median", cold[k / 2], "ms");
+  row("kernel_load", "disk_cache", 1, "median", warm[k / 2], "ms");
+  row("kernel_load", "disk_cache", 1, "max", warm[k - 1], "ms");
+  row("kernel_load", "memory_cache", 1, "median", mem[k / 2], "ms");
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0) fprintf(stderr, "bench_gpu: could not remove %s\n", dir);
+}
+
+int main(int argc, char **argv) {
+  int quick = 0, opt;
+  uint32_t workers = 4;
+  while ((opt = getopt(argc, argv, "qw:")) != -1) {
+    if (opt == 'q') quick = 1;
+    else if (opt == 'w') workers = (uint32_t)atoi(optarg);
+    else {
+      fprintf(stderr, "usage: bench_gpu [-q] [-w workers] [out.csv]\n");
+      return 2;
+    }
+  }
+  if (optind < argc && (csv = fopen(argv[optind], "w")) == NULL) {
+    perror(argv[optind]);
+    return 1;
+  }
+  if (csv) fprintf(csv, "section,variant,threads,metric,value,unit\n");
+  calibrate();
+  ruda_device *dev = open_dev(workers, "");
+  ruda_device_props p;
+  CHECK(ruda_device_get_props(dev, &p));
+  printf("device: %s (sm_%d%d, %u SMs, %.1f GiB), driver %d%s\n", p.name, p.cc_major, p.cc_minor, p.sm_count,
+         p.total_mem / 1073741824.0, ruda__cu.driver_version, quick ? ", quick run" : "");
+  CHECK(ruda_kernel_source(dev, "empty", SRC_EMPTY, NULL));
+  latency(dev, quick ? 20000 : 200000);
+  throughput(dev, quick ? 64000 : 640000, workers);
+  uploads(dev, quick ? 3 : 5);
+  ruda_device_close(dev, NULL);
+  kernel_load(quick ? 5 : 20);
+  if (csv) fclose(csv);
+  return 0;
+}
