@@ -26,15 +26,15 @@ void ruda__queue_push_unbounded(ruda__worker *w, ruda__cmd *cmd) {
   push(w, cmd);
 }
 
-int ruda__queue_push(ruda__worker *w, ruda__cmd *cmd) {
+int ruda__queue_admit(ruda__worker *w, ruda_stream_id stream) {
   const ruda_config *cfg = &w->dev->cfg;
   for (;;) {
     uint32_t d = atomic_fetch_add_explicit(&w->depth, 1, memory_order_relaxed);
-    if (d < cfg->queue_bound) break;
+    if (d < cfg->queue_bound) return 0;
     atomic_fetch_sub_explicit(&w->depth, 1, memory_order_relaxed);
     if (cfg->backpressure == RUDA_BACKPRESSURE_ERROR)
       return ruda__fail(RUDA_EQUEUEFULL, "stream %llu: queue of worker %u holds %u commands (bound %u)",
-                        (unsigned long long)cmd->stream->id, w->index, d, cfg->queue_bound);
+                        (unsigned long long)stream, w->index, d, cfg->queue_bound);
     /* Sleep until the worker retires a batch. Reading the count before
      * re-checking depth closes the window where the worker drains between
      * our check and our sleep. */
@@ -42,6 +42,17 @@ int ruda__queue_push(ruda__worker *w, ruda__cmd *cmd) {
     if (atomic_load_explicit(&w->depth, memory_order_relaxed) < cfg->queue_bound) continue;
     ck_ec32_wait(&w->space, &ruda__ec_mp, seen, NULL);
   }
-  push(w, cmd);
-  return 0;
+}
+
+void ruda__queue_unadmit(ruda__worker *w) {
+  atomic_fetch_sub_explicit(&w->depth, 1, memory_order_relaxed);
+  ck_ec32_inc(&w->space, &ruda__ec_mp);
+}
+
+void ruda__queue_push_admitted(ruda__worker *w, ruda__cmd *cmd) { push(w, cmd); }
+
+int ruda__queue_push(ruda__worker *w, ruda__cmd *cmd) {
+  int rc = ruda__queue_admit(w, cmd->stream->id);
+  if (rc == 0) push(w, cmd);
+  return rc;
 }

@@ -116,6 +116,13 @@ struct ruda__worker {
 int ruda__queue_push(ruda__worker *w, ruda__cmd *cmd);
 /* Pushes without the bound (close, internal markers). */
 void ruda__queue_push_unbounded(ruda__worker *w, ruda__cmd *cmd);
+/* Takes one place under the bound (per the backpressure policy) for a
+ * command pushed later with ruda__queue_push_admitted, or given back with
+ * ruda__queue_unadmit. A write split into pieces admits once, so it is
+ * either refused whole or queued whole. */
+int ruda__queue_admit(ruda__worker *w, ruda_stream_id stream);
+void ruda__queue_push_admitted(ruda__worker *w, ruda__cmd *cmd);
+void ruda__queue_unadmit(ruda__worker *w);
 
 int ruda__workers_start(struct ruda_device *dev);
 /* Runs everything queued, stops and joins every worker. */

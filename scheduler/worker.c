@@ -114,19 +114,26 @@ static void *worker_main(void *arg) {
       ruda__cpu_relax();
       continue;
     }
-    uint32_t n = 0;
+    uint32_t n = 0, unretired = 0;
     struct cds_wfcq_node *node, *next;
     __cds_wfcq_for_each_blocking_safe(&batch_head, &batch_tail, node, next) {
       ruda__cmd *cmd = caa_container_of(node, ruda__cmd, node);
       RUDA__TSAN_ACQUIRE(&cmd->node);
       if (cmd->kind == RUDA__CMD_STOP) stop = 1;
+      unretired++;
+      /* Leave the bound before completing a future, so a caller returning
+       * from flush or sync never finds its queue still counted full. */
+      if (cmd->future != NULL) {
+        atomic_fetch_sub_explicit(&w->depth, unretired, memory_order_relaxed);
+        unretired = 0;
+      }
       ruda__execute(w, cmd);
       ruda__cmd_free(cmd);
       n++;
     }
     w->executed += n;
     if (dev->ops->progress != NULL) dev->ops->progress(w->wstate);
-    atomic_fetch_sub_explicit(&w->depth, n, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&w->depth, unretired, memory_order_relaxed);
     /* Always bump: a producer that saw the queue full and is about to sleep
      * then finds the count changed. One increment per batch, not per command. */
     ck_ec32_inc(&w->space, &ruda__ec_mp);

@@ -193,13 +193,11 @@ static int write_piece(void *arg, size_t i) {
   cmd->u.write.layout.elem_size = 1;
   cmd->u.write.layout.bytes = cmd->u.write.layout.extent = n;
   cmd->u.write.layout.contiguous = 1;
-  int rc = submit(j->s, cmd);
-  if (rc != 0) {
-    dev->ops->stage_free(dev->bstate, staged);
-    ruda__cmd_free(cmd);
-    ruda__handles_unpin(&dev->handles, dev, j->h.slot, NULL);
-  }
-  return rc;
+  /* The whole write was admitted under the bound once (write_impl). */
+  cmd->stream = j->s;
+  cmd->seq = atomic_fetch_add_explicit(&j->s->seq, 1, memory_order_relaxed) + 1;
+  ruda__queue_push_unbounded(j->s->worker, cmd);
+  return 0;
 }
 
 /* user_staged: a staging buffer the caller hands over (ruda_write_staged),
@@ -223,8 +221,12 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
     goto unpin;
   }
   if (user_staged == NULL && l.contiguous && len > RUDA__WRITE_PIECE) {
+    /* Admit the write once, before any piece is staged: a full queue then
+     * refuses it whole instead of leaving part of it written. */
+    if ((rc = ruda__queue_admit(s->worker, s->id)) != 0) goto unpin;
     write_pieces j = {dev, s, dst->binding.handle, addr, src, len};
     rc = ruda__staging_parallel((len + RUDA__WRITE_PIECE - 1) / RUDA__WRITE_PIECE, write_piece, &j);
+    ruda__queue_unadmit(s->worker);
     goto unpin; /* the pieces hold their own pins */
   }
   ruda__cmd *cmd = ruda__cmd_alloc(sizeof(uint32_t));
@@ -267,8 +269,8 @@ int ruda_write_staged(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
 int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src, void *dst, size_t len,
               ruda_future **fut) {
   static const char fn[] = "ruda_read";
-  RUDA__CHECK_DEV(dev, fn);
   if (fut != NULL) *fut = NULL;
+  RUDA__CHECK_DEV(dev, fn);
   if (src == NULL || dst == NULL || fut == NULL)
     return ruda__fail(RUDA_EINVAL, "ruda_read: %s is NULL", !src ? "src" : !dst ? "dst" : "fut");
   if (len == 0) return ruda__fail(RUDA_EINVAL, "ruda_read: len is 0");

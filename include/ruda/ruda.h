@@ -200,11 +200,14 @@ static inline ruda_copy_desc ruda_copy_contiguous(ruda_binding b) {
  * src is copied before the call returns (the caller may reuse it at once);
  * the device copy runs later, in stream order. len must equal the
  * descriptor's element count times elem_size. Thread-safe, non-blocking
- * unless the queue is full under RUDA_BACKPRESSURE_BLOCK. */
+ * unless the queue is full under RUDA_BACKPRESSURE_BLOCK. A full queue
+ * refuses a write whole; after any other failure the destination's
+ * contents are unspecified. */
 RUDA_EXTERN int ruda_write(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *dst,
                            const void *src, size_t len);
 
-/* A one-shot completion: of a read, or of a sync. */
+/* A one-shot completion: of a read, or of a sync. Wait for or free every
+ * future before closing its device: a future refers to its device. */
 typedef struct ruda_future ruda_future;
 
 /* Enqueues a read of the region src into dst (len bytes, dense). dst must
