@@ -46,7 +46,7 @@ static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 uint64_t ruda__exclusive_size(uint64_t size) {
   if (size <= 4096) return round_up(size, RUDA__MEM_ALIGN);
   uint32_t e = 63u - (uint32_t)__builtin_clzll(size - 1);
-  uint64_t step = UINT64_C(1) << (e - 3);
+  uint64_t step = UINT64_C(1) << (e - 4);
   if (step < RUDA__MEM_ALIGN) step = RUDA__MEM_ALIGN;
   return round_up(size, step);
 }
@@ -303,7 +303,12 @@ static int alloc_sliced(ruda__pool *pool, uint64_t size, ruda__page **out, uint6
     }
     list_push(&c->nonfull, pg);
   }
-  if ((rc = ensure_backed(p, pg)) != 0) return rc;
+  /* Counted as used while backing it: the out-of-memory path releases
+   * unused pages of this very pool. */
+  pg->nused++;
+  rc = ensure_backed(p, pg);
+  pg->nused--;
+  if (rc != 0) return rc;
   uint32_t idx = pg->nfree ? pg->free_idx[--pg->nfree] : pg->bump++;
   if (++pg->nused == pg->nslots) list_unlink(&c->nonfull, pg);
   uint64_t off = (uint64_t)idx * pg->slot_size;
@@ -349,8 +354,13 @@ static void release(ruda__page *pg, uint64_t addr, uint64_t size) {
   pool->nallocs--;
   pool->in_use -= size;
   pool->padding -= pg->slot_size - size;
+  const int unbacked = atomic_load_explicit(&pg->base, memory_order_relaxed) == 0;
   if (pg->klass == UINT32_MAX) { /* exclusive page */
     pg->nused = 0;
+    if (unbacked) { /* a dry run's page: nothing to keep */
+      page_out(pool, pg);
+      return;
+    }
     list_push(&pool->cache, pg);
     if (++pool->ncache > KEEP_CACHED) {
       ruda__page *old = pool->cache;
@@ -368,11 +378,12 @@ static void release(ruda__page *pg, uint64_t addr, uint64_t size) {
   if (pg->nused-- == pg->nslots) list_push(&c->nonfull, pg);
   if (pg->nused > 0) return;
   /* Empty: the class keeps one page to cut from; others go to the pool's
-   * empty list, and past that to the arena. */
-  if (c->nonfull == pg && pg->next == NULL) return;
+   * empty list, and past that to the arena. Pages a dry run left without
+   * memory are dropped at once. */
+  if (c->nonfull == pg && pg->next == NULL && !unbacked) return;
   list_unlink(&c->nonfull, pg);
   pg->klass = UINT32_MAX;
-  if (pool->nempty < KEEP_EMPTY) {
+  if (pool->nempty < KEEP_EMPTY && !unbacked) {
     list_push(&pool->empty, pg);
     pool->nempty++;
   } else {
@@ -527,7 +538,8 @@ int ruda__memory_back(ruda_device *dev, void *mem, uint64_t tagged, const char *
     if (rc != 0) {
       char cause[RUDA__MSG_MAX];
       snprintf(cause, sizeof cause, "%s", ruda_error_message(ruda_last_error()));
-      return ruda__fail(RUDA_ESTORAGEMAPPING,
+      long raw = ruda_error_backend_code(ruda_last_error());
+      return ruda__fail_backend(RUDA_ESTORAGEMAPPING, raw,
                         "%s: could not back a deferred (dry-run) allocation: its %llu-byte page has "
                         "no device memory; the plan was measured against more memory than there is; "
                         "caused by %s: %.300s",
@@ -649,7 +661,7 @@ int ruda_memory_install_pools(ruda_device *dev, ruda_stream_id stream, const rud
   ruda__pools *p;
   if ((rc = pools_for(dev, stream, fn, &s, &p)) != 0) return rc;
   pthread_mutex_lock(&p->lock);
-  if (p->retired) ruda__pools_poll_retired(p);
+  ruda__pools_poll_retired(p);
   uint64_t live = 0, bytes = 0;
   for (uint32_t i = 0; i < p->npools; i++) {
     live += p->pools[i].nallocs;

@@ -217,9 +217,11 @@ static int backend_alloc(ruda_device *dev, ruda__pools *p, uint64_t size, uint64
   atomic_fetch_add(&a->backend_allocs, 1);
   rc = dev->ops->mem_alloc(dev->bstate, size, addr);
   if (rc != RUDA_EOUTOFMEMORY) return rc;
+  /* Keep the backend's own words and result (CUresult) reachable. */
   char cause[RUDA__MSG_MAX];
   snprintf(cause, sizeof cause, "%s", ruda_error_message(ruda_last_error()));
-  return ruda__fail(RUDA_EOUTOFMEMORY,
+  long raw = ruda_error_backend_code(ruda_last_error());
+  return ruda__fail_backend(RUDA_EOUTOFMEMORY, raw,
                     "%s: out of device memory for a %llu-byte page (a %llu-byte buffer), also after "
                     "releasing %llu cached bytes; %llu bytes are reserved: %.200s",
                     fn, (unsigned long long)size, (unsigned long long)request,
