@@ -493,7 +493,7 @@ void ruda__memory_retire(ruda_device *dev, void *mem, uint64_t addr, uint64_t si
   for (uint32_t w = 0; w < nw; w++)
     if (w != home && (users >> (w & 63)) & 1) {
       r->wait[r->nwait].worker = w;
-      r->wait[r->nwait].need = ruda__fence_need(dev, w);
+      r->wait[r->nwait].need = ruda__fence_need(dev, w, 1);
       r->nwait++;
     }
   /* A worker may be the caller: push without the lock, never wait on it. */

@@ -209,9 +209,11 @@ uint64_t ruda__arena_trim(struct ruda_device *dev, uint64_t keep, uint64_t wait_
 int ruda__arena_back(struct ruda_device *dev, ruda__pools *p, ruda__page *pg);
 void ruda__page_discard(struct ruda_device *dev, ruda__page *pg);
 
-/* Fences (fence_lock taken inside). need: a fence issued after now on
- * worker w; passed: whether it completed. */
-uint64_t ruda__fence_need(struct ruda_device *dev, uint32_t w);
+/* Fences (fence_lock taken inside). need: the number of a fence on
+ * worker w that follows everything pushed to w so far, or, with executed,
+ * everything w has run so far (a fence still queued then does); passed:
+ * whether it completed on the device. */
+uint64_t ruda__fence_need(struct ruda_device *dev, uint32_t w, int executed);
 int ruda__fence_passed(struct ruda_device *dev, uint32_t w, uint64_t need);
 void ruda__fence_poll_all(struct ruda_device *dev);
 

@@ -111,13 +111,24 @@ static void fence_poll(ruda_device *dev, ruda__wfence *f, uint32_t w) {
   if (f->head == NULL && f->wanted > f->created) fence_issue(dev, f, w);
 }
 
-uint64_t ruda__fence_need(ruda_device *dev, uint32_t w) {
+uint64_t ruda__fence_need(ruda_device *dev, uint32_t w, int executed) {
   ruda__memory *m = &dev->memory;
   pthread_mutex_lock(&m->fence_lock);
   ruda__wfence *f = &m->fences[w];
+  /* When every use already ran on w, a fence w has not run yet comes
+   * after them: join it. */
+  if (executed && f->tail != NULL &&
+      atomic_load_explicit(&f->tail->fut->state, memory_order_acquire) == RUDA__FUT_PENDING) {
+    uint64_t seq = f->tail->seq;
+    pthread_mutex_unlock(&m->fence_lock);
+    return seq;
+  }
   uint64_t need = f->created + 1;
   if (f->wanted < need) f->wanted = need;
-  if (f->head == NULL) fence_issue(dev, f, w);
+  /* Returned pages share one fence in flight per worker, which bounds the
+   * sync commands a burst of returns costs; retired buffers get theirs at
+   * once, so usage figures settle as soon as the workers pass them. */
+  if (executed || f->head == NULL) fence_issue(dev, f, w);
   else fence_poll(dev, f, w);
   pthread_mutex_unlock(&m->fence_lock);
   return need;
@@ -307,7 +318,7 @@ void ruda__arena_put(ruda_device *dev, ruda__page *pg, uint32_t worker) {
     return;
   }
   pg->worker = worker;
-  pg->need = ruda__fence_need(dev, worker);
+  pg->need = ruda__fence_need(dev, worker, 0);
   pg->klass = UINT32_MAX;
   ruda__arena *a = &dev->memory.arena;
   pthread_mutex_lock(&a->lock);
