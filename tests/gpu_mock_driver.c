@@ -46,9 +46,10 @@ typedef struct range {
 } range;
 static range *pinned, *allocs;
 
-static int in_ranges(range *r, const void *p, size_t n) {
+static int in_ranges(range **list, const void *p, size_t n) {
   uintptr_t a = (uintptr_t)p;
   pthread_mutex_lock(&pinned_lock);
+  range *r = *list;
   for (; r; r = r->next)
     if (a >= r->base && a + n <= r->base + r->size) break;
   pthread_mutex_unlock(&pinned_lock);
@@ -110,7 +111,7 @@ struct op {
     struct {
       const struct mock_kernel *k;
       unsigned g[3], b[3], shared;
-      unsigned char params[128];
+      unsigned char params[128] __attribute__((aligned(16)));
     } launch;
   } u;
 };
@@ -287,6 +288,7 @@ static size_t param_offset(const mock_kernel *k, size_t i) {
 }
 
 struct CUfunc_st {
+  struct CUfunc_st *next; /* the module's functions, freed with it */
   char name[128];
   const mock_kernel *k; /* NULL: unknown, runs as a no-op */
   int max_dyn_shared;
@@ -295,6 +297,7 @@ struct CUfunc_st {
 struct CUmod_st {
   unsigned char *image;
   size_t size;
+  struct CUfunc_st *funcs;
 };
 
 /* ---- API ---- */
@@ -538,7 +541,7 @@ static CUresult m_cuMemFreeHost(void *p) {
   return CUDA_SUCCESS;
 }
 
-static int device_range(CUdeviceptr p, size_t n) { return in_ranges(allocs, (void *)(uintptr_t)p, n); }
+static int device_range(CUdeviceptr p, size_t n) { return in_ranges(&allocs, (void *)(uintptr_t)p, n); }
 
 static void run_copy(op *o) {
   if (!POISONED()) memcpy(o->u.copy.dst, o->u.copy.src, o->u.copy.n);
@@ -553,7 +556,7 @@ static CUresult copy_async(void *dst, const void *src, size_t n, CUstream s, int
   op *o = op_new(run_copy);
   o->u.copy.dst = dst;
   o->u.copy.n = n;
-  if (src_is_host && !in_ranges(pinned, src, n)) {
+  if (src_is_host && !in_ranges(&pinned, src, n)) {
     o->u.copy.owned = malloc(n ? n : 1);
     memcpy(o->u.copy.owned, src, n);
     o->u.copy.src = o->u.copy.owned;
@@ -632,7 +635,7 @@ static CUresult enqueue_3d(const CUDA_MEMCPY3D *c, CUstream s) {
   /* Pageable host sources are consumed at the call (see copy_async). */
   if (c->srcMemoryType == CU_MEMORYTYPE_HOST) {
     size_t n = span(c->srcPitch, c->srcHeight ? c->srcHeight : c->Height, c->Height, c->Depth, c->WidthInBytes);
-    if (!in_ranges(pinned, c->srcHost, n)) {
+    if (!in_ranges(&pinned, c->srcHost, n)) {
       run_3d(o); /* synchronous with respect to the host, like the driver */
       free(o);
       return CUDA_SUCCESS;
@@ -704,6 +707,11 @@ static CUresult m_cuModuleLoadData(CUmodule *m, const void *image) {
   return CUDA_SUCCESS;
 }
 static CUresult m_cuModuleUnload(CUmodule m) {
+  for (struct CUfunc_st *f = m->funcs; f;) {
+    struct CUfunc_st *n = f->next;
+    free(f);
+    f = n;
+  }
   free(m->image);
   free(m);
   return CUDA_SUCCESS;
@@ -720,7 +728,11 @@ static CUresult m_cuModuleGetFunction(CUfunction *f, CUmodule m, const char *nam
   for (size_t i = 0; i < sizeof kernels / sizeof *kernels; i++)
     if (strcmp(kernels[i].name, name) == 0) fn->k = &kernels[i];
   fn->max_dyn_shared = 49152;
-  *f = fn; /* leaked with the module: a test process is short */
+  pthread_mutex_lock(&pinned_lock);
+  fn->next = m->funcs;
+  m->funcs = fn;
+  pthread_mutex_unlock(&pinned_lock);
+  *f = fn;
   return CUDA_SUCCESS;
 }
 static CUresult m_cuFuncGetAttribute(int *pi, CUfunction_attribute a, CUfunction f) {
