@@ -61,8 +61,8 @@ void ruda__staging_env(uint64_t *limit, size_t *chunk);
 /* ---- parallel copies into staging (staging_copy.c) ---- */
 
 /* Runs fn(arg, i) for i in [0, n) on the calling thread and a small pool
- * of helper threads (RUDA_COPY_THREADS, default 3 on machines with 8 or
- * more cores, else fewer), returning when all have run. The first
+ * of helper threads (RUDA_COPY_THREADS; default 5 with 16 or more cores,
+ * 3 with 8, 1 with 4, else none), returning when all have run. The first
  * failure stops the pieces not yet started and is returned, its message
  * in the caller's last error. fn must be safe to run concurrently for
  * different i. Used to fill staging for large writes, so the host copy of

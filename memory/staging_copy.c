@@ -80,7 +80,7 @@ static void *helper_main(void *unused) {
 
 static void pool_start(void) {
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  unsigned want = ncpu >= 8 ? 3 : ncpu >= 4 ? 1 : 0;
+  unsigned want = ncpu >= 16 ? 5 : ncpu >= 8 ? 3 : ncpu >= 4 ? 1 : 0;
   const char *v = getenv("RUDA_COPY_THREADS");
   if (v != NULL && *v != '\0') {
     char *end;
