@@ -15,8 +15,11 @@
 
 /* Empty sliced pages a pool keeps beside the one each class keeps. */
 #define KEEP_EMPTY 1
-/* Free exclusive pages a pool keeps for its home stream. */
+/* Free exclusive pages a pool keeps for its home stream: at most this
+ * many, and beyond the first no more bytes than a sixteenth of what the
+ * pool has in use (kept pages are memory no other stream can use). */
 #define KEEP_CACHED 4
+#define CACHE_SHARE 16
 /* Smallest slab: cuMemAlloc is slow, so small classes share 64 KiB. */
 #define SLAB_MIN (UINT64_C(64) << 10)
 /* A slab holds at least this many slots (fewer only when page_size says). */
@@ -96,11 +99,13 @@ static void build_layout(ruda__pools *p, const ruda_pool_config *layout, uint32_
 }
 
 uint32_t ruda_memory_default_pools(ruda_pool_config *pools, uint32_t cap) {
-  /* Small buffers share 2 MiB pages; medium ones up to 1 MiB get slabs of
-   * 8 slots or more (at most 16 MiB); anything larger gets its own page. */
+  /* Buffers up to 64 KiB share slabs of at least 8 slots (64 KiB to
+   * 512 KiB); anything larger gets a page of its own, sized to one of 16
+   * classes per doubling. Larger slabs would make every stream hold a
+   * half-used slab per class, which costs more than page-sized buffers. */
   static const ruda_pool_config def[] = {
-      {RUDA_POOL_SLICED, UINT64_C(32) << 10, UINT64_C(2) << 20, 0},
-      {RUDA_POOL_SLICED, UINT64_C(1) << 20, UINT64_C(16) << 20, 0},
+      {RUDA_POOL_SLICED, UINT64_C(8) << 10, UINT64_C(1) << 20, 0},
+      {RUDA_POOL_SLICED, UINT64_C(64) << 10, UINT64_C(2) << 20, 0},
       {RUDA_POOL_EXCLUSIVE, UINT64_MAX, 0, 0},
   };
   uint32_t n = sizeof def / sizeof def[0];
@@ -207,6 +212,7 @@ static void pool_release_unused(ruda__pool *pool) {
     ruda__page *pg = pool->cache;
     list_unlink(&pool->cache, pg);
     pool->ncache--;
+    pool->cache_bytes -= pg->size;
     page_out(pool, pg);
   }
   for (uint32_t i = 0; i < pool->nclasses; i++) {
@@ -251,8 +257,16 @@ static ruda__page *page_in(ruda__pool *pool, uint64_t size, uint64_t request, co
   if (p->retired || atomic_load_explicit(&p->incoming, memory_order_relaxed)) ruda__pools_poll_retired(p);
   uint64_t max = size + size / 8;
   if (pool->cfg.capacity && max > pool->cfg.capacity - pool->reserved) max = pool->cfg.capacity - pool->reserved;
-  ruda__page *pg = ruda__arena_take(p->dev, p, size, max, p->dry_depth > 0, fn, request, rc);
-  if (pg == NULL) return NULL;
+  ruda__page *pg = ruda__arena_find(p->dev, p, size, max);
+  if (pg == NULL) {
+    /* New memory is about to be taken: pages this stream keeps that did
+     * not fit go where they can be reused by others or freed first. */
+    for (uint32_t i = 0; i < p->npools; i++)
+      if (p->pools[i].cache != NULL) pool_release_unused(&p->pools[i]);
+    if (p->persistent.cache != NULL) pool_release_unused(&p->persistent);
+    pg = ruda__arena_take(p->dev, p, size, max, p->dry_depth > 0, fn, request, rc);
+    if (pg == NULL) return NULL;
+  }
   pg->pool = pool;
   note_reserved(pool, (int64_t)pg->size, atomic_load_explicit(&pg->base, memory_order_relaxed) == 0);
   return pg;
@@ -330,12 +344,14 @@ static int alloc_exclusive(ruda__pool *pool, uint64_t size, ruda__page **out, ui
       pg = e;
       list_unlink(&pool->cache, e);
       pool->ncache--;
+      pool->cache_bytes -= e->size;
       break;
     }
   if (pg == NULL && (pg = page_in(pool, want, size, "ruda_buffer_create", &rc)) == NULL) return rc;
   if ((rc = ensure_backed(p, pg)) != 0) {
     list_push(&pool->cache, pg);
     pool->ncache++;
+    pool->cache_bytes += pg->size;
     return rc;
   }
   pg->klass = UINT32_MAX;
@@ -362,11 +378,15 @@ static void release(ruda__page *pg, uint64_t addr, uint64_t size) {
       return;
     }
     list_push(&pool->cache, pg);
-    if (++pool->ncache > KEEP_CACHED) {
+    pool->ncache++;
+    pool->cache_bytes += pg->size;
+    while (pool->ncache > 1 &&
+           (pool->ncache > KEEP_CACHED || pool->cache_bytes > pool->in_use / CACHE_SHARE)) {
       ruda__page *old = pool->cache;
       while (old->next) old = old->next;
       list_unlink(&pool->cache, old);
       pool->ncache--;
+      pool->cache_bytes -= old->size;
       page_out(pool, old);
     }
     return;

@@ -77,6 +77,7 @@ typedef struct ruda__pool {
   /* Exclusive and persistent: free pages kept for the home stream. */
   ruda__page *cache;
   uint32_t ncache;
+  uint64_t cache_bytes;
   /* Figures (under the owner's lock). */
   uint64_t nallocs, in_use, padding, reserved, unbacked, pages;
   uint64_t peak_nallocs, peak_in_use, peak_reserved;
@@ -199,6 +200,8 @@ uint64_t ruda__exclusive_size(uint64_t size);
  * when virtual_ok), or NULL with *rc set. */
 ruda__page *ruda__arena_take(struct ruda_device *dev, ruda__pools *p, uint64_t size, uint64_t max_size,
                              int virtual_ok, const char *fn, uint64_t request, int *rc);
+/* Only from the arena: NULL when nothing there fits. */
+ruda__page *ruda__arena_find(struct ruda_device *dev, ruda__pools *p, uint64_t size, uint64_t max_size);
 /* Gives a page no pool holds any more back to the arena, as returned by
  * worker (its fence requested). */
 void ruda__arena_put(struct ruda_device *dev, ruda__page *pg, uint32_t worker);

@@ -16,13 +16,19 @@
 #include "../src/internal.h"
 #include "../src/sync.h"
 
-/* Free pages the arena keeps: an eighth of the pages in use, at least
- * this much. Past it, the oldest pages whose fences passed are freed. */
-#define RETAIN_MIN (UINT64_C(64) << 20)
+/* Free pages the arena keeps: a sixteenth of the pages in use, at least
+ * this much. Past it, the oldest pages whose fences passed are freed; the
+ * arena is also brought down to it before any new backend allocation, so
+ * what is reserved follows what is live instead of its history. */
+#define RETAIN_MIN (UINT64_C(32) << 20)
+#define RETAIN_SHARE 16
 /* How long an out-of-memory retry waits for workers to pass fences. */
 #define OOM_WAIT_NS (50ull * 1000 * 1000)
 /* Arena pages examined per bucket before giving up on it. */
 #define SCAN_MAX 32
+
+static ruda__page *collect(ruda_device *dev, uint64_t keep);
+static void discard_list(ruda_device *dev, ruda__page *list);
 
 static uint32_t bucket_of(uint64_t size) {
   if (size < 4096) return (uint32_t)(size / 256);
@@ -239,8 +245,13 @@ static int backend_alloc(ruda_device *dev, ruda__pools *p, uint64_t size, uint64
                     (unsigned long long)released, (unsigned long long)atomic_load(&a->backed), cause);
 }
 
-ruda__page *ruda__arena_take(ruda_device *dev, ruda__pools *p, uint64_t size, uint64_t max_size,
-                             int virtual_ok, const char *fn, uint64_t request, int *rc) {
+/* The free bytes the arena may keep. Under arena.lock. */
+static uint64_t retain(ruda__arena *a) {
+  uint64_t used = atomic_load(&a->backed) - a->free_bytes;
+  return used / RETAIN_SHARE > RETAIN_MIN ? used / RETAIN_SHARE : RETAIN_MIN;
+}
+
+ruda__page *ruda__arena_find(ruda_device *dev, ruda__pools *p, uint64_t size, uint64_t max_size) {
   ruda__arena *a = &dev->memory.arena;
   ruda__page *found = NULL;
   pthread_mutex_lock(&a->lock);
@@ -259,7 +270,20 @@ ruda__page *ruda__arena_take(ruda_device *dev, ruda__pools *p, uint64_t size, ui
     if (found) bucket_unlink(a, found);
   }
   pthread_mutex_unlock(&a->lock);
+  return found;
+}
+
+ruda__page *ruda__arena_take(ruda_device *dev, ruda__pools *p, uint64_t size, uint64_t max_size,
+                             int virtual_ok, const char *fn, uint64_t request, int *rc) {
+  ruda__page *found = ruda__arena_find(dev, p, size, max_size);
   if (found) return found;
+  ruda__arena *a = &dev->memory.arena;
+  if (!virtual_ok) {
+    pthread_mutex_lock(&a->lock);
+    ruda__page *drop = a->free_bytes > retain(a) ? collect(dev, retain(a)) : NULL;
+    pthread_mutex_unlock(&a->lock);
+    discard_list(dev, drop);
+  }
   uint64_t addr = 0;
   if (!virtual_ok && (*rc = backend_alloc(dev, p, size, request, fn, &addr)) != 0) return NULL;
   ruda__page *pg = page_new(dev, size, addr);
@@ -324,9 +348,7 @@ void ruda__arena_put(ruda_device *dev, ruda__page *pg, uint32_t worker) {
   pthread_mutex_lock(&a->lock);
   bucket_link(a, pg);
   ruda__page *drop = NULL;
-  uint64_t used = atomic_load(&a->backed) - a->free_bytes;
-  uint64_t keep = used / 8 > RETAIN_MIN ? used / 8 : RETAIN_MIN;
-  if (a->free_bytes > keep) drop = collect(dev, keep);
+  if (a->free_bytes > retain(a)) drop = collect(dev, retain(a));
   pthread_mutex_unlock(&a->lock);
   discard_list(dev, drop);
 }
