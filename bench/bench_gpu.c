@@ -1,7 +1,7 @@
 #define _GNU_SOURCE
 /* bench_gpu.c - the cuda backend beside the raw driver, in one process.
  *
- *   bench_gpu [-q] [-w workers] [out.csv]
+ *   bench_gpu [-q] [-w workers[,workers...]] [out.csv]
  *
  * 1. Caller-side launch latency: one thread calls ruda_launch (an empty
  *    kernel, grid 1, block 32) n times; the same thread then calls
@@ -12,9 +12,9 @@
  *    thread issues its share of the launches on its own stream and then
  *    waits for it (ruda_sync / cuStreamSynchronize); the rate is launches
  *    over the wall time from the start barrier to the last thread done.
- *    ruda uses `workers` worker threads (default 4): client threads beyond
- *    that share workers, so the number of threads calling the driver stays
- *    at its sweet spot.
+ *    ruda runs once per worker count given (default 4 and 8): client
+ *    threads beyond that share workers, so the number of threads calling
+ *    the driver stays at its sweet spot.
  * 3. Upload of 512 MiB: ruda_write from pageable memory (staged, chunked),
  *    ruda_write_staged from a staging buffer, and the raw driver's
  *    cuMemcpyHtoD from pageable and from page-locked memory. Best and
@@ -260,18 +260,35 @@ static double run_tput(ruda_device *dev, int raw, int threads, size_t total) {
   return (double)(total / (size_t)threads * (size_t)threads) / ((end - start) / 1e9);
 }
 
-static void throughput(ruda_device *dev, size_t total, uint32_t workers) {
+/* ruda with each worker count of the list beside the raw driver; each
+ * ruda configuration gets a device of its own. */
+static void throughput(ruda_device *raw_dev, size_t total, const uint32_t *workers, int nw) {
   static const int T[] = {1, 2, 4, 8, 16, 64};
-  printf("\n2. sustained launches/s (%zu empty launches per point; ruda with %u workers)\n", total, workers);
-  printf("   %8s %14s %14s %8s\n", "threads", "ruda", "raw driver", "ratio");
+  enum { NT = sizeof T / sizeof *T };
+  double raw[NT], r[8][NT];
+  for (int i = 0; i < NT; i++) raw[i] = run_tput(raw_dev, 1, T[i], total);
+  for (int w = 0; w < nw; w++) {
+    ruda_device *dev = open_dev(workers[w], "");
+    CHECK(ruda_kernel_source(dev, "empty", SRC_EMPTY, NULL));
+    for (int i = 0; i < NT; i++) r[w][i] = run_tput(dev, 0, T[i], total);
+    ruda_device_close(dev, NULL);
+  }
+  printf("\n2. sustained launches/s (%zu empty launches per point)\n", total);
+  printf("   %8s %14s", "threads", "raw driver");
+  for (int w = 0; w < nw; w++) printf("   ruda %2u wkrs  ratio", workers[w]);
+  printf("\n");
   double best_raw = 0;
-  for (size_t i = 0; i < sizeof T / sizeof *T; i++) {
-    double raw = run_tput(dev, 1, T[i], total);
-    double r = run_tput(dev, 0, T[i], total);
-    if (raw > best_raw) best_raw = raw;
-    printf("   %8d %14.0f %14.0f %8.3f\n", T[i], r, raw, r / raw);
-    row("throughput", "ruda", T[i], "launches_per_s", r, "1/s");
-    row("throughput", "raw", T[i], "launches_per_s", raw, "1/s");
+  for (int i = 0; i < NT; i++) {
+    if (raw[i] > best_raw) best_raw = raw[i];
+    printf("   %8d %14.0f", T[i], raw[i]);
+    row("throughput", "raw", T[i], "launches_per_s", raw[i], "1/s");
+    for (int w = 0; w < nw; w++) {
+      printf(" %14.0f %6.3f", r[w][i], r[w][i] / raw[i]);
+      char v[32];
+      snprintf(v, sizeof v, "ruda_w%u", workers[w]);
+      row("throughput", v, T[i], "launches_per_s", r[w][i], "1/s");
+    }
+    printf("\n");
   }
   printf("   raw driver best: %.0f/s\n", best_raw);
   row("throughput", "raw_best", 0, "launches_per_s", best_raw, "1/s");
@@ -399,30 +416,33 @@ static void kernel_load(int k) {
 }
 
 int main(int argc, char **argv) {
-  int quick = 0, opt;
-  uint32_t workers = 4;
+  int quick = 0, opt, nw = 0;
+  uint32_t workers[8];
   while ((opt = getopt(argc, argv, "qw:")) != -1) {
-    if (opt == 'q') quick = 1;
-    else if (opt == 'w') workers = (uint32_t)atoi(optarg);
-    else {
-      fprintf(stderr, "usage: bench_gpu [-q] [-w workers] [out.csv]\n");
+    if (opt == 'q') {
+      quick = 1;
+    } else if (opt == 'w') {
+      for (char *t = strtok(optarg, ","); t && nw < 8; t = strtok(NULL, ",")) workers[nw++] = (uint32_t)atoi(t);
+    } else {
+      fprintf(stderr, "usage: bench_gpu [-q] [-w workers[,workers...]] [out.csv]\n");
       return 2;
     }
   }
+  if (nw == 0) workers[nw++] = 4, workers[nw++] = 8;
   if (optind < argc && (csv = fopen(argv[optind], "w")) == NULL) {
     perror(argv[optind]);
     return 1;
   }
   if (csv) fprintf(csv, "section,variant,threads,metric,value,unit\n");
   calibrate();
-  ruda_device *dev = open_dev(workers, "");
+  ruda_device *dev = open_dev(workers[0], "");
   ruda_device_props p;
   CHECK(ruda_device_get_props(dev, &p));
   printf("device: %s (sm_%d%d, %u SMs, %.1f GiB), driver %d%s\n", p.name, p.cc_major, p.cc_minor, p.sm_count,
          p.total_mem / 1073741824.0, ruda__cu.driver_version, quick ? ", quick run" : "");
   CHECK(ruda_kernel_source(dev, "empty", SRC_EMPTY, NULL));
   latency(dev, quick ? 20000 : 200000);
-  throughput(dev, quick ? 64000 : 640000, workers);
+  throughput(dev, quick ? 64000 : 640000, workers, nw);
   uploads(dev, quick ? 3 : 5);
   ruda_device_close(dev, NULL);
   kernel_load(quick ? 5 : 20);
