@@ -109,6 +109,10 @@ struct ruda__worker {
   int start_code;
   struct ruda_device *dev;
   uint64_t executed; /* commands run (worker only) */
+  /* Odd while the worker sleeps with every batch it took run; read by
+   * memory/pool_arena.c to know, on a backend whose work completes when
+   * it runs, that everything pushed earlier is done. */
+  _Atomic uint32_t idle_epoch;
 } __attribute__((aligned(RUDA__CACHELINE)));
 
 /* Pushes cmd on w's queue, applying the device's backpressure policy.

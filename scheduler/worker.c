@@ -97,6 +97,7 @@ static void *worker_main(void *arg) {
     enum cds_wfcq_ret r =
         __cds_wfcq_splice_nonblocking(&batch_head, &batch_tail, &w->head, &w->tail);
     if (r == CDS_WFCQ_RET_SRC_EMPTY) {
+      atomic_fetch_add_explicit(&w->idle_epoch, 1, memory_order_seq_cst); /* odd: idle */
       /* While device work is still retiring (write staging held until its
        * copy ran), sleep only briefly so it is returned promptly. */
       if (dev->ops->progress != NULL && dev->ops->progress(w->wstate)) {
@@ -108,6 +109,7 @@ static void *worker_main(void *arg) {
       } else {
         ck_ec32_wait(&w->wake, &ruda__ec_mp, seen, NULL);
       }
+      atomic_fetch_add_explicit(&w->idle_epoch, 1, memory_order_seq_cst);
       continue;
     }
     if (r == CDS_WFCQ_RET_WOULDBLOCK) { /* a producer is mid-push */
