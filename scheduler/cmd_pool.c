@@ -1,31 +1,35 @@
-/* cmd_pool.c - command memory: per-thread caches over a shared depot.
+/* cmd_pool.c - command memory: per-thread caches with remote-free return.
  *
  * A command is allocated by a client thread and freed by a worker thread,
  * so with plain malloc every free is a remote free: glibc takes the owning
- * arena's lock for it, against the client's own mallocs, and the two
- * threads end up in futex calls on the launch path.
+ * arena's lock for it, against the client's own mallocs, and client and
+ * worker end up in futex calls on the launch path.
  *
- * Here blocks of two size classes are recycled instead. A thread that frees
- * a block chains it on a thread-local pending list; every BATCH blocks the
- * chain goes to the class's depot with one compare-and-swap. A thread that
- * allocates pops its thread-local free list and, when that is empty, takes
- * one batch from the depot, malloc'ing a new block only when the depot is
- * empty too. So the launch path makes no library call and no atomic
- * operation in BATCH-1 of BATCH commands.
+ * Here each thread has a cache, and each block of the two size classes
+ * remembers the cache it was allocated from (its owner). A worker freeing
+ * blocks chains them per owner and hands a chain back every BATCH blocks
+ * (or when the owner changes) with one compare-and-swap onto the owner's
+ * remote list. The owner allocates from its private free list and, when
+ * that is empty, takes its whole remote list with one exchange; only when
+ * both are empty does it malloc. So a launch makes no library call and no
+ * atomic operation for allocation in BATCH-1 of BATCH commands.
  *
- * The depot is a Treiber stack of batches that is only ever emptied whole
- * (one exchange): no one pops a single entry, so there is no ABA problem
- * and no double-width compare-and-swap. A taker keeps the first batch and
- * pushes the rest back; a thread that finds the depot empty meanwhile
- * mallocs, which is always correct. Memory is never returned to libc while
- * the process runs; the pool holds at most what was once in flight plus
- * one batch per thread and class. A thread that exits hands its lists to
- * the depot.
+ * The remote list is a Treiber stack that only its owner empties, and only
+ * whole, so there is no ABA problem. Blocks circulate within their owner,
+ * so one thread cannot hoard another's: the pool holds at most what each
+ * thread once had in flight, plus BATCH-1 blocks per freeing thread and
+ * class. Memory is not returned to libc while the process runs.
  *
- * Commands larger than the biggest class, and every command when built
- * with AddressSanitizer (so it still sees use-after-free of commands) or
- * for threads that start allocating while RUDA_CMD_POOL=0 is set, are
- * plain malloc blocks; a header says which kind a block is.
+ * A cache outlives its thread: at exit it goes on an idle list, with the
+ * blocks still in flight that will come home to it, and the next new
+ * thread adopts it. Caches are never freed, so a late remote free always
+ * lands in live memory. The idle list takes a mutex, on a thread's first
+ * command and at its exit only.
+ *
+ * Commands larger than the biggest class, every command when built with
+ * AddressSanitizer (so it still sees use-after-free of commands), and those
+ * of threads that started allocating while RUDA_CMD_POOL=0 was set are
+ * plain malloc blocks; the block header says which kind a block is.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -40,113 +44,123 @@
 static const size_t class_size[NCLASS] = {512, 2048};
 #define CLASS_MALLOC 0xffffffffu
 
-/* The first 16 bytes of every block: while it is allocated they say which
- * class it is (and keep the command as aligned as malloc's), while it is
- * free they link it. Lists point at block starts, not at the bodies, so
- * leak checkers see cached blocks as reachable rather than possibly lost. */
-typedef union blk {
+typedef struct cache cache;
+
+/* The 16 bytes before every command. While the block is allocated, owner
+ * says where it goes home to; while it is free, next links it. Lists point
+ * at block starts, so leak checkers see cached blocks as reachable. */
+typedef struct blk {
+  union {
+    cache *owner;
+    struct blk *next;
+  };
   uint32_t cls;
-  struct {
-    union blk *next;       /* within a batch or list; NULL ends it */
-    union blk *batch_next; /* batch heads in the depot only */
-  } link;
+  uint32_t pad;
 } blk;
 _Static_assert(sizeof(blk) == 16, "a command must start 16 bytes into its block");
 
-typedef struct depot {
-  blk *_Atomic top;
-} __attribute__((aligned(RUDA__CACHELINE))) depot;
+/* Blocks this thread freed for one other owner, not yet handed back. */
+typedef struct pending {
+  blk *head, *tail;
+  cache *owner;
+  uint32_t n;
+} pending;
 
-static depot depots[NCLASS];
+struct cache {
+  /* Written by every thread that frees this cache's blocks. */
+  blk *_Atomic remote[NCLASS] __attribute__((aligned(RUDA__CACHELINE)));
+  /* Only the thread using the cache touches the rest. */
+  blk *free[NCLASS] __attribute__((aligned(RUDA__CACHELINE)));
+  pending pend[NCLASS];
+  int pooling;
+  cache *idle_next;
+};
 
-typedef struct tcache {
-  blk *free[NCLASS]; /* ready to allocate */
-  blk *pend[NCLASS]; /* freed here, not yet in the depot */
-  uint32_t npend[NCLASS];
-  uint8_t state; /* 0 new, 1 pooling, 2 malloc only */
-} tcache;
+/* initial-exec: the pointer is one %fs-relative load on every command,
+ * with no __tls_get_addr call. Eight bytes of static TLS are affordable
+ * even when libruda is dlopen'ed. */
+static __thread cache *my __attribute__((tls_model("initial-exec")));
 
-/* initial-exec: one %fs-relative load, no __tls_get_addr call, on every
- * allocation. The cost is a few bytes of static TLS, which libruda can
- * afford even when dlopen'ed. */
-static __thread tcache tc __attribute__((tls_model("initial-exec")));
-
+static pthread_mutex_t idle_lock = PTHREAD_MUTEX_INITIALIZER;
+static cache *idle;
 static pthread_key_t exit_key;
 static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
 
-/* Pushes a chain of batches, first..last linked by batch_next. Lock-free. */
-static void depot_push(depot *d, blk *first, blk *last) {
-  blk *top = atomic_load_explicit(&d->top, memory_order_relaxed);
+/* Pushes the chain head..tail on owner's remote list. Lock-free. */
+static void give_back(cache *owner, int c, blk *head, blk *tail) {
+  blk *top = atomic_load_explicit(&owner->remote[c], memory_order_relaxed);
   do {
-    last->link.batch_next = top;
-  } while (!atomic_compare_exchange_weak_explicit(&d->top, &top, first, memory_order_release,
+    tail->next = top;
+  } while (!atomic_compare_exchange_weak_explicit(&owner->remote[c], &top, head, memory_order_release,
                                                   memory_order_relaxed));
 }
 
-static void flush_pending(tcache *t, int c) {
-  if (t->pend[c] == NULL) return;
-  depot_push(&depots[c], t->pend[c], t->pend[c]);
-  t->pend[c] = NULL;
-  t->npend[c] = 0;
+static void flush(pending *p, int c) {
+  if (p->n == 0) return;
+  give_back(p->owner, c, p->head, p->tail);
+  p->head = p->tail = NULL;
+  p->owner = NULL;
+  p->n = 0;
 }
 
 static void thread_exit(void *arg) {
-  tcache *t = arg;
-  for (int c = 0; c < NCLASS; c++) {
-    flush_pending(t, c);
-    if (t->free[c] != NULL) depot_push(&depots[c], t->free[c], t->free[c]);
-    t->free[c] = NULL;
-  }
+  cache *me = arg;
+  for (int c = 0; c < NCLASS; c++) flush(&me->pend[c], c);
+  my = NULL;
+  pthread_mutex_lock(&idle_lock);
+  me->idle_next = idle;
+  idle = me;
+  pthread_mutex_unlock(&idle_lock);
 }
 
 static void make_key(void) {
-  /* Without the key a thread's lists are lost at its exit (a leak, not an
-   * error), so a failure here only costs memory. */
+  /* Without the key an exiting thread's cache is not reused and its
+   * pending blocks stay out: memory, not correctness. */
   (void)pthread_key_create(&exit_key, thread_exit);
 }
 
-/* First pool use on this thread: choose, and arrange the hand-back. */
-static void tcache_init(tcache *t) {
+/* First command on this thread: adopt an idle cache or make one. */
+static cache *adopt(void) {
+  pthread_mutex_lock(&idle_lock);
+  cache *me = idle;
+  if (me != NULL) idle = me->idle_next;
+  pthread_mutex_unlock(&idle_lock);
+  if (me == NULL && (me = aligned_alloc(RUDA__CACHELINE, sizeof *me)) != NULL) {
+    memset(me, 0, sizeof *me);
+    for (int c = 0; c < NCLASS; c++) atomic_init(&me->remote[c], NULL);
+  }
+  if (me == NULL) return NULL;
 #if defined(__SANITIZE_ADDRESS__)
-  t->state = 2;
+  me->pooling = 0;
 #else
   const char *v = getenv("RUDA_CMD_POOL");
-  t->state = (v != NULL && strcmp(v, "0") == 0) ? 2 : 1;
+  me->pooling = !(v != NULL && strcmp(v, "0") == 0);
 #endif
-  /* Even a thread that does not pool may hold pooled blocks it freed. */
   pthread_once(&exit_once, make_key);
-  (void)pthread_setspecific(exit_key, t);
-}
-
-/* The slow path: take a batch from the depot, or malloc one block. */
-static blk *refill(tcache *t, int c) {
-  blk *got = atomic_exchange_explicit(&depots[c].top, NULL, memory_order_acquire);
-  if (got != NULL) {
-    blk *rest = got->link.batch_next;
-    if (rest != NULL) {
-      blk *last = rest;
-      while (last->link.batch_next != NULL) last = last->link.batch_next;
-      depot_push(&depots[c], rest, last);
-    }
-    t->free[c] = got->link.next;
-    return got;
-  }
-  return malloc(class_size[c]);
+  (void)pthread_setspecific(exit_key, me);
+  my = me;
+  return me;
 }
 
 ruda__cmd *ruda__cmd_alloc(size_t extra) {
-  tcache *t = &tc;
-  if (__builtin_expect(t->state == 0, 0)) tcache_init(t);
+  cache *me = my;
+  if (__builtin_expect(me == NULL, 0)) me = adopt();
   size_t need = sizeof(blk) + sizeof(ruda__cmd) + extra;
   int c = need <= class_size[0] ? 0 : need <= class_size[1] ? 1 : -1;
   blk *b;
-  if (c < 0 || t->state != 1) {
+  if (c < 0 || me == NULL || !me->pooling) {
     if (need < extra || (b = malloc(need)) == NULL) return NULL;
     b->cls = CLASS_MALLOC;
   } else {
-    b = t->free[c];
-    if (__builtin_expect(b != NULL, 1)) t->free[c] = b->link.next;
-    else if ((b = refill(t, c)) == NULL) return NULL;
+    b = me->free[c];
+    if (__builtin_expect(b != NULL, 1)) {
+      me->free[c] = b->next;
+    } else if ((b = atomic_exchange_explicit(&me->remote[c], NULL, memory_order_acquire)) != NULL) {
+      me->free[c] = b->next; /* everything freed back since the last time */
+    } else if ((b = malloc(class_size[c])) == NULL) {
+      return NULL;
+    }
+    b->owner = me;
     b->cls = (uint32_t)c;
   }
   ruda__cmd *cmd = (ruda__cmd *)(b + 1);
@@ -164,12 +178,25 @@ void ruda__cmd_free(ruda__cmd *cmd) {
     free(b);
     return;
   }
-  tcache *t = &tc;
-  if (__builtin_expect(t->state == 0, 0)) tcache_init(t);
-  /* A thread that does not pool (RUDA_CMD_POOL=0) may still free pooled
-   * blocks that other threads allocated; they go back the same way. */
   int c = (int)b->cls;
-  b->link.next = t->pend[c];
-  t->pend[c] = b;
-  if (++t->npend[c] == BATCH) flush_pending(t, c);
+  cache *owner = b->owner;
+  cache *me = my;
+  if (__builtin_expect(me == NULL, 0) && (me = adopt()) == NULL) {
+    give_back(owner, c, b, b); /* no cache of our own: return it alone */
+    return;
+  }
+  if (owner == me) { /* freed by its own thread (a failed call) */
+    b->next = me->free[c];
+    me->free[c] = b;
+    return;
+  }
+  pending *p = &me->pend[c];
+  if (p->owner != owner) {
+    flush(p, c);
+    p->owner = owner;
+    p->tail = b;
+  }
+  b->next = p->head;
+  p->head = b;
+  if (++p->n == BATCH) flush(p, c);
 }
