@@ -170,6 +170,36 @@ static const char *const SRC_BOUNDS =
     "#endif\n"
     "extern \"C\" __global__ void bounds_any(int *p) { p[0] = 2; }\n";
 
+/* A 32x32 float tile through the tensor memory accelerator: one thread
+ * issues cp.async.bulk.tensor into shared memory, completing on an
+ * mbarrier, then the block copies the tile out. The map's type is
+ * declared here (NVRTC has no <cuda.h>): 128 opaque bytes. */
+static const char *const SRC_TMA =
+    "struct __align__(64) tmap_t { unsigned long long v[16]; };\n"
+    "extern \"C\" __global__ void tma_copy(const __grid_constant__ tmap_t map, float *out, int x0, int y0) {\n"
+    "  __shared__ __align__(128) float tile[32 * 32];\n"
+    "  __shared__ __align__(8) unsigned long long bar;\n"
+    "  unsigned tile_s = (unsigned)__cvta_generic_to_shared(tile);\n"
+    "  unsigned bar_s = (unsigned)__cvta_generic_to_shared(&bar);\n"
+    "  if (threadIdx.x == 0) {\n"
+    "    asm volatile(\"mbarrier.init.shared::cta.b64 [%0], 1;\" :: \"r\"(bar_s) : \"memory\");\n"
+    "    asm volatile(\"fence.mbarrier_init.release.cluster;\" ::: \"memory\");\n"
+    "    asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");\n"
+    "  }\n"
+    "  __syncthreads();\n"
+    "  if (threadIdx.x == 0) {\n"
+    "    asm volatile(\"mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\"\n"
+    "                 :: \"r\"(bar_s), \"r\"(32 * 32 * 4) : \"memory\");\n"
+    "    asm volatile(\"cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes\"\n"
+    "                 \" [%0], [%1, {%2, %3}], [%4];\"\n"
+    "                 :: \"r\"(tile_s), \"l\"(&map), \"r\"(x0), \"r\"(y0), \"r\"(bar_s) : \"memory\");\n"
+    "  }\n"
+    "  asm volatile(\"{\\n .reg .pred p;\\n WAIT_%=:\\n\"\n"
+    "               \" mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\\n\"\n"
+    "               \" @!p bra WAIT_%=;\\n}\" :: \"r\"(bar_s) : \"memory\");\n"
+    "  for (unsigned i = threadIdx.x; i < 32 * 32; i += blockDim.x) out[i] = tile[i];\n"
+    "}\n";
+
 /* ---- inputs and references ---- */
 
 static inline uint64_t gpu_seed(void) {

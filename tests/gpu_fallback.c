@@ -51,6 +51,14 @@ static void auto_falls_back_to_host(void **state) {
   ruda_staging_stats st;
   assert_rc(ruda_staging_usage(dev, &st), RUDA_ENOBACKEND);
   assert_rc(ruda_kernel_source(dev, "k", "extern \"C\" __global__ void k() {}", NULL), RUDA_ENOBACKEND);
+  ruda_handle h;
+  assert_ok(ruda_buffer_create(dev, 0, 4096, &h));
+  ruda_tensor_map_desc d;
+  memset(&d, 0, sizeof d);
+  d.rank = 1, d.data_type = 7, d.shape[0] = 16, d.strides[0] = 1, d.box[0] = 16;
+  ruda_tensor_map m;
+  assert_rc(ruda_tensor_map_encode(dev, ruda_bind(h), &d, &m), RUDA_ENOBACKEND);
+  assert_ok(ruda_buffer_free(dev, 0, h));
   test_close(dev);
 }
 

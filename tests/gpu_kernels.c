@@ -409,6 +409,68 @@ static void indirect_grid_read_on_the_worker(void **state) {
   test_close(dev);
 }
 
+static void tensor_map_tiled_copy(void **state) {
+  (void)state;
+  ruda_device *dev = gpu_open();
+  ruda_device_props p;
+  assert_ok(ruda_device_get_props(dev, &p));
+  if (p.cc_major < 9) gpu_skip("tensor maps need compute capability 9.0 (device has %d.%d)", p.cc_major, p.cc_minor);
+  enum { H = 48, W = 64, T = 32 };
+  float m[H * W], got[T * T];
+  uint64_t seed = gpu_seed();
+  gpu_fill(m, H * W, &seed);
+  ruda_handle hm, ho;
+  assert_ok(ruda_buffer_create(dev, 0, sizeof m, &hm));
+  assert_ok(ruda_buffer_create(dev, 0, sizeof got, &ho));
+  test_write(dev, 0, ruda_bind(hm), m, sizeof m);
+  ruda_tensor_map_desc d;
+  memset(&d, 0, sizeof d);
+  d.format = RUDA_TENSOR_MAP_TILED;
+  d.data_type = 7; /* CU_TENSOR_MAP_DATA_TYPE_FLOAT32 */
+  d.rank = 2;
+  d.shape[0] = H, d.shape[1] = W;
+  d.strides[0] = W, d.strides[1] = 1;
+  d.box[0] = T, d.box[1] = T;
+  ruda_tensor_map map;
+  assert_ok(ruda_tensor_map_encode(dev, ruda_bind(hm), &d, &map));
+  assert_ok(ruda_kernel_source(dev, "tma_copy", SRC_TMA, NULL));
+  /* An inner tile, then one hanging over the bottom edge (zero fill). */
+  const int corners[2][2] = {{32, 16}, {0, 32}};
+  for (int c = 0; c < 2; c++) {
+    const int x0 = corners[c][0], y0 = corners[c][1];
+    ruda_arg args[] = {ruda_arg_tensor_map(&map), ruda_arg_buffer(ruda_bind(ho)), ruda_arg_scalar(&x0, 4),
+                       ruda_arg_scalar(&y0, 4)};
+    ruda_launch_desc l;
+    memset(&l, 0, sizeof l);
+    l.kernel = "tma_copy";
+    l.grid = (ruda_dim3){1, 1, 1};
+    l.block = (ruda_dim3){128, 1, 1};
+    l.args = args;
+    l.nargs = 4;
+    assert_ok(ruda_launch(dev, 0, &l));
+    test_read(dev, 0, ruda_bind(ho), got, sizeof got);
+    for (int y = 0; y < T; y++)
+      for (int x = 0; x < T; x++) {
+        float want = y0 + y < H && x0 + x < W ? m[(y0 + y) * W + x0 + x] : 0.0f;
+        if (got[y * T + x] != want)
+          fail_msg("tile at (%d,%d): [%d][%d] = %g, expected %g", x0, y0, y, x, got[y * T + x], want);
+      }
+  }
+  /* Refusals: a row stride the TMA cannot take, a tensor past the binding. */
+  ruda_tensor_map_desc bad = d;
+  bad.shape[1] = 3, bad.strides[0] = 3, bad.box[1] = 3; /* 12-byte rows */
+  assert_rc(ruda_tensor_map_encode(dev, ruda_bind(hm), &bad, &map), RUDA_EINVAL);
+  bad = d;
+  bad.shape[0] = H + 1;
+  assert_rc(ruda_tensor_map_encode(dev, ruda_bind(hm), &bad, &map), RUDA_ERANGE);
+  bad = d;
+  bad.strides[1] = 2;
+  assert_rc(ruda_tensor_map_encode(dev, ruda_bind(hm), &bad, &map), RUDA_EINVAL);
+  assert_ok(ruda_buffer_free(dev, 0, hm));
+  assert_ok(ruda_buffer_free(dev, 0, ho));
+  test_close(dev);
+}
+
 /* ctest runs this case with RUDA_NVRTC pointing nowhere. */
 static void nvrtc_missing_is_clear(void **state) {
   (void)state;
@@ -438,6 +500,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(concurrent_registrations_compile_once),
       cmocka_unit_test(disk_cache_warm_start),
       cmocka_unit_test(indirect_grid_read_on_the_worker),
+      cmocka_unit_test(tensor_map_tiled_copy),
       cmocka_unit_test(nvrtc_missing_is_clear),
   };
   return gpu_main("gpu_kernels", tests, sizeof tests / sizeof tests[0], argc, argv);

@@ -111,7 +111,7 @@ struct op {
     struct {
       const struct mock_kernel *k;
       unsigned g[3], b[3], shared;
-      unsigned char params[128] __attribute__((aligned(16)));
+      unsigned char params[512] __attribute__((aligned(16)));
     } launch;
   } u;
 };
@@ -259,6 +259,35 @@ static void k_planted_fault(const unsigned g[3], const unsigned b[3], const unsi
   atomic_compare_exchange_strong(&sticky, &expected, CUDA_ERROR_ILLEGAL_ADDRESS);
 }
 
+/* Tensor maps: this mock's encoding of a tiled map (see
+ * m_cuTensorMapEncodeTiled); a real map is opaque. */
+#define TMAP_MAGIC 0x70616d74u
+typedef struct mock_tmap {
+  uint32_t magic, rank, elem, oob;
+  uint64_t addr;
+  uint64_t dim[5], stride[5]; /* innermost first; stride[0] = elem */
+  uint32_t box[5];
+} mock_tmap; /* must fit the map's 128 bytes */
+_Static_assert(sizeof(mock_tmap) <= 128, "mock tensor map too big");
+
+/* tma_copy(map, out, x0, y0): the 2D box at (x0, y0) into out, zeros
+ * outside the tensor. */
+static void k_tma_copy(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
+  (void)g, (void)b;
+  const mock_tmap *m = (const mock_tmap *)params;
+  float *out = PTR(float, 128);
+  int x0 = P(int, 136), y0 = P(int, 140);
+  if (m->magic != TMAP_MAGIC) return;
+  for (uint32_t y = 0; y < m->box[1]; y++)
+    for (uint32_t x = 0; x < m->box[0]; x++) {
+      long long gx = x0 + (long long)x, gy = y0 + (long long)y;
+      float v = 0;
+      if (gx >= 0 && gy >= 0 && (uint64_t)gx < m->dim[0] && (uint64_t)gy < m->dim[1])
+        memcpy(&v, (const unsigned char *)(uintptr_t)m->addr + gy * m->stride[1] + gx * m->elem, 4);
+      out[y * m->box[0] + x] = v;
+    }
+}
+
 static void k_nop(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
   (void)g, (void)b, (void)params;
 }
@@ -274,6 +303,7 @@ static const mock_kernel kernels[] = {
     {"empty", 0, {0}, 1024, 0, k_nop},
     {"static_smem", 1, {8}, 1024, 16384, k_nop},
     {"bounded128", 1, {8}, 128, 0, k_nop},
+    {"tma_copy", 4, {128, 8, 4, 4}, 1024, 4096 + 8, k_tma_copy},
 };
 
 /* Parameters sit at their natural alignment, as in the CUDA ABI. */
@@ -787,6 +817,35 @@ static CUresult m_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigne
   return CUDA_SUCCESS;
 }
 
+static CUresult m_cuTensorMapEncodeTiled(CUtensorMap *map, CUtensorMapDataType type, cuuint32_t rank, void *addr,
+                                         const cuuint64_t *dim, const cuuint64_t *strides, const cuuint32_t *box,
+                                         const cuuint32_t *estrides, CUtensorMapInterleave il, CUtensorMapSwizzle sw,
+                                         CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
+  (void)estrides, (void)il, (void)sw, (void)l2;
+  static const uint32_t sizes[] = {1, 2, 4, 4, 8, 8, 2, 4, 8, 2, 4, 4, 4};
+  /* The driver's documented requirements, the ones tests touch. */
+  if (rank < 1 || rank > 5 || (unsigned)type >= 13 || ((uintptr_t)addr & 15) || ((uintptr_t)map & 63))
+    return CUDA_ERROR_INVALID_VALUE;
+  mock_tmap m;
+  memset(&m, 0, sizeof m);
+  m.magic = TMAP_MAGIC;
+  m.addr = (uintptr_t)addr;
+  m.rank = rank;
+  m.elem = sizes[type];
+  m.oob = oob;
+  for (cuuint32_t i = 0; i < rank; i++) {
+    if (box[i] == 0 || box[i] > 256) return CUDA_ERROR_INVALID_VALUE;
+    m.dim[i] = dim[i];
+    m.box[i] = box[i];
+    m.stride[i] = i == 0 ? m.elem : strides[i - 1];
+    if (i > 0 && (strides[i - 1] % 16 != 0)) return CUDA_ERROR_INVALID_VALUE;
+  }
+  if ((box[0] * m.elem) % 16 != 0) return CUDA_ERROR_INVALID_VALUE;
+  memset(map, 0, sizeof *map);
+  memcpy(map, &m, sizeof m);
+  return CUDA_SUCCESS;
+}
+
 static CUresult m_cuGetErrorName(CUresult r, const char **s) {
   switch (r) {
     case CUDA_SUCCESS: *s = "CUDA_SUCCESS"; break;
@@ -824,7 +883,7 @@ static CUresult m_cuGetErrorString(CUresult r, const char **s) {
   X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemcpy2DAsync)                 \
   X(cuMemcpy3DAsync) X(cuMemsetD8Async) X(cuModuleLoadData) X(cuModuleUnload)                       \
   X(cuModuleGetFunction) X(cuFuncGetAttribute) X(cuFuncSetAttribute) X(cuLaunchKernel)             \
-  X(cuGetErrorName) X(cuGetErrorString) X(cuFuncGetParamInfo)
+  X(cuGetErrorName) X(cuGetErrorString) X(cuFuncGetParamInfo) X(cuTensorMapEncodeTiled)
 
 #define MOCK_ENTRY(name) {#name, (void *)(__typeof__(&name))m_##name},
 static const struct {

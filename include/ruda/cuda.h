@@ -140,6 +140,59 @@ RUDA_EXTERN int ruda_cuda_context(ruda_device *dev, void **cu_context);
  * non-blocking. */
 RUDA_EXTERN int ruda_binding_device_ptr(ruda_device *dev, ruda_binding b, uint64_t *addr);
 
+/* ------------------------------------------------------------------ */
+/* Tensor maps (Hopper TMA)                                            */
+/* ------------------------------------------------------------------ */
+
+/* The reference's TensorMapBinding: a tensor in a buffer, described for
+ * the bulk tensor copies (cp.async.bulk.tensor) of compute capability 9.0+.
+ * Shapes, strides and boxes are row-major like ruda_copy_desc (the last
+ * dimension is the contiguous one, strides in elements, the last stride
+ * 1); ruda converts them to the driver's innermost-first order. The enum
+ * fields take the values of the driver's CUtensorMap* enums (0 is
+ * "none"/"uint8" in each). */
+typedef enum ruda_tensor_map_format {
+  RUDA_TENSOR_MAP_TILED = 0, /* cuTensorMapEncodeTiled */
+  RUDA_TENSOR_MAP_IM2COL = 1 /* cuTensorMapEncodeIm2col */
+} ruda_tensor_map_format;
+
+typedef struct ruda_tensor_map_desc {
+  ruda_tensor_map_format format;
+  int data_type;             /* CUtensorMapDataType, e.g. 7 = float32 */
+  uint32_t rank;             /* 1..5; im2col 3..5 */
+  uint64_t shape[5];         /* elements per dimension */
+  uint64_t strides[5];       /* elements; strides[rank-1] must be 1 */
+  uint32_t box[5];           /* tiled: the box one copy moves, per dim */
+  uint32_t elem_strides[5];  /* traversal strides (im2col: kernel strides); 0 means 1 */
+  int lower_corner[3];       /* im2col: box corners of the rank-2 spatial dims */
+  int upper_corner[3];
+  uint32_t channels_per_pixel; /* im2col */
+  uint32_t pixels_per_column;  /* im2col */
+  int interleave, swizzle, l2_promotion, oob_fill; /* CUtensorMap* values */
+} ruda_tensor_map_desc;
+
+/* An encoded map: 128 opaque bytes, passed to a kernel by value. */
+typedef struct ruda_tensor_map {
+  uint64_t opaque[16];
+} __attribute__((aligned(128))) ruda_tensor_map;
+
+/* Encodes a map of the tensor d describes in binding b. The map holds the
+ * buffer's device address: like a pointer from ruda_binding_device_ptr it
+ * stays valid while the buffer lives, so free the buffer only after the
+ * launches using the map (ruda orders them if they are on the freeing
+ * stream). RUDA_ERANGE when the tensor spans past the binding, RUDA_EINVAL
+ * for a descriptor the driver refuses (its CUresult in the backend code),
+ * RUDA_ENOBACKEND on the host backend or a driver without tensor maps.
+ * Thread-safe, non-blocking. */
+RUDA_EXTERN int ruda_tensor_map_encode(ruda_device *dev, ruda_binding b, const ruda_tensor_map_desc *d,
+                                       ruda_tensor_map *out);
+
+/* A kernel argument passing m by value (a `const __grid_constant__
+ * CUtensorMap` parameter). */
+static inline ruda_arg ruda_arg_tensor_map(const ruda_tensor_map *m) {
+  return ruda_arg_scalar(m->opaque, (uint32_t)sizeof m->opaque);
+}
+
 /* The full NVRTC log of this thread's last failed kernel compilation (the
  * error message holds only its start), or "" when none failed. Valid until
  * the thread's next compilation. */
