@@ -38,7 +38,7 @@ void ruda_config_init(ruda_config *cfg) {
     else if (!strcasecmp(v, "auto")) cfg->backend = RUDA_BACKEND_AUTO;
     else fprintf(stderr, "ruda: ignoring RUDA_BACKEND=%s (auto|cuda|host)\n", v);
   }
-  uint32_t u;
+  uint32_t u = 0;
   if (env_u32("RUDA_DEVICE", &u) > 0) cfg->device_ordinal = (int)u;
   if (env_u32("RUDA_STREAMS", &u) < 0) fprintf(stderr, "ruda: ignoring malformed RUDA_STREAMS\n");
   else if (getenv("RUDA_STREAMS") && *getenv("RUDA_STREAMS")) cfg->num_streams = u;

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs on the lent GPU machine (see /work/.library/device): every test
+# binary and benchmark of a build made here with -DRUDA_STATIC_DEPS=ON and
+# carried as build-gpu. Logs go to $OUT; a summary table is printed last.
+#   tools/gpu_run.sh [tests|bench|all]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+what="${1:-all}"
+B=build-gpu
+OUT="${OUT:-/tmp/ruda-gpu-out}"
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$PWD/$B/tests:$PWD/$B:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export RUDA_CACHE_DIR="/tmp/ruda-cache"
+# Never use NVLink multicast on the shared host.
+export NCCL_NVLS_ENABLE=0
+summary="$OUT/summary.txt"
+: >"$summary"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; date -u; } \
+  >"$OUT/machine.txt" 2>&1
+
+run() { # name timeout cmd...
+  local name="$1" t="$2"; shift 2
+  local start=$SECONDS
+  timeout "$t" "$@" >>"$OUT/$name.log" 2>&1
+  local rc=$?
+  printf '%-28s rc=%-3s %4ss\n' "$name" "$rc" "$((SECONDS - start))" | tee -a "$summary"
+}
+
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  run demo 60 "$B/examples/ruda_demo"
+  for t in "$B"/tests/gpu_* "$B"/tests/unit_* "$B"/tests/integration_*; do
+    [ -x "$t" ] && [ -f "$t" ] || continue
+    run "$(basename "$t")" 240 "$t"
+  done
+  run stress_order 120 "$B/tests/stress_order" -p 8 -s 8 -w 8 -n 1000000
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  run bench_gpu 420 "$B/bench/bench_gpu" "$OUT/bench_gpu.csv"
+  run bench_memory 120 "$B/bench/bench_memory"
+  run bench_enqueue 120 "$B/bench/bench_enqueue"
+fi
+echo "== summary"; cat "$summary"
