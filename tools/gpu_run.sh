@@ -18,10 +18,13 @@ summary="$OUT/summary.txt"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; date -u; } \
   >"$OUT/machine.txt" 2>&1
 
+# At most 8 files come back from $OUT, so logs are grouped: tests.log, bench.log.
 run() { # name timeout cmd...
   local name="$1" t="$2"; shift 2
-  local start=$SECONDS
-  timeout "$t" "$@" >>"$OUT/$name.log" 2>&1
+  local start=$SECONDS log="$OUT/tests.log"
+  case "$name" in bench*) log="$OUT/bench.log" ;; esac
+  echo "==== $name: $*" >>"$log"
+  timeout "$t" "$@" >>"$log" 2>&1
   local rc=$?
   printf '%-28s rc=%-3s %4ss\n' "$name" "$rc" "$((SECONDS - start))" | tee -a "$summary"
 }
