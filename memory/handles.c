@@ -25,8 +25,6 @@ void ruda__handles_init(ruda__handles *h) {
   h->nslots = 0;
   h->free_head = NONE;
   atomic_init(&h->returned, NONE);
-  atomic_init(&h->live_bytes, 0);
-  atomic_init(&h->live_count, 0);
 }
 
 /* Moves the slots workers released onto the free list. Lock held. Taking
@@ -100,8 +98,6 @@ void ruda__handles_publish(ruda__handles *h, uint32_t index, uint64_t addr, uint
   atomic_store_explicit(&s->mem, mem, memory_order_relaxed);
   /* Release: a pinner that sees the new generation sees all of the above. */
   atomic_store_explicit(&s->state, ((uint64_t)gen << GEN_SHIFT) | LIVE | 1, memory_order_release);
-  atomic_fetch_add_explicit(&h->live_bytes, size, memory_order_relaxed);
-  atomic_fetch_add_explicit(&h->live_count, 1, memory_order_relaxed);
   out->slot = index;
   out->gen = gen;
 }
@@ -182,10 +178,7 @@ int ruda__handles_kill(ruda__handles *h, ruda_handle handle) {
 int ruda__handles_drop(ruda__handles *h, uint32_t index) {
   ruda__slot *s = slot_at(h, index);
   uint64_t st = atomic_fetch_sub_explicit(&s->state, 1, memory_order_acq_rel);
-  if ((st & REFS_MASK) != 1) return 0;
-  atomic_fetch_sub_explicit(&h->live_bytes, s->size, memory_order_relaxed);
-  atomic_fetch_sub_explicit(&h->live_count, 1, memory_order_relaxed);
-  return 1;
+  return (st & REFS_MASK) == 1;
 }
 
 void ruda__handles_unpin(ruda__handles *h, ruda_device *dev, uint32_t index, void *wstate) {
@@ -199,8 +192,6 @@ void ruda__handles_unpin(ruda__handles *h, ruda_device *dev, uint32_t index, voi
                         atomic_load_explicit(&s->users, memory_order_relaxed));
   else if (s->raw)
     dev->ops->mem_free(dev->bstate, s->addr, wstate);
-  atomic_fetch_sub_explicit(&h->live_bytes, s->size, memory_order_relaxed);
-  atomic_fetch_sub_explicit(&h->live_count, 1, memory_order_relaxed);
   /* Workers release here; a lock-free push keeps them off the table lock. */
   uint32_t head = atomic_load_explicit(&h->returned, memory_order_relaxed);
   do {
@@ -208,6 +199,20 @@ void ruda__handles_unpin(ruda__handles *h, ruda_device *dev, uint32_t index, voi
   } while (!atomic_compare_exchange_weak_explicit(&h->returned, &head, index, memory_order_release,
                                                   memory_order_relaxed));
 }
+
+static uint64_t live_scan(ruda__handles *h, int bytes) {
+  uint64_t n = 0;
+  pthread_mutex_lock(&h->lock);
+  for (uint32_t i = 0; i < h->nslots; i++) {
+    ruda__slot *s = slot_at(h, i);
+    if (atomic_load_explicit(&s->state, memory_order_acquire) & REFS_MASK) n += bytes ? s->size : 1;
+  }
+  pthread_mutex_unlock(&h->lock);
+  return n;
+}
+
+uint64_t ruda__handles_live_count(ruda__handles *h) { return live_scan(h, 0); }
+uint64_t ruda__handles_live_bytes(ruda__handles *h) { return live_scan(h, 1); }
 
 void ruda__handles_destroy(ruda__handles *h, ruda_device *dev) {
   /* Pool memory goes back with the pools (ruda__memory_destroy); only raw

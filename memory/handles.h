@@ -46,7 +46,6 @@ typedef struct ruda__handles {
   uint32_t nslots;      /* slots carved so far */
   uint32_t free_head;   /* UINT32_MAX: none */
   _Atomic uint32_t returned; /* lock-free stack of slots released by workers */
-  _Atomic uint64_t live_bytes, live_count;
   struct ruda_device *dev; /* set by the device (NULL in a bare table) */
 } ruda__handles;
 
@@ -92,6 +91,13 @@ int ruda__handles_drop(ruda__handles *h, uint32_t slot);
  * it never existed. The owner's reference stays until the caller drops it
  * with ruda__handles_unpin (in stream order). */
 int ruda__handles_kill(ruda__handles *h, ruda_handle handle);
+
+/* Buffers whose slot is still held (live, or freed with uses queued) and
+ * their bytes. A scan of the table, for tests and diagnostics: shared
+ * counters on every allocation would make all threads contend on one
+ * cache line. Exact when no thread allocates or frees meanwhile. */
+uint64_t ruda__handles_live_count(ruda__handles *h);
+uint64_t ruda__handles_live_bytes(ruda__handles *h);
 
 /* Reads a live handle's size without pinning. */
 int ruda__handles_size(ruda__handles *h, ruda_handle handle, uint64_t *size);

@@ -46,13 +46,13 @@ static void generations_and_reuse(void **state) {
   uint64_t st = state_of(dev, a);
   assert_true(st & LIVE_BIT);
   assert_int_equal(REFS(st), 1); /* the owner's reference */
-  assert_int_equal(atomic_load(&dev->handles.live_count), 1);
-  assert_int_equal(atomic_load(&dev->handles.live_bytes), 32);
+  assert_int_equal(ruda__handles_live_count(&dev->handles), 1);
+  assert_int_equal(ruda__handles_live_bytes(&dev->handles), 32);
 
   assert_ok(ruda_buffer_free(dev, 0, a));
   assert_ok(ruda_sync(dev, 0, NULL));
-  assert_int_equal(atomic_load(&dev->handles.live_count), 0);
-  assert_int_equal(atomic_load(&dev->handles.live_bytes), 0);
+  assert_int_equal(ruda__handles_live_count(&dev->handles), 0);
+  assert_int_equal(ruda__handles_live_bytes(&dev->handles), 0);
   /* The freed slot is the next one handed out, one generation on. */
   assert_ok(ruda_buffer_create(dev, 0, 48, &b));
   assert_int_equal(b.slot, a.slot);
@@ -69,9 +69,9 @@ static void generations_and_reuse(void **state) {
   assert_false(state_of(dev, b) & LIVE_BIT);
   assert_rc(ruda__handles_kill(&dev->handles, b), RUDA_EFREE);
   assert_rc(ruda__handles_pin(&dev->handles, b, &addr, &size), RUDA_ENOTFOUND);
-  assert_int_equal(atomic_load(&dev->handles.live_count), 1);
+  assert_int_equal(ruda__handles_live_count(&dev->handles), 1);
   ruda__handles_unpin(&dev->handles, dev, b.slot, NULL);
-  assert_int_equal(atomic_load(&dev->handles.live_count), 0);
+  assert_int_equal(ruda__handles_live_count(&dev->handles), 0);
   test_close(dev);
 }
 
@@ -89,10 +89,10 @@ static void queued_uses_pin_a_freed_buffer(void **state) {
   assert_ok(ruda_sync(dev, 1, NULL));
   assert_false(state_of(dev, h) & LIVE_BIT);
   assert_int_equal(REFS(state_of(dev, h)), 5);
-  assert_int_equal(atomic_load(&dev->handles.live_count), 1);
+  assert_int_equal(ruda__handles_live_count(&dev->handles), 1);
   atomic_store(&gate_open, 1);
   assert_ok(ruda_sync(dev, 0, NULL));
-  assert_int_equal(atomic_load(&dev->handles.live_count), 0);
+  assert_int_equal(ruda__handles_live_count(&dev->handles), 0);
   test_close(dev);
 }
 
@@ -135,7 +135,7 @@ static void refused_calls_release_their_pins(void **state) {
   assert_ok(ruda_buffer_free(dev, 0, h));
   assert_ok(ruda_buffer_free(dev, 0, small));
   assert_ok(ruda_sync(dev, 0, NULL));
-  assert_int_equal(atomic_load(&dev->handles.live_count), 0);
+  assert_int_equal(ruda__handles_live_count(&dev->handles), 0);
   test_close(dev);
 }
 
@@ -177,7 +177,7 @@ static void concurrent_churn(void **state) {
   for (int i = 0; i < T; i++) pthread_join(t[i], NULL);
   for (int i = 0; i < T; i++) assert_int_equal(c[i].rc, 0);
   for (ruda_stream_id s = 0; s < T; s++) assert_ok(ruda_sync(dev, s, NULL));
-  assert_int_equal(atomic_load(&dev->handles.live_count), 0);
+  assert_int_equal(ruda__handles_live_count(&dev->handles), 0);
   /* Slots were reused rather than carved anew for each buffer. */
   assert_true(dev->handles.nslots <= 64);
   test_close(dev);

@@ -208,7 +208,7 @@ static void home_stream_reuses_at_once(void **state) {
     assert_ok(ruda_buffer_free(dev, 0, y));
   }
   assert_ok(ruda_sync(dev, 0, NULL));
-  assert_int_equal(atomic_load(&dev->handles.live_count), 0);
+  assert_int_equal(ruda__handles_live_count(&dev->handles), 0);
   test_close(dev);
 }
 

@@ -259,7 +259,7 @@ static void model_check(void **state) {
   assert_int_equal(d.nallocs, 0);
   assert_int_equal(d.bytes_in_use, 0);
   assert_int_equal(d.bytes_reserved, 0);
-  assert_int_equal(atomic_load(&dev->handles.live_count), 0);
+  assert_int_equal(ruda__handles_live_count(&dev->handles), 0);
   assert_int_equal(atomic_load(&failures), 0);
   pthread_barrier_destroy(&barrier);
   test_close(dev);
