@@ -138,9 +138,12 @@ static void *run_job(void *p) {
 typedef struct result {
   double p50, p99, mops;
   uint64_t pairs;
+  double backend_per_k; /* backend allocations + frees per 1000 pairs (ruda side) */
 } result;
 
 static result run_case(ruda_device *dev, enum mode mode, uint32_t threads, uint64_t size, double seconds) {
+  ruda__arena *arena = &dev->memory.arena;
+  uint64_t calls0 = atomic_load(&arena->backend_allocs) + atomic_load(&arena->backend_frees);
   job *jobs = calloc(threads, sizeof *jobs);
   pthread_t *th = calloc(threads, sizeof *th);
   pthread_barrier_t start;
@@ -170,7 +173,8 @@ static result run_case(ruda_device *dev, enum mode mode, uint32_t threads, uint6
     free(jobs[i].lat);
   }
   qsort(all, n, sizeof *all, cmp_u32);
-  result r = {0, 0, 0, pairs};
+  uint64_t calls = atomic_load(&arena->backend_allocs) + atomic_load(&arena->backend_frees) - calls0;
+  result r = {0, 0, 0, pairs, pairs ? 1000.0 * (double)calls / (double)pairs : 0};
   if (n > 0) {
     r.p50 = all[n / 2];
     r.p99 = all[(size_t)((double)n * 0.99)];
@@ -312,6 +316,7 @@ static void amplification(ruda_device *dev, uint32_t streams) {
   uint64_t backed0 = atomic_load(&dev->memory.arena.backed);
   atomic_store(&dev->memory.arena.peak_backed, backed0);
   uint64_t calls0 = atomic_load(&dev->memory.arena.backend_allocs);
+  uint64_t frees0 = atomic_load(&dev->memory.arena.backend_frees);
   size_t events = 0;
   for (uint32_t i = 0; i < streams; i++) {
     events += t[i].n;
@@ -328,13 +333,14 @@ static void amplification(ruda_device *dev, uint32_t streams) {
   uint64_t peak = atomic_load(&dev->memory.arena.peak_backed) - backed0;
   uint64_t live = atomic_load(&live_peak);
   uint64_t calls = atomic_load(&dev->memory.arena.backend_allocs) - calls0;
+  uint64_t frees = atomic_load(&dev->memory.arena.backend_frees) - frees0;
   printf("\n## Amplification on a replayed trace (%u streams, %d layers, %d iterations)\n\n", streams,
          LAYERS, ITERS);
-  printf("| events | live peak (MiB) | backend peak (MiB) | reserved / live peak | backend allocs | replay "
-         "time (ms) |\n|---:|---:|---:|---:|---:|---:|\n");
-  printf("| %zu | %.1f | %.1f | **%.3f** | %llu | %.1f |%s\n", events, (double)live / 1048576.0,
+  printf("| events | live peak (MiB) | backend peak (MiB) | reserved / live peak | backend allocs | backend "
+         "frees | replay time (ms) |\n|---:|---:|---:|---:|---:|---:|---:|\n");
+  printf("| %zu | %.1f | %.1f | **%.3f** | %llu | %llu | %.1f |%s\n", events, (double)live / 1048576.0,
          (double)peak / 1048576.0, live ? (double)peak / (double)live : 0.0, (unsigned long long)calls,
-         (double)(t1 - t0) / 1e6, rc ? " (errors)" : "");
+         (unsigned long long)frees, (double)(t1 - t0) / 1e6, rc ? " (errors)" : "");
   for (uint32_t i = 0; i < streams; i++) {
     free(r[i].h);
     free(r[i].size);
@@ -393,8 +399,9 @@ int main(int argc, char **argv) {
 
   if (!only_amp) {
     printf("\n## alloc+free pairs, %.2f s per case (ns per pair; Mpairs/s over all threads)\n\n", seconds);
-    printf("| size | threads | ruda p50 | ruda p99 | ruda Mpairs/s | raw p50 | raw p99 | raw Mpairs/s |\n");
-    printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    printf("| size | threads | ruda p50 | ruda p99 | ruda Mpairs/s | backend calls / 1k | raw p50 | raw p99 | raw "
+           "Mpairs/s |\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     static const uint64_t sizes[] = {256, 64 << 10, 1 << 20, 16 << 20};
     for (int si = 0; si < 5; si++) {
       for (int ti = 0; ti < nthreads; ti++) {
@@ -402,12 +409,12 @@ int main(int argc, char **argv) {
         enum mode rm = si < 4 ? RUDA_PAIR : RUDA_WINDOW, bm = si < 4 ? RAW_PAIR : RAW_WINDOW;
         uint64_t size = si < 4 ? sizes[si] : 0;
         result a = run_case(dev, rm, T, size, seconds);
-        result b = {0, 0, 0, 0};
+        result b = {0, 0, 0, 0, 0};
         if (raw) b = run_case(dev, bm, T, size, seconds);
         char sz[32];
         if (si < 4) print_size(sz, sizeof sz, size);
         else snprintf(sz, sizeof sz, "window of 32 mixed");
-        printf("| %s | %u | %.0f | %.0f | %.2f | ", sz, T, a.p50, a.p99, a.mops);
+        printf("| %s | %u | %.0f | %.0f | %.2f | %.2f | ", sz, T, a.p50, a.p99, a.mops, a.backend_per_k);
         if (raw) printf("%.0f | %.0f | %.3f |\n", b.p50, b.p99, b.mops);
         else printf("- | - | - |\n");
         fflush(stdout);

@@ -258,6 +258,12 @@ static ruda__page *page_in(ruda__pool *pool, uint64_t size, uint64_t request, co
   uint64_t max = size + size / 8;
   if (pool->cfg.capacity && max > pool->cfg.capacity - pool->reserved) max = pool->cfg.capacity - pool->reserved;
   ruda__page *pg = ruda__arena_find(p->dev, p, size, max);
+  /* Rather than new backend memory (a slow call, and with cuMemFree a
+   * device synchronization when something is trimmed for it), take a free
+   * page up to twice the size: it is reserved already either way. */
+  uint64_t loose = size * 2;
+  if (pool->cfg.capacity && loose > pool->cfg.capacity - pool->reserved) loose = pool->cfg.capacity - pool->reserved;
+  if (pg == NULL && loose > max) pg = ruda__arena_find(p->dev, p, max + 1, loose);
   if (pg == NULL) {
     /* New memory is about to be taken: pages this stream keeps that did
      * not fit go where they can be reused by others or freed first. */
