@@ -24,6 +24,7 @@
  *
  * usage: bench_memory [-s seconds per case] [-t 1,4,16] [-b auto|host|cuda]
  *                     [-x] (skip the raw baseline) [-a] (amplification only)
+ *                     [-m factor] (scale every size of the trace)
  */
 #include <getopt.h>
 #include <math.h>
@@ -230,12 +231,14 @@ static uint64_t logu(unsigned *seed, double lo, double hi) {
 
 #define LAYERS 24
 #define ITERS 40
+static double trace_scale = 1.0; /* -m: multiplies every size of the trace */
 
 static void make_trace(trace *t, unsigned seed) {
   uint64_t base[LAYERS];
   /* Weights: live for the whole run. */
-  for (int l = 0; l < LAYERS; l++) alloc_ev(t, logu(&seed, 4096, 24 << 20));
-  for (int l = 0; l < LAYERS; l++) base[l] = logu(&seed, 512, 48 << 20);
+  const double m = trace_scale;
+  for (int l = 0; l < LAYERS; l++) alloc_ev(t, logu(&seed, 4096 * m, (24 << 20) * m));
+  for (int l = 0; l < LAYERS; l++) base[l] = logu(&seed, 512 * m, (48 << 20) * m);
   static const double batch[] = {1.0, 0.75, 0.5, 0.875, 0.625, 1.0, 0.9375};
   for (int it = 0; it < ITERS; it++) {
     double b = batch[rand_r(&seed) % 7];
@@ -248,7 +251,7 @@ static void make_trace(trace *t, unsigned seed) {
     uint32_t g_prev = UINT32_MAX;
     for (int l = LAYERS - 1; l >= 0; l--) {
       uint32_t g = alloc_ev(t, ((uint64_t)((double)base[l] * b) + 3) & ~(uint64_t)3);
-      uint32_t tmp = alloc_ev(t, logu(&seed, 256, 1 << 20));
+      uint32_t tmp = alloc_ev(t, logu(&seed, 256, (1 << 20) * m));
       push_ev(t, act[l], 0);
       push_ev(t, tmp, 0);
       if (g_prev != UINT32_MAX) push_ev(t, g_prev, 0);
@@ -334,8 +337,8 @@ static void amplification(ruda_device *dev, uint32_t streams) {
   uint64_t live = atomic_load(&live_peak);
   uint64_t calls = atomic_load(&dev->memory.arena.backend_allocs) - calls0;
   uint64_t frees = atomic_load(&dev->memory.arena.backend_frees) - frees0;
-  printf("\n## Amplification on a replayed trace (%u streams, %d layers, %d iterations)\n\n", streams,
-         LAYERS, ITERS);
+  printf("\n## Amplification on a replayed trace (%u streams, %d layers, %d iterations, sizes x%g)\n\n",
+         streams, LAYERS, ITERS, trace_scale);
   printf("| events | live peak (MiB) | backend peak (MiB) | reserved / live peak | backend allocs | backend "
          "frees | replay time (ms) |\n|---:|---:|---:|---:|---:|---:|---:|\n");
   printf("| %zu | %.1f | %.1f | **%.3f** | %llu | %llu | %.1f |%s\n", events, (double)live / 1048576.0,
@@ -358,8 +361,9 @@ int main(int argc, char **argv) {
   int nthreads = 3, raw = 1, only_amp = 0;
   ruda_backend_kind backend = RUDA_BACKEND_AUTO;
   int opt;
-  while ((opt = getopt(argc, argv, "s:t:b:xa")) != -1) {
+  while ((opt = getopt(argc, argv, "s:t:b:xam:")) != -1) {
     switch (opt) {
+      case 'm': trace_scale = atof(optarg) > 0 ? atof(optarg) : 1.0; break;
       case 's': seconds = atof(optarg); break;
       case 't': {
         nthreads = 0;
@@ -375,7 +379,7 @@ int main(int argc, char **argv) {
       case 'x': raw = 0; break;
       case 'a': only_amp = 1; break;
       default:
-        fprintf(stderr, "usage: %s [-s seconds] [-t 1,4,16] [-b auto|host|cuda] [-x] [-a]\n", argv[0]);
+        fprintf(stderr, "usage: %s [-s seconds] [-t 1,4,16] [-b auto|host|cuda] [-x] [-a] [-m factor]\n", argv[0]);
         return 2;
     }
   }
