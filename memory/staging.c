@@ -1,7 +1,7 @@
 /* staging.c - the page-locked staging arena (see staging.h). */
 #include "staging.h"
 
-#include <jemalloc/jemalloc.h>
+#include "jemalloc_private.h"
 #include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
