@@ -33,7 +33,11 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   run demo 60 "$B/examples/ruda_demo"
   for t in "$B"/tests/gpu_* "$B"/tests/unit_* "$B"/tests/integration_*; do
     [ -x "$t" ] && [ -f "$t" ] || continue
-    run "$(basename "$t")" 240 "$t"
+    case "$(basename "$t")" in
+      # These test the no-driver paths: point the loader at nothing (as ctest does).
+      gpu_fallback|gpu_staging_arena) run "$(basename "$t")" 240 env RUDA_CUDA_DRIVER=/nonexistent/libcuda.so.1 "$t" ;;
+      *) run "$(basename "$t")" 240 "$t" ;;
+    esac
   done
   run stress_order 120 "$B/tests/stress_order" -p 8 -s 8 -w 8 -n 1000000
 fi
