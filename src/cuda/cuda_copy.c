@@ -229,10 +229,24 @@ typedef struct read_block {
 
 #define READ_HDR 64 /* keeps the payload cache-line aligned */
 
+#define READ_PIECE ((size_t)8 << 20)
+
+static int read_piece(void *arg, size_t i) {
+  read_block *rb = arg;
+  size_t off = i * READ_PIECE, n = rb->bytes - off < READ_PIECE ? rb->bytes - off : READ_PIECE;
+  memcpy((unsigned char *)rb->dst + off, (unsigned char *)rb + READ_HDR + off, n);
+  return 0;
+}
+
+/* Large reads are copied out by the staging helpers too: one thread moves
+ * pinned memory to pageable memory at a fraction of the DMA's speed. */
 static void read_finish(void *state, void *arg) {
   ruda__cu_backend *b = state;
   read_block *rb = arg;
-  memcpy(rb->dst, (unsigned char *)rb + READ_HDR, rb->bytes);
+  if (rb->bytes > 2 * READ_PIECE)
+    ruda__staging_parallel((rb->bytes + READ_PIECE - 1) / READ_PIECE, read_piece, rb);
+  else
+    memcpy(rb->dst, (unsigned char *)rb + READ_HDR, rb->bytes);
   ruda__staging_free(b->staging, rb);
 }
 
