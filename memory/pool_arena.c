@@ -16,12 +16,12 @@
 #include "../src/internal.h"
 #include "../src/sync.h"
 
-/* Free pages the arena keeps: a sixteenth of the pages in use, at least
+/* Free pages the arena keeps: an eighth of the pages in use, at least
  * this much. Past it, the oldest pages whose fences passed are freed; the
  * arena is also brought down to it before any new backend allocation, so
  * what is reserved follows what is live instead of its history. */
-#define RETAIN_MIN (UINT64_C(32) << 20)
-#define RETAIN_SHARE 16
+#define RETAIN_MIN (UINT64_C(64) << 20)
+#define RETAIN_SHARE 8
 /* How long an out-of-memory retry waits for workers to pass fences. */
 #define OOM_WAIT_NS (50ull * 1000 * 1000)
 /* Arena pages examined per bucket before giving up on it. */
