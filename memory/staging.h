@@ -8,11 +8,10 @@
  * never give it back (dalloc opts out, decay is disabled), so a block's
  * memory stays pinned for the arena's life.
  *
- * Note: the Debian jemalloc is unprefixed, so linking it also makes it the
- * process's malloc (the shared libruda built with RUDA_STATIC_DEPS keeps it
- * private with --exclude-libs, in which case only libruda's own malloc
- * calls use it). Either way staging blocks go through mallocx/dallocx with
- * the arena's flags and never through plain free().
+ * ruda links a private copy of jemalloc whose entry points are renamed
+ * ruda_je_* (see CMakeLists.txt and jemalloc_private.h), so it never
+ * becomes the application's malloc; only this arena uses it. Staging blocks
+ * go through mallocx/dallocx with the arena's flags, never plain free().
  */
 #ifndef RUDA_STAGING_H
 #define RUDA_STAGING_H
