@@ -63,6 +63,10 @@ int ruda_tensor_map_encode(ruda_device *dev, ruda_binding b, const ruda_tensor_m
   if (span > blen)
     return ruda__fail(RUDA_ERANGE, "%s: the tensor spans %llu bytes but the binding holds %llu", fn,
                       (unsigned long long)span, (unsigned long long)blen);
+  /* The driver checks the address against the current context, which a
+   * client thread need not have. */
+  ruda__cu_guard guard;
+  if ((rc = ruda__cu_enter((ruda__cu_backend *)dev->bstate, &guard)) != 0) return rc;
   CUresult res;
   CUtensorMap *m = (CUtensorMap *)(void *)out->opaque;
   if (!im2col) {
@@ -84,6 +88,7 @@ int ruda_tensor_map_encode(ruda_device *dev, ruda_binding b, const ruda_tensor_m
                                            (CUtensorMapL2promotion)d->l2_promotion,
                                            (CUtensorMapFloatOOBfill)d->oob_fill);
   }
+  ruda__cu_leave(&guard);
   if (res != CUDA_SUCCESS)
     return ruda__cu_fail(res,
                          "%s: the driver refused a rank-%u %s map (address 0x%llx; it wants a 16-byte aligned "
