@@ -145,6 +145,7 @@ typedef struct ruda__fence {
 
 typedef struct ruda__wfence {
   uint64_t created, passed, wanted;
+  uint32_t nflight;
   ruda__fence *head, *tail;
   struct ruda__stream *stream; /* private stream carrying the commands */
 } ruda__wfence;

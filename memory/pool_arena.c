@@ -24,6 +24,8 @@
 #define RETAIN_SHARE 8
 /* How long an out-of-memory retry waits for workers to pass fences. */
 #define OOM_WAIT_NS (50ull * 1000 * 1000)
+/* Fences a worker may have in flight for returned pages. */
+#define FENCES_IN_FLIGHT 4
 /* Arena pages examined per bucket before giving up on it. */
 #define SCAN_MAX 32
 
@@ -106,6 +108,7 @@ static void fence_issue(ruda_device *dev, ruda__wfence *f, uint32_t w) {
   cmd->stream = f->stream;
   cmd->seq = 0;
   node->seq = ++f->created;
+  f->nflight++;
   node->fut = fut;
   node->next = NULL;
   if (f->tail) f->tail->next = node;
@@ -122,11 +125,12 @@ static void fence_poll(ruda_device *dev, ruda__wfence *f, uint32_t w) {
      * the host, and a CUDA context that cannot record events is faulted. */
     f->passed = node->seq;
     f->head = node->next;
+    f->nflight--;
     if (f->head == NULL) f->tail = NULL;
     ruda_future_free(node->fut);
     free(node);
   }
-  if (f->head == NULL && f->wanted > f->created) fence_issue(dev, f, w);
+  if (f->nflight < FENCES_IN_FLIGHT && f->wanted > f->created) fence_issue(dev, f, w);
 }
 
 uint64_t ruda__fence_need(ruda_device *dev, uint32_t w, int executed) {
@@ -145,10 +149,12 @@ uint64_t ruda__fence_need(ruda_device *dev, uint32_t w, int executed) {
   }
   uint64_t need = f->created + 1;
   if (f->wanted < need) f->wanted = need;
-  /* Returned pages share one fence in flight per worker, which bounds the
-   * sync commands a burst of returns costs; retired buffers get theirs at
-   * once, so usage figures settle as soon as the workers pass them. */
-  if (executed || f->head == NULL) fence_issue(dev, f, w);
+  /* Returned pages share a few fences in flight per worker, which bounds
+   * the sync commands a burst of returns costs while a page still waits
+   * one round trip, not two, when streams trade pages quickly; retired
+   * buffers get theirs at once, so usage figures settle as soon as the
+   * workers pass them. */
+  if (executed || f->nflight < FENCES_IN_FLIGHT) fence_issue(dev, f, w);
   else fence_poll(dev, f, w);
   pthread_mutex_unlock(&m->fence_lock);
   return need;
