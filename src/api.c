@@ -26,14 +26,24 @@ static ruda__stream *stream_for(ruda_device *dev, ruda_stream_id id, const char 
 
 /* Pins b's buffer and checks the range; on success *addr is the device
  * address of the binding's first byte and *len its size. */
+/* what names the binding in error messages; index >= 0 appends a number
+ * ("argument 3"). The label is built only on failure: launches pin every
+ * buffer argument, and formatting it each time cost half the call. */
+static const char *label(char *buf, size_t n, const char *what, int index) {
+  if (index < 0) return what;
+  snprintf(buf, n, "%s %d", what, index);
+  return buf;
+}
+
 static int pin_binding(ruda_device *dev, ruda__stream *s, ruda_binding b, const char *fn, const char *what,
-                       uint64_t *addr, uint64_t *len) {
+                       int index, uint64_t *addr, uint64_t *len) {
   uint64_t base, size;
+  char lb[48];
   /* Pinned for s's worker: a worker other than the buffer's home is
    * recorded, so the buffer's memory waits for it after a free. */
   if (ruda__handles_pin_use(&dev->handles, b.handle, s->worker->index, &base, &size) != 0)
     return ruda__fail(RUDA_ENOTFOUND, "%s: %s handle {slot %u, gen %u} names no live buffer", fn,
-                      what, b.handle.slot, b.handle.gen);
+                      label(lb, sizeof lb, what, index), b.handle.slot, b.handle.gen);
   if ((base & RUDA__UNBACKED) &&
       ruda__memory_back(dev, atomic_load(&ruda__handles_slot(&dev->handles, b.handle.slot)->mem), base,
                         fn, &base) != 0) {
@@ -45,7 +55,8 @@ static int pin_binding(ruda_device *dev, ruda__stream *s, ruda_binding b, const 
     ruda__handles_unpin(&dev->handles, dev, b.handle.slot, NULL);
     return ruda__fail(RUDA_ERANGE,
                       "%s: %s binding offset %llu + size %llu is outside buffer {slot %u} of %llu bytes",
-                      fn, what, (unsigned long long)b.offset, (unsigned long long)want, b.handle.slot,
+                      fn, label(lb, sizeof lb, what, index), (unsigned long long)b.offset,
+                      (unsigned long long)want, b.handle.slot,
                       (unsigned long long)size);
   }
   *addr = base + b.offset;
@@ -212,7 +223,7 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
   ruda__stream *s = stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
   uint64_t addr, blen;
-  if ((rc = pin_binding(dev, s, dst->binding, fn, "dst", &addr, &blen)) != 0) return rc;
+  if ((rc = pin_binding(dev, s, dst->binding, fn, "dst", -1, &addr, &blen)) != 0) return rc;
   ruda__layout l;
   if ((rc = make_layout(dst, blen, fn, &l)) != 0 || (rc = check_layout(dev, &l, fn)) != 0) goto unpin;
   if (l.bytes != len) {
@@ -278,7 +289,7 @@ int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src
   ruda__stream *s = stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
   uint64_t addr, blen;
-  if ((rc = pin_binding(dev, s, src->binding, fn, "src", &addr, &blen)) != 0) return rc;
+  if ((rc = pin_binding(dev, s, src->binding, fn, "src", -1, &addr, &blen)) != 0) return rc;
   ruda__layout l;
   if ((rc = make_layout(src, blen, fn, &l)) != 0 || (rc = check_layout(dev, &l, fn)) != 0) goto unpin;
   if (l.bytes != len) {
@@ -320,8 +331,8 @@ int ruda_copy(ruda_device *dev, ruda_stream_id stream, ruda_binding dst, ruda_bi
   ruda__stream *s = stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
   uint64_t da, dl, sa, sl;
-  if ((rc = pin_binding(dev, s, src, fn, "src", &sa, &sl)) != 0) return rc;
-  if ((rc = pin_binding(dev, s, dst, fn, "dst", &da, &dl)) != 0) {
+  if ((rc = pin_binding(dev, s, src, fn, "src", -1, &sa, &sl)) != 0) return rc;
+  if ((rc = pin_binding(dev, s, dst, fn, "dst", -1, &da, &dl)) != 0) {
     ruda__handles_unpin(&dev->handles, dev, src.handle.slot, NULL);
     return rc;
   }
@@ -444,9 +455,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
       bytes += (a->size + 7u) & ~7u;
     } else {
       uint64_t addr, len;
-      char what[32];
-      snprintf(what, sizeof what, "argument %u", i);
-      if ((rc = pin_binding(dev, s, a->binding, fn, what, &addr, &len)) != 0) goto fail;
+      if ((rc = pin_binding(dev, s, a->binding, fn, "argument", (int)i, &addr, &len)) != 0) goto fail;
       cmd->pins[pinned++] = a->binding.handle.slot;
       kargs[i].addr = addr;
       kargs[i].size = 0;
@@ -456,7 +465,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
   uint64_t indirect_addr = 0;
   if (indirect) {
     uint64_t len;
-    if ((rc = pin_binding(dev, s, l->indirect_grid, fn, "indirect grid", &indirect_addr, &len)) != 0) goto fail;
+    if ((rc = pin_binding(dev, s, l->indirect_grid, fn, "indirect grid", -1, &indirect_addr, &len)) != 0) goto fail;
     cmd->pins[pinned++] = l->indirect_grid.handle.slot;
     if (len < 3 * sizeof(uint32_t)) {
       rc = ruda__fail(RUDA_ERANGE, "ruda_launch \"%s\": indirect grid binding holds %llu bytes, needs 12",
