@@ -79,6 +79,19 @@ void ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
   }
 }
 
+#define RETIRE_EVERY 256u
+
+/* Gives n executed commands' places back to the bound and wakes blocked
+ * producers. The increment is unconditional: a producer that saw the queue
+ * full and is about to sleep then finds the count changed (ck_ec only
+ * enters the kernel when someone sleeps). */
+static void retire(ruda__worker *w, uint32_t *n) {
+  if (*n == 0) return;
+  atomic_fetch_sub_explicit(&w->depth, *n, memory_order_relaxed);
+  *n = 0;
+  ck_ec32_inc(&w->space, &ruda__ec_mp);
+}
+
 static void *worker_main(void *arg) {
   ruda__worker *w = arg;
   ruda_device *dev = w->dev;
@@ -124,21 +137,17 @@ static void *worker_main(void *arg) {
       if (cmd->kind == RUDA__CMD_STOP) stop = 1;
       unretired++;
       /* Leave the bound before completing a future, so a caller returning
-       * from flush or sync never finds its queue still counted full. */
-      if (cmd->future != NULL) {
-        atomic_fetch_sub_explicit(&w->depth, unretired, memory_order_relaxed);
-        unretired = 0;
-      }
+       * from flush or sync never finds its queue still counted full; and
+       * every RETIRE_EVERY commands, so a producer blocked on a full queue
+       * waits for a slice of a long batch, not all of it. */
+      if (cmd->future != NULL || unretired == RETIRE_EVERY) retire(w, &unretired);
       ruda__execute(w, cmd);
       ruda__cmd_free(cmd);
       n++;
     }
     w->executed += n;
     if (dev->ops->progress != NULL) dev->ops->progress(w->wstate);
-    atomic_fetch_sub_explicit(&w->depth, unretired, memory_order_relaxed);
-    /* Always bump: a producer that saw the queue full and is about to sleep
-     * then finds the count changed. One increment per batch, not per command. */
-    ck_ec32_inc(&w->space, &ruda__ec_mp);
+    retire(w, &unretired);
   }
   if (dev->ops->worker_stop) dev->ops->worker_stop(dev->bstate, w->wstate);
   return NULL;
