@@ -598,7 +598,7 @@ int ruda_memory_mode_push(ruda_device *dev, ruda_stream_id stream, ruda_alloc_mo
   RUDA__CHECK_DEV(dev, "ruda_memory_mode_push");
   if ((int)mode < 0 || mode > RUDA_ALLOC_PERSISTENT)
     return ruda__fail(RUDA_EINVAL, "ruda_memory_mode_push: unknown mode %d", (int)mode);
-  ruda__pools *p;
+  ruda__pools *p = NULL;
   int rc = pools_for(dev, stream, "ruda_memory_mode_push", NULL, &p);
   if (rc != 0) return rc;
   pthread_mutex_lock(&p->lock);
@@ -614,7 +614,7 @@ int ruda_memory_mode_push(ruda_device *dev, ruda_stream_id stream, ruda_alloc_mo
 
 int ruda_memory_mode_pop(ruda_device *dev, ruda_stream_id stream) {
   RUDA__CHECK_DEV(dev, "ruda_memory_mode_pop");
-  ruda__pools *p;
+  ruda__pools *p = NULL;
   int rc = pools_for(dev, stream, "ruda_memory_mode_pop", NULL, &p);
   if (rc != 0) return rc;
   pthread_mutex_lock(&p->lock);
@@ -626,7 +626,7 @@ int ruda_memory_mode_pop(ruda_device *dev, ruda_stream_id stream) {
 
 int ruda_memory_dry_run_begin(ruda_device *dev, ruda_stream_id stream) {
   RUDA__CHECK_DEV(dev, "ruda_memory_dry_run_begin");
-  ruda__pools *p;
+  ruda__pools *p = NULL;
   int rc = pools_for(dev, stream, "ruda_memory_dry_run_begin", NULL, &p);
   if (rc != 0) return rc;
   pthread_mutex_lock(&p->lock);
@@ -637,7 +637,7 @@ int ruda_memory_dry_run_begin(ruda_device *dev, ruda_stream_id stream) {
 
 int ruda_memory_dry_run_end(ruda_device *dev, ruda_stream_id stream) {
   RUDA__CHECK_DEV(dev, "ruda_memory_dry_run_end");
-  ruda__pools *p;
+  ruda__pools *p = NULL;
   int rc = pools_for(dev, stream, "ruda_memory_dry_run_end", NULL, &p);
   if (rc != 0) return rc;
   pthread_mutex_lock(&p->lock);
@@ -683,8 +683,8 @@ int ruda_memory_install_pools(ruda_device *dev, ruda_stream_id stream, const rud
   memcpy(dev->memory.layout, pools, n * sizeof *pools);
   dev->memory.nlayout = n;
   pthread_mutex_unlock(&dev->memory.layout_lock);
-  ruda__stream *s;
-  ruda__pools *p;
+  ruda__stream *s = NULL;
+  ruda__pools *p = NULL;
   if ((rc = pools_for(dev, stream, fn, &s, &p)) != 0) return rc;
   pthread_mutex_lock(&p->lock);
   ruda__pools_poll_retired(p);

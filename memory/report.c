@@ -58,8 +58,8 @@ int ruda_memory_usage(ruda_device *dev, ruda_stream_id stream, ruda_memory_stats
   static const char fn[] = "ruda_memory_usage";
   RUDA__CHECK_DEV(dev, fn);
   if (out == NULL) return ruda__fail(RUDA_EINVAL, "%s: out is NULL", fn);
-  ruda__stream *s;
-  ruda__pools *p;
+  ruda__stream *s = NULL;
+  ruda__pools *p = NULL;
   int rc = stream_pools(dev, stream, fn, 1, &s, &p);
   if (rc != 0) return rc;
   memset(out, 0, sizeof *out);
@@ -138,8 +138,8 @@ int ruda_memory_report(ruda_device *dev, ruda_stream_id stream, ruda_pool_report
   RUDA__CHECK_DEV(dev, fn);
   if (npools == NULL) return ruda__fail(RUDA_EINVAL, "%s: npools is NULL", fn);
   if (pools == NULL && cap > 0) return ruda__fail(RUDA_EINVAL, "%s: pools is NULL with cap %u", fn, cap);
-  ruda__stream *s;
-  ruda__pools *p;
+  ruda__stream *s = NULL;
+  ruda__pools *p = NULL;
   int rc = stream_pools(dev, stream, fn, 1, &s, &p);
   if (rc != 0) return rc;
   pthread_mutex_lock(&p->lock);
@@ -158,8 +158,8 @@ int ruda_memory_report(ruda_device *dev, ruda_stream_id stream, ruda_pool_report
 int ruda_memory_cleanup(ruda_device *dev, ruda_stream_id stream) {
   static const char fn[] = "ruda_memory_cleanup";
   RUDA__CHECK_DEV(dev, fn);
-  ruda__stream *s;
-  ruda__pools *p;
+  ruda__stream *s = NULL;
+  ruda__pools *p = NULL;
   int rc = stream_pools(dev, stream, fn, 0, &s, &p);
   if (rc != 0) return rc;
   pthread_mutex_lock(&p->lock);
