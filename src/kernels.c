@@ -56,10 +56,59 @@ static void place(ruda__kernel_slots *s, ruda__kernel_entry *e) {
   s->count++;
 }
 
-ruda__kernel *ruda__kernel_find(ruda_device *dev, const char *name) {
+/* The launch path's lookup goes through a small per-thread cache first:
+ * a thread usually launches the same few kernels by the same string
+ * literals, so (device serial, name pointer) finds the entry without
+ * hashing the name or probing the table. The cache holds the entry, never
+ * the kernel, because a replacement swaps the entry's kernel pointer: each
+ * hit loads it afresh. Entries live until their device closes, and a serial
+ * is never reused (nor 0, an unused slot's), so a slot of a closed device
+ * can only miss. The name is compared on every hit, because the caller may
+ * have rewritten the string behind the same pointer. Only the owning thread
+ * touches its slots.
+ *
+ * initial-exec: the slots are reached %fs-relative with no __tls_get_addr
+ * call. KCACHE_SLOTS * 24 = 96 bytes of static TLS, affordable even when
+ * libruda is dlopen'ed. */
+#define KCACHE_BITS 2
+#define KCACHE_SLOTS (1u << KCACHE_BITS)
+
+typedef struct kcache_slot {
+  uint64_t serial;
+  const char *name; /* the caller's pointer */
+  ruda__kernel_entry *entry;
+} kcache_slot;
+
+static __thread kcache_slot kcache[KCACHE_SLOTS] __attribute__((tls_model("initial-exec")));
+
+/* Direct-mapped on the name pointer and the serial, so one name used on
+ * two devices from one thread can occupy two slots. */
+static unsigned kcache_index(uint64_t serial, const char *name) {
+  uint64_t x = ((uint64_t)(uintptr_t)name + serial) * 0x9e3779b97f4a7c15ull;
+  return (unsigned)(x >> (64 - KCACHE_BITS));
+}
+
+/* The table lookup behind a cache miss, out of line so that the hit path
+ * keeps few registers live. */
+static __attribute__((noinline, cold)) ruda__kernel *kcache_miss(ruda_device *dev, const char *name) {
   ruda__kernel_slots *s = atomic_load_explicit(&dev->kernels.current, memory_order_acquire);
   ruda__kernel_entry *e = lookup(s, name, hash_name(name));
-  return e ? atomic_load_explicit(&e->kernel, memory_order_acquire) : NULL;
+  if (e == NULL) return NULL;
+  kcache_slot *c = &kcache[kcache_index(dev->serial, name)];
+  c->serial = dev->serial;
+  c->name = name;
+  c->entry = e;
+  return atomic_load_explicit(&e->kernel, memory_order_acquire);
+}
+
+ruda__kernel *ruda__kernel_find(ruda_device *dev, const char *name) {
+  const kcache_slot *c = &kcache[kcache_index(dev->serial, name)];
+  if (__builtin_expect(c->serial == dev->serial && c->name == name, 1)) {
+    ruda__kernel_entry *e = c->entry;
+    if (__builtin_expect(strcmp(e->name, name) == 0, 1))
+      return atomic_load_explicit(&e->kernel, memory_order_acquire);
+  }
+  return kcache_miss(dev, name);
 }
 
 static void kernel_free(ruda_device *dev, ruda__kernel *k) {
