@@ -57,19 +57,26 @@ static void place(ruda__stream_slots *s, ruda__stream *st) {
   atomic_store_explicit(&s->slot[i], st, memory_order_release);
 }
 
-static _Thread_local struct {
-  uint64_t serial;
+/* This thread's own stream id and the last stream it looked up, read on
+ * every call. initial-exec: they are reached %fs-relative, with no
+ * __tls_get_addr call; 32 bytes of static TLS are affordable even when
+ * libruda is dlopen'ed. */
+static __thread struct {
+  uint64_t serial; /* device of the cached stream; 0: none */
   ruda_stream_id id;
   ruda__stream *stream;
-} cache;
+  ruda_stream_id current; /* this thread's RUDA_STREAM_CURRENT; 0: not yet numbered */
+} cache __attribute__((tls_model("initial-exec")));
 
 static _Atomic uint64_t next_thread_stream = 1;
-static _Thread_local ruda_stream_id thread_stream;
+
+static ruda_stream_id number_thread_stream(void) {
+  return cache.current = (1ull << 63) | atomic_fetch_add_explicit(&next_thread_stream, 1, memory_order_relaxed);
+}
 
 ruda_stream_id ruda_stream_current(void) {
-  if (thread_stream == 0)
-    thread_stream = (1ull << 63) | atomic_fetch_add_explicit(&next_thread_stream, 1, memory_order_relaxed);
-  return thread_stream;
+  ruda_stream_id id = cache.current;
+  return __builtin_expect(id != 0, 1) ? id : number_thread_stream();
 }
 
 static ruda__stream *create(ruda_device *dev, ruda_stream_id id) {
@@ -109,9 +116,9 @@ out:
   return st;
 }
 
-ruda__stream *ruda__stream_get(ruda_device *dev, ruda_stream_id id) {
-  if (id == RUDA_STREAM_CURRENT) id = ruda_stream_current();
-  if (cache.serial == dev->serial && cache.id == id) return cache.stream;
+/* The table behind a cache miss, out of line so that the hit path keeps
+ * few registers live. */
+static __attribute__((noinline)) ruda__stream *stream_miss(ruda_device *dev, ruda_stream_id id) {
   ruda__stream_slots *cur = atomic_load_explicit(&dev->streams.current, memory_order_acquire);
   ruda__stream *st = find(cur, id);
   if (st == NULL) st = create(dev, id);
@@ -121,6 +128,12 @@ ruda__stream *ruda__stream_get(ruda_device *dev, ruda_stream_id id) {
     cache.stream = st;
   }
   return st;
+}
+
+ruda__stream *ruda__stream_get(ruda_device *dev, ruda_stream_id id) {
+  if (id == RUDA_STREAM_CURRENT) id = cache.current ? cache.current : number_thread_stream();
+  if (__builtin_expect(cache.serial == dev->serial && cache.id == id, 1)) return cache.stream;
+  return stream_miss(dev, id);
 }
 
 void ruda__streams_each(ruda__stream_table *t, void (*fn)(ruda__stream *, void *), void *arg) {
