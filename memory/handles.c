@@ -1,5 +1,6 @@
 /* handles.c - the handle table (see handles.h for the state word). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "../src/internal.h"
 
@@ -61,7 +62,9 @@ uint32_t ruda__handles_take(ruda__handles *h, uint32_t *slots, uint32_t n) {
       break;
     }
     if (atomic_load_explicit(&h->chunks[c], memory_order_relaxed) == NULL) {
-      ruda__slot *chunk = calloc(RUDA__SLOTS_PER_CHUNK, sizeof *chunk);
+      /* Line-aligned, so a slot's state and last-use record share a line. */
+      ruda__slot *chunk = aligned_alloc(64, RUDA__SLOTS_PER_CHUNK * sizeof *chunk);
+      if (chunk != NULL) memset(chunk, 0, RUDA__SLOTS_PER_CHUNK * sizeof *chunk);
       if (chunk == NULL) {
         ruda__fail(RUDA_ENOMEM, "ruda_buffer_create: no host memory for the handle table");
         break;
@@ -96,6 +99,11 @@ void ruda__handles_publish(ruda__handles *h, uint32_t index, uint64_t addr, uint
   atomic_store_explicit(&s->home, home, memory_order_relaxed);
   atomic_store_explicit(&s->users, 0, memory_order_relaxed);
   atomic_store_explicit(&s->mem, mem, memory_order_relaxed);
+  uint64_t last = 0;
+  if (home != UINT32_MAX && h->dev != NULL)
+    last = ruda__use_pack(home, gen, (uint32_t)(atomic_load_explicit(&h->dev->workers[home].queued,
+                                                                     memory_order_seq_cst) >> 32));
+  atomic_store_explicit(&s->last, last, memory_order_relaxed);
   /* Release: a pinner that sees the new generation sees all of the above. */
   atomic_store_explicit(&s->state, ((uint64_t)gen << GEN_SHIFT) | LIVE | 1, memory_order_release);
   out->slot = index;
@@ -111,7 +119,7 @@ int ruda__handles_insert(ruda__handles *h, uint64_t addr, uint64_t size, ruda_ha
 }
 
 int ruda__handles_pin_use(ruda__handles *h, ruda_handle handle, uint32_t worker, uint64_t *addr,
-                          uint64_t *size) {
+                          uint64_t *size, ruda__slot **slot) {
   ruda__slot *s = slot_at(h, handle.slot);
   if (s == NULL || handle.gen == 0) goto not_found;
   uint64_t st = atomic_load_explicit(&s->state, memory_order_acquire);
@@ -133,6 +141,7 @@ int ruda__handles_pin_use(ruda__handles *h, ruda_handle handle, uint32_t worker,
   }
   *addr = s->addr;
   *size = s->size;
+  if (slot != NULL) *slot = s;
   return 0;
 not_found:
   return ruda__fail(RUDA_ENOTFOUND, "handle {slot %u, gen %u} names no live buffer (freed or never created)",
@@ -140,7 +149,7 @@ not_found:
 }
 
 int ruda__handles_pin(ruda__handles *h, ruda_handle handle, uint64_t *addr, uint64_t *size) {
-  return ruda__handles_pin_use(h, handle, UINT32_MAX, addr, size);
+  return ruda__handles_pin_use(h, handle, UINT32_MAX, addr, size, NULL);
 }
 
 int ruda__handles_size(ruda__handles *h, ruda_handle handle, uint64_t *size) {

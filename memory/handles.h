@@ -12,8 +12,9 @@
  * Buffers from the pools (memory/pool.c) carry their page in `mem` and
  * their home worker; a pin from another worker sets that worker's bit in
  * `users`, which is how a free learns that other streams must pass their
- * last use before the memory is reused (record-stream semantics). The
- * pools hand out slots in batches (take/put) so the table's lock stays off
+ * last use before the memory is reused (record-stream semantics). `last`
+ * records the worker and ticket of the buffer's last use, which orders
+ * data across streams (scheduler/order.h). The pools hand out slots in batches (take/put) so the table's lock stays off
  * the allocation path; slots released by workers go back on a lock-free
  * stack.
  */
@@ -38,7 +39,8 @@ typedef struct ruda__slot {
   _Atomic uint64_t users; /* other workers that pinned it: bit w % 64 */
   _Atomic(void *) mem;    /* pool page; NULL once given back, or raw */
   uint8_t raw;            /* inserted by ruda__handles_insert: mem_free it */
-} ruda__slot;
+  _Atomic uint64_t last;  /* last use: worker, generation, ticket (order.h) */
+} ruda__slot; /* 64 bytes: chunks are line-aligned, a slot is one line */
 
 typedef struct ruda__handles {
   _Atomic(ruda__slot *) chunks[RUDA__MAX_CHUNKS];
@@ -63,7 +65,10 @@ int ruda__handles_insert(ruda__handles *h, uint64_t addr, uint64_t size, ruda_ha
  * needed); returns how many. put gives n back. Both take the table lock. */
 uint32_t ruda__handles_take(ruda__handles *h, uint32_t *slots, uint32_t n);
 void ruda__handles_put(ruda__handles *h, const uint32_t *slots, uint32_t n);
-/* Makes a taken slot a live handle of pool memory mem. Lock-free. */
+/* Makes a taken slot a live handle of pool memory mem. Lock-free. Its
+ * last use is set to the home worker's current ticket: memory reused on
+ * the home stream may still be in use by commands queued there, which a
+ * first use on another stream must follow. */
 void ruda__handles_publish(ruda__handles *h, uint32_t slot, uint64_t addr, uint64_t size, uint32_t home,
                            void *mem, ruda_handle *out);
 /* The slot behind an index known to exist. */
@@ -73,9 +78,10 @@ ruda__slot *ruda__handles_slot(ruda__handles *h, uint32_t slot);
  * dead or unknown handle. Lock-free. */
 int ruda__handles_pin(ruda__handles *h, ruda_handle handle, uint64_t *addr, uint64_t *size);
 /* The same for a command of worker `worker`: a worker other than the
- * buffer's home is recorded in users before the pin takes effect. */
+ * buffer's home is recorded in users before the pin takes effect. *slot
+ * receives the pinned slot. */
 int ruda__handles_pin_use(ruda__handles *h, ruda_handle handle, uint32_t worker, uint64_t *addr,
-                          uint64_t *size);
+                          uint64_t *size, ruda__slot **slot);
 
 /* Drops one reference; the last one gives back the memory (to its pool,
  * through ruda__memory_retire, or ops->mem_free for raw memory) and the

@@ -51,7 +51,9 @@ int ruda_future_poll(ruda_future *f) {
   if (f == NULL) return ruda__fail(RUDA_EINVAL, "ruda_future_poll: future is NULL");
   if (atomic_load_explicit(&f->state, memory_order_acquire) != RUDA__FUT_SUBMITTED) return 0;
   if (f->finished || f->completion.event == NULL) return 1;
-  return f->dev->ops->event_query(f->dev->bstate, f->completion.event);
+  int done = f->dev->ops->event_query(f->dev->bstate, f->completion.event);
+  if (done == 1 && f->order_worker != NULL) ruda__order_completed(f->order_worker, f->order_pos);
+  return done;
 }
 
 int ruda_future_wait(ruda_future *f, ruda_error **err) {
@@ -63,8 +65,10 @@ int ruda_future_wait(ruda_future *f, ruda_error **err) {
     f->finished = 1;
     int rc = f->code;
     ruda_error *e = NULL;
-    if (rc == 0 && f->completion.event != NULL)
+    if (rc == 0 && f->completion.event != NULL) {
       rc = f->dev->ops->event_wait(f->dev->bstate, f->completion.event, &e);
+      if (rc == 0 && f->order_worker != NULL) ruda__order_completed(f->order_worker, f->order_pos);
+    }
     if (rc == 0 && f->completion.finish != NULL)
       f->completion.finish(f->dev->bstate, f->completion.arg);
     release_event(f);

@@ -6,6 +6,13 @@
  * queue_bound either sleeps on the worker's `space` event count or fails
  * with RUDA_EQUEUEFULL, as the device's backpressure policy says. Nothing
  * is ever dropped.
+ *
+ * The depth shares a word with the worker's ticket counter (commands
+ * pushed, scheduler/order.c): one atomic add counts a command for both.
+ * An admission that is refused or given back takes its count back from
+ * both halves, so over time the tickets count exactly the commands that
+ * were enqueued; a reader that saw such a count in passing only orders
+ * more than it needs to.
  */
 #include <stdlib.h>
 
@@ -22,16 +29,16 @@ static void push(ruda__worker *w, ruda__cmd *cmd) {
 }
 
 void ruda__queue_push_unbounded(ruda__worker *w, ruda__cmd *cmd) {
-  atomic_fetch_add_explicit(&w->depth, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&w->queued, RUDA__QUEUED_ONE, memory_order_relaxed);
   push(w, cmd);
 }
 
 int ruda__queue_admit(ruda__worker *w, ruda_stream_id stream) {
   const ruda_config *cfg = &w->dev->cfg;
   for (;;) {
-    uint32_t d = atomic_fetch_add_explicit(&w->depth, 1, memory_order_relaxed);
+    uint32_t d = (uint32_t)atomic_fetch_add_explicit(&w->queued, RUDA__QUEUED_ONE, memory_order_relaxed);
     if (d < cfg->queue_bound) return 0;
-    atomic_fetch_sub_explicit(&w->depth, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&w->queued, RUDA__QUEUED_ONE, memory_order_relaxed);
     if (cfg->backpressure == RUDA_BACKPRESSURE_ERROR)
       return ruda__fail(RUDA_EQUEUEFULL, "stream %llu: queue of worker %u holds %u commands (bound %u)",
                         (unsigned long long)stream, w->index, d, cfg->queue_bound);
@@ -39,13 +46,13 @@ int ruda__queue_admit(ruda__worker *w, ruda_stream_id stream) {
      * re-checking depth closes the window where the worker drains between
      * our check and our sleep. */
     uint32_t seen = ck_ec32_value(&w->space);
-    if (atomic_load_explicit(&w->depth, memory_order_relaxed) < cfg->queue_bound) continue;
+    if (ruda__queue_depth(w) < cfg->queue_bound) continue;
     ck_ec32_wait(&w->space, &ruda__ec_mp, seen, NULL);
   }
 }
 
 void ruda__queue_unadmit(ruda__worker *w) {
-  atomic_fetch_sub_explicit(&w->depth, 1, memory_order_relaxed);
+  atomic_fetch_sub_explicit(&w->queued, RUDA__QUEUED_ONE, memory_order_relaxed);
   ck_ec32_inc(&w->space, &ruda__ec_mp);
 }
 

@@ -32,7 +32,9 @@ typedef enum ruda__cmd_kind {
   RUDA__CMD_FREE,  /* drop the owner's reference of a freed buffer */
   RUDA__CMD_FENCE, /* flush: complete the future once reached */
   RUDA__CMD_SYNC,  /* record completion of everything before it */
-  RUDA__CMD_STOP   /* worker exits after it (close) */
+  RUDA__CMD_STOP,  /* worker exits after it (close) */
+  RUDA__CMD_MARK,  /* cross-stream ordering: mark this worker's work so far */
+  RUDA__CMD_WAIT   /* cross-stream ordering: order after other workers' marks */
 } ruda__cmd_kind;
 
 #define RUDA__MAX_PINS (RUDA_MAX_ARGS + 1)
@@ -63,6 +65,13 @@ typedef struct ruda__cmd {
     struct {
       uint32_t slot;
     } free;
+    struct {
+      struct ruda__dep *dep;
+    } mark;
+    struct {
+      struct ruda__dep **deps; /* in the command's trailing bytes */
+      uint32_t n;
+    } wait;
   } u;
 } ruda__cmd;
 
@@ -86,6 +95,11 @@ struct ruda_future {
   struct ruda_device *dev;
   ruda__stream *stream;
   int drains_errors;
+  /* Set by the worker when the completion has an event: the event covers
+   * the worker's commands up to order_pos, which ordering may take as done
+   * once a waiter saw it complete (scheduler/order.c). */
+  struct ruda__worker *order_worker;
+  uint64_t order_pos;
 };
 
 struct ruda_future *ruda__future_new(struct ruda_device *dev, ruda__stream *s, int drains);
@@ -95,10 +109,18 @@ void ruda__future_unref(struct ruda_future *f);
 
 /* ---- workers and their queues ---- */
 
+/* Ways of the per-worker cache of marks already waited for (order.c). */
+#define RUDA__COVER_WAYS 8u
+
 struct ruda__worker {
   /* Producer side, on its own cache line. */
   struct cds_wfcq_tail tail __attribute__((aligned(RUDA__CACHELINE)));
-  _Atomic uint32_t depth; /* commands queued, for the bound */
+  /* Low 32 bits: commands queued, for the bound. High 32 bits: commands
+   * pushed ever (mod 2^32), the worker's ticket counter for cross-stream
+   * ordering. One word, so a push counts both with one atomic add. Every
+   * push adds RUDA__QUEUED_ONE before its enqueue and keeps it, so after a
+   * push the counter is at least the command's position in the queue. */
+  _Atomic uint64_t queued;
   /* Consumer side. */
   struct cds_wfcq_head head __attribute__((aligned(RUDA__CACHELINE)));
   ck_ec32_t wake;  /* bumped when a push finds the queue empty */
@@ -108,12 +130,33 @@ struct ruda__worker {
   void *wstate;
   int start_code;
   struct ruda_device *dev;
-  uint64_t executed; /* commands run (worker only) */
   /* Odd while the worker sleeps with every batch it took run; read by
    * memory/pool_arena.c to know, on a backend whose work completes when
    * it runs, that everything pushed earlier is done. */
   _Atomic uint32_t idle_epoch;
+  /* Progress, on its own line: the worker stores `done` after each command
+   * (commands run, in queue order, the same count as the tickets);
+   * `completed` is how many are known finished on the device (raised when
+   * a waiter sees a sync's or read's event complete). Read by clients only
+   * when they order a command after this worker's work. */
+  _Atomic uint64_t done __attribute__((aligned(RUDA__CACHELINE)));
+  _Atomic uint64_t completed;
+  /* Cross-stream ordering (order.c), off the hot path. last_mark: the
+   * newest mark pushed on this worker, which later requests may share. */
+  pthread_mutex_t mark_lock;
+  struct ruda__dep *last_mark;
+  /* Marks of other workers that a WAIT already pushed on this worker
+   * waits for: (source worker + 1) << 32 | that worker's `done` when the
+   * mark was pushed. A direct-mapped cache by source worker. */
+  _Atomic uint64_t covered[RUDA__COVER_WAYS];
 } __attribute__((aligned(RUDA__CACHELINE)));
+
+#define RUDA__QUEUED_ONE ((UINT64_C(1) << 32) | 1u)
+
+/* Commands queued on w, for the bound. */
+static inline uint32_t ruda__queue_depth(ruda__worker *w) {
+  return (uint32_t)atomic_load_explicit(&w->queued, memory_order_relaxed);
+}
 
 /* Pushes cmd on w's queue, applying the device's backpressure policy.
  * Wait-free unless the queue is full under RUDA_BACKPRESSURE_BLOCK. */

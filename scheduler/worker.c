@@ -18,6 +18,8 @@ static const char *cmd_name(int kind) {
     case RUDA__CMD_FREE: return "free";
     case RUDA__CMD_FENCE: return "flush";
     case RUDA__CMD_SYNC: return "sync";
+    case RUDA__CMD_MARK: return "mark";
+    case RUDA__CMD_WAIT: return "order";
     default: return "stop";
   }
 }
@@ -66,6 +68,12 @@ void ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
     case RUDA__CMD_SYNC:
       rc = ops->record(w->wstate, &cmd->future->completion, &err);
       break;
+    case RUDA__CMD_MARK:
+      ruda__order_mark(w, cmd->u.mark.dep);
+      break;
+    case RUDA__CMD_WAIT:
+      rc = ruda__order_wait(w, cmd->u.wait.deps, cmd->u.wait.n, &err);
+      break;
     case RUDA__CMD_FENCE:
     case RUDA__CMD_STOP:
       break;
@@ -73,7 +81,15 @@ void ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
   if (rc != 0) report(w, cmd, rc, err);
   for (uint32_t i = 0; i < cmd->npins; i++)
     ruda__handles_unpin(&dev->handles, dev, cmd->pins[i], w->wstate);
+  /* Counted run before its future completes, so a caller back from a
+   * sync or read sees this worker past the command (scheduler/order.c). */
+  uint64_t pos = atomic_load_explicit(&w->done, memory_order_relaxed) + 1;
+  atomic_store_explicit(&w->done, pos, memory_order_release);
   if (cmd->future != NULL) {
+    if (rc == 0 && cmd->future->completion.event != NULL) {
+      cmd->future->order_worker = w;
+      cmd->future->order_pos = pos;
+    }
     ruda__future_submitted(cmd->future, rc);
     ruda__future_unref(cmd->future);
   }
@@ -87,7 +103,7 @@ void ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
  * enters the kernel when someone sleeps). */
 static void retire(ruda__worker *w, uint32_t *n) {
   if (*n == 0) return;
-  atomic_fetch_sub_explicit(&w->depth, *n, memory_order_relaxed);
+  atomic_fetch_sub_explicit(&w->queued, *n, memory_order_relaxed); /* the depth half */
   *n = 0;
   ck_ec32_inc(&w->space, &ruda__ec_mp);
 }
@@ -129,7 +145,7 @@ static void *worker_main(void *arg) {
       ruda__cpu_relax();
       continue;
     }
-    uint32_t n = 0, unretired = 0;
+    uint32_t unretired = 0;
     struct cds_wfcq_node *node, *next;
     __cds_wfcq_for_each_blocking_safe(&batch_head, &batch_tail, node, next) {
       ruda__cmd *cmd = caa_container_of(node, ruda__cmd, node);
@@ -143,9 +159,7 @@ static void *worker_main(void *arg) {
       if (cmd->future != NULL || unretired == RETIRE_EVERY) retire(w, &unretired);
       ruda__execute(w, cmd);
       ruda__cmd_free(cmd);
-      n++;
     }
-    w->executed += n;
     if (dev->ops->progress != NULL) dev->ops->progress(w->wstate);
     retire(w, &unretired);
   }
@@ -187,13 +201,12 @@ int ruda__workers_start(ruda_device *dev) {
   for (uint32_t i = 0; i < n; i++) {
     ruda__worker *w = &dev->workers[i];
     cds_wfcq_init(&w->head, &w->tail);
-    atomic_init(&w->depth, 0);
+    ruda__order_worker_init(w);
     ck_ec32_init(&w->wake, 0);
     ck_ec32_init(&w->space, 0);
     w->index = i;
     w->dev = dev;
     w->wstate = NULL;
-    w->executed = 0;
     start_arg *a = malloc(sizeof *a);
     if (a == NULL) {
       rc = ruda__fail(RUDA_ENOMEM, "ruda_device_open: no memory for worker %u", i);
@@ -253,4 +266,5 @@ void ruda__workers_stop(ruda_device *dev) {
     ruda__queue_push_unbounded(w, stop);
   }
   for (uint32_t i = 0; i < dev->nworkers; i++) pthread_join(dev->workers[i].thread, NULL);
+  for (uint32_t i = 0; i < dev->nworkers; i++) ruda__order_worker_fini(dev, &dev->workers[i]);
 }

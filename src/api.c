@@ -35,18 +35,19 @@ static const char *label(char *buf, size_t n, const char *what, int index) {
   return buf;
 }
 
+/* o gathers the ordering the command needs after other streams' uses of
+ * the buffer (scheduler/order.h). */
 static int pin_binding(ruda_device *dev, ruda__stream *s, ruda_binding b, const char *fn, const char *what,
-                       int index, uint64_t *addr, uint64_t *len) {
+                       int index, uint64_t *addr, uint64_t *len, ruda__order *o) {
   uint64_t base, size;
+  ruda__slot *slot;
   char lb[48];
   /* Pinned for s's worker: a worker other than the buffer's home is
    * recorded, so the buffer's memory waits for it after a free. */
-  if (ruda__handles_pin_use(&dev->handles, b.handle, s->worker->index, &base, &size) != 0)
+  if (ruda__handles_pin_use(&dev->handles, b.handle, s->worker->index, &base, &size, &slot) != 0)
     return ruda__fail(RUDA_ENOTFOUND, "%s: %s handle {slot %u, gen %u} names no live buffer", fn,
                       label(lb, sizeof lb, what, index), b.handle.slot, b.handle.gen);
-  if ((base & RUDA__UNBACKED) &&
-      ruda__memory_back(dev, atomic_load(&ruda__handles_slot(&dev->handles, b.handle.slot)->mem), base,
-                        fn, &base) != 0) {
+  if ((base & RUDA__UNBACKED) && ruda__memory_back(dev, atomic_load(&slot->mem), base, fn, &base) != 0) {
     ruda__handles_unpin(&dev->handles, dev, b.handle.slot, NULL);
     return ruda_error_code(ruda_last_error());
   }
@@ -61,6 +62,7 @@ static int pin_binding(ruda_device *dev, ruda__stream *s, ruda_binding b, const 
   }
   *addr = base + b.offset;
   *len = want;
+  ruda__order_note(o, slot, b.handle.gen, s->worker->index);
   return 0;
 }
 
@@ -112,10 +114,26 @@ static int make_layout(const ruda_copy_desc *d, uint64_t binding_len, const char
   return 0;
 }
 
-static int submit(ruda__stream *s, ruda__cmd *cmd) {
+/* Pushes cmd on s's worker, after whatever other streams' work o says it
+ * must follow, and records its buffer uses. */
+static int submit(ruda_device *dev, ruda__stream *s, ruda__cmd *cmd, ruda__order *o) {
   cmd->stream = s;
   cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
-  return ruda__queue_push(s->worker, cmd);
+  ruda__worker *w = s->worker;
+  int rc;
+  if (__builtin_expect(!ruda__order_needed(o), 1)) {
+    if ((rc = ruda__queue_push(w, cmd)) != 0) return rc;
+  } else {
+    /* Admitted first, so a refused command leaves no MARK or WAIT. */
+    if ((rc = ruda__queue_admit(w, s->id)) != 0) return rc;
+    if ((rc = ruda__order_prepare(dev, o, s, cmd->seq)) != 0) {
+      ruda__queue_unadmit(w);
+      return rc;
+    }
+    ruda__queue_push_admitted(w, cmd);
+  }
+  ruda__order_publish(o, w);
+  return 0;
 }
 
 /* ---- buffers ---- */
@@ -223,7 +241,9 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
   ruda__stream *s = stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
   uint64_t addr, blen;
-  if ((rc = pin_binding(dev, s, dst->binding, fn, "dst", -1, &addr, &blen)) != 0) return rc;
+  ruda__order o;
+  ruda__order_init(&o);
+  if ((rc = pin_binding(dev, s, dst->binding, fn, "dst", -1, &addr, &blen, &o)) != 0) return rc;
   ruda__layout l;
   if ((rc = make_layout(dst, blen, fn, &l)) != 0 || (rc = check_layout(dev, &l, fn)) != 0) goto unpin;
   if (l.bytes != len) {
@@ -235,9 +255,15 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
     /* Admit the write once, before any piece is staged: a full queue then
      * refuses it whole instead of leaving part of it written. */
     if ((rc = ruda__queue_admit(s->worker, s->id)) != 0) goto unpin;
+    /* Pieces are pushed in any order: a WAIT goes before all of them. */
+    if (ruda__order_needed(&o) && (rc = ruda__order_prepare(dev, &o, s, 0)) != 0) {
+      ruda__queue_unadmit(s->worker);
+      goto unpin;
+    }
     write_pieces j = {dev, s, dst->binding.handle, addr, src, len};
     rc = ruda__staging_parallel((len + RUDA__WRITE_PIECE - 1) / RUDA__WRITE_PIECE, write_piece, &j);
     ruda__queue_unadmit(s->worker);
+    ruda__order_publish(&o, s->worker); /* still pinned here */
     goto unpin; /* the pieces hold their own pins */
   }
   ruda__cmd *cmd = ruda__cmd_alloc(sizeof(uint32_t));
@@ -256,7 +282,7 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
   cmd->u.write.dst = addr;
   cmd->u.write.staged = staged;
   cmd->u.write.layout = l;
-  if ((rc = submit(s, cmd)) != 0) {
+  if ((rc = submit(dev, s, cmd, &o)) != 0) {
     if (user_staged == NULL) dev->ops->stage_free(dev->bstate, staged);
     ruda__cmd_free(cmd);
     goto unpin;
@@ -289,7 +315,9 @@ int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src
   ruda__stream *s = stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
   uint64_t addr, blen;
-  if ((rc = pin_binding(dev, s, src->binding, fn, "src", -1, &addr, &blen)) != 0) return rc;
+  ruda__order o;
+  ruda__order_init(&o);
+  if ((rc = pin_binding(dev, s, src->binding, fn, "src", -1, &addr, &blen, &o)) != 0) return rc;
   ruda__layout l;
   if ((rc = make_layout(src, blen, fn, &l)) != 0 || (rc = check_layout(dev, &l, fn)) != 0) goto unpin;
   if (l.bytes != len) {
@@ -312,7 +340,7 @@ int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src
   cmd->u.read.src = addr;
   cmd->u.read.dst = dst;
   cmd->u.read.layout = l;
-  if ((rc = submit(s, cmd)) != 0) {
+  if ((rc = submit(dev, s, cmd, &o)) != 0) {
     free(f);
     ruda__cmd_free(cmd);
     goto unpin;
@@ -331,8 +359,10 @@ int ruda_copy(ruda_device *dev, ruda_stream_id stream, ruda_binding dst, ruda_bi
   ruda__stream *s = stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
   uint64_t da, dl, sa, sl;
-  if ((rc = pin_binding(dev, s, src, fn, "src", -1, &sa, &sl)) != 0) return rc;
-  if ((rc = pin_binding(dev, s, dst, fn, "dst", -1, &da, &dl)) != 0) {
+  ruda__order o;
+  ruda__order_init(&o);
+  if ((rc = pin_binding(dev, s, src, fn, "src", -1, &sa, &sl, &o)) != 0) return rc;
+  if ((rc = pin_binding(dev, s, dst, fn, "dst", -1, &da, &dl, &o)) != 0) {
     ruda__handles_unpin(&dev->handles, dev, src.handle.slot, NULL);
     return rc;
   }
@@ -354,7 +384,7 @@ int ruda_copy(ruda_device *dev, ruda_stream_id stream, ruda_binding dst, ruda_bi
   cmd->u.copy.dst = da;
   cmd->u.copy.src = sa;
   cmd->u.copy.size = sl;
-  if ((rc = submit(s, cmd)) != 0) {
+  if ((rc = submit(dev, s, cmd, &o)) != 0) {
     ruda__cmd_free(cmd);
     unpin_all(dev, pins, 2);
   }
@@ -444,6 +474,8 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
   unsigned char *bytes = extra + bytes_off;
 
   uint32_t pinned = 0;
+  ruda__order o;
+  ruda__order_init(&o);
   for (uint32_t i = 0; i < l->nargs; i++) {
     const ruda_arg *a = &l->args[i];
     kargs[i].kind = (uint32_t)a->kind;
@@ -455,7 +487,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
       bytes += (a->size + 7u) & ~7u;
     } else {
       uint64_t addr, len;
-      if ((rc = pin_binding(dev, s, a->binding, fn, "argument", (int)i, &addr, &len)) != 0) goto fail;
+      if ((rc = pin_binding(dev, s, a->binding, fn, "argument", (int)i, &addr, &len, &o)) != 0) goto fail;
       cmd->pins[pinned++] = a->binding.handle.slot;
       kargs[i].addr = addr;
       kargs[i].size = 0;
@@ -465,7 +497,8 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
   uint64_t indirect_addr = 0;
   if (indirect) {
     uint64_t len;
-    if ((rc = pin_binding(dev, s, l->indirect_grid, fn, "indirect grid", -1, &indirect_addr, &len)) != 0) goto fail;
+    if ((rc = pin_binding(dev, s, l->indirect_grid, fn, "indirect grid", -1, &indirect_addr, &len, &o)) != 0)
+      goto fail;
     cmd->pins[pinned++] = l->indirect_grid.handle.slot;
     if (len < 3 * sizeof(uint32_t)) {
       rc = ruda__fail(RUDA_ERANGE, "ruda_launch \"%s\": indirect grid binding holds %llu bytes, needs 12",
@@ -488,7 +521,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
                                      .nargs = l->nargs,
                                      .indirect_addr = indirect_addr,
                                      .args = kargs};
-  if ((rc = submit(s, cmd)) != 0) goto fail;
+  if ((rc = submit(dev, s, cmd, &o)) != 0) goto fail;
   return 0;
 fail:
   unpin_all(dev, cmd->pins, pinned);

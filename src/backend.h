@@ -111,6 +111,11 @@ typedef struct ruda__backend_ops {
   /* Client: limits of the compiled kernel (registers, shared memory,
    * parameters), checked for every launch, dry runs included. */
   int (*launch_check)(void *state, const ruda__kernel *k, const ruda_launch_desc *l);
+  /* Worker: makes the worker's device stream wait (asynchronously) for an
+   * event another worker recorded. NULL: the backend's work is done once
+   * its worker ran it (host), so a worker that saw another pass a point
+   * needs nothing more; no events are recorded for ordering then. */
+  int (*stream_wait)(void *wstate, void *event, ruda_error **err);
   /* Native handles for interop: a worker's CUstream, the CUcontext. */
   void *(*native_stream)(void *wstate);
   void *(*native_context)(void *state);

@@ -7,6 +7,7 @@
 
 #include "../memory/handles.h"
 #include "../memory/pool.h"
+#include "../scheduler/order.h"
 #include "../scheduler/scheduler.h"
 #include "backend.h"
 #include "error_internal.h"
@@ -34,6 +35,11 @@ struct ruda_device {
   ruda__handles handles;
   ruda__memory memory; /* pools and arena (memory/pool.h) */
   ruda__kernel_table kernels;
+  /* Cross-stream ordering (scheduler/order.c): MARKs pushed, requests
+   * that shared an existing MARK, WAITs pushed. For tests and reports. */
+  struct {
+    _Atomic uint64_t marks, shared, waits;
+  } order;
 };
 
 /* Logging to stderr, filtered by the device's level. */

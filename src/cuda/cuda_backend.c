@@ -498,6 +498,17 @@ static void cu_event_release(void *state, void *event) {
   ruda__cu_event_put(state, event);
 }
 
+/* Cross-stream ordering: later work on this worker's stream waits on the
+ * device for another worker's event; the call itself returns at once. The
+ * driver takes the event's most recent record at this call, so the event
+ * may go back to the pool (and be recorded again) right after. */
+static int cu_stream_wait(void *ws, void *event, ruda_error **err) {
+  ruda__cu_worker *w = ws;
+  CUresult r = ruda__cu.cuStreamWaitEvent(w->stream, ((ruda__cu_event *)event)->ev, 0);
+  if (r != CUDA_SUCCESS) return ruda__cu_worker_fail(w, r, err, "cuStreamWaitEvent");
+  return 0;
+}
+
 static const ruda__backend_ops cuda_ops = {
     .name = "cuda",
     .open = cu_open,
@@ -516,6 +527,7 @@ static const ruda__backend_ops cuda_ops = {
     .event_wait = cu_event_wait,
     .event_query = cu_event_query,
     .event_release = cu_event_release,
+    .stream_wait = cu_stream_wait,
     .kernel_prepare = ruda__cu_kernel_prepare,
     .kernel_release = ruda__cu_kernel_release,
     .progress = cu_progress,

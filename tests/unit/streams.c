@@ -112,13 +112,13 @@ static void queue_depth_accounting(void **state) {
   ruda__worker *w0 = &dev->workers[0], *w1 = &dev->workers[1];
   assert_ok(test_launch(dev, 0, "gate", NULL, 0));
   for (int i = 0; i < 9; i++) assert_ok(test_launch(dev, 2, "gate", NULL, 0)); /* stream 2: worker 0 */
-  assert_int_equal(atomic_load(&w0->depth), 10);
-  assert_int_equal(atomic_load(&w1->depth), 0);
+  assert_int_equal(ruda__queue_depth(w0), 10);
+  assert_int_equal(ruda__queue_depth(w1), 0);
   atomic_store(&gate_open, 1);
   assert_ok(ruda_sync(dev, 0, NULL));
   assert_ok(ruda_sync(dev, 2, NULL));
   /* The last batch retires just after its futures complete. */
-  for (int i = 0; atomic_load(&w0->depth) != 0; i++) {
+  for (int i = 0; ruda__queue_depth(w0) != 0; i++) {
     assert_true(i < 5000);
     usleep(1000);
   }

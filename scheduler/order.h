@@ -1,0 +1,150 @@
+/* order.h - cross-stream ordering of buffer uses (scheduler/order.c).
+ *
+ * A command that uses a buffer whose last use was queued on another worker
+ * must not start on the device before that use is done. Each worker counts
+ * the commands pushed to it (its tickets, in the high half of
+ * worker->queued) and the commands it ran (worker->done); each buffer slot
+ * records the worker and ticket of its last use (slot->last). At enqueue:
+ *
+ *  - last use on the same worker (the common case): nothing to do; the
+ *    queue is FIFO. One load and compare per buffer, then, after the push,
+ *    the slot's record moves to the new ticket.
+ *  - last use on worker a at ticket t, and a has already passed t (ran it,
+ *    on a backend whose work is done when it runs; or a sync or read event
+ *    past t was seen complete): nothing to do either.
+ *  - otherwise the client pushes a MARK on a's queue (or shares one
+ *    already there that covers t) and a WAIT on its own worker before the
+ *    command. Worker a, on reaching the MARK, records a backend event
+ *    (cuda) and publishes it; the waiting worker waits for the publication
+ *    (worker to worker, a futex) and then makes its device stream wait for
+ *    the event (cuStreamWaitEvent: asynchronous). The client never waits.
+ *
+ * Tickets are 32-bit and compared serially: a comparison can only err
+ * towards ordering when a record is over 2^31 commands old.
+ *
+ * Which calls may run concurrently: every function here may run on any
+ * number of client threads at once; ruda__order_mark/wait_execute run on
+ * workers. Nothing here blocks a client thread except the short mark_lock
+ * of a source worker, taken only when a MARK is needed.
+ */
+#ifndef RUDA_ORDER_H
+#define RUDA_ORDER_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "../memory/handles.h"
+#include "scheduler.h"
+
+struct ruda_device;
+
+/* slot->last: bits 48..63 the worker + 1 (0: never used; RUDA__USE_MIXED:
+ * uses on several workers raced, so the next use orders after all of
+ * them), bits 32..47 the low 16 bits of the handle's generation (a record
+ * written late for a freed buffer is recognised as stale), bits 0..31 the
+ * ticket. */
+#define RUDA__USE_MIXED 0xffffu
+
+static inline uint64_t ruda__use_pack(uint32_t worker, uint32_t gen, uint32_t ticket) {
+  return ((uint64_t)((worker + 1) & 0xffffu) << 48) | ((uint64_t)(gen & 0xffffu) << 32) | ticket;
+}
+
+/* a >= b for 32-bit counters that wrap. */
+static inline int ruda__ticket_ge(uint32_t a, uint32_t b) { return (int32_t)(a - b) >= 0; }
+
+/* A dependency: one MARK on a source worker, shared by every WAIT that
+ * needs it. Refcounted: the MARK, each WAIT, and the source worker's
+ * last_mark each hold a reference; the last one releases the event. */
+typedef struct ruda__dep {
+  _Atomic uint32_t state; /* futex word: RUDA__DEP_PENDING / _SLEEPER / _READY */
+  _Atomic uint32_t refs;
+  uint32_t worker; /* the source worker */
+  uint32_t lower;  /* its `done` when the MARK was pushed: tickets up to here are covered */
+  int code;        /* the MARK's record failed with this code (err: why) */
+  ruda_error *err;
+  void *event; /* backend event recorded at the MARK; NULL: reaching it is enough */
+} ruda__dep;
+
+enum { RUDA__DEP_PENDING = 0, RUDA__DEP_SLEEPER = 1, RUDA__DEP_READY = 2 };
+
+/* What one command needs, gathered on the client's stack while it pins
+ * its buffers. */
+typedef struct ruda__order {
+  uint32_t nuse, nwait;
+  int all; /* a record could not be trusted: order after every worker */
+  struct {
+    ruda__slot *slot;
+    uint64_t seen; /* slot->last when pinned */
+    uint32_t gen;
+  } use[RUDA__MAX_PINS];
+  struct {
+    uint32_t worker, ticket;
+  } wait[RUDA__MAX_PINS];
+} ruda__order;
+
+static inline void ruda__order_init(ruda__order *o) {
+  o->nuse = o->nwait = 0;
+  o->all = 0;
+}
+
+void ruda__order_note_slow(ruda__order *o, uint64_t seen, uint32_t gen, uint32_t worker);
+
+/* Notes that the command being built for worker `worker` uses slot s
+ * (pinned, generation gen). Same worker as the last use: one load and
+ * compare. */
+static inline void ruda__order_note(ruda__order *o, ruda__slot *s, uint32_t gen, uint32_t worker) {
+  /* Acquire: a last use seen here was pushed before; a MARK pushed after
+   * this load follows it on its worker's queue. */
+  uint64_t seen = atomic_load_explicit(&s->last, memory_order_acquire);
+  uint32_t i = o->nuse++;
+  o->use[i].slot = s;
+  o->use[i].seen = seen;
+  o->use[i].gen = gen & 0xffffu;
+  if (__builtin_expect((seen >> 32) == ((((uint64_t)(worker + 1) & 0xffffu) << 16) | (gen & 0xffffu)), 1))
+    return;
+  ruda__order_note_slow(o, seen, gen, worker);
+}
+
+static inline int ruda__order_needed(const ruda__order *o) { return o->nwait != 0 || o->all; }
+
+/* Client, after the command was admitted on s's worker and before it is
+ * pushed: pushes the MARKs and the WAIT the command needs (none when the
+ * source workers are past the tickets). seq: the command's number, quoted
+ * if the WAIT fails. RUDA_ENOMEM (via ruda__fail) when a MARK or WAIT
+ * cannot be allocated; nothing the caller must undo then. */
+int ruda__order_prepare(struct ruda_device *dev, ruda__order *o, ruda__stream *s, uint64_t seq);
+
+void ruda__order_publish_slow(ruda__slot *slot, uint64_t cur, uint64_t want);
+
+/* Client, after the command was pushed on w (while it still holds its
+ * pins): records this use as the buffers' last. The ticket read after the
+ * push is at least the command's position in w's queue. */
+static inline void ruda__order_publish(ruda__order *o, ruda__worker *w) {
+  if (o->nuse == 0) return;
+  uint32_t t = (uint32_t)(atomic_load_explicit(&w->queued, memory_order_seq_cst) >> 32);
+  for (uint32_t i = 0; i < o->nuse; i++) {
+    uint64_t want = ruda__use_pack(w->index, o->use[i].gen, t);
+    uint64_t seen = o->use[i].seen;
+    /* Release: whoever sees this record sees our push before it. A CAS,
+     * not a store, so that a use on another worker published meanwhile
+     * is not overwritten unseen. */
+    if (!atomic_compare_exchange_strong_explicit(&o->use[i].slot->last, &seen, want, memory_order_release,
+                                                 memory_order_relaxed))
+      ruda__order_publish_slow(o->use[i].slot, seen, want);
+  }
+}
+
+/* Worker side (worker.c). MARK: record and publish; WAIT: wait for every
+ * dependency, then order the worker's stream after its event. Returns 0
+ * or a code with *err. */
+void ruda__order_mark(ruda__worker *w, ruda__dep *d);
+int ruda__order_wait(ruda__worker *w, ruda__dep **deps, uint32_t n, ruda_error **err);
+
+/* A waiter saw an event covering w's commands up to pos complete. */
+void ruda__order_completed(ruda__worker *w, uint64_t pos);
+
+/* Worker lifecycle: reset before start; drop last marks after stop. */
+void ruda__order_worker_init(ruda__worker *w);
+void ruda__order_worker_fini(struct ruda_device *dev, ruda__worker *w);
+
+#endif /* RUDA_ORDER_H */
