@@ -11,14 +11,27 @@
  * (or when the owner changes) with one compare-and-swap onto the owner's
  * remote list. The owner allocates from its private free list and, when
  * that is empty, takes its whole remote list with one exchange; only when
- * both are empty does it malloc. So a launch makes no library call and no
- * atomic operation for allocation in BATCH-1 of BATCH commands.
+ * both are empty does it take a fresh block from its newest slab. So a
+ * launch makes no library call and no atomic operation for allocation in
+ * BATCH-1 of BATCH commands.
+ *
+ * Slabs: fresh blocks are carved, one at a time, from a slab the cache
+ * mallocs when the last one is used up, each twice the size of the one
+ * before (8 blocks first, at most SLAB_MAX_BYTES). A thread that makes a
+ * few commands holds a few KiB; a burst that keeps thousands in flight
+ * (its worker far behind, nothing to recycle) costs one malloc per 512
+ * commands instead of one per command. Blocks are 64-byte aligned. Pages
+ * are not touched ahead: the burst still pays the kernel for every fresh
+ * page, spread one fault per eight 512-byte commands, rather than all of a
+ * slab's faults (~2 us each in a VM) on the one launch that carves it.
  *
  * The remote list is a Treiber stack that only its owner empties, and only
  * whole, so there is no ABA problem. Blocks circulate within their owner,
  * so one thread cannot hoard another's: the pool holds at most what each
- * thread once had in flight, plus BATCH-1 blocks per freeing thread and
- * class. Memory is not returned to libc while the process runs.
+ * thread once had in flight (rounded up to its last slab), plus BATCH-1
+ * blocks per freeing thread and class. Memory is not returned to libc
+ * while the process runs; the cache's list of slabs keeps every block
+ * reachable for leak checkers.
  *
  * A cache outlives its thread: at exit it goes on an idle list, with the
  * blocks still in flight that will come home to it, and the next new
@@ -43,6 +56,8 @@
  * first, one with up to ~50 the second. */
 static const size_t class_size[NCLASS] = {512, 2048};
 #define CLASS_MALLOC 0xffffffffu
+#define SLAB_FIRST_BLOCKS 8u
+#define SLAB_MAX_BYTES ((size_t)256 << 10)
 
 typedef struct cache cache;
 
@@ -59,6 +74,12 @@ typedef struct blk {
 } blk;
 _Static_assert(sizeof(blk) == 16, "a command must start 16 bytes into its block");
 
+/* A slab's header; its blocks follow, from the next cache line on. */
+typedef struct slab {
+  struct slab *next; /* the cache's slabs, newest first */
+} slab;
+#define SLAB_HEADER RUDA__CACHELINE
+
 /* Blocks this thread freed for one other owner, not yet handed back. */
 typedef struct pending {
   blk *head, *tail;
@@ -72,6 +93,10 @@ struct cache {
   /* Only the thread using the cache touches the rest. */
   blk *free[NCLASS] __attribute__((aligned(RUDA__CACHELINE)));
   pending pend[NCLASS];
+  /* The part of each class's newest slab not yet handed out. */
+  unsigned char *carve[NCLASS], *carve_end[NCLASS];
+  uint32_t slab_blocks[NCLASS]; /* blocks in the class's next slab */
+  slab *slabs;
   int pooling;
   cache *idle_next;
 };
@@ -142,29 +167,69 @@ static cache *adopt(void) {
   return me;
 }
 
-ruda__cmd *ruda__cmd_alloc(size_t extra) {
-  cache *me = my;
-  if (__builtin_expect(me == NULL, 0)) me = adopt();
-  size_t need = sizeof(blk) + sizeof(ruda__cmd) + extra;
+/* A fresh block of class c from the newest slab, or from a new one. */
+static blk *carve(cache *me, int c) {
+  if (me->carve[c] == me->carve_end[c]) {
+    uint32_t n = me->slab_blocks[c] ? me->slab_blocks[c] : SLAB_FIRST_BLOCKS;
+    slab *s = aligned_alloc(RUDA__CACHELINE, SLAB_HEADER + n * class_size[c]);
+    if (s == NULL && n > SLAB_FIRST_BLOCKS) /* short of memory: try small */
+      s = aligned_alloc(RUDA__CACHELINE, SLAB_HEADER + (n = SLAB_FIRST_BLOCKS) * class_size[c]);
+    if (s == NULL) return NULL;
+    s->next = me->slabs;
+    me->slabs = s;
+    me->carve[c] = (unsigned char *)s + SLAB_HEADER;
+    me->carve_end[c] = me->carve[c] + n * class_size[c];
+    if ((2 * n) * class_size[c] <= SLAB_MAX_BYTES) n *= 2;
+    me->slab_blocks[c] = n;
+  }
+  blk *b = (blk *)me->carve[c];
+  me->carve[c] += class_size[c];
+  b->cls = (uint32_t)c; /* for good: a block never changes class or owner */
+  return b;
+}
+
+/* Everything but a pop from the private free list: the first command of a
+ * thread, the remote list, fresh blocks, plain malloc blocks. */
+static __attribute__((noinline)) blk *alloc_slow(cache *me, size_t need) {
+  if (me == NULL) me = adopt();
   int c = need <= class_size[0] ? 0 : need <= class_size[1] ? 1 : -1;
   blk *b;
   if (c < 0 || me == NULL || !me->pooling) {
+    if ((b = malloc(need)) == NULL) return NULL;
+    b->cls = CLASS_MALLOC;
+    return b;
+  }
+  if ((b = me->free[c]) != NULL) { /* adopted a cache with free blocks */
+    me->free[c] = b->next;
+  } else if ((b = atomic_exchange_explicit(&me->remote[c], NULL, memory_order_acquire)) != NULL) {
+    me->free[c] = b->next; /* everything freed back since the last time */
+  } else if ((b = carve(me, c)) == NULL) {
+    return NULL;
+  }
+  b->owner = me;
+  return b;
+}
+
+ruda__cmd *ruda__cmd_alloc(size_t extra) {
+  cache *me = my;
+  blk *b;
+  /* extra beyond the biggest class: plain malloc, and need might overflow */
+  if (__builtin_expect(extra > class_size[NCLASS - 1], 0)) {
+    size_t need = sizeof(blk) + sizeof(ruda__cmd) + extra;
     if (need < extra || (b = malloc(need)) == NULL) return NULL;
     b->cls = CLASS_MALLOC;
   } else {
-    b = me->free[c];
-    if (__builtin_expect(b != NULL, 1)) {
+    size_t need = sizeof(blk) + sizeof(ruda__cmd) + extra;
+    int c = need > class_size[0];
+    if (__builtin_expect(me != NULL && need <= class_size[1] && (b = me->free[c]) != NULL, 1)) {
       me->free[c] = b->next;
-    } else if ((b = atomic_exchange_explicit(&me->remote[c], NULL, memory_order_acquire)) != NULL) {
-      me->free[c] = b->next; /* everything freed back since the last time */
-    } else if ((b = malloc(class_size[c])) == NULL) {
+      b->owner = me;
+    } else if ((b = alloc_slow(me, need)) == NULL) {
       return NULL;
     }
-    b->owner = me;
-    b->cls = (uint32_t)c;
   }
   ruda__cmd *cmd = (ruda__cmd *)(b + 1);
-  cds_wfcq_node_init(&cmd->node);
+  cmd->node.next = NULL; /* cds_wfcq_node_init, without a call into liburcu */
   cmd->npins = 0;
   cmd->pins = NULL;
   cmd->future = NULL;
