@@ -15,12 +15,22 @@
  * not blocking: validation, pinning, building and queueing the command, and
  * the worker's wake-up, execution and unpinning running on other threads.
  *
+ * Burst mode (-b) holds each producer's worker back until the producer has
+ * issued all n launches: the stream's first command is a gate kernel that
+ * spins until the producer is done, so all n commands are in flight at
+ * once and the command pool cannot recycle any of them, as in bench_gpu's
+ * latency run (where the GPU worker drains 20x slower than the client
+ * enqueues). The first repetition in a process meets an empty pool and
+ * pays for fresh memory; later ones reuse the blocks the first grew (the
+ * pool keeps them), so run `-r 1` in fresh processes to see growth.
+ *
  * Latencies are read with a calibrated TSC (lfence; rdtsc ... rdtscp;
  * lfence) or CLOCK_MONOTONIC (-c mono). The cost of one clock pair is
  * measured and printed, and is included in every latency: nothing is
  * subtracted.
  */
 #include <getopt.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,6 +157,15 @@ static int k_buf(const ruda_host_ctx *c, void *const *args) {
   return 0;
 }
 
+/* Burst mode: holds the worker until the flag whose address it is given
+ * turns nonzero. */
+static int k_gate(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  _Atomic int *flag = (_Atomic int *)(uintptr_t) * (const uint64_t *)args[0];
+  while (atomic_load_explicit(flag, memory_order_acquire) == 0) __builtin_ia32_pause();
+  return 0;
+}
+
 /* The same arithmetic with nowhere to store it; the empty asm keeps it. */
 static int k_nobuf(const ruda_host_ctx *c, void *const *args) {
   (void)c;
@@ -213,6 +232,7 @@ typedef struct producer {
   pthread_barrier_t *go;
   hist *h;
   uint64_t t_first, t_done; /* CLOCK_MONOTONIC ns */
+  _Atomic int released;       /* burst mode: the gate opens */
 } producer;
 
 #define DIE(...)                    \
@@ -228,6 +248,8 @@ typedef struct producer {
     if (rc_ != 0) DIE("%s: %s", #call, ruda_error_message(ruda_last_error()));        \
   } while (0)
 
+static int burst;
+
 static void *producer_main(void *p) {
   producer *w = p;
   const uint32_t b = (uint32_t)w->index + 3; /* per-producer salt */
@@ -237,6 +259,13 @@ static void *producer_main(void *p) {
   hist *h = w->h;
   uint64_t expect = w->expect;
 
+  atomic_store(&w->released, 0);
+  if (ruda && burst) { /* close the gate: the worker runs nothing until the loop is done */
+    uint64_t flag = (uint64_t)(uintptr_t)&w->released;
+    ruda_arg garg = ruda_arg_scalar(&flag, sizeof flag);
+    ruda_launch_desc g = {.kernel = "k_gate", .grid = {1, 1, 1}, .block = {1, 1, 1}, .args = &garg, .nargs = 1};
+    CHECK(ruda_launch(w->dev, w->stream, &g));
+  }
   pthread_barrier_wait(w->go);
   w->t_first = mono_ns();
   for (uint64_t i = 0; i < w->n; i++) {
@@ -258,6 +287,7 @@ static void *producer_main(void *p) {
     expect += a * b;
   }
   h->count += w->n;
+  atomic_store_explicit(&w->released, 1, memory_order_release);
   if (ruda) {
     ruda_error *err = NULL;
     if (ruda_sync(w->dev, w->stream, &err) != 0) {
@@ -271,7 +301,7 @@ static void *producer_main(void *p) {
 }
 
 typedef struct result {
-  double p50_ns, p99_ns, cmds_per_s;
+  double p50_ns, p99_ns, p999_ns, cmds_per_s;
 } result;
 
 typedef struct setup {
@@ -325,6 +355,7 @@ static result run_once(setup *s, mode m, int nprod, uint64_t n) {
   result r;
   r.p50_ns = hist_quantile(s->prod[0].h, 0.50) * ns_per_tick;
   r.p99_ns = hist_quantile(s->prod[0].h, 0.99) * ns_per_tick;
+  r.p999_ns = hist_quantile(s->prod[0].h, 0.999) * ns_per_tick;
   r.cmds_per_s = (double)n * nprod / ((double)(done - first) * 1e-9);
   return r;
 }
@@ -341,6 +372,7 @@ static void setup_open(setup *s, mode m, int nprod, uint32_t streams, uint32_t b
     CHECK(ruda_device_open(&cfg, &s->dev));
     CHECK(ruda_host_kernel_register(s->dev, "k_buf", k_buf));
     CHECK(ruda_host_kernel_register(s->dev, "k_nobuf", k_nobuf));
+    CHECK(ruda_host_kernel_register(s->dev, "k_gate", k_gate));
   }
   for (int i = 0; i < nprod; i++) {
     producer *w = &s->prod[i];
@@ -387,7 +419,9 @@ static void usage(const char *argv0) {
           "  -m LIST    modes (default inline-1buf,inline-0buf,ruda-1buf,ruda-0buf;\n"
           "             also ruda-1buf-nopool,ruda-0buf-nopool: commands from malloc)\n"
           "  -s S       worker streams (default: one per producer)\n"
-          "  -q Q       queue bound per stream (default: the library's)\n"
+          "  -q Q       queue bound per stream (default: the library's; with -b, n + 64)\n"
+          "  -b         burst: each worker is held until its producer has issued all n\n"
+          "             launches, so all are in flight at once (needs -n)\n"
           "  -c CLOCK   tsc or mono (default tsc where available)\n"
           "  -o FILE    also write every repetition as CSV to FILE\n",
           argv0);
@@ -403,7 +437,7 @@ int main(int argc, char **argv) {
   uint32_t streams = 0, bound = 0;
   const char *csv_path = NULL;
   int opt;
-  while ((opt = getopt(argc, argv, "p:n:t:r:m:s:q:c:o:h")) != -1) {
+  while ((opt = getopt(argc, argv, "p:n:t:r:m:s:q:c:o:bh")) != -1) {
     switch (opt) {
       case 'p': {
         nprods = 0;
@@ -435,15 +469,18 @@ int main(int argc, char **argv) {
         else usage(argv[0]);
         break;
       case 'o': csv_path = optarg; break;
+      case 'b': burst = 1; break;
       default: usage(argv[0]);
     }
   }
   if (reps < 1 || reps > 1000 || target_s <= 0) usage(argv[0]);
+  if (burst && n_fixed == 0) usage(argv[0]);
+  if (burst && bound == 0) bound = n_fixed + 64 > (1u << 30) ? 1u << 30 : (uint32_t)(n_fixed + 64);
 
   FILE *csv = NULL;
   if (csv_path != NULL) {
     if ((csv = fopen(csv_path, "w")) == NULL) DIE("cannot open %s", csv_path);
-    fprintf(csv, "mode,producers,streams,rep,cmds_per_producer,p50_ns,p99_ns,cmds_per_s\n");
+    fprintf(csv, "mode,producers,streams,rep,cmds_per_producer,p50_ns,p99_ns,cmds_per_s,p999_ns\n");
   }
 
   calibrate();
@@ -455,8 +492,9 @@ int main(int argc, char **argv) {
   printf("# kernel: grid 1x1x1, block 1x1x1, 2 scalars (u64, u32) + 0 or 1 buffer; "
          "each producer on its own explicit stream; %d repetitions, medians shown\n",
          reps);
-  printf("%-9s %-7s %-12s %10s %9s %9s %12s %10s %10s\n", "producers", "streams", "mode", "cmds/prod",
-         "p50 ns", "p99 ns", "cmds/s", "p50/inline", "thr/inline");
+  if (burst) printf("# burst: each worker held until its producer issued all its launches\n");
+  printf("%-9s %-7s %-12s %10s %9s %9s %12s %10s %10s %10s\n", "producers", "streams", "mode", "cmds/prod",
+         "p50 ns", "p99 ns", "cmds/s", "p50/inline", "thr/inline", "p99.9 ns");
 
   static setup s;
   for (int i = 0; i < 64; i++)
@@ -476,20 +514,21 @@ int main(int argc, char **argv) {
         n = (uint64_t)((double)pilot * target_s / per_run);
         if (n < 10000) n = 10000;
       }
-      double p50[1000], p99[1000], thr[1000];
+      double p50[1000], p99[1000], p999[1000], thr[1000];
       for (int r = 0; r < reps; r++) {
         result res = run_once(&s, (mode)m, nprod, n);
         p50[r] = res.p50_ns;
         p99[r] = res.p99_ns;
+        p999[r] = res.p999_ns;
         thr[r] = res.cmds_per_s;
         if (csv)
-          fprintf(csv, "%s,%d,%u,%d,%llu,%.1f,%.1f,%.0f\n", mode_name[m], nprod,
+          fprintf(csv, "%s,%d,%u,%d,%llu,%.1f,%.1f,%.0f,%.1f\n", mode_name[m], nprod,
                   s.dev ? ruda_device_num_streams(s.dev) : 0, r, (unsigned long long)n, res.p50_ns,
-                  res.p99_ns, res.cmds_per_s);
+                  res.p99_ns, res.cmds_per_s, res.p999_ns);
       }
       uint32_t nstreams = s.dev ? ruda_device_num_streams(s.dev) : 0;
       setup_close(&s, nprod);
-      double mp50 = median(p50, reps), mp99 = median(p99, reps), mthr = median(thr, reps);
+      double mp50 = median(p50, reps), mp99 = median(p99, reps), mp999 = median(p999, reps), mthr = median(thr, reps);
       int b = mode_has_buf((mode)m) ? 0 : 1;
       char rel50[16] = "-", relthr[16] = "-";
       if (!mode_is_ruda((mode)m)) {
@@ -501,8 +540,8 @@ int main(int argc, char **argv) {
       }
       char st[16] = "-";
       if (nstreams) snprintf(st, sizeof st, "%u", nstreams);
-      printf("%-9d %-7s %-12s %10llu %9.1f %9.1f %12.0f %10s %10s\n", nprod, st, mode_name[m],
-             (unsigned long long)n, mp50, mp99, mthr, rel50, relthr);
+      printf("%-9d %-7s %-12s %10llu %9.1f %9.1f %12.0f %10s %10s %10.1f\n", nprod, st, mode_name[m],
+             (unsigned long long)n, mp50, mp99, mthr, rel50, relthr, mp999);
       fflush(stdout);
     }
   }
