@@ -1,13 +1,24 @@
 #define _GNU_SOURCE
 /* bench_gpu.c - the cuda backend beside the raw driver, in one process.
  *
- *   bench_gpu [-q] [-w workers[,workers...]] [out.csv]
+ *   bench_gpu [-q] [-s sections] [-W window] [-w workers[,workers...]] [out.csv]
  *
  * 1. Caller-side launch latency: one thread calls ruda_launch (an empty
  *    kernel, grid 1, block 32) n times; the same thread then calls
  *    cuLaunchKernel n times on a stream of its own. Each call is timed
  *    with a calibrated TSC; the cost of a clock pair is printed and not
- *    subtracted.
+ *    subtracted. Twice:
+ *    - burst: the n launches back to back. The worker submits ~20x slower
+ *      than the client enqueues, so nearly all n commands are in flight at
+ *      the end and the command pool grows (fresh memory, page faults)
+ *      instead of recycling; the raw driver's own queue fills likewise.
+ *    - steady: the same launches with the work in flight bounded: every
+ *      `window` launches (-W, default 256) the loop waits, untimed, until
+ *      the worker has caught up (ruda_flush: everything before it handed
+ *      to the driver) or, for the raw driver, until the stream is idle
+ *      (cuStreamSynchronize). This is what a server that keeps up with
+ *      its GPU sees. The first launch after each wait finds the worker
+ *      asleep and pays its wake-up (one launch in `window`).
  * 2. Sustained launches/s for 1, 2, 4, 8, 16 and 64 client threads: each
  *    thread issues its share of the launches on its own stream and then
  *    waits for it (ruda_sync / cuStreamSynchronize); the rate is launches
@@ -137,7 +148,57 @@ static CUcontext ctx_of(ruda_device *dev) {
 
 /* ---- 1. latency ---- */
 
-static void latency(ruda_device *dev, size_t n) {
+typedef struct lat {
+  double p50, p99, p999;
+} lat;
+
+static lat summarize(uint64_t *t, size_t n) {
+  qsort(t, n, sizeof *t, cmp_u64);
+  return (lat){pct(t, n, 0.5), pct(t, n, 0.99), pct(t, n, 0.999)};
+}
+
+/* n timed ruda_launch calls; window 0: back to back, else a ruda_flush
+ * (untimed) after every window launches. *drain_ms: the closing sync. */
+static lat time_ruda(ruda_device *dev, const ruda_launch_desc *l, uint64_t *t, size_t n, size_t window,
+                     double *drain_ms) {
+  for (int warm = 0; warm < 1000; warm++) CHECK(ruda_launch(dev, 0, l));
+  CHECK(ruda_sync(dev, 0, NULL));
+  for (size_t i = 0; i < n; i++) {
+    if (window && i % window == 0 && i > 0) CHECK(ruda_flush(dev, 0, NULL));
+    uint64_t a = tick0();
+    int rc = ruda_launch(dev, 0, l);
+    t[i] = tick1() - a;
+    if (rc != 0) die("ruda_launch", rc);
+  }
+  uint64_t s0 = mono_ns();
+  CHECK(ruda_sync(dev, 0, NULL));
+  *drain_ms = (mono_ns() - s0) / 1e6;
+  return summarize(t, n);
+}
+
+/* The same with cuLaunchKernel on a stream of the caller's own; the wait
+ * is cuStreamSynchronize. */
+static lat time_raw(CUfunction fn, CUstream st, uint64_t *t, size_t n, size_t window) {
+  for (int warm = 0; warm < 1000; warm++) CU(ruda__cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, st, NULL, NULL));
+  CU(ruda__cu.cuStreamSynchronize(st));
+  for (size_t i = 0; i < n; i++) {
+    if (window && i % window == 0 && i > 0) CU(ruda__cu.cuStreamSynchronize(st));
+    uint64_t a = tick0();
+    CUresult r = ruda__cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, st, NULL, NULL);
+    t[i] = tick1() - a;
+    if (r != CUDA_SUCCESS) die("cuLaunchKernel", RUDA_ECUDA);
+  }
+  CU(ruda__cu.cuStreamSynchronize(st));
+  return summarize(t, n);
+}
+
+static void lat_rows(const char *variant, lat x) {
+  row("latency", variant, 1, "p50", x.p50, "ns");
+  row("latency", variant, 1, "p99", x.p99, "ns");
+  row("latency", variant, 1, "p999", x.p999, "ns");
+}
+
+static void latency(ruda_device *dev, size_t n, size_t window) {
   uint64_t *t = malloc(n * sizeof *t);
   ruda_launch_desc l;
   memset(&l, 0, sizeof l);
@@ -154,48 +215,32 @@ static void latency(ruda_device *dev, size_t n) {
   printf("clock pair: p50 %.1f ns (included in every latency below)\n", clk);
   row("latency", "clock_pair", 1, "p50", clk, "ns");
 
-  for (int warm = 0; warm < 1000; warm++) CHECK(ruda_launch(dev, 0, &l));
-  CHECK(ruda_sync(dev, 0, NULL));
-  for (size_t i = 0; i < n; i++) {
-    uint64_t a = tick0();
-    int rc = ruda_launch(dev, 0, &l);
-    t[i] = tick1() - a;
-    if (rc != 0) die("ruda_launch", rc);
-  }
-  uint64_t s0 = mono_ns();
-  CHECK(ruda_sync(dev, 0, NULL));
-  double drain_ms = (mono_ns() - s0) / 1e6;
-  qsort(t, n, sizeof *t, cmp_u64);
-  double r50 = pct(t, n, 0.5), r99 = pct(t, n, 0.99), r999 = pct(t, n, 0.999);
-
+  double burst_drain_ms, steady_drain_ms;
+  lat rb = time_ruda(dev, &l, t, n, 0, &burst_drain_ms);
   CUfunction fn = raw_function(dev, "empty");
   CU(ruda__cu.cuCtxSetCurrent(ctx_of(dev)));
   CUstream st;
   CU(ruda__cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
-  for (int warm = 0; warm < 1000; warm++) CU(ruda__cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, st, NULL, NULL));
-  CU(ruda__cu.cuStreamSynchronize(st));
-  for (size_t i = 0; i < n; i++) {
-    uint64_t a = tick0();
-    CUresult r = ruda__cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, st, NULL, NULL);
-    t[i] = tick1() - a;
-    if (r != CUDA_SUCCESS) die("cuLaunchKernel", RUDA_ECUDA);
-  }
-  CU(ruda__cu.cuStreamSynchronize(st));
+  lat db = time_raw(fn, st, t, n, 0);
+  lat rs = time_ruda(dev, &l, t, n, window, &steady_drain_ms);
+  lat ds = time_raw(fn, st, t, n, window);
   CU(ruda__cu.cuStreamDestroy(st));
-  qsort(t, n, sizeof *t, cmp_u64);
-  double d50 = pct(t, n, 0.5), d99 = pct(t, n, 0.99), d999 = pct(t, n, 0.999);
 
   printf("\n1. caller-side launch latency, %zu launches, one thread (ns)\n", n);
-  printf("   %-22s %10s %10s %10s\n", "", "p50", "p99", "p99.9");
-  printf("   %-22s %10.1f %10.1f %10.1f   (worker drained the rest in %.1f ms)\n", "ruda_launch", r50, r99,
-         r999, drain_ms);
-  printf("   %-22s %10.1f %10.1f %10.1f\n", "cuLaunchKernel", d50, d99, d999);
-  row("latency", "ruda", 1, "p50", r50, "ns");
-  row("latency", "ruda", 1, "p99", r99, "ns");
-  row("latency", "ruda", 1, "p999", r999, "ns");
-  row("latency", "raw", 1, "p50", d50, "ns");
-  row("latency", "raw", 1, "p99", d99, "ns");
-  row("latency", "raw", 1, "p999", d999, "ns");
+  printf("   %-40s %10s %10s %10s\n", "", "p50", "p99", "p99.9");
+  printf("   %-40s %10.1f %10.1f %10.1f   (worker drained the rest in %.1f ms)\n", "burst: ruda_launch", rb.p50,
+         rb.p99, rb.p999, burst_drain_ms);
+  printf("   %-40s %10.1f %10.1f %10.1f\n", "burst: cuLaunchKernel", db.p50, db.p99, db.p999);
+  char what[64];
+  snprintf(what, sizeof what, "steady (wait every %zu): ruda_launch", window);
+  printf("   %-40s %10.1f %10.1f %10.1f\n", what, rs.p50, rs.p99, rs.p999);
+  snprintf(what, sizeof what, "steady (wait every %zu): cuLaunchKernel", window);
+  printf("   %-40s %10.1f %10.1f %10.1f\n", what, ds.p50, ds.p99, ds.p999);
+  lat_rows("ruda", rb);
+  lat_rows("raw", db);
+  lat_rows("ruda_steady", rs);
+  lat_rows("raw_steady", ds);
+  row("latency", "steady_window", 1, "launches", (double)window, "1");
   free(t);
 }
 
@@ -303,7 +348,7 @@ static int cmp_d(const void *a, const void *b) {
 
 static void report_gbs(const char *variant, double *gbs, int n) {
   qsort(gbs, (size_t)n, sizeof *gbs, cmp_d);
-  printf("   %-36s best %6.2f  median %6.2f GB/s\n", variant, gbs[n - 1], gbs[n / 2]);
+  printf("   %-40s best %6.2f  median %6.2f GB/s\n", variant, gbs[n - 1], gbs[n / 2]);
   row("upload_512MiB", variant, 1, "best", gbs[n - 1], "GB/s");
   row("upload_512MiB", variant, 1, "median", gbs[n / 2], "GB/s");
 }
@@ -418,13 +463,27 @@ static void kernel_load(int k) {
 int main(int argc, char **argv) {
   int quick = 0, opt, nw = 0;
   uint32_t workers[8];
-  while ((opt = getopt(argc, argv, "qw:")) != -1) {
+  int run[5] = {0, 1, 1, 1, 1}; /* sections 1-4 */
+  size_t window = 256;
+  while ((opt = getopt(argc, argv, "qs:W:w:")) != -1) {
     if (opt == 'q') {
       quick = 1;
+    } else if (opt == 's') {
+      memset(run, 0, sizeof run);
+      for (char *t = strtok(optarg, ","); t; t = strtok(NULL, ","))
+        if (atoi(t) >= 1 && atoi(t) <= 4) run[atoi(t)] = 1;
+    } else if (opt == 'W' && atol(optarg) > 0) {
+      window = (size_t)atol(optarg);
     } else if (opt == 'w') {
       for (char *t = strtok(optarg, ","); t && nw < 8; t = strtok(NULL, ",")) workers[nw++] = (uint32_t)atoi(t);
     } else {
-      fprintf(stderr, "usage: bench_gpu [-q] [-w workers[,workers...]] [out.csv]\n");
+      fprintf(stderr,
+              "usage: bench_gpu [-q] [-s sections] [-W window] [-w workers[,workers...]] [out.csv]\n"
+              "  -q  quick: fewer launches and runs\n"
+              "  -s  sections to run, comma-separated: 1 latency, 2 throughput, 3 uploads,\n"
+              "      4 kernel load (default all)\n"
+              "  -W  steady-state latency: launches between untimed waits (default 256)\n"
+              "  -w  worker counts for the throughput section (default 4,8)\n");
       return 2;
     }
   }
@@ -441,11 +500,11 @@ int main(int argc, char **argv) {
   printf("device: %s (sm_%d%d, %u SMs, %.1f GiB), driver %d%s\n", p.name, p.cc_major, p.cc_minor, p.sm_count,
          p.total_mem / 1073741824.0, ruda__cu.driver_version, quick ? ", quick run" : "");
   CHECK(ruda_kernel_source(dev, "empty", SRC_EMPTY, NULL));
-  latency(dev, quick ? 20000 : 200000);
-  throughput(dev, quick ? 64000 : 640000, workers, nw);
-  uploads(dev, quick ? 3 : 5);
+  if (run[1]) latency(dev, quick ? 20000 : 200000, window);
+  if (run[2]) throughput(dev, quick ? 64000 : 640000, workers, nw);
+  if (run[3]) uploads(dev, quick ? 3 : 5);
   ruda_device_close(dev, NULL);
-  kernel_load(quick ? 5 : 20);
+  if (run[4]) kernel_load(quick ? 5 : 20);
   if (csv) fclose(csv);
   return 0;
 }
