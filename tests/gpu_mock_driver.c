@@ -10,9 +10,9 @@
  *    than they were issued (truly asynchronous, so a staging block freed
  *    too early or a missing wait shows up as wrong data);
  *  - kernels are C functions looked up by name (the test kernels of
- *    gpu_common.h); any other kernel does nothing. The module image is
- *    only searched for the kernel's name, so NVRTC (real) still has to
- *    compile the source;
+ *    gpu_common.h and gpu_order.c); any other kernel does nothing. The
+ *    module image is only searched for the kernel's name, so NVRTC (real)
+ *    still has to compile the source;
  *  - launching "planted_fault" poisons the context: from then on syncs,
  *    queries and new work return CUDA_ERROR_ILLEGAL_ADDRESS, as a real
  *    illegal access does.
@@ -288,6 +288,31 @@ static void k_tma_copy(const unsigned g[3], const unsigned b[3], const unsigned 
     }
 }
 
+/* The slow kernels of gpu_order.c: spin is clock64 cycles on a GPU,
+ * slept here as microseconds at 2 GHz, so the work lands late. */
+static void spin_sleep(long long spin) {
+  if (spin > 0) usleep((useconds_t)(spin / 2000));
+}
+
+static void k_order_fill(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
+  (void)g, (void)b;
+  unsigned n = P(unsigned, 0);
+  unsigned *buf = PTR(unsigned, 8);
+  unsigned v = P(unsigned, 16);
+  spin_sleep(P(long long, 24));
+  for (unsigned i = 0; i < n; i++) buf[i] = v + i;
+}
+
+static void k_order_add(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
+  (void)g, (void)b;
+  unsigned n = P(unsigned, 0);
+  const unsigned *src = PTR(const unsigned, 8);
+  unsigned *dst = PTR(unsigned, 16);
+  unsigned k = P(unsigned, 24);
+  spin_sleep(P(long long, 32));
+  for (unsigned i = 0; i < n; i++) dst[i] = src[i] + k;
+}
+
 static void k_nop(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
   (void)g, (void)b, (void)params;
 }
@@ -304,6 +329,8 @@ static const mock_kernel kernels[] = {
     {"static_smem", 1, {8}, 1024, 16384, k_nop},
     {"bounded128", 1, {8}, 128, 0, k_nop},
     {"tma_copy", 4, {128, 8, 4, 4}, 1024, 4096 + 8, k_tma_copy},
+    {"order_fill", 4, {4, 8, 4, 8}, 1024, 0, k_order_fill},
+    {"order_add", 5, {4, 8, 8, 4, 8}, 1024, 0, k_order_add},
 };
 
 /* Parameters sit at their natural alignment, as in the CUDA ABI. */
