@@ -18,7 +18,20 @@ static ruda__slot *slot_at(ruda__handles *h, uint32_t index) {
   return chunk ? &chunk[index % RUDA__SLOTS_PER_CHUNK] : NULL;
 }
 
+/* A chunk: RUDA__SLOTS_PER_CHUNK slots, then as many last-use records. */
+#define CHUNK_BYTES (RUDA__SLOTS_PER_CHUNK * (sizeof(ruda__slot) + sizeof(uint64_t)))
+
+/* The record of slot s, which is the slot at index. */
+static _Atomic uint64_t *last_of(ruda__slot *s, uint32_t index) {
+  uint32_t i = index % RUDA__SLOTS_PER_CHUNK;
+  return (_Atomic uint64_t *)(s - i + RUDA__SLOTS_PER_CHUNK) + i;
+}
+
 ruda__slot *ruda__handles_slot(ruda__handles *h, uint32_t index) { return slot_at(h, index); }
+
+_Atomic uint64_t *ruda__handles_last(ruda__handles *h, uint32_t index) {
+  return last_of(slot_at(h, index), index);
+}
 
 void ruda__handles_init(ruda__handles *h) {
   for (uint32_t i = 0; i < RUDA__MAX_CHUNKS; i++) atomic_init(&h->chunks[i], NULL);
@@ -62,9 +75,9 @@ uint32_t ruda__handles_take(ruda__handles *h, uint32_t *slots, uint32_t n) {
       break;
     }
     if (atomic_load_explicit(&h->chunks[c], memory_order_relaxed) == NULL) {
-      /* Line-aligned, so a slot's state and last-use record share a line. */
-      ruda__slot *chunk = aligned_alloc(64, RUDA__SLOTS_PER_CHUNK * sizeof *chunk);
-      if (chunk != NULL) memset(chunk, 0, RUDA__SLOTS_PER_CHUNK * sizeof *chunk);
+      /* The records start line-aligned after the slots. */
+      ruda__slot *chunk = aligned_alloc(64, CHUNK_BYTES);
+      if (chunk != NULL) memset(chunk, 0, CHUNK_BYTES);
       if (chunk == NULL) {
         ruda__fail(RUDA_ENOMEM, "ruda_buffer_create: no host memory for the handle table");
         break;
@@ -101,9 +114,8 @@ void ruda__handles_publish(ruda__handles *h, uint32_t index, uint64_t addr, uint
   atomic_store_explicit(&s->mem, mem, memory_order_relaxed);
   uint64_t last = 0;
   if (home != UINT32_MAX && h->dev != NULL)
-    last = ruda__use_pack(home, gen, (uint32_t)(atomic_load_explicit(&h->dev->workers[home].queued,
-                                                                     memory_order_seq_cst) >> 32));
-  atomic_store_explicit(&s->last, last, memory_order_relaxed);
+    last = ruda__use_pack(home, gen, ruda__queue_ticket(&h->dev->workers[home]));
+  atomic_store_explicit(last_of(s, index), last, memory_order_relaxed);
   /* Release: a pinner that sees the new generation sees all of the above. */
   atomic_store_explicit(&s->state, ((uint64_t)gen << GEN_SHIFT) | LIVE | 1, memory_order_release);
   out->slot = index;
@@ -119,7 +131,7 @@ int ruda__handles_insert(ruda__handles *h, uint64_t addr, uint64_t size, ruda_ha
 }
 
 int ruda__handles_pin_use(ruda__handles *h, ruda_handle handle, uint32_t worker, uint64_t *addr,
-                          uint64_t *size, ruda__slot **slot) {
+                          uint64_t *size, ruda__slot **slot, _Atomic uint64_t **last) {
   ruda__slot *s = slot_at(h, handle.slot);
   if (s == NULL || handle.gen == 0) goto not_found;
   uint64_t st = atomic_load_explicit(&s->state, memory_order_acquire);
@@ -142,6 +154,7 @@ int ruda__handles_pin_use(ruda__handles *h, ruda_handle handle, uint32_t worker,
   *addr = s->addr;
   *size = s->size;
   if (slot != NULL) *slot = s;
+  if (last != NULL) *last = last_of(s, handle.slot);
   return 0;
 not_found:
   return ruda__fail(RUDA_ENOTFOUND, "handle {slot %u, gen %u} names no live buffer (freed or never created)",
@@ -149,7 +162,7 @@ not_found:
 }
 
 int ruda__handles_pin(ruda__handles *h, ruda_handle handle, uint64_t *addr, uint64_t *size) {
-  return ruda__handles_pin_use(h, handle, UINT32_MAX, addr, size, NULL);
+  return ruda__handles_pin_use(h, handle, UINT32_MAX, addr, size, NULL, NULL);
 }
 
 int ruda__handles_size(ruda__handles *h, ruda_handle handle, uint64_t *size) {

@@ -12,9 +12,13 @@
  * Buffers from the pools (memory/pool.c) carry their page in `mem` and
  * their home worker; a pin from another worker sets that worker's bit in
  * `users`, which is how a free learns that other streams must pass their
- * last use before the memory is reused (record-stream semantics). `last`
- * records the worker and ticket of the buffer's last use, which orders
- * data across streams (scheduler/order.h). The pools hand out slots in batches (take/put) so the table's lock stays off
+ * last use before the memory is reused (record-stream semantics). Beside
+ * each chunk of slots lies an array of last-use records (the worker and
+ * ticket of each buffer's last use), which orders data across streams
+ * (scheduler/order.h). They are apart from the slots because only clients
+ * write them: a slot's line is also written by the worker that unpins it,
+ * and a record there would cost a line transfer per command. The pools
+ * hand out slots in batches (take/put) so the table's lock stays off
  * the allocation path; slots released by workers go back on a lock-free
  * stack.
  */
@@ -39,8 +43,7 @@ typedef struct ruda__slot {
   _Atomic uint64_t users; /* other workers that pinned it: bit w % 64 */
   _Atomic(void *) mem;    /* pool page; NULL once given back, or raw */
   uint8_t raw;            /* inserted by ruda__handles_insert: mem_free it */
-  _Atomic uint64_t last;  /* last use: worker, generation, ticket (order.h) */
-} ruda__slot; /* 64 bytes: chunks are line-aligned, a slot is one line */
+} ruda__slot;
 
 typedef struct ruda__handles {
   _Atomic(ruda__slot *) chunks[RUDA__MAX_CHUNKS];
@@ -79,9 +82,11 @@ ruda__slot *ruda__handles_slot(ruda__handles *h, uint32_t slot);
 int ruda__handles_pin(ruda__handles *h, ruda_handle handle, uint64_t *addr, uint64_t *size);
 /* The same for a command of worker `worker`: a worker other than the
  * buffer's home is recorded in users before the pin takes effect. *slot
- * receives the pinned slot. */
+ * and *last receive the pinned slot and its last-use record. */
 int ruda__handles_pin_use(ruda__handles *h, ruda_handle handle, uint32_t worker, uint64_t *addr,
-                          uint64_t *size, ruda__slot **slot);
+                          uint64_t *size, ruda__slot **slot, _Atomic uint64_t **last);
+/* The last-use record of a slot known to exist. */
+_Atomic uint64_t *ruda__handles_last(ruda__handles *h, uint32_t slot);
 
 /* Drops one reference; the last one gives back the memory (to its pool,
  * through ruda__memory_retire, or ops->mem_free for raw memory) and the

@@ -28,6 +28,7 @@ static void want(ruda__order *o, uint32_t worker, uint32_t ticket) {
   o->wait[o->nwait].worker = worker;
   o->wait[o->nwait].ticket = ticket;
   o->nwait++;
+  o->need = 1;
 }
 
 void ruda__order_note_slow(ruda__order *o, uint64_t seen, uint32_t gen, uint32_t worker) {
@@ -37,7 +38,7 @@ void ruda__order_note_slow(ruda__order *o, uint64_t seen, uint32_t gen, uint32_t
   if (g != (gen & 0xffffu) || w1 == RUDA__USE_MIXED) {
     /* A stale record (written late for an earlier buffer in this slot) or
      * uses that raced on several workers: order after all of them. */
-    o->all = 1;
+    o->all = o->need = 1;
     return;
   }
   if (w1 - 1 != worker) want(o, w1 - 1, (uint32_t)seen);
@@ -126,7 +127,7 @@ int ruda__order_prepare(ruda_device *dev, ruda__order *o, ruda__stream *s, uint6
     uint32_t a, t;
     if (o->all) {
       if ((a = i) == b->index) continue;
-      t = (uint32_t)(atomic_load_explicit(&dev->workers[a].queued, memory_order_seq_cst) >> 32);
+      t = ruda__queue_ticket(&dev->workers[a]);
     } else {
       a = o->wait[i].worker;
       t = o->wait[i].ticket;
@@ -174,7 +175,7 @@ int ruda__order_prepare(ruda_device *dev, ruda__order *o, ruda__stream *s, uint6
   return 0;
 }
 
-void ruda__order_publish_slow(ruda__slot *slot, uint64_t cur, uint64_t want) {
+void ruda__order_publish_slow(_Atomic uint64_t *last, uint64_t cur, uint64_t want) {
   const uint64_t mine = want >> 48;
   const uint64_t gen = (want >> 32) & 0xffffu;
   for (;;) {
@@ -192,7 +193,7 @@ void ruda__order_publish_slow(ruda__slot *slot, uint64_t cur, uint64_t want) {
       next = ((uint64_t)RUDA__USE_MIXED << 48) | (gen << 32);
       if (cur == next) return;
     }
-    if (atomic_compare_exchange_weak_explicit(&slot->last, &cur, next, memory_order_release, memory_order_relaxed))
+    if (atomic_compare_exchange_weak_explicit(last, &cur, next, memory_order_release, memory_order_relaxed))
       return;
   }
 }
@@ -268,7 +269,8 @@ void ruda__order_completed(ruda__worker *w, uint64_t pos) {
 }
 
 void ruda__order_worker_init(ruda__worker *w) {
-  atomic_init(&w->queued, 0);
+  atomic_init(&w->depth, 0);
+  atomic_init(&w->tickets, 0);
   atomic_init(&w->done, 0);
   atomic_init(&w->completed, 0);
   for (uint32_t i = 0; i < RUDA__COVER_WAYS; i++) atomic_init(&w->covered[i], 0);

@@ -2,9 +2,9 @@
  *
  * A command that uses a buffer whose last use was queued on another worker
  * must not start on the device before that use is done. Each worker counts
- * the commands pushed to it (its tickets, in the high half of
- * worker->queued) and the commands it ran (worker->done); each buffer slot
- * records the worker and ticket of its last use (slot->last). At enqueue:
+ * the commands pushed to it (its tickets, worker->tickets) and the
+ * commands it ran (worker->done); each buffer slot records the worker and
+ * ticket of its last use (memory/handles.h). At enqueue:
  *
  *  - last use on the same worker (the common case): nothing to do; the
  *    queue is FIFO. One load and compare per buffer, then, after the push,
@@ -38,7 +38,7 @@
 
 struct ruda_device;
 
-/* slot->last: bits 48..63 the worker + 1 (0: never used; RUDA__USE_MIXED:
+/* A slot's last-use record (ruda__handles_last): bits 48..63 the worker + 1 (0: never used; RUDA__USE_MIXED:
  * uses on several workers raced, so the next use orders after all of
  * them), bits 32..47 the low 16 bits of the handle's generation (a record
  * written late for a freed buffer is recognised as stale), bits 0..31 the
@@ -71,11 +71,12 @@ enum { RUDA__DEP_PENDING = 0, RUDA__DEP_SLEEPER = 1, RUDA__DEP_READY = 2 };
  * its buffers. */
 typedef struct ruda__order {
   uint32_t nuse, nwait;
-  int all; /* a record could not be trusted: order after every worker */
+  uint32_t need; /* non-zero: a WAIT may be needed (nwait or all) */
+  int all;       /* a record could not be trusted: order after every worker */
   struct {
-    ruda__slot *slot;
-    uint64_t seen; /* slot->last when pinned */
-    uint32_t gen;
+    _Atomic uint64_t *last; /* the slot's record */
+    uint64_t seen;          /* its value when pinned */
+    uint64_t hi;            /* this use's record without the ticket */
   } use[RUDA__MAX_PINS];
   struct {
     uint32_t worker, ticket;
@@ -83,29 +84,29 @@ typedef struct ruda__order {
 } ruda__order;
 
 static inline void ruda__order_init(ruda__order *o) {
-  o->nuse = o->nwait = 0;
+  o->nuse = o->nwait = o->need = 0;
   o->all = 0;
 }
 
 void ruda__order_note_slow(ruda__order *o, uint64_t seen, uint32_t gen, uint32_t worker);
 
-/* Notes that the command being built for worker `worker` uses slot s
- * (pinned, generation gen). Same worker as the last use: one load and
- * compare. */
-static inline void ruda__order_note(ruda__order *o, ruda__slot *s, uint32_t gen, uint32_t worker) {
+/* Notes that the command being built for worker `worker` uses a buffer
+ * (pinned, generation gen) whose last-use record is at last. Same worker
+ * as the last use: one load and compare. */
+static inline void ruda__order_note(ruda__order *o, _Atomic uint64_t *last, uint32_t gen, uint32_t worker) {
   /* Acquire: a last use seen here was pushed before; a MARK pushed after
    * this load follows it on its worker's queue. */
-  uint64_t seen = atomic_load_explicit(&s->last, memory_order_acquire);
+  uint64_t seen = atomic_load_explicit(last, memory_order_acquire);
+  uint64_t hi = ruda__use_pack(worker, gen, 0);
   uint32_t i = o->nuse++;
-  o->use[i].slot = s;
+  o->use[i].last = last;
   o->use[i].seen = seen;
-  o->use[i].gen = gen & 0xffffu;
-  if (__builtin_expect((seen >> 32) == ((((uint64_t)(worker + 1) & 0xffffu) << 16) | (gen & 0xffffu)), 1))
-    return;
+  o->use[i].hi = hi;
+  if (__builtin_expect((seen >> 32) == (hi >> 32), 1)) return;
   ruda__order_note_slow(o, seen, gen, worker);
 }
 
-static inline int ruda__order_needed(const ruda__order *o) { return o->nwait != 0 || o->all; }
+static inline int ruda__order_needed(const ruda__order *o) { return o->need != 0; }
 
 /* Client, after the command was admitted on s's worker and before it is
  * pushed: pushes the MARKs and the WAIT the command needs (none when the
@@ -114,23 +115,23 @@ static inline int ruda__order_needed(const ruda__order *o) { return o->nwait != 
  * cannot be allocated; nothing the caller must undo then. */
 int ruda__order_prepare(struct ruda_device *dev, ruda__order *o, ruda__stream *s, uint64_t seq);
 
-void ruda__order_publish_slow(ruda__slot *slot, uint64_t cur, uint64_t want);
+void ruda__order_publish_slow(_Atomic uint64_t *last, uint64_t cur, uint64_t want);
 
 /* Client, after the command was pushed on w (while it still holds its
  * pins): records this use as the buffers' last. The ticket read after the
  * push is at least the command's position in w's queue. */
 static inline void ruda__order_publish(ruda__order *o, ruda__worker *w) {
   if (o->nuse == 0) return;
-  uint32_t t = (uint32_t)(atomic_load_explicit(&w->queued, memory_order_seq_cst) >> 32);
+  uint32_t t = ruda__queue_ticket(w);
   for (uint32_t i = 0; i < o->nuse; i++) {
-    uint64_t want = ruda__use_pack(w->index, o->use[i].gen, t);
+    uint64_t want = o->use[i].hi | t;
     uint64_t seen = o->use[i].seen;
     /* Release: whoever sees this record sees our push before it. A CAS,
      * not a store, so that a use on another worker published meanwhile
      * is not overwritten unseen. */
-    if (!atomic_compare_exchange_strong_explicit(&o->use[i].slot->last, &seen, want, memory_order_release,
+    if (!atomic_compare_exchange_strong_explicit(o->use[i].last, &seen, want, memory_order_release,
                                                  memory_order_relaxed))
-      ruda__order_publish_slow(o->use[i].slot, seen, want);
+      ruda__order_publish_slow(o->use[i].last, seen, want);
   }
 }
 

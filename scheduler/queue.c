@@ -7,20 +7,19 @@
  * with RUDA_EQUEUEFULL, as the device's backpressure policy says. Nothing
  * is ever dropped.
  *
- * The depth shares a word with the worker's ticket counter (commands
- * pushed, scheduler/order.c): one atomic add counts a command for both.
- * An admission that is refused or given back takes its count back from
- * both halves, so over time the tickets count exactly the commands that
- * were enqueued; a reader that saw such a count in passing only orders
- * more than it needs to.
+ * Every enqueue also counts itself in the worker's tickets (commands
+ * pushed ever, scheduler/order.h) just before it links the command.
  */
 #include <stdlib.h>
 
 #include "../src/internal.h"
 #include "../src/sync.h"
 
-static void push(ruda__worker *w, ruda__cmd *cmd) {
+static inline __attribute__((always_inline)) void push(ruda__worker *w, ruda__cmd *cmd) {
   RUDA__TSAN_RELEASE(&cmd->node);
+  /* Before the exchange that links it (a full barrier): whoever reads the
+   * count after a later push's exchange sees this one counted. */
+  atomic_fetch_add_explicit(&w->tickets, 1, memory_order_relaxed);
   /* cds_wfcq_enqueue returns false when the queue was empty: only then can
    * the worker be asleep (or about to be), so only then is it woken. A
    * worker re-checks the queue after reading the event count and before
@@ -29,16 +28,16 @@ static void push(ruda__worker *w, ruda__cmd *cmd) {
 }
 
 void ruda__queue_push_unbounded(ruda__worker *w, ruda__cmd *cmd) {
-  atomic_fetch_add_explicit(&w->queued, RUDA__QUEUED_ONE, memory_order_relaxed);
+  atomic_fetch_add_explicit(&w->depth, 1, memory_order_relaxed);
   push(w, cmd);
 }
 
 int ruda__queue_admit(ruda__worker *w, ruda_stream_id stream) {
   const ruda_config *cfg = &w->dev->cfg;
   for (;;) {
-    uint32_t d = (uint32_t)atomic_fetch_add_explicit(&w->queued, RUDA__QUEUED_ONE, memory_order_relaxed);
+    uint32_t d = atomic_fetch_add_explicit(&w->depth, 1, memory_order_relaxed);
     if (d < cfg->queue_bound) return 0;
-    atomic_fetch_sub_explicit(&w->queued, RUDA__QUEUED_ONE, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&w->depth, 1, memory_order_relaxed);
     if (cfg->backpressure == RUDA_BACKPRESSURE_ERROR)
       return ruda__fail(RUDA_EQUEUEFULL, "stream %llu: queue of worker %u holds %u commands (bound %u)",
                         (unsigned long long)stream, w->index, d, cfg->queue_bound);
@@ -52,7 +51,7 @@ int ruda__queue_admit(ruda__worker *w, ruda_stream_id stream) {
 }
 
 void ruda__queue_unadmit(ruda__worker *w) {
-  atomic_fetch_sub_explicit(&w->queued, RUDA__QUEUED_ONE, memory_order_relaxed);
+  atomic_fetch_sub_explicit(&w->depth, 1, memory_order_relaxed);
   ck_ec32_inc(&w->space, &ruda__ec_mp);
 }
 

@@ -115,12 +115,14 @@ void ruda__future_unref(struct ruda_future *f);
 struct ruda__worker {
   /* Producer side, on its own cache line. */
   struct cds_wfcq_tail tail __attribute__((aligned(RUDA__CACHELINE)));
-  /* Low 32 bits: commands queued, for the bound. High 32 bits: commands
-   * pushed ever (mod 2^32), the worker's ticket counter for cross-stream
-   * ordering. One word, so a push counts both with one atomic add. Every
-   * push adds RUDA__QUEUED_ONE before its enqueue and keeps it, so after a
-   * push the counter is at least the command's position in the queue. */
-  _Atomic uint64_t queued;
+  _Atomic uint32_t depth; /* commands queued, for the bound */
+  /* Commands pushed ever: the worker's tickets for cross-stream ordering
+   * (order.h). Every push counts itself here before its enqueue, so after
+   * a push the count is at least the command's position in the queue. On
+   * a line of its own that the worker never writes: a producer reads it
+   * right after its push, when the worker may have taken the tail's line
+   * to splice the queue. */
+  _Atomic uint64_t tickets __attribute__((aligned(RUDA__CACHELINE)));
   /* Consumer side. */
   struct cds_wfcq_head head __attribute__((aligned(RUDA__CACHELINE)));
   ck_ec32_t wake;  /* bumped when a push finds the queue empty */
@@ -151,11 +153,14 @@ struct ruda__worker {
   _Atomic uint64_t covered[RUDA__COVER_WAYS];
 } __attribute__((aligned(RUDA__CACHELINE)));
 
-#define RUDA__QUEUED_ONE ((UINT64_C(1) << 32) | 1u)
-
 /* Commands queued on w, for the bound. */
 static inline uint32_t ruda__queue_depth(ruda__worker *w) {
-  return (uint32_t)atomic_load_explicit(&w->queued, memory_order_relaxed);
+  return atomic_load_explicit(&w->depth, memory_order_relaxed);
+}
+
+/* w's ticket counter, read after a push (order.h). */
+static inline uint32_t ruda__queue_ticket(ruda__worker *w) {
+  return (uint32_t)atomic_load_explicit(&w->tickets, memory_order_seq_cst);
 }
 
 /* Pushes cmd on w's queue, applying the device's backpressure policy.

@@ -103,7 +103,7 @@ void ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
  * enters the kernel when someone sleeps). */
 static void retire(ruda__worker *w, uint32_t *n) {
   if (*n == 0) return;
-  atomic_fetch_sub_explicit(&w->queued, *n, memory_order_relaxed); /* the depth half */
+  atomic_fetch_sub_explicit(&w->depth, *n, memory_order_relaxed);
   *n = 0;
   ck_ec32_inc(&w->space, &ruda__ec_mp);
 }

@@ -41,10 +41,11 @@ static int pin_binding(ruda_device *dev, ruda__stream *s, ruda_binding b, const 
                        int index, uint64_t *addr, uint64_t *len, ruda__order *o) {
   uint64_t base, size;
   ruda__slot *slot;
+  _Atomic uint64_t *last;
   char lb[48];
   /* Pinned for s's worker: a worker other than the buffer's home is
    * recorded, so the buffer's memory waits for it after a free. */
-  if (ruda__handles_pin_use(&dev->handles, b.handle, s->worker->index, &base, &size, &slot) != 0)
+  if (ruda__handles_pin_use(&dev->handles, b.handle, s->worker->index, &base, &size, &slot, &last) != 0)
     return ruda__fail(RUDA_ENOTFOUND, "%s: %s handle {slot %u, gen %u} names no live buffer", fn,
                       label(lb, sizeof lb, what, index), b.handle.slot, b.handle.gen);
   if ((base & RUDA__UNBACKED) && ruda__memory_back(dev, atomic_load(&slot->mem), base, fn, &base) != 0) {
@@ -62,7 +63,7 @@ static int pin_binding(ruda_device *dev, ruda__stream *s, ruda_binding b, const 
   }
   *addr = base + b.offset;
   *len = want;
-  ruda__order_note(o, slot, b.handle.gen, s->worker->index);
+  ruda__order_note(o, last, b.handle.gen, s->worker->index);
   return 0;
 }
 
@@ -116,7 +117,8 @@ static int make_layout(const ruda_copy_desc *d, uint64_t binding_len, const char
 
 /* Pushes cmd on s's worker, after whatever other streams' work o says it
  * must follow, and records its buffer uses. */
-static int submit(ruda_device *dev, ruda__stream *s, ruda__cmd *cmd, ruda__order *o) {
+static inline __attribute__((always_inline)) int submit(ruda_device *dev, ruda__stream *s, ruda__cmd *cmd,
+                                                        ruda__order *o) {
   cmd->stream = s;
   cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
   ruda__worker *w = s->worker;
