@@ -29,7 +29,6 @@ typedef enum ruda__cmd_kind {
   RUDA__CMD_READ,
   RUDA__CMD_COPY,
   RUDA__CMD_LAUNCH,
-  RUDA__CMD_FREE,  /* drop the owner's reference of a freed buffer */
   RUDA__CMD_FENCE, /* flush: complete the future once reached */
   RUDA__CMD_SYNC,  /* record completion of everything before it */
   RUDA__CMD_STOP,  /* worker exits after it (close) */
@@ -62,9 +61,6 @@ typedef struct ruda__cmd {
       uint64_t dst, src, size;
     } copy;
     ruda__launch_cmd launch;
-    struct {
-      uint32_t slot;
-    } free;
     struct {
       struct ruda__dep *dep;
     } mark;

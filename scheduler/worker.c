@@ -15,7 +15,6 @@ static const char *cmd_name(int kind) {
     case RUDA__CMD_READ: return "read";
     case RUDA__CMD_COPY: return "copy";
     case RUDA__CMD_LAUNCH: return "launch";
-    case RUDA__CMD_FREE: return "free";
     case RUDA__CMD_FENCE: return "flush";
     case RUDA__CMD_SYNC: return "sync";
     case RUDA__CMD_MARK: return "mark";
@@ -61,9 +60,6 @@ void ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
     case RUDA__CMD_LAUNCH:
       if (!(cmd->u.launch.flags & RUDA_LAUNCH_DRY_RUN))
         rc = ops->launch(w->wstate, &cmd->u.launch, &err);
-      break;
-    case RUDA__CMD_FREE:
-      ruda__handles_unpin(&dev->handles, dev, cmd->u.free.slot, w->wstate);
       break;
     case RUDA__CMD_SYNC:
       rc = ops->record(w->wstate, &cmd->future->completion, &err);
