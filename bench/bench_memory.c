@@ -24,6 +24,7 @@
  *
  * usage: bench_memory [-s seconds per case] [-t 1,4,16] [-b auto|host|cuda]
  *                     [-x] (skip the raw baseline) [-a] (amplification only)
+ *                     [-w] (the window case only, no amplification)
  *                     [-m factor] (scale every size of the trace)
  */
 #include <getopt.h>
@@ -358,10 +359,10 @@ static void amplification(ruda_device *dev, uint32_t streams) {
 int main(int argc, char **argv) {
   double seconds = 0.5;
   uint32_t thread_counts[8] = {1, 4, 16};
-  int nthreads = 3, raw = 1, only_amp = 0;
+  int nthreads = 3, raw = 1, only_amp = 0, only_window = 0;
   ruda_backend_kind backend = RUDA_BACKEND_AUTO;
   int opt;
-  while ((opt = getopt(argc, argv, "s:t:b:xam:")) != -1) {
+  while ((opt = getopt(argc, argv, "s:t:b:xawm:")) != -1) {
     switch (opt) {
       case 'm': trace_scale = atof(optarg) > 0 ? atof(optarg) : 1.0; break;
       case 's': seconds = atof(optarg); break;
@@ -378,8 +379,9 @@ int main(int argc, char **argv) {
         break;
       case 'x': raw = 0; break;
       case 'a': only_amp = 1; break;
+      case 'w': only_window = 1; break;
       default:
-        fprintf(stderr, "usage: %s [-s seconds] [-t 1,4,16] [-b auto|host|cuda] [-x] [-a] [-m factor]\n", argv[0]);
+        fprintf(stderr, "usage: %s [-s seconds] [-t 1,4,16] [-b auto|host|cuda] [-x] [-a] [-w] [-m factor]\n", argv[0]);
         return 2;
     }
   }
@@ -407,7 +409,7 @@ int main(int argc, char **argv) {
            "Mpairs/s |\n");
     printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     static const uint64_t sizes[] = {256, 64 << 10, 1 << 20, 16 << 20};
-    for (int si = 0; si < 5; si++) {
+    for (int si = only_window ? 4 : 0; si < 5; si++) {
       for (int ti = 0; ti < nthreads; ti++) {
         uint32_t T = thread_counts[ti];
         enum mode rm = si < 4 ? RUDA_PAIR : RUDA_WINDOW, bm = si < 4 ? RAW_PAIR : RAW_WINDOW;
@@ -425,7 +427,7 @@ int main(int argc, char **argv) {
       }
     }
   }
-  amplification(dev, 4);
+  if (!only_window) amplification(dev, 4);
   ruda_memory_stats d;
   if (ruda_memory_device_usage(dev, &d) == 0)
     printf("\nafter the runs: %.1f MiB reserved, %.1f MiB peak backed\n", (double)d.bytes_reserved / 1048576.0,
