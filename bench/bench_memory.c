@@ -7,7 +7,9 @@
  *    ruda_buffer_free pairs for a few sizes, for a fixed time. Beside it,
  *    in the same run, the same threads call the backend's own allocator
  *    (ops->mem_alloc + ops->mem_free: cuMemAlloc/cuMemFree on a GPU,
- *    aligned malloc/free on the host). A "window" mode keeps 32 buffers of
+ *    aligned malloc/free on the host), and on the cuda backend also
+ *    cuMemAllocAsync + cuMemFreeAsync on a non-blocking stream of the
+ *    thread's own (the driver's default memory pool). A "window" mode keeps 32 buffers of
  *    mixed sizes live per thread and replaces the oldest each time, so
  *    pages and classes are shared by buffers of different lifetimes.
  *    Every pair is timed with CLOCK_MONOTONIC; the cost of one clock pair
@@ -36,6 +38,9 @@
 #include <time.h>
 
 #include "internal.h"
+#ifdef RUDA_BENCH_CUDA
+#include "cuda/cu_loader.h"
+#endif
 
 static inline uint64_t now_ns(void) {
   struct timespec ts;
@@ -50,7 +55,28 @@ static int cmp_u32(const void *a, const void *b) {
 
 /* ---- part 1: latency and throughput ---- */
 
-enum mode { RUDA_PAIR, RAW_PAIR, RUDA_WINDOW, RAW_WINDOW };
+enum mode { RUDA_PAIR, RAW_PAIR, RUDA_WINDOW, RAW_WINDOW, ASYNC_PAIR, ASYNC_WINDOW };
+
+/* The stream-ordered driver allocator: only on the cuda backend, when the
+ * driver has it. Each thread allocates and frees on a stream of its own. */
+static int have_async(ruda_device *dev) {
+#ifdef RUDA_BENCH_CUDA
+  return strcmp(dev->ops->name, "cuda") == 0 && ruda__cu.cuMemAllocAsync != NULL &&
+         ruda__cu.cuMemFreeAsync != NULL;
+#else
+  (void)dev;
+  return 0;
+#endif
+}
+
+#ifdef RUDA_BENCH_CUDA
+static int async_rc(CUresult r, const char *what) {
+  if (r == CUDA_SUCCESS) return 0;
+  char d[160];
+  fprintf(stderr, "%s: %s\n", what, ruda__cu_describe(r, d, sizeof d));
+  return RUDA_ECUDA;
+}
+#endif
 
 typedef struct job {
   ruda_device *dev;
@@ -81,6 +107,23 @@ static void *run_job(void *p) {
   ruda_handle h[WINDOW];
   uint64_t addr[WINDOW];
   uint32_t head = 0;
+#ifdef RUDA_BENCH_CUDA
+  CUstream cs = NULL;
+  if (j->mode == ASYNC_PAIR || j->mode == ASYNC_WINDOW) {
+    j->rc = async_rc(ruda__cu.cuCtxSetCurrent((CUcontext)ops->native_context(dev->bstate)), "cuCtxSetCurrent");
+    if (j->rc == 0) j->rc = async_rc(ruda__cu.cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    if (j->rc == 0 && j->mode == ASYNC_PAIR) {
+      CUdeviceptr d;
+      j->rc = async_rc(ruda__cu.cuMemAllocAsync(&d, j->size, cs), "cuMemAllocAsync");
+      if (j->rc == 0) j->rc = async_rc(ruda__cu.cuMemFreeAsync(d, cs), "cuMemFreeAsync");
+    }
+    for (int i = 0; i < WINDOW && j->rc == 0 && j->mode == ASYNC_WINDOW; i++) {
+      CUdeviceptr d;
+      j->rc = async_rc(ruda__cu.cuMemAllocAsync(&d, window_sizes[rand_r(&seed) % 8], cs), "cuMemAllocAsync");
+      addr[i] = (uint64_t)d;
+    }
+  }
+#endif
   /* Warm up: the stream, its pools, the window. */
   if (j->mode == RUDA_PAIR) {
     if ((j->rc = ruda_buffer_create(dev, s, j->size, &h[0])) == 0) j->rc = ruda_buffer_free(dev, s, h[0]);
@@ -118,11 +161,30 @@ static void *run_job(void *p) {
         rc = ops->mem_alloc(dev->bstate, window_sizes[rand_r(&seed) % 8], &addr[head]);
         head = (head + 1) % WINDOW;
         break;
+#ifdef RUDA_BENCH_CUDA
+      case ASYNC_PAIR: {
+        CUdeviceptr d;
+        rc = async_rc(ruda__cu.cuMemAllocAsync(&d, j->size, cs), "cuMemAllocAsync");
+        if (rc == 0) rc = async_rc(ruda__cu.cuMemFreeAsync(d, cs), "cuMemFreeAsync");
+        break;
+      }
+      case ASYNC_WINDOW: {
+        CUdeviceptr d;
+        rc = async_rc(ruda__cu.cuMemFreeAsync((CUdeviceptr)addr[head], cs), "cuMemFreeAsync");
+        if (rc == 0) rc = async_rc(ruda__cu.cuMemAllocAsync(&d, window_sizes[rand_r(&seed) % 8], cs), "cuMemAllocAsync");
+        addr[head] = rc == 0 ? (uint64_t)d : 0;
+        head = (head + 1) % WINDOW;
+        break;
+      }
+#endif
+      default:
+        rc = RUDA_EINVAL;
     }
     b = now_ns();
     if (rc != 0) {
       j->rc = rc;
-      fprintf(stderr, "thread %u: %s\n", j->id, ruda_error_message(ruda_last_error()));
+      if (j->mode != ASYNC_PAIR && j->mode != ASYNC_WINDOW)
+        fprintf(stderr, "thread %u: %s\n", j->id, ruda_error_message(ruda_last_error()));
       break;
     }
     record(j, b - a);
@@ -134,6 +196,15 @@ static void *run_job(void *p) {
     for (int i = 0; i < WINDOW; i++) ruda_buffer_free(dev, s, h[i]);
   if (j->mode == RAW_WINDOW)
     for (int i = 0; i < WINDOW; i++) ops->mem_free(dev->bstate, addr[i], NULL);
+#ifdef RUDA_BENCH_CUDA
+  if (cs != NULL) {
+    if (j->mode == ASYNC_WINDOW)
+      for (int i = 0; i < WINDOW; i++)
+        if (addr[i]) ruda__cu.cuMemFreeAsync((CUdeviceptr)addr[i], cs);
+    ruda__cu.cuStreamSynchronize(cs);
+    ruda__cu.cuStreamDestroy(cs);
+  }
+#endif
   return NULL;
 }
 
@@ -405,9 +476,10 @@ int main(int argc, char **argv) {
 
   if (!only_amp) {
     printf("\n## alloc+free pairs, %.2f s per case (ns per pair; Mpairs/s over all threads)\n\n", seconds);
+    const int async = raw && have_async(dev);
     printf("| size | threads | ruda p50 | ruda p99 | ruda Mpairs/s | backend calls / 1k | raw p50 | raw p99 | raw "
-           "Mpairs/s |\n");
-    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+           "Mpairs/s | async p50 | async p99 | async Mpairs/s |\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     static const uint64_t sizes[] = {256, 64 << 10, 1 << 20, 16 << 20};
     for (int si = only_window ? 4 : 0; si < 5; si++) {
       for (int ti = 0; ti < nthreads; ti++) {
@@ -417,11 +489,15 @@ int main(int argc, char **argv) {
         result a = run_case(dev, rm, T, size, seconds);
         result b = {0, 0, 0, 0, 0};
         if (raw) b = run_case(dev, bm, T, size, seconds);
+        result c = {0, 0, 0, 0, 0};
+        if (async) c = run_case(dev, si < 4 ? ASYNC_PAIR : ASYNC_WINDOW, T, size, seconds);
         char sz[32];
         if (si < 4) print_size(sz, sizeof sz, size);
         else snprintf(sz, sizeof sz, "window of 32 mixed");
         printf("| %s | %u | %.0f | %.0f | %.2f | %.2f | ", sz, T, a.p50, a.p99, a.mops, a.backend_per_k);
-        if (raw) printf("%.0f | %.0f | %.3f |\n", b.p50, b.p99, b.mops);
+        if (raw) printf("%.0f | %.0f | %.3f | ", b.p50, b.p99, b.mops);
+        else printf("- | - | - | ");
+        if (async) printf("%.0f | %.0f | %.3f |\n", c.p50, c.p99, c.mops);
         else printf("- | - | - |\n");
         fflush(stdout);
       }

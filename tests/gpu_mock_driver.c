@@ -574,6 +574,30 @@ static CUresult m_cuMemFree(CUdeviceptr p) {
   free((void *)(uintptr_t)p);
   return CUDA_SUCCESS;
 }
+/* Stream-ordered: the memory is taken at once (usable by the stream's
+ * later work, as the driver's pool gives it) and given back when the
+ * stream reaches the free. */
+static CUresult m_cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
+  CUresult r = m_cuMemAlloc(p, n);
+  if (r != CUDA_ERROR_OUT_OF_MEMORY || s == NULL) return r;
+  /* The driver's pool reuses what the stream freed before: let the
+   * stream reach its frees, then try again. */
+  drain(s);
+  return m_cuMemAlloc(p, n);
+}
+static void run_free(op *o) {
+  size_t n = remove_range(&allocs, o->u.copy.dst);
+  atomic_fetch_sub(&mem_used, n);
+  free(o->u.copy.dst);
+}
+static CUresult m_cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+  NEED_CTX();
+  if (!in_ranges(&allocs, (void *)(uintptr_t)p, 1)) return CUDA_ERROR_INVALID_VALUE;
+  op *o = op_new(run_free);
+  o->u.copy.dst = (void *)(uintptr_t)p;
+  enqueue(s, o);
+  return CUDA_SUCCESS;
+}
 static CUresult m_cuMemGetInfo(size_t *fr, size_t *total) {
   *total = mem_total;
   *fr = mem_total - atomic_load(&mem_used);
@@ -910,7 +934,8 @@ static CUresult m_cuGetErrorString(CUresult r, const char **s) {
   X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemcpy2DAsync)                 \
   X(cuMemcpy3DAsync) X(cuMemsetD8Async) X(cuModuleLoadData) X(cuModuleUnload)                       \
   X(cuModuleGetFunction) X(cuFuncGetAttribute) X(cuFuncSetAttribute) X(cuLaunchKernel)             \
-  X(cuGetErrorName) X(cuGetErrorString) X(cuFuncGetParamInfo) X(cuTensorMapEncodeTiled)
+  X(cuGetErrorName) X(cuGetErrorString) X(cuFuncGetParamInfo) X(cuTensorMapEncodeTiled)           \
+  X(cuMemAllocAsync) X(cuMemFreeAsync)
 
 #define MOCK_ENTRY(name) {#name, (void *)(__typeof__(&name))m_##name},
 static const struct {

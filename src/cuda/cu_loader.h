@@ -31,7 +31,9 @@
   X(cuGetErrorString)
 
 /* Newer calls: NULL when the driver lacks them; callers check. */
-#define RUDA__CU_OPTIONAL(X) X(cuFuncGetParamInfo) X(cuTensorMapEncodeTiled) X(cuTensorMapEncodeIm2col)
+#define RUDA__CU_OPTIONAL(X)                                                                       \
+  X(cuFuncGetParamInfo) X(cuTensorMapEncodeTiled) X(cuTensorMapEncodeIm2col) X(cuMemAllocAsync)    \
+  X(cuMemFreeAsync)
 
 #define RUDA__NVRTC_FUNCS(X)                                                                       \
   X(nvrtcVersion) X(nvrtcGetErrorString) X(nvrtcCreateProgram) X(nvrtcDestroyProgram)              \
