@@ -35,7 +35,7 @@ static void release_event(struct ruda_future *f) {
 
 void ruda__future_unref(struct ruda_future *f) {
   if (atomic_fetch_sub_explicit(&f->refs, 1, memory_order_acq_rel) != 1) return;
-  if (!f->finished && f->completion.discard != NULL) {
+  if (!atomic_load_explicit(&f->finished, memory_order_relaxed) && f->completion.discard != NULL) {
     /* Detached before it was waited: the work ran, its result is dropped,
      * but whatever the backend holds for it (staging) must go back. If the
      * device work may still run, wait for it first. */
@@ -50,7 +50,10 @@ void ruda__future_unref(struct ruda_future *f) {
 int ruda_future_poll(ruda_future *f) {
   if (f == NULL) return ruda__fail(RUDA_EINVAL, "ruda_future_poll: future is NULL");
   if (atomic_load_explicit(&f->state, memory_order_acquire) != RUDA__FUT_SUBMITTED) return 0;
-  if (f->finished || f->completion.event == NULL) return 1;
+  /* A waiter may be finishing meanwhile: it never releases the event
+   * (ruda__future_unref does, once the future is freed), so querying it
+   * here stays valid. */
+  if (atomic_load_explicit(&f->finished, memory_order_acquire) || f->completion.event == NULL) return 1;
   int done = f->dev->ops->event_query(f->dev->bstate, f->completion.event);
   if (done == 1 && f->order_worker != NULL) ruda__order_completed(f->order_worker, f->order_pos);
   return done;
@@ -61,8 +64,7 @@ int ruda_future_wait(ruda_future *f, ruda_error **err) {
   if (f == NULL) return ruda__fail(RUDA_EINVAL, "ruda_future_wait: future is NULL");
   while (atomic_load_explicit(&f->state, memory_order_acquire) != RUDA__FUT_SUBMITTED)
     ruda__futex_wait((const uint32_t *)&f->state, RUDA__FUT_PENDING);
-  if (!f->finished) {
-    f->finished = 1;
+  if (!atomic_load_explicit(&f->finished, memory_order_relaxed)) {
     int rc = f->code;
     ruda_error *e = NULL;
     if (rc == 0 && f->completion.event != NULL) {
@@ -71,7 +73,6 @@ int ruda_future_wait(ruda_future *f, ruda_error **err) {
     }
     if (rc == 0 && f->completion.finish != NULL)
       f->completion.finish(f->dev->bstate, f->completion.arg);
-    release_event(f);
     if (e != NULL) {
       e->stream = f->stream->id;
       ruda__stream_push_error(f->stream, e);
@@ -84,6 +85,7 @@ int ruda_future_wait(ruda_future *f, ruda_error **err) {
       else if (drc != 0) rc = drc;
     }
     f->code = rc;
+    atomic_store_explicit(&f->finished, 1, memory_order_release);
   }
   if (err) {
     *err = f->err;

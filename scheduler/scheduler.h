@@ -84,8 +84,12 @@ enum { RUDA__FUT_PENDING = 0, RUDA__FUT_SUBMITTED = 1 };
 struct ruda_future {
   _Atomic uint32_t state; /* futex word */
   _Atomic uint32_t refs;  /* client + worker */
-  int code;               /* submission result */
-  int finished;           /* completion waited and finished (waiter only) */
+  int code;               /* submission result; the waiter's result once finished */
+  /* Set by the waiter once it finished the completion. Atomic because
+   * ruda_future_poll reads it from another thread; the event stays until
+   * the future is freed, so a poll racing with the wait never queries a
+   * released event. */
+  _Atomic int finished;
   ruda_error *err;
   ruda__completion completion;
   struct ruda_device *dev;
