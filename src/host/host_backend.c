@@ -8,6 +8,10 @@
 
 /* Alignment of buffers, as the CUDA allocator gives. */
 #define HOST_ALIGN 256
+/* Grid limits, reported by host_open and applied to indirect grids read
+ * at run time (as the cuda backend does). */
+#define HOST_MAX_GRID_X ((uint32_t)INT32_MAX)
+#define HOST_MAX_GRID_YZ 65535u
 
 static int host_open(ruda_device *dev, void **state, ruda__limits *lim) {
   (void)dev;
@@ -20,9 +24,9 @@ static int host_open(ruda_device *dev, void **state, ruda__limits *lim) {
   lim->max_block[0] = 1024;
   lim->max_block[1] = 1024;
   lim->max_block[2] = 64;
-  lim->max_grid[0] = INT32_MAX;
-  lim->max_grid[1] = 65535;
-  lim->max_grid[2] = 65535;
+  lim->max_grid[0] = HOST_MAX_GRID_X;
+  lim->max_grid[1] = HOST_MAX_GRID_YZ;
+  lim->max_grid[2] = HOST_MAX_GRID_YZ;
   lim->max_shared = 48 * 1024;
   lim->max_shared_optin = 48 * 1024;
   lim->total_mem = UINT64_C(1) << 40; /* nothing larger can be sensible on a CPU */
@@ -90,9 +94,18 @@ static int host_launch(void *ws, const ruda__launch_cmd *cmd, ruda_error **err) 
                                                    : (void *)cmd->args[i].bytes;
   ruda_dim3 grid = cmd->grid;
   if (cmd->flags & RUDA_LAUNCH_INDIRECT) {
-    const uint32_t *g = (const uint32_t *)(uintptr_t)cmd->indirect_addr;
+    /* The binding may lie at any offset: no aligned loads. */
+    uint32_t g[3];
+    memcpy(g, (const void *)(uintptr_t)cmd->indirect_addr, sizeof g);
     grid = (ruda_dim3){g[0], g[1], g[2]};
     if (grid.x == 0 || grid.y == 0 || grid.z == 0) return 0; /* empty dispatch */
+    /* Written by earlier work, so only checkable here: refuse what a
+     * direct launch would have been refused at the call. */
+    if (grid.x > HOST_MAX_GRID_X || grid.y > HOST_MAX_GRID_YZ || grid.z > HOST_MAX_GRID_YZ) {
+      *err = ruda__error_new(RUDA_EUNITS, 0, "indirect grid (%u,%u,%u) exceeds maximum (%u,%u,%u)", grid.x,
+                             grid.y, grid.z, HOST_MAX_GRID_X, HOST_MAX_GRID_YZ, HOST_MAX_GRID_YZ);
+      return RUDA_EUNITS;
+    }
   }
   void *shared = NULL;
   if (cmd->shared_mem > 0 && (shared = malloc(cmd->shared_mem)) == NULL) {

@@ -503,6 +503,50 @@ static void malformed_descriptors_and_handles(void **state) {
   test_close(dev);
 }
 
+/* ---- indirect grids beyond the limits ---- */
+
+static _Atomic uint64_t blocks_run;
+static int count_kernel(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  (void)args;
+  atomic_fetch_add(&blocks_run, 1);
+  return 0;
+}
+
+static void indirect_grid_checked_at_run_time(void **state) {
+  (void)state;
+  ruda_device *dev = test_open_default();
+  assert_ok(ruda_host_kernel_register(dev, "count", count_kernel));
+  atomic_store(&blocks_run, 0);
+  ruda_handle h;
+  assert_ok(ruda_buffer_create(dev, 0, 64, &h));
+  /* At an odd offset: the host reads it without aligned loads. */
+  uint32_t ok[3] = {2, 3, 1}, big[3] = {1, 70000, 1}, huge[3] = {UINT32_MAX, UINT32_MAX, UINT32_MAX};
+  ruda_launch_desc l;
+  memset(&l, 0, sizeof l);
+  l.kernel = "count";
+  l.block = (ruda_dim3){1, 1, 1};
+  l.flags = RUDA_LAUNCH_INDIRECT;
+  l.indirect_grid = ruda_bind_range(h, 1, 12);
+  test_write(dev, 0, ruda_bind_range(h, 1, 12), ok, 12);
+  assert_ok(ruda_launch(dev, 0, &l));
+  assert_ok(ruda_flush(dev, 0, NULL));
+  assert_int_equal(atomic_load(&blocks_run), 6);
+  const uint32_t *bad[] = {big, huge};
+  for (int i = 0; i < 2; i++) {
+    test_write(dev, 0, ruda_bind_range(h, 1, 12), bad[i], 12);
+    assert_ok(ruda_launch(dev, 0, &l));
+    ruda_error *e = NULL;
+    assert_int_equal(ruda_flush(dev, 0, &e), RUDA_EUNHEALTHY);
+    assert_int_equal(ruda_error_code(ruda_error_cause(e)), RUDA_EUNITS);
+    assert_contains(ruda_error_message(ruda_error_cause(e)), "exceeds maximum");
+    ruda_error_free(e);
+  }
+  assert_int_equal(atomic_load(&blocks_run), 6);
+  assert_ok(ruda_buffer_free(dev, 0, h));
+  test_close(dev);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(stale_handles_while_freed),
@@ -512,6 +556,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(future_polled_while_waited),
       cmocka_unit_test(flush_from_many_threads_one_stream),
       cmocka_unit_test(malformed_descriptors_and_handles),
+      cmocka_unit_test(indirect_grid_checked_at_run_time),
   };
   return test_main("integration_adversarial", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
