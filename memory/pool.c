@@ -260,10 +260,8 @@ static ruda__page *page_in(ruda__pool *pool, uint64_t size, uint64_t request, co
   ruda__page *pg = ruda__arena_find(p->dev, p, size, max);
   /* Rather than new backend memory (a slow call, and with cuMemFree a
    * device synchronization when something is trimmed for it), take a free
-   * page up to a quarter bigger: it is reserved already either way. (Up to
-   * twice the size, once the arena kept more pages, raised the padding and
-   * with it the mixed trace's peak.) */
-  uint64_t loose = size + size / 4;
+   * page up to twice the size: it is reserved already either way. */
+  uint64_t loose = size * 2;
   if (pool->cfg.capacity && loose > pool->cfg.capacity - pool->reserved) loose = pool->cfg.capacity - pool->reserved;
   if (pg == NULL && loose > max) pg = ruda__arena_find(p->dev, p, max + 1, loose);
   if (pg == NULL) {

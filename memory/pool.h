@@ -56,7 +56,6 @@ typedef struct ruda__page {
   uint32_t worker;
   uint64_t need;
   uint32_t bucket;
-  uint64_t put_ns; /* arena: when it was returned */
   uint8_t in_list; /* 1: class nonfull list / empty / cache / bucket */
 } ruda__page;
 

@@ -17,19 +17,11 @@
 #include "../src/sync.h"
 
 /* Free pages the arena keeps: an eighth of the pages in use, at least
- * this much. Before any new backend allocation the arena is brought down
- * to it (oldest pages first, fences passed), so the peak of what is
- * reserved follows what is live instead of its history. A page returned
- * to the arena is not measured against that edge: past the budget, only
- * pages idle for RETAIN_AGE_NS go back to the backend, and past
- * RETAIN_HIGH budgets the arena is trimmed to one (hysteresis). Trimming
- * at the edge on every return gave back pages the streams wanted again a
- * moment later: a window of mixed sizes made one backend call per few
- * hundred pairs. Returns do not raise the peak, so this costs none. */
+ * this much. Past it, the oldest pages whose fences passed are freed; the
+ * arena is also brought down to it before any new backend allocation, so
+ * what is reserved follows what is live instead of its history. */
 #define RETAIN_MIN (UINT64_C(64) << 20)
 #define RETAIN_SHARE 8
-#define RETAIN_HIGH 4
-#define RETAIN_AGE_NS (100ull * 1000 * 1000)
 /* How long an out-of-memory retry waits for workers to pass fences. */
 #define OOM_WAIT_NS (50ull * 1000 * 1000)
 /* Fences a worker may have in flight for returned pages. */
@@ -37,7 +29,7 @@
 /* Arena pages examined per bucket before giving up on it. */
 #define SCAN_MAX 32
 
-static ruda__page *collect(ruda_device *dev, uint64_t keep, uint64_t before);
+static ruda__page *collect(ruda_device *dev, uint64_t keep);
 static void discard_list(ruda_device *dev, ruda__page *list);
 
 static uint32_t bucket_of(uint64_t size) {
@@ -309,7 +301,7 @@ ruda__page *ruda__arena_take(ruda_device *dev, ruda__pools *p, uint64_t size, ui
   ruda__arena *a = &dev->memory.arena;
   if (!virtual_ok) {
     pthread_mutex_lock(&a->lock);
-    ruda__page *drop = a->free_bytes > retain(a) ? collect(dev, retain(a), UINT64_MAX) : NULL;
+    ruda__page *drop = a->free_bytes > retain(a) ? collect(dev, retain(a)) : NULL;
     pthread_mutex_unlock(&a->lock);
     discard_list(dev, drop);
   }
@@ -338,16 +330,14 @@ int ruda__arena_back(ruda_device *dev, ruda__pools *p, ruda__page *pg) {
   return 0;
 }
 
-/* Collects the oldest pages past their fences, returned to the arena
- * no later than before, until free_bytes would be at most keep. Under
- * arena.lock. */
-static ruda__page *collect(ruda_device *dev, uint64_t keep, uint64_t before) {
+/* Collects up to the oldest pages past their fences until free_bytes
+ * would be at most keep. Under arena.lock. */
+static ruda__page *collect(ruda_device *dev, uint64_t keep) {
   ruda__arena *a = &dev->memory.arena;
   ruda__page *out = NULL;
   int skipped = 0;
   for (ruda__page *pg = a->lru_head, *next; pg != NULL && a->free_bytes > keep; pg = next) {
     next = pg->lru_next;
-    if (pg->put_ns > before) break; /* the LRU list is in return order */
     if (!ruda__fence_passed(dev, pg->worker, pg->need)) {
       if (++skipped > SCAN_MAX) break;
       continue;
@@ -379,10 +369,7 @@ void ruda__arena_put(ruda_device *dev, ruda__page *pg, uint32_t worker) {
   pthread_mutex_lock(&a->lock);
   bucket_link(a, pg);
   ruda__page *drop = NULL;
-  uint64_t now = ruda__now_ns();
-  pg->put_ns = now;
-  if (a->free_bytes > RETAIN_HIGH * retain(a)) drop = collect(dev, retain(a), UINT64_MAX);
-  else if (a->free_bytes > retain(a)) drop = collect(dev, retain(a), now - RETAIN_AGE_NS);
+  if (a->free_bytes > retain(a)) drop = collect(dev, retain(a));
   pthread_mutex_unlock(&a->lock);
   discard_list(dev, drop);
 }
@@ -393,7 +380,7 @@ uint64_t ruda__arena_trim(ruda_device *dev, uint64_t keep, uint64_t wait_ns) {
   for (;;) {
     ruda__fence_poll_all(dev);
     pthread_mutex_lock(&a->lock);
-    ruda__page *drop = collect(dev, keep, UINT64_MAX);
+    ruda__page *drop = collect(dev, keep);
     uint64_t left = a->free_bytes;
     pthread_mutex_unlock(&a->lock);
     for (ruda__page *pg = drop; pg != NULL; pg = pg->next) released += pg->size;
