@@ -219,21 +219,28 @@ int ruda__stream_drain(ruda_device *dev, ruda__stream *s, ruda_error **out) {
       RUDA_EUNHEALTHY, 0, "stream %llu is unhealthy: %u error%s%s%s", (unsigned long long)s->id,
       n, n == 1 ? "" : "s", faulted ? "; the device is faulted: " : "",
       faulted && dev->fault ? dev->fault->msg : "");
+  ruda_error *l = NULL;
+  if (sum != NULL && lost > 0)
+    l = ruda__error_new(RUDA_ENOMEM, 0,
+                        "%llu further error%s on stream %llu could not be recorded "
+                        "(host memory exhausted)",
+                        (unsigned long long)lost, lost == 1 ? "" : "s", (unsigned long long)s->id);
+  if (lost > 0 && l == NULL) {
+    /* Nothing to tell the losses with now: they stay counted, for the
+     * next drain, rather than vanish with this one. */
+    pthread_mutex_lock(&s->err_lock);
+    atomic_fetch_add_explicit(&s->lost, lost, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->nerr, (uint32_t)lost, memory_order_release);
+    pthread_mutex_unlock(&s->err_lock);
+  }
   if (sum == NULL) { /* hand back the list itself rather than nothing */
     *out = list;
     return RUDA_EUNHEALTHY;
   }
   sum->stream = s->id;
-  if (lost > 0) {
-    ruda_error *l = ruda__error_new(RUDA_ENOMEM, 0,
-                                    "%llu further error%s on stream %llu could not be recorded "
-                                    "(host memory exhausted)",
-                                    (unsigned long long)lost, lost == 1 ? "" : "s",
-                                    (unsigned long long)s->id);
-    if (l != NULL) {
-      l->next = list;
-      list = l;
-    }
+  if (l != NULL) {
+    l->next = list;
+    list = l;
   }
   sum->cause = list;
   *out = sum;
