@@ -11,6 +11,14 @@
 
 static inline uint32_t gen_of(uint64_t s) { return (uint32_t)(s >> GEN_SHIFT); }
 
+/* Is generation a later than b? Generations are 31 bits and wrap (0 is
+ * skipped), so compare them serially: a handle freed just before the wrap
+ * is older than the slot's generation 1, 2, ... after it. */
+static inline int gen_after(uint32_t a, uint32_t b) {
+  uint32_t d = (a - b) & 0x7fffffffu;
+  return d != 0 && d < 0x40000000u;
+}
+
 static ruda__slot *slot_at(ruda__handles *h, uint32_t index) {
   uint32_t c = index / RUDA__SLOTS_PER_CHUNK;
   if (c >= RUDA__MAX_CHUNKS) return NULL;
@@ -187,10 +195,13 @@ int ruda__handles_kill(ruda__handles *h, ruda_handle handle) {
     if (g == handle.gen && !(st & LIVE))
       return ruda__fail(RUDA_EFREE, "ruda_buffer_free: handle {slot %u, gen %u} was already freed",
                         handle.slot, handle.gen);
-    if (g != handle.gen)
-      return ruda__fail(g > handle.gen ? RUDA_EFREE : RUDA_ENOTFOUND,
+    if (g != handle.gen) {
+      /* A generation above 31 bits was never handed out. */
+      const int older = handle.gen <= 0x7fffffffu && gen_after(g, handle.gen);
+      return ruda__fail(older ? RUDA_EFREE : RUDA_ENOTFOUND,
                         "ruda_buffer_free: handle {slot %u, gen %u} is %s (slot now at gen %u)",
-                        handle.slot, handle.gen, g > handle.gen ? "already freed" : "unknown", g);
+                        handle.slot, handle.gen, older ? "already freed" : "unknown", g);
+    }
     if (atomic_compare_exchange_weak_explicit(&s->state, &st, st & ~LIVE, memory_order_acq_rel,
                                               memory_order_acquire))
       return 0;

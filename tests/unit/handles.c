@@ -75,6 +75,36 @@ static void generations_and_reuse(void **state) {
   test_close(dev);
 }
 
+/* Generations are 31 bits and wrap past 0: a handle freed before the wrap
+ * is still "already freed" (RUDA_EFREE) after it, never unknown, and
+ * stale for every use. */
+static void generation_wrap(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(1, 64, RUDA_BACKPRESSURE_BLOCK);
+  ruda_handle a, b, c;
+  assert_ok(ruda_buffer_create(dev, 0, 32, &a));
+  assert_ok(ruda_buffer_free(dev, 0, a));
+  /* Age the free slot to just below the wrap. */
+  ruda__slot *sl = ruda__handles_slot(&dev->handles, a.slot);
+  atomic_store(&sl->state, (uint64_t)0x7ffffffeu << 33);
+  assert_ok(ruda_buffer_create(dev, 0, 32, &b));
+  assert_int_equal(b.slot, a.slot);
+  assert_int_equal(b.gen, 0x7fffffffu);
+  assert_ok(ruda_buffer_free(dev, 0, b));
+  assert_ok(ruda_buffer_create(dev, 0, 32, &c));
+  assert_int_equal(c.slot, b.slot);
+  assert_int_equal(c.gen, 1); /* 0 is skipped */
+  uint64_t size;
+  assert_rc(ruda_buffer_size(dev, b, &size), RUDA_ENOTFOUND);
+  assert_rc(ruda_buffer_free(dev, 0, b), RUDA_EFREE);
+  assert_rc(ruda_buffer_free(dev, 0, (ruda_handle){c.slot, 2}), RUDA_ENOTFOUND);
+  assert_rc(ruda_buffer_free(dev, 0, (ruda_handle){c.slot, 0x80000001u}), RUDA_ENOTFOUND);
+  assert_ok(ruda_buffer_size(dev, c, &size));
+  assert_ok(ruda_buffer_free(dev, 0, c));
+  assert_rc(ruda_buffer_free(dev, 0, c), RUDA_EFREE);
+  test_close(dev);
+}
+
 static void queued_uses_pin_a_freed_buffer(void **state) {
   (void)state;
   ruda_device *dev = open_gated();
@@ -186,6 +216,7 @@ static void concurrent_churn(void **state) {
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(generations_and_reuse),
+      cmocka_unit_test(generation_wrap),
       cmocka_unit_test(queued_uses_pin_a_freed_buffer),
       cmocka_unit_test(refused_calls_release_their_pins),
       cmocka_unit_test(concurrent_churn),
