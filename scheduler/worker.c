@@ -246,16 +246,43 @@ int ruda__workers_start(ruda_device *dev) {
   return 0;
 }
 
+/* Allocates a command, retrying: close cannot leave a worker running. */
+static ruda__cmd *cmd_alloc_retry(void) {
+  ruda__cmd *cmd;
+  while ((cmd = ruda__cmd_alloc(0)) == NULL) sched_yield();
+  return cmd;
+}
+
 void ruda__workers_stop(ruda_device *dev) {
+  /* First let every worker run everything queued on it. A worker running
+   * a command may push onto another worker's queue (memory/pool_arena.c:
+   * a fence for a buffer retired by its last unpin); had that worker
+   * already reached its STOP and exited, the pushed command would never
+   * run and its memory would leak. Once every worker passed this FENCE,
+   * no client command is left to run, so no worker pushes any more. */
+  ruda_future **quiet = calloc(dev->nworkers, sizeof *quiet);
+  for (uint32_t i = 0; quiet != NULL && i < dev->nworkers; i++) {
+    ruda__worker *w = &dev->workers[i];
+    ruda_future *f;
+    while ((f = ruda__future_new(dev, NULL, 0)) == NULL) sched_yield();
+    ruda__cmd *fence = cmd_alloc_retry();
+    fence->kind = RUDA__CMD_FENCE;
+    fence->stream = NULL;
+    fence->seq = 0;
+    fence->future = f;
+    quiet[i] = f;
+    ruda__queue_push_unbounded(w, fence);
+  }
+  for (uint32_t i = 0; quiet != NULL && i < dev->nworkers; i++) {
+    ruda_future_wait(quiet[i], NULL);
+    ruda_future_free(quiet[i]);
+  }
+  free(quiet);
   /* Each STOP goes behind everything already queued, so every enqueued
    * command runs (and reports) before its worker exits. */
   for (uint32_t i = 0; i < dev->nworkers; i++) {
     ruda__worker *w = &dev->workers[i];
-    ruda__cmd *stop = ruda__cmd_alloc(0);
-    while (stop == NULL) { /* cannot leave a worker running; retry */
-      sched_yield();
-      stop = ruda__cmd_alloc(0);
-    }
+    ruda__cmd *stop = cmd_alloc_retry();
     stop->kind = RUDA__CMD_STOP;
     stop->stream = NULL;
     stop->seq = 0;

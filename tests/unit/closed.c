@@ -3,6 +3,8 @@
  * Through the public API a closed device is already freed, so the state
  * "closed but still allocated" (what a call racing with close would see)
  * is made here by setting the flag ruda_device_close sets first. */
+#include <time.h>
+
 #include "common.h"
 #include "internal.h"
 
@@ -57,9 +59,47 @@ static void calls_after_close(void **state) {
   test_close(dev);
 }
 
+/* A worker running a command may push onto another worker's queue (the
+ * pools do, for fences of retired buffers). A close must run such a push
+ * too: no worker may have stopped while another still runs queued work. */
+static ruda_device *push_dev;
+static struct ruda_future *pushed;
+
+static int push_to_worker0(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  (void)args;
+  struct timespec ts = {0, 50 * 1000 * 1000}; /* long enough for worker 0 to see a STOP */
+  nanosleep(&ts, NULL);
+  ruda__cmd *cmd = ruda__cmd_alloc(0);
+  pushed = ruda__future_new(push_dev, NULL, 0);
+  assert_non_null(cmd);
+  assert_non_null(pushed);
+  cmd->kind = RUDA__CMD_FENCE;
+  cmd->stream = NULL;
+  cmd->seq = 0;
+  cmd->future = pushed;
+  ruda__queue_push_unbounded(&push_dev->workers[0], cmd);
+  return 0;
+}
+
+static void close_runs_pushes_between_workers(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(2, 64, RUDA_BACKPRESSURE_BLOCK);
+  push_dev = dev;
+  pushed = NULL;
+  assert_ok(ruda_host_kernel_register(dev, "push", push_to_worker0));
+  assert_ok(test_launch(dev, 1, "push", NULL, 0)); /* on worker 1 */
+  test_close(dev);
+  assert_non_null(pushed);
+  /* Worker 0 ran the FENCE pushed to it while the device closed. */
+  assert_int_equal(atomic_load(&pushed->state), RUDA__FUT_SUBMITTED);
+  ruda_future_free(pushed);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(calls_after_close),
+      cmocka_unit_test(close_runs_pushes_between_workers),
   };
   return test_main("unit_closed", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
