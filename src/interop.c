@@ -62,12 +62,19 @@ int ruda_binding_device_ptr(ruda_device *dev, ruda_binding b, uint64_t *addr) {
   if (addr == NULL) return ruda__fail(RUDA_EINVAL, "ruda_binding_device_ptr: addr is NULL");
   *addr = 0;
   uint64_t base, size;
-  if (ruda__handles_pin(&dev->handles, b.handle, &base, &size) != 0)
+  ruda__slot *slot;
+  if (ruda__handles_pin_use(&dev->handles, b.handle, UINT32_MAX, &base, &size, &slot, NULL) != 0)
     return ruda__fail(RUDA_ENOTFOUND, "ruda_binding_device_ptr: handle {slot %u, gen %u} names no live buffer",
                       b.handle.slot, b.handle.gen);
-  /* The owner's reference is held while the handle is live, so this
-   * unpin never frees; the pin only made reading base and size safe. */
+  /* A dry-run buffer has no memory until its first use: this is one (its
+   * address is otherwise only an offset in an unbacked page). */
+  int rc = 0;
+  if (base & RUDA__UNBACKED)
+    rc = ruda__memory_back(dev, atomic_load(&slot->mem), base, "ruda_binding_device_ptr", &base);
+  /* The pin made reading base and size safe. If the owner freed the buffer
+   * meanwhile, this unpin may be the last reference and releases it. */
   ruda__handles_unpin(&dev->handles, dev, b.handle.slot, NULL);
+  if (rc != 0) return rc;
   uint64_t want = b.size ? b.size : (b.offset <= size ? size - b.offset : 0);
   if (b.offset > size || want > size - b.offset || want == 0)
     return ruda__fail(RUDA_ERANGE,

@@ -547,6 +547,34 @@ static void indirect_grid_checked_at_run_time(void **state) {
   test_close(dev);
 }
 
+/* ---- device pointers of dry-run buffers ---- */
+
+static void device_ptr_of_a_dry_run_buffer(void **state) {
+  (void)state;
+  ruda_device *dev = test_open_default();
+  ruda_handle h;
+  assert_ok(ruda_memory_dry_run_begin(dev, 0));
+  assert_ok(ruda_buffer_create(dev, 0, 4096, &h));
+  assert_ok(ruda_memory_dry_run_end(dev, 0));
+  /* Never used yet: the pointer must be real memory, backed now. */
+  uint64_t addr = 0;
+  assert_ok(ruda_binding_device_ptr(dev, ruda_bind_range(h, 16, 64), &addr));
+  assert_int_equal(addr >> 63, 0);
+  assert_true(addr != 0);
+  /* And the memory commands use (the host backend's pointers are CPU
+   * addresses). */
+  unsigned char v[64];
+  for (int i = 0; i < 64; i++) v[i] = (unsigned char)(i * 3 + 1);
+  test_write(dev, 0, ruda_bind_range(h, 16, 64), v, 64);
+  assert_ok(ruda_sync(dev, 0, NULL));
+  assert_memory_equal((const void *)(uintptr_t)addr, v, 64);
+  uint64_t again = 0;
+  assert_ok(ruda_binding_device_ptr(dev, ruda_bind_range(h, 16, 64), &again));
+  assert_int_equal(again, addr);
+  assert_ok(ruda_buffer_free(dev, 0, h));
+  test_close(dev);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(stale_handles_while_freed),
@@ -557,6 +585,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(flush_from_many_threads_one_stream),
       cmocka_unit_test(malformed_descriptors_and_handles),
       cmocka_unit_test(indirect_grid_checked_at_run_time),
+      cmocka_unit_test(device_ptr_of_a_dry_run_buffer),
   };
   return test_main("integration_adversarial", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
