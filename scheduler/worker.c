@@ -187,6 +187,8 @@ static void *worker_boot(void *p) {
   return worker_main(w);
 }
 
+static ruda__cmd *cmd_alloc_retry(void);
+
 int ruda__workers_start(ruda_device *dev) {
   uint32_t n = dev->nworkers;
   pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -232,12 +234,10 @@ int ruda__workers_start(ruda_device *dev) {
     for (uint32_t i = 0; i < started; i++) {
       ruda__worker *w = &dev->workers[i];
       if (w->start_code == 0) {
-        ruda__cmd *stop = ruda__cmd_alloc(0);
-        if (stop != NULL) {
-          stop->kind = RUDA__CMD_STOP;
-          stop->stream = NULL;
-          ruda__queue_push_unbounded(w, stop);
-        }
+        ruda__cmd *stop = cmd_alloc_retry(); /* skipping it would hang the join */
+        stop->kind = RUDA__CMD_STOP;
+        stop->stream = NULL;
+        ruda__queue_push_unbounded(w, stop);
       }
       pthread_join(w->thread, NULL);
     }

@@ -298,7 +298,10 @@ RUDA_EXTERN int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_
  * once per thread of every block, in block order, with the indices set in
  * ctx. args[i] points at the first byte of a buffer argument, or at the
  * bytes of a scalar argument. A kernel reports a failure by returning a
- * negative RUDA_E* code; the worker queues it on the stream. */
+ * negative RUDA_E* code; the worker queues it on the stream. A kernel runs
+ * on a worker thread and must not call ruda functions that wait for a
+ * worker (flush, sync, future waits, or a push into a full queue under
+ * RUDA_BACKPRESSURE_BLOCK): if that worker is its own, it deadlocks. */
 typedef struct ruda_host_ctx {
   ruda_dim3 grid_dim, block_dim, block_idx, thread_idx;
   void *shared; /* shared_mem bytes, per block */
