@@ -23,7 +23,9 @@ void ruda_config_init(ruda_config *cfg) {
   if (cfg == NULL) return;
   memset(cfg, 0, sizeof *cfg);
   cfg->backend = RUDA_BACKEND_AUTO;
-  cfg->num_streams = 4;
+  /* 8 submitting threads is where the driver peaks on an H200
+   * (docs/benchmarks.md); idle workers sleep and cost nothing. */
+  cfg->num_streams = 8;
   cfg->queue_bound = 65536;
   cfg->backpressure = RUDA_BACKPRESSURE_BLOCK;
   cfg->log_level = RUDA_LOG_WARN;

@@ -76,7 +76,7 @@ typedef struct ruda_config {
                                 selects $XDG_CACHE_HOME/ruda, "" disables */
 } ruda_config;
 
-/* Fills cfg with defaults (auto backend, 4 streams, 65536 commands per
+/* Fills cfg with defaults (auto backend, 8 streams, 65536 commands per
  * queue, block on a full queue, warn logging), then applies any RUDA_*
  * environment variables named above. Fields set afterwards by the caller
  * win over the environment. Thread-safe. */

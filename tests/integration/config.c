@@ -20,7 +20,7 @@ static void defaults(void **state) {
   ruda_config_init(&cfg);
   assert_int_equal(cfg.backend, RUDA_BACKEND_AUTO);
   assert_int_equal(cfg.device_ordinal, 0);
-  assert_int_equal(cfg.num_streams, 4);
+  assert_int_equal(cfg.num_streams, 8);
   assert_int_equal(cfg.queue_bound, 65536);
   assert_int_equal(cfg.backpressure, RUDA_BACKPRESSURE_BLOCK);
   assert_int_equal(cfg.log_level, RUDA_LOG_WARN);
@@ -86,14 +86,14 @@ static void malformed_environment_is_ignored(void **state) {
   ruda_config cfg;
   ruda_config_init(&cfg);
   assert_int_equal(cfg.backend, RUDA_BACKEND_AUTO);
-  assert_int_equal(cfg.num_streams, 4);
+  assert_int_equal(cfg.num_streams, 8);
   assert_int_equal(cfg.queue_bound, 65536);
   assert_int_equal(cfg.backpressure, RUDA_BACKPRESSURE_BLOCK);
   assert_int_equal(cfg.log_level, RUDA_LOG_WARN);
   assert_int_equal(cfg.device_ordinal, 0);
   setenv("RUDA_STREAMS", "99999999999", 1); /* past 32 bits */
   ruda_config_init(&cfg);
-  assert_int_equal(cfg.num_streams, 4);
+  assert_int_equal(cfg.num_streams, 8);
 }
 
 static void open_uses_the_environment(void **state) {
