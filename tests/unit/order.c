@@ -281,34 +281,11 @@ static void tickets_count_enqueued_commands(void **state) {
 
 /* ---- a backend that orders streams on the device ---- */
 
-typedef struct fake_event {
-  _Atomic int done;
-  struct fake_event *next;
-} fake_event;
+#include "fake_events.h"
 
-static fake_event *_Atomic events;
-static _Atomic int nevents;
 static _Atomic int nstream_waits;
 static void *_Atomic last_waited;
 static ruda__backend_ops fake;
-
-static int fake_record(void *ws, ruda__completion *c, ruda_error **err) {
-  (void)ws;
-  (void)err;
-  fake_event *e = calloc(1, sizeof *e);
-  if (e == NULL) return RUDA_ENOMEM;
-  e->next = atomic_load(&events);
-  while (!atomic_compare_exchange_weak(&events, &e->next, e)) {
-  }
-  atomic_fetch_add(&nevents, 1);
-  c->event = e;
-  return 0;
-}
-
-static int fake_event_query(void *state, void *ev) {
-  (void)state;
-  return atomic_load(&((fake_event *)ev)->done);
-}
 
 /* The work ran on the host already: waiting completes the event. Until
  * someone waits, queries say it is pending. */
@@ -319,26 +296,12 @@ static int fake_event_wait(void *state, void *ev, ruda_error **err) {
   return 0;
 }
 
-static void fake_event_release(void *state, void *ev) {
-  (void)state;
-  (void)ev; /* freed with the list at the end */
-}
-
 static int fake_stream_wait(void *ws, void *ev, ruda_error **err) {
   (void)ws;
   (void)err;
   atomic_store(&last_waited, ev);
   atomic_fetch_add(&nstream_waits, 1);
   return 0;
-}
-
-static void free_events(void) {
-  fake_event *e = atomic_exchange(&events, NULL);
-  while (e != NULL) {
-    fake_event *n = e->next;
-    free(e);
-    e = n;
-  }
 }
 
 static ruda_device *open_device_backend(void) {

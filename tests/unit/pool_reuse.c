@@ -16,58 +16,15 @@
 #define KiB (UINT64_C(1) << 10)
 #define MiB (UINT64_C(1) << 20)
 
-typedef struct fake_event {
-  _Atomic int done;
-  struct fake_event *next;
-} fake_event;
+#include "fake_events.h"
 
-static fake_event *_Atomic events; /* every event recorded, newest first */
-static _Atomic int nevents;
 static ruda__backend_ops fake;
-
-static int fake_record(void *ws, ruda__completion *c, ruda_error **err) {
-  (void)ws;
-  (void)err;
-  fake_event *e = calloc(1, sizeof *e);
-  if (e == NULL) return RUDA_ENOMEM;
-  e->next = atomic_load(&events);
-  while (!atomic_compare_exchange_weak(&events, &e->next, e)) {
-  }
-  atomic_fetch_add(&nevents, 1);
-  c->event = e;
-  return 0;
-}
-
-static int fake_event_query(void *state, void *ev) {
-  (void)state;
-  return atomic_load(&((fake_event *)ev)->done);
-}
 
 static int fake_event_wait(void *state, void *ev, ruda_error **err) {
   (void)state;
   (void)err;
   while (!atomic_load(&((fake_event *)ev)->done)) usleep(100);
   return 0;
-}
-
-/* Events stay listed until the test ends, so completing never races a
- * release; they are freed at the end of each test. */
-static void fake_event_release(void *state, void *ev) {
-  (void)state;
-  (void)ev;
-}
-
-static void complete_all(void) {
-  for (fake_event *e = atomic_load(&events); e != NULL; e = e->next) atomic_store(&e->done, 1);
-}
-
-static void free_events(void) {
-  fake_event *e = atomic_exchange(&events, NULL);
-  while (e != NULL) {
-    fake_event *n = e->next;
-    free(e);
-    e = n;
-  }
 }
 
 /* Waits until the workers recorded at least n events. */
