@@ -37,10 +37,21 @@ void ruda__future_unref(struct ruda_future *f) {
   if (atomic_fetch_sub_explicit(&f->refs, 1, memory_order_acq_rel) != 1) return;
   if (!atomic_load_explicit(&f->finished, memory_order_relaxed) && f->completion.discard != NULL) {
     /* Detached before it was waited: the work ran, its result is dropped,
-     * but whatever the backend holds for it (staging) must go back. If the
-     * device work may still run, wait for it first. */
-    if (f->completion.event != NULL) f->dev->ops->event_wait(f->dev->bstate, f->completion.event, NULL);
-    f->completion.discard(f->dev->bstate, f->completion.arg);
+     * but whatever the backend holds for it (staging) must go back once
+     * the device work is done. This is often a worker (the client freed
+     * the future first), which must not block on the device: the backend
+     * retires it when its progress() sees the event complete. */
+    const ruda__backend_ops *ops = f->dev->ops;
+    if (f->completion.event != NULL && ops->retire != NULL) {
+      ops->retire(f->dev->bstate, f->completion.event, f->completion.discard, f->completion.arg);
+      f->completion.event = NULL; /* the backend's now */
+      /* The recording worker may sleep without a timeout (nothing was
+       * pending at its last poll): wake it to poll this one. */
+      if (f->order_worker != NULL) ck_ec32_inc(&f->order_worker->wake, &ruda__ec_mp);
+    } else {
+      if (f->completion.event != NULL) ops->event_wait(f->dev->bstate, f->completion.event, NULL);
+      f->completion.discard(f->dev->bstate, f->completion.arg);
+    }
   }
   release_event(f);
   ruda_error_free(f->err);

@@ -105,6 +105,13 @@ typedef struct ruda__backend_ops {
    * completed). Non-zero while some is still pending: the worker then
    * sleeps with a short timeout instead of indefinitely. */
   int (*progress)(void *wstate);
+  /* Any thread: takes event (which it then releases) and runs fn(state,
+   * arg) once the event completed, from the recording worker's progress()
+   * (or its worker_stop, which waits for whatever is still pending). For
+   * a future dropped before it was waited: the thread dropping it, often
+   * a worker, must not block on the device. NULL: the caller waits for
+   * the event itself. */
+  void (*retire)(void *state, void *event, void (*fn)(void *state, void *arg), void *arg);
   /* Client: can a non-contiguous layout be copied? 0, or a failure
    * (RUDA_EUNSUPPORTEDSTRIDES) recorded with ruda__fail naming fn. */
   int (*layout_check)(void *state, const ruda__layout *l, const char *fn);

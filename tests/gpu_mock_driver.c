@@ -17,6 +17,9 @@
  *    queries and new work return CUDA_ERROR_ILLEGAL_ADDRESS, as a real
  *    illegal access does.
  * Device properties are an H100's, with 8 GiB of memory (RUDA_MOCK_MEM).
+ * Tests reach two hooks with dlsym (see "test hooks" below): holding the
+ * streams, so recorded events stay pending, and gating cuEventRecord, so
+ * a worker stops inside a command.
  */
 #include <cuda.h>
 #include <pthread.h>
@@ -81,6 +84,35 @@ static size_t remove_range(range **list, void *p) {
   return n;
 }
 
+/* ---- test hooks ---- */
+
+static pthread_mutex_t hook_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hook_cond = PTHREAD_COND_INITIALIZER;
+static _Atomic int streams_held, records_gated;
+
+static void hook_wait(_Atomic int *flag) {
+  if (!atomic_load(flag)) return;
+  pthread_mutex_lock(&hook_lock);
+  while (atomic_load(flag)) pthread_cond_wait(&hook_cond, &hook_lock);
+  pthread_mutex_unlock(&hook_lock);
+}
+
+static void hook_set(_Atomic int *flag, int on) {
+  pthread_mutex_lock(&hook_lock);
+  atomic_store(flag, on);
+  pthread_cond_broadcast(&hook_cond);
+  pthread_mutex_unlock(&hook_lock);
+}
+
+/* While on, no stream starts another operation: everything issued stays
+ * pending (queries say not ready, synchronizes wait), as behind a kernel
+ * that runs long. */
+EXPORT void ruda_mock_hold_streams(int on) { hook_set(&streams_held, on); }
+
+/* While on, cuEventRecord blocks its caller (a worker, inside a command)
+ * until it is turned off. */
+EXPORT void ruda_mock_gate_records(int on) { hook_set(&records_gated, on); }
+
 /* ---- streams: a thread per stream running queued operations ---- */
 
 typedef struct op op;
@@ -135,6 +167,7 @@ static void *stream_main(void *p) {
     if (s->head == NULL) s->tail = NULL;
     s->busy = 1;
     pthread_mutex_unlock(&s->lock);
+    hook_wait(&streams_held);
     o->run(o); /* runs even when poisoned: events must still complete */
     free(o);
     pthread_mutex_lock(&s->lock);
@@ -518,6 +551,7 @@ static CUresult m_cuEventDestroy(CUevent e) {
   return CUDA_SUCCESS;
 }
 static CUresult m_cuEventRecord(CUevent e, CUstream s) {
+  hook_wait(&records_gated);
   if (POISONED()) return atomic_load(&sticky);
   op *o = op_new(run_event);
   o->u.event.ev = e;

@@ -6,7 +6,8 @@
  * an event and returned when progress() (called by the worker between
  * batches and, while anything is pending, on a short idle timeout) finds
  * the event complete; reads and syncs hand their event to the future,
- * whose waiter synchronizes on it from its own thread.
+ * whose waiter synchronizes on it from its own thread. A read whose future
+ * is dropped unwaited comes back to the same poll (cu_retire_detached).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -198,8 +199,7 @@ static void release_pending(ruda__cu_worker *w, ruda__cu_pending *p) {
 /* Returns the staging of every write whose copy completed; non-zero while
  * some are still in flight. Only the oldest is queried: the stream runs
  * them in order. */
-static int cu_progress(void *ws) {
-  ruda__cu_worker *w = ws;
+static int progress_writes(ruda__cu_worker *w) {
   for (;;) {
     pthread_mutex_lock(&w->plock);
     if (w->count == 0) {
@@ -214,6 +214,68 @@ static int cu_progress(void *ws) {
     if (!done) return 1;
     release_pending(w, &p);
   }
+}
+
+/* Runs what waited on every dropped future's event that completed (or
+ * failed: the context died and no copy touches the staging again); with
+ * wait, waits for the others first. Non-zero while some remain. Each is
+ * queried: they were dropped in any order. */
+static int progress_detached(ruda__cu_worker *w, int wait) {
+  ruda__cu_detached *done = NULL, **pp;
+  pthread_mutex_lock(&w->plock);
+  for (pp = &w->detached; *pp != NULL;) {
+    ruda__cu_detached *d = *pp;
+    if (!wait && ruda__cu.cuEventQuery(d->ev->ev) == CUDA_ERROR_NOT_READY) {
+      pp = &d->next;
+      continue;
+    }
+    *pp = d->next;
+    d->next = done;
+    done = d;
+  }
+  int left = w->detached != NULL;
+  pthread_mutex_unlock(&w->plock);
+  while (done != NULL) {
+    ruda__cu_detached *d = done;
+    done = d->next;
+    if (wait) ruda__cu.cuEventSynchronize(d->ev->ev);
+    d->fn(w->b, d->arg);
+    ruda__cu_event_put(w->b, d->ev);
+    free(d);
+  }
+  return left;
+}
+
+static int cu_progress(void *ws) {
+  ruda__cu_worker *w = ws;
+  int writes = progress_writes(w);
+  return progress_detached(w, 0) | writes;
+}
+
+static int cu_event_wait(void *state, void *event, ruda_error **err);
+
+/* A future dropped before it was waited (often by a worker, which must not
+ * block on the device): its event goes to the worker that recorded it,
+ * whose progress() runs fn once the event completed. */
+static void cu_retire_detached(void *state, void *event, void (*fn)(void *state, void *arg), void *arg) {
+  ruda__cu_backend *b = state;
+  ruda__cu_event *e = event;
+  ruda__cu_worker *w = e->worker;
+  ruda__cu_detached *d = w != NULL ? malloc(sizeof *d) : NULL;
+  if (d == NULL) {
+    /* No room to remember it: wait here rather than leak or free early. */
+    cu_event_wait(b, e, NULL);
+    fn(b, arg);
+    ruda__cu_event_put(b, e);
+    return;
+  }
+  d->ev = e;
+  d->fn = fn;
+  d->arg = arg;
+  pthread_mutex_lock(&w->plock);
+  d->next = w->detached;
+  w->detached = d;
+  pthread_mutex_unlock(&w->plock);
 }
 
 void ruda__cu_retire_upto(ruda__cu_event *e) {
@@ -387,6 +449,7 @@ static void cu_worker_stop(void *state, void *ws) {
    * blocks are returned and the stream goes away. */
   ruda__cu.cuStreamSynchronize(w->stream);
   cu_progress(w);
+  progress_detached(w, 1); /* none left after the synchronize; be sure */
   free(w->pending);
   ruda__staging_free(w->b->staging, w->indirect);
   ruda__cu.cuStreamDestroy(w->stream);
@@ -531,6 +594,7 @@ static const ruda__backend_ops cuda_ops = {
     .kernel_prepare = ruda__cu_kernel_prepare,
     .kernel_release = ruda__cu_kernel_release,
     .progress = cu_progress,
+    .retire = cu_retire_detached,
     .layout_check = ruda__cu_layout_check,
     .launch_check = ruda__cu_launch_check,
     .native_stream = cu_native_stream,

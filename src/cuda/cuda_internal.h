@@ -62,6 +62,14 @@ typedef struct ruda__cu_pending {
   uint64_t n; /* the worker's write number */
 } ruda__cu_pending;
 
+/* An event whose future was dropped unwaited, and what to run after it. */
+typedef struct ruda__cu_detached {
+  struct ruda__cu_detached *next;
+  struct ruda__cu_event *ev;
+  void (*fn)(void *state, void *arg);
+  void *arg;
+} ruda__cu_detached;
+
 typedef struct ruda__cu_worker {
   ruda__cu_backend *b;
   CUstream stream;
@@ -73,6 +81,11 @@ typedef struct ruda__cu_worker {
   ruda__cu_pending *pending;
   uint32_t head, count, cap;
   uint64_t writes; /* writes queued so far */
+  /* Dropped futures' events (cu_retire), also under plock: each runs its
+   * fn once its event completed. Apart from the writes: any thread adds
+   * them, in no stream order, and ruda__cu_retire_upto's write numbers do
+   * not cover them. */
+  struct ruda__cu_detached *detached;
   uint32_t *indirect; /* 16 page-locked bytes for indirect grid reads */
   /* The last launch submitted, for fault reports. */
   const char *last_kernel;
