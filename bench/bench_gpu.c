@@ -33,6 +33,11 @@
  * 4. Kernel load: 20 distinct kernels registered on a device with an empty
  *    disk cache (NVRTC), then on a fresh device over the same cache (disk),
  *    then again on that device (memory).
+ * 5. Sections 1 and 2 again with one buffer argument per launch (a kernel
+ *    taking a float *): ruda pins the buffer's handle and records the
+ *    launch for cross-stream ordering; the raw driver passes the pointer.
+ *    Each thread uses a buffer of its own, so no launch waits on another
+ *    stream: this is the price of the bookkeeping alone.
  *
  * The raw driver is reached through ruda's own loader (dlopen of
  * libcuda.so.1 + cuGetProcAddress), on the same primary context.
@@ -134,6 +139,11 @@ static ruda_device *open_dev(uint32_t workers, const char *cache_dir) {
 }
 
 static const char SRC_EMPTY[] = "extern \"C\" __global__ void empty() {}\n";
+static const char SRC_TOUCH[] = "extern \"C\" __global__ void touch(float *x) { (void)x; }\n";
+
+/* Section 5: launches carry one buffer argument (kernel "touch"). */
+static int with_buf;
+static const char *kname(void) { return with_buf ? "touch" : "empty"; }
 
 static CUfunction raw_function(ruda_device *dev, const char *name) {
   ruda__kernel *k = ruda__kernel_find(dev, name);
@@ -178,13 +188,13 @@ static lat time_ruda(ruda_device *dev, const ruda_launch_desc *l, uint64_t *t, s
 
 /* The same with cuLaunchKernel on a stream of the caller's own; the wait
  * is cuStreamSynchronize. */
-static lat time_raw(CUfunction fn, CUstream st, uint64_t *t, size_t n, size_t window) {
-  for (int warm = 0; warm < 1000; warm++) CU(ruda__cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, st, NULL, NULL));
+static lat time_raw(CUfunction fn, CUstream st, void **params, uint64_t *t, size_t n, size_t window) {
+  for (int warm = 0; warm < 1000; warm++) CU(ruda__cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, st, params, NULL));
   CU(ruda__cu.cuStreamSynchronize(st));
   for (size_t i = 0; i < n; i++) {
     if (window && i % window == 0 && i > 0) CU(ruda__cu.cuStreamSynchronize(st));
     uint64_t a = tick0();
-    CUresult r = ruda__cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, st, NULL, NULL);
+    CUresult r = ruda__cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, st, params, NULL);
     t[i] = tick1() - a;
     if (r != CUDA_SUCCESS) die("cuLaunchKernel", RUDA_ECUDA);
   }
@@ -193,18 +203,31 @@ static lat time_raw(CUfunction fn, CUstream st, uint64_t *t, size_t n, size_t wi
 }
 
 static void lat_rows(const char *variant, lat x) {
-  row("latency", variant, 1, "p50", x.p50, "ns");
-  row("latency", variant, 1, "p99", x.p99, "ns");
-  row("latency", variant, 1, "p999", x.p999, "ns");
+  char v[48];
+  snprintf(v, sizeof v, "%s%s", variant, with_buf ? "_1buf" : "");
+  row("latency", v, 1, "p50", x.p50, "ns");
+  row("latency", v, 1, "p99", x.p99, "ns");
+  row("latency", v, 1, "p999", x.p999, "ns");
 }
 
 static void latency(ruda_device *dev, size_t n, size_t window) {
   uint64_t *t = malloc(n * sizeof *t);
   ruda_launch_desc l;
   memset(&l, 0, sizeof l);
-  l.kernel = "empty";
+  l.kernel = kname();
   l.grid = (ruda_dim3){1, 1, 1};
   l.block = (ruda_dim3){32, 1, 1};
+  ruda_handle h = {0, 0};
+  ruda_arg arg;
+  uint64_t dptr = 0;
+  void *params[1] = {&dptr};
+  if (with_buf) {
+    CHECK(ruda_buffer_create(dev, 0, 4096, &h));
+    CHECK(ruda_binding_device_ptr(dev, ruda_bind(h), &dptr));
+    arg = ruda_arg_buffer(ruda_bind(h));
+    l.args = &arg;
+    l.nargs = 1;
+  }
   /* clock pair cost */
   for (size_t i = 0; i < n; i++) {
     uint64_t a = tick0();
@@ -217,16 +240,22 @@ static void latency(ruda_device *dev, size_t n, size_t window) {
 
   double burst_drain_ms, steady_drain_ms;
   lat rb = time_ruda(dev, &l, t, n, 0, &burst_drain_ms);
-  CUfunction fn = raw_function(dev, "empty");
+  CUfunction fn = raw_function(dev, kname());
   CU(ruda__cu.cuCtxSetCurrent(ctx_of(dev)));
   CUstream st;
   CU(ruda__cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
-  lat db = time_raw(fn, st, t, n, 0);
+  void **pp = with_buf ? params : NULL;
+  lat db = time_raw(fn, st, pp, t, n, 0);
   lat rs = time_ruda(dev, &l, t, n, window, &steady_drain_ms);
-  lat ds = time_raw(fn, st, t, n, window);
+  lat ds = time_raw(fn, st, pp, t, n, window);
   CU(ruda__cu.cuStreamDestroy(st));
+  if (with_buf) {
+    CHECK(ruda_buffer_free(dev, 0, h));
+    CHECK(ruda_sync(dev, 0, NULL));
+  }
 
-  printf("\n1. caller-side launch latency, %zu launches, one thread (ns)\n", n);
+  printf("\n%s. caller-side launch latency, %zu launches%s, one thread (ns)\n", with_buf ? "5a" : "1", n,
+         with_buf ? " with one buffer argument" : "");
   printf("   %-40s %10s %10s %10s\n", "", "p50", "p99", "p99.9");
   printf("   %-40s %10.1f %10.1f %10.1f   (worker drained the rest in %.1f ms)\n", "burst: ruda_launch", rb.p50,
          rb.p99, rb.p999, burst_drain_ms);
@@ -257,30 +286,47 @@ typedef struct tput_arg {
   uint64_t done_ns;
 } tput_arg;
 
+/* Section 5: a 4 KiB buffer of the thread's own, for ruda and for raw. */
+static void tput_buffer(tput_arg *a, ruda_stream_id s, ruda_handle *h, uint64_t *dptr) {
+  ruda_device *dev = a->dev;
+  CHECK(ruda_buffer_create(dev, s, 4096, h));
+  CHECK(ruda_binding_device_ptr(dev, ruda_bind(*h), dptr));
+}
+
 static void *tput_main(void *p) {
   tput_arg *a = p;
+  ruda_stream_id s = (ruda_stream_id)a->index;
+  ruda_handle h = {0, 0};
+  uint64_t dptr = 0;
+  void *params[1] = {&dptr};
+  if (with_buf) tput_buffer(a, s, &h, &dptr); /* raw uses ruda's memory too: same pointer kind */
   if (a->raw) {
     CU(ruda__cu.cuCtxSetCurrent(a->ctx));
     CUstream st;
     CU(ruda__cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
     pthread_barrier_wait(a->go);
     for (size_t i = 0; i < a->launches; i++)
-      CU(ruda__cu.cuLaunchKernel(a->fn, 1, 1, 1, 32, 1, 1, 0, st, NULL, NULL));
+      CU(ruda__cu.cuLaunchKernel(a->fn, 1, 1, 1, 32, 1, 1, 0, st, with_buf ? params : NULL, NULL));
     CU(ruda__cu.cuStreamSynchronize(st));
     a->done_ns = mono_ns();
     CU(ruda__cu.cuStreamDestroy(st));
   } else {
     ruda_launch_desc l;
     memset(&l, 0, sizeof l);
-    l.kernel = "empty";
+    ruda_arg arg = ruda_arg_buffer(ruda_bind(h));
+    l.kernel = kname();
     l.grid = (ruda_dim3){1, 1, 1};
     l.block = (ruda_dim3){32, 1, 1};
-    ruda_stream_id s = (ruda_stream_id)a->index;
+    if (with_buf) l.args = &arg, l.nargs = 1;
     CHECK(ruda_sync(a->dev, s, NULL)); /* create the stream outside the timing */
     pthread_barrier_wait(a->go);
     for (size_t i = 0; i < a->launches; i++) CHECK(ruda_launch(a->dev, s, &l));
     CHECK(ruda_sync(a->dev, s, NULL));
     a->done_ns = mono_ns();
+  }
+  if (with_buf) {
+    CHECK(ruda_buffer_free(a->dev, s, h));
+    CHECK(ruda_sync(a->dev, s, NULL));
   }
   return NULL;
 }
@@ -290,7 +336,7 @@ static double run_tput(ruda_device *dev, int raw, int threads, size_t total) {
   tput_arg a[64];
   pthread_barrier_t go;
   pthread_barrier_init(&go, NULL, (unsigned)threads + 1);
-  CUfunction fn = raw_function(dev, "empty");
+  CUfunction fn = raw_function(dev, kname());
   for (int i = 0; i < threads; i++) {
     a[i] = (tput_arg){dev, raw, i, total / (size_t)threads, ctx_of(dev), fn, &go, 0};
     pthread_create(&t[i], NULL, tput_main, &a[i]);
@@ -315,10 +361,12 @@ static void throughput(ruda_device *raw_dev, size_t total, const uint32_t *worke
   for (int w = 0; w < nw; w++) {
     ruda_device *dev = open_dev(workers[w], "");
     CHECK(ruda_kernel_source(dev, "empty", SRC_EMPTY, NULL));
+    CHECK(ruda_kernel_source(dev, "touch", SRC_TOUCH, NULL));
     for (int i = 0; i < NT; i++) r[w][i] = run_tput(dev, 0, T[i], total);
     ruda_device_close(dev, NULL);
   }
-  printf("\n2. sustained launches/s (%zu empty launches per point)\n", total);
+  printf("\n%s. sustained launches/s (%zu %s launches per point)\n", with_buf ? "5b" : "2", total,
+         with_buf ? "one-buffer" : "empty");
   printf("   %8s %14s", "threads", "raw driver");
   for (int w = 0; w < nw; w++) printf("   ruda %2u wkrs  ratio", workers[w]);
   printf("\n");
@@ -326,17 +374,17 @@ static void throughput(ruda_device *raw_dev, size_t total, const uint32_t *worke
   for (int i = 0; i < NT; i++) {
     if (raw[i] > best_raw) best_raw = raw[i];
     printf("   %8d %14.0f", T[i], raw[i]);
-    row("throughput", "raw", T[i], "launches_per_s", raw[i], "1/s");
+    row("throughput", with_buf ? "raw_1buf" : "raw", T[i], "launches_per_s", raw[i], "1/s");
     for (int w = 0; w < nw; w++) {
       printf(" %14.0f %6.3f", r[w][i], r[w][i] / raw[i]);
       char v[32];
-      snprintf(v, sizeof v, "ruda_w%u", workers[w]);
+      snprintf(v, sizeof v, "ruda_w%u%s", workers[w], with_buf ? "_1buf" : "");
       row("throughput", v, T[i], "launches_per_s", r[w][i], "1/s");
     }
     printf("\n");
   }
   printf("   raw driver best: %.0f/s\n", best_raw);
-  row("throughput", "raw_best", 0, "launches_per_s", best_raw, "1/s");
+  row("throughput", with_buf ? "raw_best_1buf" : "raw_best", 0, "launches_per_s", best_raw, "1/s");
 }
 
 /* ---- 3. uploads ---- */
@@ -463,7 +511,7 @@ static void kernel_load(int k) {
 int main(int argc, char **argv) {
   int quick = 0, opt, nw = 0;
   uint32_t workers[8];
-  int run[5] = {0, 1, 1, 1, 1}; /* sections 1-4 */
+  int run[6] = {0, 1, 1, 1, 1, 1}; /* sections 1-5 */
   size_t window = 256;
   while ((opt = getopt(argc, argv, "qs:W:w:")) != -1) {
     if (opt == 'q') {
@@ -471,7 +519,7 @@ int main(int argc, char **argv) {
     } else if (opt == 's') {
       memset(run, 0, sizeof run);
       for (char *t = strtok(optarg, ","); t; t = strtok(NULL, ","))
-        if (atoi(t) >= 1 && atoi(t) <= 4) run[atoi(t)] = 1;
+        if (atoi(t) >= 1 && atoi(t) <= 5) run[atoi(t)] = 1;
     } else if (opt == 'W' && atol(optarg) > 0) {
       window = (size_t)atol(optarg);
     } else if (opt == 'w') {
@@ -481,7 +529,7 @@ int main(int argc, char **argv) {
               "usage: bench_gpu [-q] [-s sections] [-W window] [-w workers[,workers...]] [out.csv]\n"
               "  -q  quick: fewer launches and runs\n"
               "  -s  sections to run, comma-separated: 1 latency, 2 throughput, 3 uploads,\n"
-              "      4 kernel load (default all)\n"
+              "      4 kernel load, 5 sections 1-2 with one buffer argument (default all)\n"
               "  -W  steady-state latency: launches between untimed waits (default 256)\n"
               "  -w  worker counts for the throughput section (default 4,8)\n");
       return 2;
@@ -500,9 +548,16 @@ int main(int argc, char **argv) {
   printf("device: %s (sm_%d%d, %u SMs, %.1f GiB), driver %d%s\n", p.name, p.cc_major, p.cc_minor, p.sm_count,
          p.total_mem / 1073741824.0, ruda__cu.driver_version, quick ? ", quick run" : "");
   CHECK(ruda_kernel_source(dev, "empty", SRC_EMPTY, NULL));
+  CHECK(ruda_kernel_source(dev, "touch", SRC_TOUCH, NULL));
   if (run[1]) latency(dev, quick ? 20000 : 200000, window);
   if (run[2]) throughput(dev, quick ? 64000 : 640000, workers, nw);
   if (run[3]) uploads(dev, quick ? 3 : 5);
+  if (run[5]) {
+    with_buf = 1;
+    latency(dev, quick ? 20000 : 200000, window);
+    throughput(dev, quick ? 64000 : 640000, workers, nw);
+    with_buf = 0;
+  }
   ruda_device_close(dev, NULL);
   if (run[4]) kernel_load(quick ? 5 : 20);
   if (csv) fclose(csv);
