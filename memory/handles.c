@@ -119,6 +119,7 @@ void ruda__handles_publish(ruda__handles *h, uint32_t index, uint64_t addr, uint
   s->raw = 0;
   atomic_store_explicit(&s->home, home, memory_order_relaxed);
   atomic_store_explicit(&s->users, 0, memory_order_relaxed);
+  atomic_store_explicit(&s->used, 0, memory_order_relaxed);
   atomic_store_explicit(&s->mem, mem, memory_order_relaxed);
   uint64_t last = 0;
   if (home != UINT32_MAX && h->dev != NULL)
@@ -138,8 +139,8 @@ int ruda__handles_insert(ruda__handles *h, uint64_t addr, uint64_t size, ruda_ha
   return 0;
 }
 
-int ruda__handles_pin_use(ruda__handles *h, ruda_handle handle, uint32_t worker, uint64_t *addr,
-                          uint64_t *size, ruda__slot **slot, _Atomic uint64_t **last) {
+static int pin(ruda__handles *h, ruda_handle handle, uint32_t worker, int use, uint64_t *addr, uint64_t *size,
+               ruda__slot **slot, _Atomic uint64_t **last) {
   ruda__slot *s = slot_at(h, handle.slot);
   if (s == NULL || handle.gen == 0) goto not_found;
   uint64_t st = atomic_load_explicit(&s->state, memory_order_acquire);
@@ -155,6 +156,10 @@ int ruda__handles_pin_use(ruda__handles *h, ruda_handle handle, uint32_t worker,
       if (!(atomic_load_explicit(&s->users, memory_order_relaxed) & bit))
         atomic_fetch_or_explicit(&s->users, bit, memory_order_relaxed);
     }
+    /* Likewise the used mark: a store only on first use, the line is the
+     * one the compare-and-swap below writes anyway. */
+    if (use && !atomic_load_explicit(&s->used, memory_order_relaxed))
+      atomic_store_explicit(&s->used, 1, memory_order_relaxed);
     if (atomic_compare_exchange_weak_explicit(&s->state, &st, st + 1, memory_order_acq_rel,
                                               memory_order_acquire))
       break;
@@ -169,13 +174,18 @@ not_found:
                     handle.slot, handle.gen);
 }
 
+int ruda__handles_pin_use(ruda__handles *h, ruda_handle handle, uint32_t worker, uint64_t *addr,
+                          uint64_t *size, ruda__slot **slot, _Atomic uint64_t **last) {
+  return pin(h, handle, worker, 1, addr, size, slot, last);
+}
+
 int ruda__handles_pin(ruda__handles *h, ruda_handle handle, uint64_t *addr, uint64_t *size) {
-  return ruda__handles_pin_use(h, handle, UINT32_MAX, addr, size, NULL, NULL);
+  return pin(h, handle, UINT32_MAX, 1, addr, size, NULL, NULL);
 }
 
 int ruda__handles_size(ruda__handles *h, ruda_handle handle, uint64_t *size) {
   uint64_t addr;
-  int rc = ruda__handles_pin(h, handle, &addr, size);
+  int rc = pin(h, handle, UINT32_MAX, 0, &addr, size, NULL, NULL); /* a look, not a use */
   if (rc != 0) return rc;
   /* If the owner freed the buffer meanwhile, this pin may be the last
    * reference, which must release like any other. */

@@ -43,6 +43,10 @@ typedef struct ruda__slot {
   _Atomic uint64_t users; /* other workers that pinned it: bit w % 64 */
   _Atomic(void *) mem;    /* pool page; NULL once given back, or raw */
   uint8_t raw;            /* inserted by ruda__handles_insert: mem_free it */
+  /* 1 once anything may have touched the memory: a command pinned it, or
+   * its address went out (ruda_binding_device_ptr). Memory never touched
+   * needs no fence before another stream reuses it. */
+  _Atomic uint8_t used;
 } ruda__slot;
 
 typedef struct ruda__handles {
@@ -77,12 +81,12 @@ void ruda__handles_publish(ruda__handles *h, uint32_t slot, uint64_t addr, uint6
 /* The slot behind an index known to exist. */
 ruda__slot *ruda__handles_slot(ruda__handles *h, uint32_t slot);
 
-/* Pins a live handle; fills its address and size. RUDA_ENOTFOUND for a
- * dead or unknown handle. Lock-free. */
+/* Pins a live handle; fills its address and size and marks the buffer
+ * used. RUDA_ENOTFOUND for a dead or unknown handle. Lock-free. */
 int ruda__handles_pin(ruda__handles *h, ruda_handle handle, uint64_t *addr, uint64_t *size);
 /* The same for a command of worker `worker`: a worker other than the
- * buffer's home is recorded in users before the pin takes effect. *slot
- * and *last receive the pinned slot and its last-use record. */
+ * buffer's home is recorded in users before the pin takes effect, as is
+ * `used`. *slot and *last receive the pinned slot and its last-use record. */
 int ruda__handles_pin_use(ruda__handles *h, ruda_handle handle, uint32_t worker, uint64_t *addr,
                           uint64_t *size, ruda__slot **slot, _Atomic uint64_t **last);
 /* The last-use record of a slot known to exist. */

@@ -371,8 +371,9 @@ static int alloc_exclusive(ruda__pool *pool, uint64_t size, ruda__page **out, ui
 }
 
 /* Returns a buffer's memory to its pool (owner's lock held). */
-static void release(ruda__page *pg, uint64_t addr, uint64_t size) {
+static void release(ruda__page *pg, uint64_t addr, uint64_t size, int used) {
   ruda__pool *pool = pg->pool;
+  pg->dirty |= (uint8_t)(used != 0);
   pool->nallocs--;
   pool->in_use -= size;
   pool->padding -= pg->slot_size - size;
@@ -472,6 +473,7 @@ int ruda__memory_free(ruda_device *dev, ruda__stream *s, ruda_handle h) {
   /* The kill's acquire-release pairs with every successful pin, so any
    * other worker that pinned the buffer has its bit in users by now. */
   uint64_t users = atomic_load_explicit(&slot->users, memory_order_acquire);
+  const int used = atomic_load_explicit(&slot->used, memory_order_relaxed);
   if (pg == NULL || users != 0) {
     /* Raw memory, or used on other workers: the last reference decides
      * (ruda__memory_retire waits for those workers' fences). */
@@ -483,7 +485,7 @@ int ruda__memory_free(ruda_device *dev, ruda__stream *s, ruda_handle h) {
   ruda__pools *p = pg->pool->owner;
   uint64_t addr = slot->addr, size = slot->size;
   pthread_mutex_lock(&p->lock);
-  release(pg, addr, size);
+  release(pg, addr, size, used);
   atomic_store_explicit(&slot->mem, NULL, memory_order_relaxed);
   if (ruda__handles_drop(&dev->handles, h.slot)) {
     if (p->nslots == RUDA__SLOT_CACHE) {
@@ -504,8 +506,9 @@ void ruda__memory_retire(ruda_device *dev, void *mem, uint64_t addr, uint64_t si
   uint32_t n = 0, nw = dev->memory.nworkers;
   for (uint32_t w = 0; w < nw; w++)
     if (w != home && (users >> (w & 63)) & 1) n++;
+  /* A buffer retired here was pinned by some command: used. */
   if (n == 0 && pthread_mutex_trylock(&p->lock) == 0) {
-    release(pg, addr, size);
+    release(pg, addr, size, 1);
     pthread_mutex_unlock(&p->lock);
     return;
   }
@@ -547,7 +550,7 @@ void ruda__pools_poll_retired(ruda__pools *p) {
       continue;
     }
     *link = r->next;
-    release(r->page, r->addr, r->size);
+    release(r->page, r->addr, r->size, 1);
     free(r);
   }
 }

@@ -57,6 +57,10 @@ typedef struct ruda__page {
   uint64_t need;
   uint32_t bucket;
   uint8_t in_list; /* 1: class nonfull list / empty / cache / bucket */
+  /* 1: a buffer on it was used (memory/handles.h, `used`) since its last
+   * fence passed, so it needs a fence before another worker takes it. A
+   * page no command touched moves between workers at once. */
+  uint8_t dirty;
 } ruda__page;
 
 typedef struct ruda__class {
@@ -144,7 +148,8 @@ typedef struct ruda__fence {
 } ruda__fence;
 
 typedef struct ruda__wfence {
-  uint64_t created, passed, wanted;
+  uint64_t created, wanted;
+  _Atomic uint64_t passed; /* written under fence_lock, read without it */
   uint32_t nflight;
   ruda__fence *head, *tail;
   struct ruda__stream *stream; /* private stream carrying the commands */

@@ -92,7 +92,7 @@ static void fence_issue(ruda_device *dev, ruda__wfence *f, uint32_t w) {
   if (atomic_load_explicit(&dev->closed, memory_order_acquire)) {
     /* Closing: workers drain everything queued before they stop, and
      * nothing is reused after; count the fence as passed. */
-    f->passed = ++f->created;
+    atomic_store_explicit(&f->passed, ++f->created, memory_order_release);
     return;
   }
   ruda__fence *node = malloc(sizeof *node);
@@ -123,7 +123,7 @@ static void fence_poll(ruda_device *dev, ruda__wfence *f, uint32_t w) {
     /* A failed record left an error on the private stream (logged at
      * close); the worker did pass the point, which is what reuse needs on
      * the host, and a CUDA context that cannot record events is faulted. */
-    f->passed = node->seq;
+    atomic_store_explicit(&f->passed, node->seq, memory_order_release);
     f->head = node->next;
     f->nflight--;
     if (f->head == NULL) f->tail = NULL;
@@ -162,9 +162,10 @@ uint64_t ruda__fence_need(ruda_device *dev, uint32_t w, int executed) {
 
 int ruda__fence_passed(ruda_device *dev, uint32_t w, uint64_t need) {
   ruda__memory *m = &dev->memory;
-  if (need == 0 || worker_idle(dev, w)) return 1;
-  pthread_mutex_lock(&m->fence_lock);
+  if (need == 0) return 1;
   ruda__wfence *f = &m->fences[w];
+  if (atomic_load_explicit(&f->passed, memory_order_acquire) >= need || worker_idle(dev, w)) return 1;
+  pthread_mutex_lock(&m->fence_lock);
   if (f->passed < need) fence_poll(dev, f, w);
   int r = f->passed >= need;
   pthread_mutex_unlock(&m->fence_lock);
@@ -283,7 +284,11 @@ ruda__page *ruda__arena_find(ruda_device *dev, ruda__pools *p, uint64_t size, ui
       int scanned = 0;
       for (ruda__page *pg = a->bucket[b]; pg != NULL && scanned < SCAN_MAX; pg = pg->next, scanned++) {
         if (pg->size < size || pg->size > max_size) continue;
-        if (pg->worker != p->worker && !ruda__fence_passed(dev, pg->worker, pg->need)) continue;
+        int passed = ruda__fence_passed(dev, pg->worker, pg->need);
+        if (pg->worker != p->worker && !passed) continue;
+        /* Its worker may take a page back before the fence passed: the
+         * page stays dirty, so that the next return fences again. */
+        pg->dirty = (uint8_t)!passed;
         found = pg;
         break;
       }
@@ -363,7 +368,8 @@ void ruda__arena_put(ruda_device *dev, ruda__page *pg, uint32_t worker) {
     return;
   }
   pg->worker = worker;
-  pg->need = ruda__fence_need(dev, worker, 0);
+  /* Memory no command touched since its last fence needs none. */
+  pg->need = pg->dirty ? ruda__fence_need(dev, worker, 0) : 0;
   pg->klass = UINT32_MAX;
   ruda__arena *a = &dev->memory.arena;
   pthread_mutex_lock(&a->lock);

@@ -230,6 +230,70 @@ static void freed_on_another_stream(void **state) {
   close_deferred(dev);
 }
 
+/* The address without pinning: a pin counts as a use. */
+static uint64_t untouched_addr(ruda_device *dev, ruda_handle h) {
+  return ruda__handles_slot(&dev->handles, h.slot)->addr;
+}
+
+static void untouched_page_moves_at_once(void **state) {
+  (void)state;
+  ruda_device *dev = open_deferred(2);
+  ruda_handle x, y, z;
+  const uint64_t big = 8 * MiB;
+  assert_ok(ruda_buffer_create(dev, 0, big, &x));
+  assert_ok(ruda_buffer_create(dev, 0, big, &y));
+  uint64_t ax = untouched_addr(dev, x);
+  /* Freed untouched: the stream keeps y's page, x's goes to the arena
+   * needing no fence (no command ever touched it). */
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  assert_ok(ruda_buffer_free(dev, 0, y));
+  assert_ok(ruda_buffer_create(dev, 1, big, &z));
+  assert_int_equal(untouched_addr(dev, z), ax);
+  assert_int_equal(atomic_load(&nevents), 0);
+  assert_ok(ruda_buffer_free(dev, 1, z));
+  /* Cleanup returns untouched pages to the backend at once. */
+  assert_ok(ruda_memory_cleanup(dev, 0));
+  assert_ok(ruda_memory_cleanup(dev, 1));
+  ruda_memory_stats d;
+  assert_ok(ruda_memory_device_usage(dev, &d));
+  assert_int_equal(d.bytes_reserved, 0);
+  assert_int_equal(atomic_load(&nevents), 0);
+  close_deferred(dev);
+}
+
+static void retaken_page_stays_fenced(void **state) {
+  (void)state;
+  ruda_device *dev = open_deferred(2);
+  ruda_handle x, y, y2, z, w, w2;
+  const uint64_t big = 8 * MiB;
+  assert_ok(ruda_buffer_create(dev, 0, big, &x));
+  assert_ok(ruda_buffer_create(dev, 0, big, &y));
+  uint64_t ax = untouched_addr(dev, x);
+  ruda_arg a = ruda_arg_buffer(ruda_bind(x));
+  assert_ok(test_launch(dev, 0, "fill", &a, 1));
+  assert_ok(ruda_flush(dev, 0, NULL)); /* ran; its device work is not complete */
+  /* x (used) goes to the arena behind a fence, y stays with the stream. */
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  assert_ok(ruda_buffer_free(dev, 0, y));
+  assert_ok(ruda_buffer_create(dev, 0, big, &y2)); /* y's page, from the stream */
+  /* Worker 0 takes x's page back before the fence passed... */
+  assert_ok(ruda_buffer_create(dev, 0, big, &z));
+  assert_int_equal(untouched_addr(dev, z), ax);
+  /* ...and returns it with z untouched: the fill may still run, so it
+   * needs a fence all the same. */
+  assert_ok(ruda_buffer_free(dev, 0, z));
+  assert_ok(ruda_buffer_free(dev, 0, y2)); /* z's page to the arena */
+  assert_ok(ruda_flush(dev, 0, NULL));
+  assert_ok(ruda_buffer_create(dev, 1, big, &w));
+  assert_true(untouched_addr(dev, w) != ax);
+  complete_all();
+  assert_ok(ruda_buffer_create(dev, 1, big, &w2));
+  assert_int_equal(untouched_addr(dev, w2), ax);
+  assert_ok(ruda_buffer_free(dev, 1, w));
+  assert_ok(ruda_buffer_free(dev, 1, w2));
+  close_deferred(dev);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(home_reuse_records_nothing),
@@ -237,6 +301,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(record_stream_keeps_memory),
       cmocka_unit_test(queued_foreign_use_is_not_overwritten),
       cmocka_unit_test(freed_on_another_stream),
+      cmocka_unit_test(untouched_page_moves_at_once),
+      cmocka_unit_test(retaken_page_stays_fenced),
   };
   return test_main("unit_pool_reuse", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
