@@ -12,6 +12,11 @@
  *    thread's own (the driver's default memory pool). A "window" mode keeps 32 buffers of
  *    mixed sizes live per thread and replaces the oldest each time, so
  *    pages and classes are shared by buffers of different lifetimes.
+ *    The window runs twice: buffers never used (the allocator alone), then
+ *    each new buffer used by one launch of an empty kernel (untimed, on
+ *    the thread's stream: for ruda a ruda_launch, for the driver's
+ *    allocators a cuLaunchKernel on the thread's own stream), so that
+ *    memory moving between streams has device work to wait for.
  *    Every pair is timed with CLOCK_MONOTONIC; the cost of one clock pair
  *    is printed and included, not subtracted.
  *
@@ -40,6 +45,7 @@
 #include "internal.h"
 #ifdef RUDA_BENCH_CUDA
 #include "cuda/cu_loader.h"
+#include "cuda/cuda_internal.h"
 #endif
 
 static inline uint64_t now_ns(void) {
@@ -91,6 +97,50 @@ typedef struct job {
   int rc;
 } job;
 
+/* The "used" window: one launch of kernel "touch" per new buffer. */
+static int use_buffers;
+#ifdef RUDA_BENCH_CUDA
+static CUfunction touch_fn;
+#endif
+
+static int touch_host(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  (void)args;
+  return 0;
+}
+
+static int register_touch(ruda_device *dev) {
+#ifdef RUDA_BENCH_CUDA
+  if (strcmp(dev->ops->name, "cuda") == 0) {
+    int rc = ruda_kernel_source(dev, "touch", "extern \"C\" __global__ void touch(float *x) { (void)x; }\n", NULL);
+    if (rc == 0) touch_fn = ((ruda__cu_kernel *)ruda__kernel_find(dev, "touch")->impl)->fn;
+    return rc;
+  }
+#endif
+  return ruda_host_kernel_register(dev, "touch", touch_host);
+}
+
+static int use_ruda(ruda_device *dev, ruda_stream_id s, ruda_handle h) {
+  if (!use_buffers) return 0;
+  ruda_arg a = ruda_arg_buffer(ruda_bind(h));
+  ruda_launch_desc l = {.kernel = "touch", .grid = {1, 1, 1}, .block = {32, 1, 1}, .args = &a, .nargs = 1};
+  return ruda_launch(dev, s, &l);
+}
+
+#ifdef RUDA_BENCH_CUDA
+static int use_raw(CUstream cs, uint64_t addr) {
+  if (!use_buffers || cs == NULL) return 0;
+  void *params[1] = {&addr};
+  return async_rc(ruda__cu.cuLaunchKernel(touch_fn, 1, 1, 1, 32, 1, 1, 0, cs, params, NULL), "cuLaunchKernel");
+}
+#else
+static int use_raw(void *cs, uint64_t addr) {
+  (void)cs;
+  (void)addr;
+  return 0;
+}
+#endif
+
 static const uint64_t window_sizes[] = {256, 1000, 4096, 24 << 10, 100 << 10, 256 << 10, 1 << 20, 3 << 20};
 #define WINDOW 32
 
@@ -109,7 +159,8 @@ static void *run_job(void *p) {
   uint32_t head = 0;
 #ifdef RUDA_BENCH_CUDA
   CUstream cs = NULL;
-  if (j->mode == ASYNC_PAIR || j->mode == ASYNC_WINDOW) {
+  const int raw_stream = use_buffers && j->mode == RAW_WINDOW && strcmp(ops->name, "cuda") == 0;
+  if (j->mode == ASYNC_PAIR || j->mode == ASYNC_WINDOW || raw_stream) {
     j->rc = async_rc(ruda__cu.cuCtxSetCurrent((CUcontext)ops->native_context(dev->bstate)), "cuCtxSetCurrent");
     if (j->rc == 0) j->rc = async_rc(ruda__cu.cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     if (j->rc == 0 && j->mode == ASYNC_PAIR) {
@@ -121,18 +172,25 @@ static void *run_job(void *p) {
       CUdeviceptr d;
       j->rc = async_rc(ruda__cu.cuMemAllocAsync(&d, window_sizes[rand_r(&seed) % 8], cs), "cuMemAllocAsync");
       addr[i] = (uint64_t)d;
+      if (j->rc == 0) j->rc = use_raw(cs, addr[i]);
     }
   }
+#else
+  void *cs = NULL;
 #endif
   /* Warm up: the stream, its pools, the window. */
   if (j->mode == RUDA_PAIR) {
     if ((j->rc = ruda_buffer_create(dev, s, j->size, &h[0])) == 0) j->rc = ruda_buffer_free(dev, s, h[0]);
   } else if (j->mode == RUDA_WINDOW) {
-    for (int i = 0; i < WINDOW && j->rc == 0; i++)
+    for (int i = 0; i < WINDOW && j->rc == 0; i++) {
       j->rc = ruda_buffer_create(dev, s, window_sizes[rand_r(&seed) % 8], &h[i]);
+      if (j->rc == 0) j->rc = use_ruda(dev, s, h[i]);
+    }
   } else if (j->mode == RAW_WINDOW) {
-    for (int i = 0; i < WINDOW && j->rc == 0; i++)
+    for (int i = 0; i < WINDOW && j->rc == 0; i++) {
       j->rc = ops->mem_alloc(dev->bstate, window_sizes[rand_r(&seed) % 8], &addr[i]);
+      if (j->rc == 0) j->rc = use_raw(cs, addr[i]);
+    }
   }
   pthread_barrier_wait(j->start);
   if (j->rc != 0) return NULL;
@@ -142,6 +200,7 @@ static void *run_job(void *p) {
   while (t - j->t0 < budget) {
     uint64_t a = t, b;
     int rc = 0;
+    uint32_t used = UINT32_MAX; /* the window entry to use, after the timing */
     switch (j->mode) {
       case RUDA_PAIR:
         rc = ruda_buffer_create(dev, s, j->size, &h[0]);
@@ -154,11 +213,13 @@ static void *run_job(void *p) {
       case RUDA_WINDOW:
         rc = ruda_buffer_free(dev, s, h[head]);
         if (rc == 0) rc = ruda_buffer_create(dev, s, window_sizes[rand_r(&seed) % 8], &h[head]);
+        used = head;
         head = (head + 1) % WINDOW;
         break;
       case RAW_WINDOW:
         ops->mem_free(dev->bstate, addr[head], NULL);
         rc = ops->mem_alloc(dev->bstate, window_sizes[rand_r(&seed) % 8], &addr[head]);
+        used = head;
         head = (head + 1) % WINDOW;
         break;
 #ifdef RUDA_BENCH_CUDA
@@ -173,6 +234,7 @@ static void *run_job(void *p) {
         rc = async_rc(ruda__cu.cuMemFreeAsync((CUdeviceptr)addr[head], cs), "cuMemFreeAsync");
         if (rc == 0) rc = async_rc(ruda__cu.cuMemAllocAsync(&d, window_sizes[rand_r(&seed) % 8], cs), "cuMemAllocAsync");
         addr[head] = rc == 0 ? (uint64_t)d : 0;
+        used = head;
         head = (head + 1) % WINDOW;
         break;
       }
@@ -189,11 +251,21 @@ static void *run_job(void *p) {
     }
     record(j, b - a);
     j->pairs++;
+    if (use_buffers && used != UINT32_MAX) {
+      rc = j->mode == RUDA_WINDOW ? use_ruda(dev, s, h[used]) : use_raw(cs, addr[used]);
+      if (rc != 0) {
+        j->rc = rc;
+        break;
+      }
+      b = now_ns(); /* the launch is not part of the pair */
+    }
     t = b;
   }
   j->t1 = now_ns();
-  if (j->mode == RUDA_WINDOW)
+  if (j->mode == RUDA_WINDOW) {
     for (int i = 0; i < WINDOW; i++) ruda_buffer_free(dev, s, h[i]);
+    if (use_buffers) ruda_sync(dev, s, NULL);
+  }
   if (j->mode == RAW_WINDOW)
     for (int i = 0; i < WINDOW; i++) ops->mem_free(dev->bstate, addr[i], NULL);
 #ifdef RUDA_BENCH_CUDA
@@ -481,21 +553,28 @@ int main(int argc, char **argv) {
            "Mpairs/s | async p50 | async p99 | async Mpairs/s |\n");
     printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     static const uint64_t sizes[] = {256, 64 << 10, 1 << 20, 16 << 20};
-    for (int si = only_window ? 4 : 0; si < 5; si++) {
+    if (register_touch(dev) != 0) {
+      fprintf(stderr, "kernel touch: %s\n", ruda_error_message(ruda_last_error()));
+      return 1;
+    }
+    for (int si = only_window ? 4 : 0; si < 6; si++) {
+      use_buffers = si == 5;
       for (int ti = 0; ti < nthreads; ti++) {
         uint32_t T = thread_counts[ti];
         enum mode rm = si < 4 ? RUDA_PAIR : RUDA_WINDOW, bm = si < 4 ? RAW_PAIR : RAW_WINDOW;
+        /* Without a stream of its own the host's raw allocator cannot use its buffers. */
+        const int do_raw = raw && !(use_buffers && strcmp(dev->ops->name, "cuda") != 0);
         uint64_t size = si < 4 ? sizes[si] : 0;
         result a = run_case(dev, rm, T, size, seconds);
         result b = {0, 0, 0, 0, 0};
-        if (raw) b = run_case(dev, bm, T, size, seconds);
+        if (do_raw) b = run_case(dev, bm, T, size, seconds);
         result c = {0, 0, 0, 0, 0};
         if (async) c = run_case(dev, si < 4 ? ASYNC_PAIR : ASYNC_WINDOW, T, size, seconds);
         char sz[32];
         if (si < 4) print_size(sz, sizeof sz, size);
-        else snprintf(sz, sizeof sz, "window of 32 mixed");
+        else snprintf(sz, sizeof sz, use_buffers ? "window, each used once" : "window of 32 mixed");
         printf("| %s | %u | %.0f | %.0f | %.2f | %.2f | ", sz, T, a.p50, a.p99, a.mops, a.backend_per_k);
-        if (raw) printf("%.0f | %.0f | %.3f | ", b.p50, b.p99, b.mops);
+        if (do_raw) printf("%.0f | %.0f | %.3f | ", b.p50, b.p99, b.mops);
         else printf("- | - | - | ");
         if (async) printf("%.0f | %.0f | %.3f |\n", c.p50, c.p99, c.mops);
         else printf("- | - | - |\n");
