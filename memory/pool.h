@@ -6,10 +6,11 @@
  *     The fast path. Sliced pools keep, per size class, the pages they
  *     are cutting into slots; exclusive pools keep a few free pages for
  *     reuse. Normally only the stream's own client thread takes the lock.
- *   arena (one per device, arena.lock)
- *     Pages no stream holds, bucketed by size, with the worker whose work
- *     must pass before another worker may use them. Backend allocation,
- *     the out-of-memory retry and trimming live here.
+ *   arena (one per device, a shard per worker, shard.lock)
+ *     Pages no stream holds, bucketed by size, in the shard of the worker
+ *     whose work must pass before another worker may use them. Backend
+ *     allocation, the out-of-memory retry and trimming live here. At
+ *     most one shard lock is held at a time.
  *   fences (one per device, fence_lock)
  *     Per worker: internal sync commands whose completion tells that the
  *     worker's device work has passed a point. Polled, never waited on by
@@ -127,14 +128,28 @@ typedef struct ruda__pools {
 /* Arena buckets: sixteen per doubling of page size. */
 #define RUDA__NBUCKETS 1024u
 
-typedef struct ruda__arena {
+/* The free pages one worker's streams returned, under their own lock.
+ * Those streams take pages back from here first, with no fence (their
+ * later commands follow the returns) and no contention with other
+ * workers; other workers look here only when their own shard has nothing
+ * that fits. */
+typedef struct ruda__shard {
   pthread_mutex_t lock;
   ruda__page *bucket[RUDA__NBUCKETS], *bucket_tail[RUDA__NBUCKETS];
   uint64_t nonempty[RUDA__NBUCKETS / 64];
-  ruda__page *lru_head, *lru_tail; /* free pages, oldest first */
-  uint64_t free_bytes;             /* pages here */
-  uint64_t npages;
-  ruda__page *all; /* every page descriptor, for close */
+  uint32_t count[RUDA__NBUCKETS]; /* pages per bucket */
+  uint32_t nbuckets;              /* buckets holding a page */
+  ruda__page *lru_head, *lru_tail; /* oldest first */
+  uint64_t free_bytes, npages;
+  _Atomic uint64_t has_pages, has_bytes; /* npages, free_bytes, readable without the lock */
+} ruda__shard;
+
+typedef struct ruda__arena {
+  ruda__shard *shards; /* one per worker */
+  uint32_t nshards;
+  _Atomic uint64_t free_bytes; /* in all shards */
+  pthread_mutex_t lock;        /* `all` only */
+  ruda__page *all;             /* every page descriptor, for close */
   /* Every page descriptor in existence: backed bytes, virtual bytes. */
   _Atomic uint64_t backed, virtual_bytes, peak_backed;
   _Atomic uint64_t backend_allocs, backend_frees; /* calls made */
@@ -201,7 +216,7 @@ uint32_t ruda__class_index(uint64_t size);
 uint64_t ruda__class_size(uint32_t index);
 uint64_t ruda__exclusive_size(uint64_t size);
 
-/* Arena (arena.lock taken inside). take: a page of size..max_size bytes
+/* Arena (shard locks taken inside). take: a page of size..max_size bytes
  * that p's worker may use, from the arena or else the backend (unbacked
  * when virtual_ok), or NULL with *rc set. */
 ruda__page *ruda__arena_take(struct ruda_device *dev, ruda__pools *p, uint64_t size, uint64_t max_size,

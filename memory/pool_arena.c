@@ -1,11 +1,15 @@
 /* pool_arena.c - the device arena, backend pages, fences, lifecycle.
  *
- * The arena holds pages no stream's pools hold. A page returned by a pool
- * on worker W may be taken again at once by a stream of W (its commands
- * follow W's earlier ones), and by any other stream once a fence issued on
- * W after the return has completed on the device. Fences are internal sync
- * commands; at most one is in flight per worker, and they are polled, so
- * neither the allocation path nor a worker ever waits for the device.
+ * The arena holds pages no stream's pools hold, in one shard per worker. A
+ * page returned by a pool on worker W goes to W's shard; it may be taken
+ * again at once by a stream of W (its commands follow W's earlier ones),
+ * and by any other stream once a fence issued on W after the return has
+ * completed on the device (or at once if no command touched it). Streams
+ * look in their own worker's shard first, so threads on different workers
+ * do not meet on one lock; only a shard with nothing that fits sends them
+ * to the others. Fences are internal sync commands, a few in flight per
+ * worker, polled, so neither the allocation path nor a worker ever waits
+ * for the device.
  */
 #include <sched.h>
 #include <stdio.h>
@@ -19,9 +23,15 @@
 /* Free pages the arena keeps: an eighth of the pages in use, at least
  * this much. Past it, the oldest pages whose fences passed are freed; the
  * arena is also brought down to it before any new backend allocation, so
- * what is reserved follows what is live instead of its history. */
-#define RETAIN_MIN (UINT64_C(64) << 20)
+ * what is reserved follows what is live instead of its history. The floor
+ * is 0.1% of a 141 GiB device; with 64 MiB, 16 threads each keeping 32
+ * mixed buffers live (~300 MiB) traded pages with the backend 19 times per
+ * 1000 allocations on the H200, with 128 MiB 3 times (docs/memory.md). */
+#define RETAIN_MIN (UINT64_C(128) << 20)
 #define RETAIN_SHARE 8
+/* Before a backend allocation that would set a new high-water mark of
+ * reserved memory, the arena keeps only this fraction of its budget. */
+#define PEAK_SHARE 4
 /* How long an out-of-memory retry waits for workers to pass fences. */
 #define OOM_WAIT_NS (50ull * 1000 * 1000)
 /* Fences a worker may have in flight for returned pages. */
@@ -29,7 +39,7 @@
 /* Arena pages examined per bucket before giving up on it. */
 #define SCAN_MAX 32
 
-static ruda__page *collect(ruda_device *dev, uint64_t keep);
+static ruda__page *collect(ruda_device *dev, ruda__shard *a, uint64_t keep);
 static void discard_list(ruda_device *dev, ruda__page *list);
 
 static uint32_t bucket_of(uint64_t size) {
@@ -39,7 +49,7 @@ static uint32_t bucket_of(uint64_t size) {
   return 16 + (e - 12) * 16 + sub;
 }
 
-static void bucket_link(ruda__arena *a, ruda__page *pg) {
+static void bucket_link(ruda__arena *arena, ruda__shard *a, ruda__page *pg) {
   uint32_t b = bucket_of(pg->size);
   pg->bucket = b;
   /* Append: older pages, likelier past their fences, are met first. */
@@ -49,6 +59,7 @@ static void bucket_link(ruda__arena *a, ruda__page *pg) {
   else a->bucket[b] = pg;
   a->bucket_tail[b] = pg;
   a->nonempty[b / 64] |= UINT64_C(1) << (b % 64);
+  if (a->count[b]++ == 0) a->nbuckets++;
   pg->lru_next = NULL;
   pg->lru_prev = a->lru_tail;
   if (a->lru_tail) a->lru_tail->lru_next = pg;
@@ -56,15 +67,19 @@ static void bucket_link(ruda__arena *a, ruda__page *pg) {
   a->lru_tail = pg;
   a->free_bytes += pg->size;
   a->npages++;
+  atomic_store_explicit(&a->has_pages, a->npages, memory_order_relaxed);
+  atomic_store_explicit(&a->has_bytes, a->free_bytes, memory_order_relaxed);
+  atomic_fetch_add_explicit(&arena->free_bytes, pg->size, memory_order_relaxed);
 }
 
-static void bucket_unlink(ruda__arena *a, ruda__page *pg) {
+static void bucket_unlink(ruda__arena *arena, ruda__shard *a, ruda__page *pg) {
   uint32_t b = pg->bucket;
   if (pg->prev) pg->prev->next = pg->next;
   else a->bucket[b] = pg->next;
   if (pg->next) pg->next->prev = pg->prev;
   else a->bucket_tail[b] = pg->prev;
   if (a->bucket[b] == NULL) a->nonempty[b / 64] &= ~(UINT64_C(1) << (b % 64));
+  if (--a->count[b] == 0) a->nbuckets--;
   if (pg->lru_prev) pg->lru_prev->lru_next = pg->lru_next;
   else a->lru_head = pg->lru_next;
   if (pg->lru_next) pg->lru_next->lru_prev = pg->lru_prev;
@@ -72,6 +87,9 @@ static void bucket_unlink(ruda__arena *a, ruda__page *pg) {
   pg->next = pg->prev = pg->lru_next = pg->lru_prev = NULL;
   a->free_bytes -= pg->size;
   a->npages--;
+  atomic_store_explicit(&a->has_pages, a->npages, memory_order_relaxed);
+  atomic_store_explicit(&a->has_bytes, a->free_bytes, memory_order_relaxed);
+  atomic_fetch_sub_explicit(&arena->free_bytes, pg->size, memory_order_relaxed);
 }
 
 /* ---- fences ---- */
@@ -267,36 +285,73 @@ static int backend_alloc(ruda_device *dev, ruda__pools *p, uint64_t size, uint64
                     (unsigned long long)released, (unsigned long long)atomic_load(&a->backed), cause);
 }
 
-/* The free bytes the arena may keep. Under arena.lock. */
+/* The free bytes the arena may keep. */
 static uint64_t retain(ruda__arena *a) {
-  uint64_t used = atomic_load(&a->backed) - a->free_bytes;
+  uint64_t used = atomic_load(&a->backed) - atomic_load(&a->free_bytes);
   return used / RETAIN_SHARE > RETAIN_MIN ? used / RETAIN_SHARE : RETAIN_MIN;
+}
+
+/* Whether worker w is known to have passed fence need, without polling or
+ * taking fence_lock. */
+static int fence_seen(ruda_device *dev, uint32_t w, uint64_t need) {
+  return need == 0 || atomic_load_explicit(&dev->memory.fences[w].passed, memory_order_acquire) >= need ||
+         worker_idle(dev, w);
+}
+
+/* A page of size..max_size from shard a (of worker `owner`) that worker w
+ * may use; NULL if none. */
+static ruda__page *shard_find(ruda_device *dev, ruda__shard *a, uint32_t owner, uint32_t w, uint64_t size,
+                              uint64_t max_size) {
+  if (atomic_load_explicit(&a->has_pages, memory_order_relaxed) == 0) return NULL;
+  ruda__page *found = NULL;
+  pthread_mutex_lock(&a->lock);
+  uint32_t b_hi = bucket_of(max_size);
+  for (uint32_t b = bucket_of(size); b <= b_hi && found == NULL; b++) {
+    if (!(a->nonempty[b / 64] & (UINT64_C(1) << (b % 64)))) continue;
+    int scanned = 0;
+    for (ruda__page *pg = a->bucket[b]; pg != NULL && scanned < SCAN_MAX; pg = pg->next, scanned++) {
+      if (pg->size < size || pg->size > max_size) continue;
+      if (owner == w) {
+        /* The worker's own returns need no fence; a page it takes back
+         * before the fence passed stays dirty, so that its next return
+         * fences again. */
+        pg->dirty = (uint8_t)!fence_seen(dev, owner, pg->need);
+      } else {
+        if (!ruda__fence_passed(dev, owner, pg->need)) continue;
+        pg->dirty = 0;
+      }
+      found = pg;
+      break;
+    }
+  }
+  if (found) bucket_unlink(&dev->memory.arena, a, found);
+  pthread_mutex_unlock(&a->lock);
+  return found;
 }
 
 ruda__page *ruda__arena_find(ruda_device *dev, ruda__pools *p, uint64_t size, uint64_t max_size) {
   ruda__arena *a = &dev->memory.arena;
-  ruda__page *found = NULL;
-  pthread_mutex_lock(&a->lock);
-  if (a->npages > 0) {
-    uint32_t b_hi = bucket_of(max_size);
-    for (uint32_t b = bucket_of(size); b <= b_hi && found == NULL; b++) {
-      if (!(a->nonempty[b / 64] & (UINT64_C(1) << (b % 64)))) continue;
-      int scanned = 0;
-      for (ruda__page *pg = a->bucket[b]; pg != NULL && scanned < SCAN_MAX; pg = pg->next, scanned++) {
-        if (pg->size < size || pg->size > max_size) continue;
-        int passed = ruda__fence_passed(dev, pg->worker, pg->need);
-        if (pg->worker != p->worker && !passed) continue;
-        /* Its worker may take a page back before the fence passed: the
-         * page stays dirty, so that the next return fences again. */
-        pg->dirty = (uint8_t)!passed;
-        found = pg;
-        break;
-      }
-    }
-    if (found) bucket_unlink(a, found);
+  const uint32_t n = a->nshards, w = p->worker;
+  ruda__page *pg = shard_find(dev, &a->shards[w], w, w, size, max_size);
+  for (uint32_t i = 1; pg == NULL && i < n; i++) {
+    uint32_t o = (w + i) % n;
+    pg = shard_find(dev, &a->shards[o], o, w, size, max_size);
   }
-  pthread_mutex_unlock(&a->lock);
-  return found;
+  return pg;
+}
+
+/* Brings the arena's free bytes down to keep, from shard `first` on, as
+ * far as fences allow. */
+static void trim_to(ruda_device *dev, uint32_t first, uint64_t keep) {
+  ruda__arena *a = &dev->memory.arena;
+  for (uint32_t i = 0; i < a->nshards && atomic_load(&a->free_bytes) > keep; i++) {
+    ruda__shard *sh = &a->shards[(first + i) % a->nshards];
+    if (atomic_load_explicit(&sh->has_pages, memory_order_relaxed) == 0) continue;
+    pthread_mutex_lock(&sh->lock);
+    ruda__page *drop = collect(dev, sh, keep);
+    pthread_mutex_unlock(&sh->lock);
+    discard_list(dev, drop);
+  }
 }
 
 ruda__page *ruda__arena_take(ruda_device *dev, ruda__pools *p, uint64_t size, uint64_t max_size,
@@ -305,10 +360,11 @@ ruda__page *ruda__arena_take(ruda_device *dev, ruda__pools *p, uint64_t size, ui
   if (found) return found;
   ruda__arena *a = &dev->memory.arena;
   if (!virtual_ok) {
-    pthread_mutex_lock(&a->lock);
-    ruda__page *drop = a->free_bytes > retain(a) ? collect(dev, retain(a)) : NULL;
-    pthread_mutex_unlock(&a->lock);
-    discard_list(dev, drop);
+    /* About to raise the high-water mark of reserved memory: free pages
+     * are pure excess at such a moment, so far fewer are kept. */
+    uint64_t keep = retain(a);
+    if (atomic_load(&a->backed) + size > atomic_load(&a->peak_backed)) keep /= PEAK_SHARE;
+    if (atomic_load(&a->free_bytes) > keep) trim_to(dev, p->worker, keep);
   }
   uint64_t addr = 0;
   if (!virtual_ok && (*rc = backend_alloc(dev, p, size, request, fn, &addr)) != 0) return NULL;
@@ -335,21 +391,36 @@ int ruda__arena_back(ruda_device *dev, ruda__pools *p, ruda__page *pg) {
   return 0;
 }
 
-/* Collects up to the oldest pages past their fences until free_bytes
- * would be at most keep. Under arena.lock. */
-static ruda__page *collect(ruda_device *dev, uint64_t keep) {
-  ruda__arena *a = &dev->memory.arena;
+/* Collects pages of shard a past their fences, oldest first, until the
+ * arena's free bytes would be at most keep. Under a->lock.
+ *
+ * The first pass only takes pages of sizes the shard holds more of than
+ * the average size: with a few sizes in steady use (fixed shapes), oldest
+ * first trims whichever size happens to be old, a size's count then walks
+ * to zero and the next request for it goes to the backend while pages of
+ * other sizes sit idle. Evening the counts out keeps every size in stock.
+ * With sizes that are all different every bucket holds one page and the
+ * second pass is plain oldest first. */
+static ruda__page *collect(ruda_device *dev, ruda__shard *a, uint64_t keep) {
+  ruda__arena *arena = &dev->memory.arena;
   ruda__page *out = NULL;
-  int skipped = 0;
-  for (ruda__page *pg = a->lru_head, *next; pg != NULL && a->free_bytes > keep; pg = next) {
-    next = pg->lru_next;
-    if (!ruda__fence_passed(dev, pg->worker, pg->need)) {
-      if (++skipped > SCAN_MAX) break;
-      continue;
+  for (int pass = 0; pass < 2 && atomic_load(&arena->free_bytes) > keep; pass++) {
+    int skipped = 0;
+    for (ruda__page *pg = a->lru_head, *next; pg != NULL && atomic_load(&arena->free_bytes) > keep; pg = next) {
+      next = pg->lru_next;
+      /* At or below the average count (count * buckets <= pages): keep. */
+      if (pass == 0 && (uint64_t)a->count[pg->bucket] * a->nbuckets <= a->npages) {
+        if (++skipped > 4 * SCAN_MAX) break;
+        continue;
+      }
+      if (!ruda__fence_passed(dev, pg->worker, pg->need)) {
+        if (++skipped > SCAN_MAX) break;
+        continue;
+      }
+      bucket_unlink(arena, a, pg);
+      pg->next = out;
+      out = pg;
     }
-    bucket_unlink(a, pg);
-    pg->next = out;
-    out = pg;
   }
   return out;
 }
@@ -372,11 +443,25 @@ void ruda__arena_put(ruda_device *dev, ruda__page *pg, uint32_t worker) {
   pg->need = pg->dirty ? ruda__fence_need(dev, worker, 0) : 0;
   pg->klass = UINT32_MAX;
   ruda__arena *a = &dev->memory.arena;
-  pthread_mutex_lock(&a->lock);
-  bucket_link(a, pg);
-  ruda__page *drop = NULL;
-  if (a->free_bytes > retain(a)) drop = collect(dev, retain(a));
-  pthread_mutex_unlock(&a->lock);
+  ruda__shard *sh = &a->shards[worker];
+  pthread_mutex_lock(&sh->lock);
+  bucket_link(a, sh, pg);
+  pthread_mutex_unlock(&sh->lock);
+  if (atomic_load(&a->free_bytes) <= retain(a)) return;
+  /* Past the budget: the shard holding the most gives back its oldest
+   * (a shard drained by another's returns would send its own streams to
+   * the backend). What fences hold waits for the trim before the next
+   * backend allocation. */
+  uint32_t fat = worker;
+  uint64_t most = atomic_load_explicit(&sh->has_bytes, memory_order_relaxed);
+  for (uint32_t i = 0; i < a->nshards; i++) {
+    uint64_t b = atomic_load_explicit(&a->shards[i].has_bytes, memory_order_relaxed);
+    if (b > most) most = b, fat = i;
+  }
+  sh = &a->shards[fat];
+  pthread_mutex_lock(&sh->lock);
+  ruda__page *drop = collect(dev, sh, retain(a));
+  pthread_mutex_unlock(&sh->lock);
   discard_list(dev, drop);
 }
 
@@ -385,13 +470,15 @@ uint64_t ruda__arena_trim(ruda_device *dev, uint64_t keep, uint64_t wait_ns) {
   uint64_t released = 0, deadline = ruda__now_ns() + wait_ns;
   for (;;) {
     ruda__fence_poll_all(dev);
-    pthread_mutex_lock(&a->lock);
-    ruda__page *drop = collect(dev, keep);
-    uint64_t left = a->free_bytes;
-    pthread_mutex_unlock(&a->lock);
-    for (ruda__page *pg = drop; pg != NULL; pg = pg->next) released += pg->size;
-    discard_list(dev, drop);
-    if (left <= keep || ruda__now_ns() >= deadline) break;
+    for (uint32_t i = 0; i < a->nshards; i++) {
+      ruda__shard *sh = &a->shards[i];
+      pthread_mutex_lock(&sh->lock);
+      ruda__page *drop = collect(dev, sh, keep);
+      pthread_mutex_unlock(&sh->lock);
+      for (ruda__page *pg = drop; pg != NULL; pg = pg->next) released += pg->size;
+      discard_list(dev, drop);
+    }
+    if (atomic_load(&a->free_bytes) <= keep || ruda__now_ns() >= deadline) break;
     struct timespec ts = {0, 20000};
     nanosleep(&ts, NULL);
   }
@@ -404,6 +491,10 @@ int ruda__memory_init(ruda_device *dev) {
   ruda__memory *m = &dev->memory;
   memset(m, 0, sizeof *m);
   pthread_mutex_init(&m->arena.lock, NULL);
+  m->arena.nshards = dev->nworkers;
+  m->arena.shards = calloc(dev->nworkers, sizeof *m->arena.shards);
+  if (m->arena.shards == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
+  for (uint32_t w = 0; w < dev->nworkers; w++) pthread_mutex_init(&m->arena.shards[w].lock, NULL);
   pthread_mutex_init(&m->layout_lock, NULL);
   pthread_mutex_init(&m->fence_lock, NULL);
   pthread_mutex_init(&m->all_lock, NULL);
@@ -467,6 +558,9 @@ void ruda__memory_destroy(ruda_device *dev) {
     free(pg->free_idx);
     free(pg);
   }
+  for (uint32_t w = 0; m->arena.shards != NULL && w < m->arena.nshards; w++)
+    pthread_mutex_destroy(&m->arena.shards[w].lock);
+  free(m->arena.shards);
   pthread_mutex_destroy(&m->arena.lock);
   pthread_mutex_destroy(&m->layout_lock);
   pthread_mutex_destroy(&m->fence_lock);

@@ -103,9 +103,7 @@ int ruda_memory_device_usage(ruda_device *dev, ruda_memory_stats *out) {
     pthread_mutex_unlock(&q->lock);
   }
   ruda__arena *a = &dev->memory.arena;
-  pthread_mutex_lock(&a->lock);
-  out->bytes_reserved += a->free_bytes;
-  pthread_mutex_unlock(&a->lock);
+  out->bytes_reserved += atomic_load(&a->free_bytes);
   /* Per-stream peaks happened at different times; the device's own
    * high-water mark of backed pages is the honest figure for reserved.
    * peak_in_use stays the sum of the streams' peaks (an upper bound). */
