@@ -287,7 +287,9 @@ static int backend_alloc(ruda_device *dev, ruda__pools *p, uint64_t size, uint64
 
 /* The free bytes the arena may keep. */
 static uint64_t retain(ruda__arena *a) {
-  uint64_t used = atomic_load(&a->backed) - atomic_load(&a->free_bytes);
+  /* Two counters read apart: a page moving meanwhile may show in one only. */
+  uint64_t backed = atomic_load(&a->backed), free_bytes = atomic_load(&a->free_bytes);
+  uint64_t used = backed > free_bytes ? backed - free_bytes : 0;
   return used / RETAIN_SHARE > RETAIN_MIN ? used / RETAIN_SHARE : RETAIN_MIN;
 }
 

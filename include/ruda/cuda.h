@@ -136,7 +136,9 @@ RUDA_EXTERN int ruda_cuda_context(ruda_device *dev, void **cu_context);
 
 /* The device address of the binding's first byte, the reference's
  * get_resource (a host address on the host backend). Checks that the
- * handle is live and the range inside the buffer. Thread-safe,
+ * handle is live and the range inside the buffer. The buffer then counts
+ * as used: once freed, its memory waits for its stream's work to pass
+ * before another stream reuses it, as after a command. Thread-safe,
  * non-blocking. */
 RUDA_EXTERN int ruda_binding_device_ptr(ruda_device *dev, ruda_binding b, uint64_t *addr);
 
