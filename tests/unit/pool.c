@@ -544,6 +544,52 @@ static void threads_share_a_stream(void **state) {
   test_close(dev);
 }
 
+/* Past the arena's budget a trim takes the size it holds most of, not
+ * merely the oldest page: two big pages returned first survive forty small
+ * ones, and another stream then gets them without a backend call. */
+static void trims_keep_every_size_in_stock(void **state) {
+  (void)state;
+  ruda_device *dev = open_fake(2);
+  ruda_handle big[2], small[40], x, y;
+  for (int i = 0; i < 2; i++) assert_ok(ruda_buffer_create(dev, 0, 32 * MiB, &big[i]));
+  for (int i = 0; i < 40; i++) assert_ok(ruda_buffer_create(dev, 0, 4 * MiB, &small[i]));
+  for (int i = 0; i < 2; i++) assert_ok(ruda_buffer_free(dev, 0, big[i]));
+  for (int i = 0; i < 40; i++) assert_ok(ruda_buffer_free(dev, 0, small[i]));
+  /* 224 MiB came free against a 128 MiB budget: pages were trimmed. */
+  assert_true(atomic_load(&nfree_calls) > 0);
+  uint64_t calls = atomic_load(&nalloc_calls);
+  /* Stream 1 runs on worker 1: both pages come from worker 0's shard
+   * (untouched, so no fence either). */
+  assert_ok(ruda_buffer_create(dev, 1, 32 * MiB, &x));
+  assert_ok(ruda_buffer_create(dev, 1, 32 * MiB, &y));
+  assert_int_equal(atomic_load(&nalloc_calls), calls);
+  assert_ok(ruda_buffer_free(dev, 1, x));
+  assert_ok(ruda_buffer_free(dev, 1, y));
+  test_close(dev);
+}
+
+/* Free pages within the budget stay for reuse, but not when new memory
+ * would raise reserved past its high-water mark: then the arena keeps a
+ * quarter of its budget (32 MiB) and frees the rest first. */
+static void new_peak_trims_first(void **state) {
+  (void)state;
+  ruda_device *dev = open_fake(1);
+  ruda_handle h[25], big;
+  for (int i = 0; i < 25; i++) assert_ok(ruda_buffer_create(dev, 0, 4 * MiB, &h[i]));
+  for (int i = 0; i < 25; i++) assert_ok(ruda_buffer_free(dev, 0, h[i]));
+  ruda_memory_stats d;
+  assert_ok(ruda_memory_device_usage(dev, &d));
+  assert_int_equal(d.bytes_reserved, 100 * MiB); /* all kept: under the 128 MiB budget */
+  assert_int_equal(atomic_load(&nfree_calls), 0);
+  assert_ok(ruda_buffer_create(dev, 0, 64 * MiB, &big));
+  assert_ok(ruda_memory_device_usage(dev, &d));
+  assert_int_equal(d.bytes_in_use, 64 * MiB);
+  assert_true(d.bytes_reserved <= 64 * MiB + 32 * MiB);
+  assert_true(d.peak_reserved <= 100 * MiB); /* the high-water mark did not move */
+  assert_ok(ruda_buffer_free(dev, 0, big));
+  test_close(dev);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(size_classes),
@@ -558,6 +604,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(reports_refuse_when_unhealthy),
       cmocka_unit_test(dry_run_backs_later),
       cmocka_unit_test(threads_share_a_stream),
+      cmocka_unit_test(trims_keep_every_size_in_stock),
+      cmocka_unit_test(new_peak_trims_first),
   };
   return test_main("unit_pool", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
