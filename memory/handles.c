@@ -120,6 +120,7 @@ void ruda__handles_publish(ruda__handles *h, uint32_t index, uint64_t addr, uint
   atomic_store_explicit(&s->home, home, memory_order_relaxed);
   atomic_store_explicit(&s->users, 0, memory_order_relaxed);
   atomic_store_explicit(&s->used, 0, memory_order_relaxed);
+  atomic_store_explicit(&s->held, 0, memory_order_relaxed);
   atomic_store_explicit(&s->mem, mem, memory_order_relaxed);
   uint64_t last = 0;
   if (home != UINT32_MAX && h->dev != NULL)
@@ -181,6 +182,23 @@ int ruda__handles_pin_use(ruda__handles *h, ruda_handle handle, uint32_t worker,
 
 int ruda__handles_pin(ruda__handles *h, ruda_handle handle, uint64_t *addr, uint64_t *size) {
   return pin(h, handle, UINT32_MAX, 1, addr, size, NULL, NULL);
+}
+
+void ruda__handles_hold(ruda__handles *h, uint32_t slot) {
+  ruda__slot *s = slot_at(h, slot);
+  if (s != NULL) atomic_store_explicit(&s->held, 1, memory_order_relaxed);
+}
+
+void ruda__handles_add_user(ruda__handles *h, uint32_t slot, uint32_t worker) {
+  ruda__slot *s = slot_at(h, slot);
+  if (worker == atomic_load_explicit(&s->home, memory_order_relaxed)) return;
+  uint64_t bit = UINT64_C(1) << (worker & 63);
+  if (!(atomic_load_explicit(&s->users, memory_order_relaxed) & bit))
+    atomic_fetch_or_explicit(&s->users, bit, memory_order_relaxed);
+}
+
+uint32_t ruda__handles_gen(ruda__handles *h, uint32_t slot) {
+  return gen_of(atomic_load_explicit(&slot_at(h, slot)->state, memory_order_relaxed));
 }
 
 int ruda__handles_size(ruda__handles *h, ruda_handle handle, uint64_t *size) {

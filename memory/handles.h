@@ -47,6 +47,9 @@ typedef struct ruda__slot {
    * its address went out (ruda_binding_device_ptr). Memory never touched
    * needs no fence before another stream reuses it. */
   _Atomic uint8_t used;
+  /* 1 once a graph recorded a command using it (scheduler/capture.c): a
+   * free then never returns the memory at once, the graph may still run. */
+  _Atomic uint8_t held;
 } ruda__slot;
 
 typedef struct ruda__handles {
@@ -89,6 +92,15 @@ int ruda__handles_pin(ruda__handles *h, ruda_handle handle, uint64_t *addr, uint
  * `used`. *slot and *last receive the pinned slot and its last-use record. */
 int ruda__handles_pin_use(ruda__handles *h, ruda_handle handle, uint32_t worker, uint64_t *addr,
                           uint64_t *size, ruda__slot **slot, _Atomic uint64_t **last);
+/* Marks the slot held by a graph, before the pin that records it: a free
+ * that kills the handle after that pin then sees the mark. No-op for a
+ * slot index that does not exist (the pin then fails). */
+void ruda__handles_hold(ruda__handles *h, uint32_t slot);
+/* Counts worker as a user of a pinned slot, as a pin from it would. */
+void ruda__handles_add_user(ruda__handles *h, uint32_t slot, uint32_t worker);
+/* The generation of a pinned slot. */
+uint32_t ruda__handles_gen(ruda__handles *h, uint32_t slot);
+
 /* The last-use record of a slot known to exist. */
 _Atomic uint64_t *ruda__handles_last(ruda__handles *h, uint32_t slot);
 

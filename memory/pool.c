@@ -474,9 +474,10 @@ int ruda__memory_free(ruda_device *dev, ruda__stream *s, ruda_handle h) {
    * other worker that pinned the buffer has its bit in users by now. */
   uint64_t users = atomic_load_explicit(&slot->users, memory_order_acquire);
   const int used = atomic_load_explicit(&slot->used, memory_order_relaxed);
-  if (pg == NULL || users != 0) {
-    /* Raw memory, or used on other workers: the last reference decides
-     * (ruda__memory_retire waits for those workers' fences). */
+  if (pg == NULL || users != 0 || atomic_load_explicit(&slot->held, memory_order_relaxed)) {
+    /* Raw memory, used on other workers, or kept by a graph: the last
+     * reference decides (ruda__memory_retire waits for those workers'
+     * fences). */
     ruda__handles_unpin(&dev->handles, dev, h.slot, NULL);
     return 0;
   }

@@ -33,7 +33,8 @@ typedef enum ruda__cmd_kind {
   RUDA__CMD_SYNC,  /* record completion of everything before it */
   RUDA__CMD_STOP,  /* worker exits after it (close) */
   RUDA__CMD_MARK,  /* cross-stream ordering: mark this worker's work so far */
-  RUDA__CMD_WAIT   /* cross-stream ordering: order after other workers' marks */
+  RUDA__CMD_WAIT,  /* cross-stream ordering: order after other workers' marks */
+  RUDA__CMD_GRAPH  /* replay a captured graph (scheduler/capture.c) */
 } ruda__cmd_kind;
 
 #define RUDA__MAX_PINS (RUDA_MAX_ARGS + 1)
@@ -68,6 +69,9 @@ typedef struct ruda__cmd {
       struct ruda__dep **deps; /* in the command's trailing bytes */
       uint32_t n;
     } wait;
+    struct {
+      struct ruda_graph *g; /* holds a reference until it ran */
+    } graph;
   } u;
 } ruda__cmd;
 
@@ -194,6 +198,11 @@ struct ruda__stream {
   _Atomic uint32_t nerr;
   _Atomic uint64_t lost; /* errors that could not be recorded (no memory) */
   struct ruda__pools *_Atomic pools; /* memory/pool.c; made at first use */
+  /* Graph capture (scheduler/capture.c). capturing is read by every launch
+   * and copy; the recording itself is made at the first begin. */
+  _Atomic int capturing;
+  _Atomic int graph_prepared;
+  struct ruda__capture *_Atomic cap;
 };
 
 /* Insert-only hash from id to stream with lock-free lookups. Tables are

@@ -164,6 +164,7 @@ size_t ruda__streams_list(ruda__stream_table *t, ruda_stream_id *ids, size_t cap
 
 static void free_stream(ruda__stream *st, void *unused) {
   (void)unused;
+  ruda__capture_free(atomic_load(&st->cap));
   ruda_error_free(st->err_head);
   pthread_mutex_destroy(&st->err_lock);
   free(st);
@@ -211,6 +212,10 @@ int ruda__stream_drain(ruda_device *dev, ruda__stream *s, ruda_error **out) {
   pthread_mutex_unlock(&s->err_lock);
   if (n == 0 && !faulted) return 0;
 
+  /* The thread's last error says it too, as for any failed call. */
+  ruda__fail(RUDA_EUNHEALTHY, "stream %llu is unhealthy: %u error%s%s%s (first: %.200s)", (unsigned long long)s->id,
+             n, n == 1 ? "" : "s", faulted ? "; the device is faulted: " : "", faulted && dev->fault ? dev->fault->msg : "",
+             list ? list->msg : "not recorded");
   if (out == NULL) {
     ruda_error_free(list);
     return RUDA_EUNHEALTHY;

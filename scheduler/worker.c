@@ -19,6 +19,7 @@ static const char *cmd_name(int kind) {
     case RUDA__CMD_SYNC: return "sync";
     case RUDA__CMD_MARK: return "mark";
     case RUDA__CMD_WAIT: return "order";
+    case RUDA__CMD_GRAPH: return "graph_replay";
     default: return "stop";
   }
 }
@@ -70,6 +71,9 @@ void ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
     case RUDA__CMD_WAIT:
       rc = ruda__order_wait(w, cmd->u.wait.deps, cmd->u.wait.n, &err);
       break;
+    case RUDA__CMD_GRAPH:
+      rc = ruda__graph_execute(w, cmd, &err);
+      break;
     case RUDA__CMD_FENCE:
     case RUDA__CMD_STOP:
       break;
@@ -77,6 +81,7 @@ void ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
   if (rc != 0) report(w, cmd, rc, err);
   for (uint32_t i = 0; i < cmd->npins; i++)
     ruda__handles_unpin(&dev->handles, dev, cmd->pins[i], w->wstate);
+  if (cmd->kind == RUDA__CMD_GRAPH) ruda__graph_unref(cmd->u.graph.g, w->wstate);
   /* Counted run before its future completes, so a caller back from a
    * sync or read sees this worker past the command (scheduler/order.c). */
   uint64_t pos = atomic_load_explicit(&w->done, memory_order_relaxed) + 1;

@@ -38,11 +38,14 @@ static const char *label(char *buf, size_t n, const char *what, int index) {
 /* o gathers the ordering the command needs after other streams' uses of
  * the buffer (scheduler/order.h). */
 static int pin_binding(ruda_device *dev, ruda__stream *s, ruda_binding b, const char *fn, const char *what,
-                       int index, uint64_t *addr, uint64_t *len, ruda__order *o) {
+                       int index, uint64_t *addr, uint64_t *len, ruda__order *o, int hold) {
   uint64_t base, size;
   ruda__slot *slot;
   _Atomic uint64_t *last;
   char lb[48];
+  /* A command a graph will keep: mark the buffer before the pin, so a free
+   * racing with us cannot hand its memory back at once (capture.h). */
+  if (__builtin_expect(hold, 0)) ruda__handles_hold(&dev->handles, b.handle.slot);
   /* Pinned for s's worker: a worker other than the buffer's home is
    * recorded, so the buffer's memory waits for it after a free. */
   if (ruda__handles_pin_use(&dev->handles, b.handle, s->worker->index, &base, &size, &slot, &last) != 0)
@@ -113,6 +116,12 @@ static int make_layout(const ruda_copy_desc *d, uint64_t binding_len, const char
     expect *= d->shape[i];
   }
   return 0;
+}
+
+/* What a capture cannot record is refused at the call (ruda/graph.h). */
+static int refuse_capturing(ruda__stream *s, const char *fn, const char *why) {
+  return ruda__fail(RUDA_EGRAPHSTATE, "%s: stream %llu is capturing a graph, and %s", fn, (unsigned long long)s->id,
+                    why);
 }
 
 /* Pushes cmd on s's worker, after whatever other streams' work o says it
@@ -242,10 +251,12 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
   int rc = 0;
   ruda__stream *s = stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
+  if (atomic_load_explicit(&s->capturing, memory_order_acquire))
+    return refuse_capturing(s, fn, "writes are not recorded (write before ruda_graph_begin_capture)");
   uint64_t addr, blen;
   ruda__order o;
   ruda__order_init(&o);
-  if ((rc = pin_binding(dev, s, dst->binding, fn, "dst", -1, &addr, &blen, &o)) != 0) return rc;
+  if ((rc = pin_binding(dev, s, dst->binding, fn, "dst", -1, &addr, &blen, &o, 0)) != 0) return rc;
   ruda__layout l;
   if ((rc = make_layout(dst, blen, fn, &l)) != 0 || (rc = check_layout(dev, &l, fn)) != 0) goto unpin;
   if (l.bytes != len) {
@@ -316,10 +327,12 @@ int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src
   int rc = 0;
   ruda__stream *s = stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
+  if (atomic_load_explicit(&s->capturing, memory_order_acquire))
+    return refuse_capturing(s, fn, "a read would wait for work that is being recorded, not run");
   uint64_t addr, blen;
   ruda__order o;
   ruda__order_init(&o);
-  if ((rc = pin_binding(dev, s, src->binding, fn, "src", -1, &addr, &blen, &o)) != 0) return rc;
+  if ((rc = pin_binding(dev, s, src->binding, fn, "src", -1, &addr, &blen, &o, 0)) != 0) return rc;
   ruda__layout l;
   if ((rc = make_layout(src, blen, fn, &l)) != 0 || (rc = check_layout(dev, &l, fn)) != 0) goto unpin;
   if (l.bytes != len) {
@@ -360,11 +373,12 @@ int ruda_copy(ruda_device *dev, ruda_stream_id stream, ruda_binding dst, ruda_bi
   int rc = 0;
   ruda__stream *s = stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
+  const int capturing = atomic_load_explicit(&s->capturing, memory_order_acquire);
   uint64_t da, dl, sa, sl;
   ruda__order o;
   ruda__order_init(&o);
-  if ((rc = pin_binding(dev, s, src, fn, "src", -1, &sa, &sl, &o)) != 0) return rc;
-  if ((rc = pin_binding(dev, s, dst, fn, "dst", -1, &da, &dl, &o)) != 0) {
+  if ((rc = pin_binding(dev, s, src, fn, "src", -1, &sa, &sl, &o, capturing)) != 0) return rc;
+  if ((rc = pin_binding(dev, s, dst, fn, "dst", -1, &da, &dl, &o, capturing)) != 0) {
     ruda__handles_unpin(&dev->handles, dev, src.handle.slot, NULL);
     return rc;
   }
@@ -386,6 +400,12 @@ int ruda_copy(ruda_device *dev, ruda_stream_id stream, ruda_binding dst, ruda_bi
   cmd->u.copy.dst = da;
   cmd->u.copy.src = sa;
   cmd->u.copy.size = sl;
+  if (capturing && (rc = ruda__capture_record(dev, s, cmd)) <= 0) {
+    if (rc == 0) return 0;
+    ruda__cmd_free(cmd);
+    unpin_all(dev, pins, 2);
+    return rc;
+  }
   if ((rc = submit(dev, s, cmd, &o)) != 0) {
     ruda__cmd_free(cmd);
     unpin_all(dev, pins, 2);
@@ -445,6 +465,9 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
   int rc2 = 0;
   ruda__stream *s = stream_for(dev, stream, fn, &rc2);
   if (s == NULL) return rc2;
+  const int capturing = atomic_load_explicit(&s->capturing, memory_order_acquire);
+  if (__builtin_expect(capturing, 0) && (l->flags & RUDA_LAUNCH_INDIRECT) && !(l->flags & RUDA_LAUNCH_DRY_RUN))
+    return refuse_capturing(s, fn, "indirect launches read their grid when they run, so cannot be recorded");
 
   /* One allocation: header, pins, args, scalar bytes. */
   size_t scalar_bytes = 0;
@@ -489,7 +512,8 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
       bytes += (a->size + 7u) & ~7u;
     } else {
       uint64_t addr, len;
-      if ((rc = pin_binding(dev, s, a->binding, fn, "argument", (int)i, &addr, &len, &o)) != 0) goto fail;
+      rc = pin_binding(dev, s, a->binding, fn, "argument", (int)i, &addr, &len, &o, capturing);
+      if (rc != 0) goto fail;
       cmd->pins[pinned++] = a->binding.handle.slot;
       kargs[i].addr = addr;
       kargs[i].size = 0;
@@ -499,8 +523,8 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
   uint64_t indirect_addr = 0;
   if (indirect) {
     uint64_t len;
-    if ((rc = pin_binding(dev, s, l->indirect_grid, fn, "indirect grid", -1, &indirect_addr, &len, &o)) != 0)
-      goto fail;
+    rc = pin_binding(dev, s, l->indirect_grid, fn, "indirect grid", -1, &indirect_addr, &len, &o, capturing);
+    if (rc != 0) goto fail;
     cmd->pins[pinned++] = l->indirect_grid.handle.slot;
     if (len < 3 * sizeof(uint32_t)) {
       rc = ruda__fail(RUDA_ERANGE, "ruda_launch \"%s\": indirect grid binding holds %llu bytes, needs 12",
@@ -523,6 +547,10 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
                                      .nargs = l->nargs,
                                      .indirect_addr = indirect_addr,
                                      .args = kargs};
+  if (__builtin_expect(capturing, 0) && (rc = ruda__capture_record(dev, s, cmd)) <= 0) {
+    if (rc == 0) return 0;
+    goto fail;
+  }
   if ((rc = submit(dev, s, cmd, &o)) != 0) goto fail;
   return 0;
 fail:
@@ -539,6 +567,8 @@ static int control(ruda_device *dev, ruda_stream_id stream, int kind, const char
   int rc = 0;
   ruda__stream *s = stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
+  if (kind == RUDA__CMD_SYNC && atomic_load_explicit(&s->capturing, memory_order_acquire))
+    return refuse_capturing(s, fn, "a sync would wait for work that is being recorded, not run");
   ruda__cmd *cmd = ruda__cmd_alloc(0);
   ruda_future *f = cmd ? ruda__future_new(dev, s, kind == RUDA__CMD_SYNC) : NULL;
   if (f == NULL) {

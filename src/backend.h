@@ -127,6 +127,15 @@ typedef struct ruda__backend_ops {
   void *(*native_stream)(void *wstate);
   void *(*native_context)(void *state);
   int (*stage_usage)(void *state, ruda_staging_stats *out);
+  /* Worker: replays a captured graph. *exec is the backend's own graph,
+   * NULL at the first replay: the op then starts capturing on the
+   * worker's stream, calls record(ctx), which issues the recorded
+   * commands through this table's launch and copy, and keeps what it
+   * captured in *exec. NULL op: the commands are run again each replay. */
+  int (*graph_replay)(void *wstate, void **exec, int (*record)(void *ctx, ruda_error **err), void *ctx,
+                      ruda_error **err);
+  /* Any thread: frees what graph_replay kept. */
+  void (*graph_release)(void *state, void *exec);
 } ruda__backend_ops;
 
 extern const ruda__backend_ops ruda__host_backend;

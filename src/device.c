@@ -124,6 +124,7 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
 
   ruda__handles_init(&dev->handles);
   ruda__streams_init(&dev->streams);
+  pthread_mutex_init(&dev->graph_lock, NULL);
   ruda__kernels_init(&dev->kernels);
   dev->nworkers = cfg.num_streams;
   dev->workers = aligned_alloc(RUDA__CACHELINE, sizeof(ruda__worker) * dev->nworkers);
@@ -148,6 +149,7 @@ fail:
   ruda__kernels_destroy(dev);
   ruda__streams_destroy(&dev->streams);
   ruda__handles_destroy(&dev->handles, dev);
+  pthread_mutex_destroy(&dev->graph_lock);
   dev->ops->close(dev->bstate);
   free(dev);
   return rc;
@@ -183,6 +185,9 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
   if (errors) *errors = a.head;
   else ruda_error_free(a.head);
 
+  /* Graphs hold pins and backend objects: before handles and context. */
+  ruda__graphs_close(dev);
+  pthread_mutex_destroy(&dev->graph_lock);
   ruda__handles_destroy(&dev->handles, dev);
   ruda__memory_destroy(dev);
   ruda__kernels_destroy(dev);

@@ -7,6 +7,7 @@
 
 #include "../memory/handles.h"
 #include "../memory/pool.h"
+#include "../scheduler/capture.h"
 #include "../scheduler/order.h"
 #include "../scheduler/scheduler.h"
 #include "backend.h"
@@ -40,6 +41,9 @@ struct ruda_device {
   struct {
     _Atomic uint64_t marks, shared, waits;
   } order;
+  /* Graphs not destroyed yet (scheduler/capture.c), freed at close. */
+  pthread_mutex_t graph_lock;
+  struct ruda_graph *graphs;
 };
 
 /* Logging to stderr, filtered by the device's level. */

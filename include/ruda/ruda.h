@@ -350,5 +350,6 @@ RUDA_EXTERN int ruda_sync_async(ruda_device *dev, ruda_stream_id stream, ruda_fu
 
 /* Device properties, staging buffers, CUDA interop. */
 #include "ruda/cuda.h"
+#include "ruda/graph.h"
 
 #endif /* RUDA_RUDA_H */

@@ -1,0 +1,383 @@
+/* capture.c - graph capture and replay: recordings, graphs, the replay
+ * command. See capture.h for the shape and ruda/graph.h for the rules. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/internal.h"
+
+static ruda__stream *stream_of(ruda_device *dev, ruda_stream_id id, const char *fn, int *rc) {
+  if (id != RUDA_STREAM_CURRENT && id > RUDA_STREAM_EXPLICIT_MAX) {
+    *rc = ruda__fail(RUDA_EINVAL, "%s: stream id %llu is reserved (explicit ids are below 2^63)", fn,
+                     (unsigned long long)id);
+    return NULL;
+  }
+  ruda__stream *s = ruda__stream_get(dev, id);
+  if (s == NULL) *rc = ruda__fail(RUDA_ENOMEM, "%s: out of host memory creating stream", fn);
+  return s;
+}
+
+/* The stream's recording, made once (never freed before the stream). */
+static ruda__capture *recording(ruda__stream *s) {
+  ruda__capture *c = atomic_load_explicit(&s->cap, memory_order_acquire);
+  if (c != NULL) return c;
+  ruda__capture *made = calloc(1, sizeof *made);
+  if (made == NULL) return NULL;
+  pthread_mutex_init(&made->lock, NULL);
+  if (atomic_compare_exchange_strong_explicit(&s->cap, &c, made, memory_order_acq_rel, memory_order_acquire))
+    return made;
+  pthread_mutex_destroy(&made->lock); /* another thread made it first */
+  free(made);
+  return c;
+}
+
+void ruda__capture_free(ruda__capture *c) {
+  if (c == NULL) return;
+  free(c->cmds);
+  pthread_mutex_destroy(&c->lock);
+  free(c);
+}
+
+/* Drops the pins of recorded commands and frees them. */
+static void discard(ruda_device *dev, ruda__cmd **cmds, uint32_t n, void *wstate) {
+  for (uint32_t i = 0; i < n; i++) {
+    ruda__cmd *cmd = cmds[i];
+    for (uint32_t k = 0; k < cmd->npins; k++) ruda__handles_unpin(&dev->handles, dev, cmd->pins[k], wstate);
+    ruda__cmd_free(cmd);
+  }
+}
+
+/* Takes what s recorded and closes its capture. NULL *cmds when s was not
+ * capturing (RUDA_EGRAPHSTATE then). */
+static int take(ruda__stream *s, const char *fn, ruda__cmd ***cmds, uint32_t *n) {
+  *cmds = NULL;
+  *n = 0;
+  ruda__capture *c = atomic_load_explicit(&s->cap, memory_order_acquire);
+  int open = 0;
+  if (c != NULL) {
+    pthread_mutex_lock(&c->lock);
+    open = c->open;
+    if (open) {
+      *cmds = c->cmds;
+      *n = c->n;
+      c->cmds = NULL;
+      c->n = c->cap = 0;
+      c->open = 0;
+      atomic_store_explicit(&s->capturing, 0, memory_order_release);
+    }
+    pthread_mutex_unlock(&c->lock);
+  }
+  if (!open)
+    return ruda__fail(RUDA_EGRAPHSTATE, "%s: stream %llu is not capturing (call ruda_graph_begin_capture first)",
+                      fn, (unsigned long long)s->id);
+  return 0;
+}
+
+/* The persistent mode ruda_graph_prepare pushed ends with the capture. */
+static void unprepare(ruda_device *dev, ruda__stream *s) {
+  if (atomic_exchange_explicit(&s->graph_prepared, 0, memory_order_acq_rel))
+    ruda_memory_mode_pop(dev, s->id);
+}
+
+int ruda_graph_prepare(ruda_device *dev, ruda_stream_id stream) {
+  static const char fn[] = "ruda_graph_prepare";
+  RUDA__CHECK_DEV(dev, fn);
+  int rc = 0;
+  ruda__stream *s = stream_of(dev, stream, fn, &rc);
+  if (s == NULL) return rc;
+  if (atomic_load_explicit(&s->capturing, memory_order_acquire))
+    return ruda__fail(RUDA_EGRAPHSTATE, "%s: stream %llu is capturing already", fn, (unsigned long long)s->id);
+  if (atomic_exchange_explicit(&s->graph_prepared, 1, memory_order_acq_rel))
+    return ruda__fail(RUDA_EGRAPHSTATE, "%s: stream %llu is prepared already", fn, (unsigned long long)s->id);
+  if ((rc = ruda_memory_mode_push(dev, s->id, RUDA_ALLOC_PERSISTENT)) != 0)
+    atomic_store_explicit(&s->graph_prepared, 0, memory_order_release);
+  return rc;
+}
+
+int ruda_graph_begin_capture(ruda_device *dev, ruda_stream_id stream) {
+  static const char fn[] = "ruda_graph_begin_capture";
+  RUDA__CHECK_DEV(dev, fn);
+  int rc = 0;
+  ruda__stream *s = stream_of(dev, stream, fn, &rc);
+  if (s == NULL) return rc;
+  uint32_t nerr = atomic_load_explicit(&s->nerr, memory_order_acquire);
+  if (nerr > 0 || atomic_load_explicit(&dev->faulted, memory_order_acquire))
+    return ruda__fail(RUDA_EUNHEALTHY,
+                      "%s: stream %llu holds %u unreported error(s)%s; drain them with ruda_flush first", fn,
+                      (unsigned long long)s->id, nerr,
+                      atomic_load(&dev->faulted) ? " and the device is faulted" : "");
+  ruda__capture *c = recording(s);
+  if (c == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
+  pthread_mutex_lock(&c->lock);
+  if (c->open) {
+    pthread_mutex_unlock(&c->lock);
+    return ruda__fail(RUDA_EGRAPHSTATE, "%s: stream %llu is capturing already", fn, (unsigned long long)s->id);
+  }
+  c->open = 1;
+  atomic_store_explicit(&s->capturing, 1, memory_order_release);
+  pthread_mutex_unlock(&c->lock);
+  return 0;
+}
+
+int ruda__capture_record(ruda_device *dev, ruda__stream *s, ruda__cmd *cmd) {
+  (void)dev;
+  ruda__capture *c = atomic_load_explicit(&s->cap, memory_order_acquire);
+  if (c == NULL) return 1;
+  pthread_mutex_lock(&c->lock);
+  if (!c->open) {
+    pthread_mutex_unlock(&c->lock);
+    return 1;
+  }
+  if (c->n == c->cap) {
+    uint32_t cap = c->cap ? 2 * c->cap : 16;
+    ruda__cmd **grown = realloc(c->cmds, cap * sizeof *grown);
+    if (grown == NULL) {
+      pthread_mutex_unlock(&c->lock);
+      return ruda__fail(RUDA_ENOMEM, "recording a command of stream %llu: out of host memory",
+                        (unsigned long long)s->id);
+    }
+    c->cmds = grown;
+    c->cap = cap;
+  }
+  cmd->stream = s;
+  cmd->seq = c->n + 1; /* its place in the graph, quoted if a replay fails */
+  c->cmds[c->n++] = cmd;
+  pthread_mutex_unlock(&c->lock);
+  return 0;
+}
+
+static int cmp_u32(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+int ruda_graph_end_capture(ruda_device *dev, ruda_stream_id stream, ruda_graph **out) {
+  static const char fn[] = "ruda_graph_end_capture";
+  if (out != NULL) *out = NULL;
+  RUDA__CHECK_DEV(dev, fn);
+  if (out == NULL) return ruda__fail(RUDA_EINVAL, "%s: out is NULL", fn);
+  int rc = 0;
+  ruda__stream *s = stream_of(dev, stream, fn, &rc);
+  if (s == NULL) return rc;
+  ruda__cmd **cmds;
+  uint32_t n;
+  if ((rc = take(s, fn, &cmds, &n)) != 0) return rc;
+  unprepare(dev, s);
+  ruda_graph *g = calloc(1, sizeof *g);
+  uint32_t npins = 0;
+  for (uint32_t i = 0; i < n; i++) npins += cmds[i]->npins;
+  uint32_t *slots = npins ? malloc(npins * sizeof *slots) : NULL;
+  if (g == NULL || (npins && slots == NULL)) {
+    free(g);
+    free(slots);
+    discard(dev, cmds, n, NULL);
+    free(cmds);
+    return ruda__fail(RUDA_ENOMEM, "%s: out of host memory; the capture is discarded", fn);
+  }
+  /* The buffers, once each: a replay orders and counts users by buffer. */
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < n; i++)
+    for (uint32_t j = 0; j < cmds[i]->npins; j++) slots[k++] = cmds[i]->pins[j];
+  if (k > 1) qsort(slots, k, sizeof *slots, cmp_u32);
+  uint32_t u = 0;
+  for (uint32_t i = 0; i < k; i++)
+    if (u == 0 || slots[u - 1] != slots[i]) slots[u++] = slots[i];
+  g->dev = dev;
+  g->cmds = cmds;
+  g->n = n;
+  g->slots = slots;
+  g->nslots = u;
+  g->stream = s->id;
+  atomic_init(&g->refs, 1);
+  pthread_mutex_init(&g->exec_lock, NULL);
+  pthread_mutex_lock(&dev->graph_lock);
+  g->next = dev->graphs;
+  if (g->next) g->next->prev = g;
+  dev->graphs = g;
+  pthread_mutex_unlock(&dev->graph_lock);
+  *out = g;
+  return 0;
+}
+
+int ruda_graph_abort_capture(ruda_device *dev, ruda_stream_id stream) {
+  static const char fn[] = "ruda_graph_abort_capture";
+  RUDA__CHECK_DEV(dev, fn);
+  int rc = 0;
+  ruda__stream *s = stream_of(dev, stream, fn, &rc);
+  if (s == NULL) return rc;
+  ruda__cmd **cmds;
+  uint32_t n;
+  if ((rc = take(s, fn, &cmds, &n)) != 0) return rc;
+  unprepare(dev, s);
+  discard(dev, cmds, n, NULL);
+  free(cmds);
+  return 0;
+}
+
+static void graph_free(ruda_graph *g, void *wstate) {
+  ruda_device *dev = g->dev;
+  if (g->exec != NULL && dev->ops->graph_release != NULL) dev->ops->graph_release(dev->bstate, g->exec);
+  discard(dev, g->cmds, g->n, wstate);
+  free(g->cmds);
+  free(g->slots);
+  pthread_mutex_destroy(&g->exec_lock);
+  free(g);
+}
+
+void ruda__graph_unref(ruda_graph *g, void *wstate) {
+  if (atomic_fetch_sub_explicit(&g->refs, 1, memory_order_acq_rel) == 1) graph_free(g, wstate);
+}
+
+static int check_graph(ruda_device *dev, const ruda_graph *g, const char *fn) {
+  if (g == NULL) return ruda__fail(RUDA_EINVAL, "%s: graph is NULL", fn);
+  if (g->dev != dev) return ruda__fail(RUDA_EINVAL, "%s: the graph belongs to another device", fn);
+  return 0;
+}
+
+int ruda_graph_destroy(ruda_device *dev, ruda_graph *g) {
+  static const char fn[] = "ruda_graph_destroy";
+  RUDA__CHECK_DEV(dev, fn);
+  int rc = check_graph(dev, g, fn);
+  if (rc != 0) return rc;
+  pthread_mutex_lock(&dev->graph_lock);
+  if (g->prev) g->prev->next = g->next;
+  else dev->graphs = g->next;
+  if (g->next) g->next->prev = g->prev;
+  pthread_mutex_unlock(&dev->graph_lock);
+  ruda__graph_unref(g, NULL);
+  return 0;
+}
+
+uint32_t ruda_graph_length(const ruda_graph *g) { return g ? g->n : 0; }
+
+int ruda_graph_replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g) {
+  static const char fn[] = "ruda_graph_replay";
+  RUDA__CHECK_DEV(dev, fn);
+  int rc = check_graph(dev, g, fn);
+  if (rc != 0) return rc;
+  ruda__stream *s = stream_of(dev, stream, fn, &rc);
+  if (s == NULL) return rc;
+  if (atomic_load_explicit(&s->capturing, memory_order_acquire))
+    return ruda__fail(RUDA_EGRAPHSTATE, "%s: stream %llu is capturing; graphs are not recorded into graphs", fn,
+                      (unsigned long long)s->id);
+  ruda__worker *w = s->worker;
+  ruda__handles *h = &dev->handles;
+  /* Like a launch that uses every buffer of the graph: this worker becomes
+   * a user of each (a free then waits for it), and the replay is ordered
+   * after other workers' earlier uses. The graph's pins keep the slots. */
+  const uint32_t per = RUDA__MAX_PINS;
+  uint32_t ngroups = g->nslots ? (g->nslots + per - 1) / per : 1;
+  ruda__order one, *o = ngroups <= 1 ? &one : malloc(ngroups * sizeof *o);
+  if (o == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
+  int needed = 0;
+  for (uint32_t gi = 0; gi < ngroups; gi++) {
+    ruda__order_init(&o[gi]);
+    for (uint32_t i = gi * per; i < g->nslots && i < (gi + 1) * per; i++) {
+      uint32_t slot = g->slots[i];
+      ruda__handles_add_user(h, slot, w->index);
+      ruda__order_note(&o[gi], ruda__handles_last(h, slot), ruda__handles_gen(h, slot), w->index);
+    }
+    needed |= ruda__order_needed(&o[gi]);
+  }
+  ruda__cmd *cmd = ruda__cmd_alloc(0);
+  if (cmd == NULL) {
+    rc = ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
+    goto out;
+  }
+  cmd->kind = RUDA__CMD_GRAPH;
+  cmd->stream = s;
+  cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
+  cmd->u.graph.g = g;
+  atomic_fetch_add_explicit(&g->refs, 1, memory_order_relaxed);
+  if (!needed) {
+    rc = ruda__queue_push(w, cmd);
+  } else if ((rc = ruda__queue_admit(w, s->id)) == 0) {
+    for (uint32_t gi = 0; gi < ngroups && rc == 0; gi++)
+      if (ruda__order_needed(&o[gi])) rc = ruda__order_prepare(dev, &o[gi], s, cmd->seq);
+    if (rc == 0) ruda__queue_push_admitted(w, cmd);
+    else ruda__queue_unadmit(w); /* WAITs already pushed only order this stream more */
+  }
+  if (rc != 0) {
+    atomic_fetch_sub_explicit(&g->refs, 1, memory_order_relaxed);
+    ruda__cmd_free(cmd);
+    goto out;
+  }
+  for (uint32_t gi = 0; gi < ngroups; gi++) ruda__order_publish(&o[gi], w);
+out:
+  if (o != &one) free(o);
+  return rc;
+}
+
+/* Runs the recorded commands through the backend, in order. */
+typedef struct replay_ctx {
+  ruda__worker *w;
+  ruda_graph *g;
+  uint32_t failed; /* the command that failed, from 1 */
+} replay_ctx;
+
+static int run_recorded(void *arg, ruda_error **err) {
+  replay_ctx *r = arg;
+  const ruda__backend_ops *ops = r->w->dev->ops;
+  void *ws = r->w->wstate;
+  for (uint32_t i = 0; i < r->g->n; i++) {
+    ruda__cmd *cmd = r->g->cmds[i];
+    int rc = 0;
+    if (cmd->kind == RUDA__CMD_LAUNCH) rc = ops->launch(ws, &cmd->u.launch, err);
+    else if (cmd->kind == RUDA__CMD_COPY) rc = ops->copy(ws, cmd->u.copy.dst, cmd->u.copy.src, cmd->u.copy.size, err);
+    if (rc != 0) {
+      r->failed = i + 1;
+      return rc;
+    }
+  }
+  return 0;
+}
+
+int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err) {
+  ruda_graph *g = cmd->u.graph.g;
+  const ruda__backend_ops *ops = w->dev->ops;
+  replay_ctx r = {w, g, 0};
+  int rc;
+  if (ops->graph_replay == NULL) {
+    rc = run_recorded(&r, err);
+  } else {
+    /* Replays of one graph on several workers take turns: the first one
+     * captures, and one executable graph runs one launch at a time. */
+    pthread_mutex_lock(&g->exec_lock);
+    rc = ops->graph_replay(w->wstate, &g->exec, run_recorded, &r, err);
+    pthread_mutex_unlock(&g->exec_lock);
+  }
+  if (rc != 0 && r.failed && *err != NULL) {
+    ruda__cmd *bad = g->cmds[r.failed - 1];
+    char msg[RUDA__MSG_MAX];
+    snprintf(msg, sizeof msg, "graph of %u commands captured on stream %llu, command %u (%s%.64s): %.300s", g->n,
+             (unsigned long long)g->stream, r.failed, bad->kind == RUDA__CMD_LAUNCH ? "launch of " : "copy",
+             bad->kind == RUDA__CMD_LAUNCH ? bad->u.launch.kernel->name : "", (*err)->msg);
+    memcpy((*err)->msg, msg, sizeof msg);
+  }
+  return rc;
+}
+
+typedef struct close_arg {
+  ruda_device *dev;
+} close_arg;
+
+static void close_capture(ruda__stream *s, void *arg) {
+  close_arg *a = arg;
+  ruda__capture *c = atomic_load(&s->cap);
+  if (c == NULL) return;
+  discard(a->dev, c->cmds, c->n, NULL);
+  free(c->cmds);
+  c->cmds = NULL;
+  c->n = c->cap = 0;
+  c->open = 0;
+}
+
+void ruda__graphs_close(ruda_device *dev) {
+  close_arg a = {dev};
+  ruda__streams_each(&dev->streams, close_capture, &a);
+  /* The workers stopped: only the owners' references are left. */
+  while (dev->graphs != NULL) {
+    ruda_graph *g = dev->graphs;
+    dev->graphs = g->next;
+    ruda__graph_unref(g, NULL);
+  }
+}
