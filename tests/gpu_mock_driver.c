@@ -154,6 +154,9 @@ struct CUstream_st {
   pthread_cond_t cond, idle;
   op *head, *tail;
   int busy, stop;
+  /* Stream capture: work goes to this list instead of running. */
+  int capturing;
+  op *cap_head, *cap_tail;
 };
 
 static void *stream_main(void *p) {
@@ -181,6 +184,13 @@ static void *stream_main(void *p) {
 static void enqueue(struct CUstream_st *s, op *o) {
   o->next = NULL;
   pthread_mutex_lock(&s->lock);
+  if (s->capturing) {
+    if (s->cap_tail) s->cap_tail->next = o;
+    else s->cap_head = o;
+    s->cap_tail = o;
+    pthread_mutex_unlock(&s->lock);
+    return;
+  }
   if (s->tail) s->tail->next = o;
   else s->head = o;
   s->tail = o;
@@ -902,6 +912,88 @@ static CUresult m_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigne
   return CUDA_SUCCESS;
 }
 
+/* ---- graphs: a captured list of operations, replayed as copies ---- */
+
+struct CUgraph_st {
+  op *head;
+};
+struct CUgraphExec_st {
+  op *head;
+};
+
+static op *op_copy(const op *o) {
+  op *c = malloc(sizeof *c);
+  memcpy(c, o, sizeof *c);
+  c->next = NULL;
+  if (o->run == run_copy && o->u.copy.owned != NULL) {
+    c->u.copy.owned = malloc(o->u.copy.n ? o->u.copy.n : 1);
+    memcpy(c->u.copy.owned, o->u.copy.owned, o->u.copy.n);
+    c->u.copy.src = c->u.copy.owned;
+  }
+  return c;
+}
+
+static void ops_free(op *o) {
+  while (o != NULL) {
+    op *next = o->next;
+    if (o->run == run_copy) free(o->u.copy.owned);
+    free(o);
+    o = next;
+  }
+}
+
+static CUresult m_cuStreamBeginCapture(CUstream s, CUstreamCaptureMode mode) {
+  (void)mode;
+  NEED_CTX();
+  pthread_mutex_lock(&s->lock);
+  CUresult r = s->capturing ? CUDA_ERROR_ILLEGAL_STATE : CUDA_SUCCESS;
+  s->capturing = 1;
+  pthread_mutex_unlock(&s->lock);
+  return r;
+}
+static CUresult m_cuStreamEndCapture(CUstream s, CUgraph *g) {
+  NEED_CTX();
+  pthread_mutex_lock(&s->lock);
+  if (!s->capturing) {
+    pthread_mutex_unlock(&s->lock);
+    return CUDA_ERROR_ILLEGAL_STATE;
+  }
+  struct CUgraph_st *graph = calloc(1, sizeof *graph);
+  graph->head = s->cap_head;
+  s->cap_head = s->cap_tail = NULL;
+  s->capturing = 0;
+  pthread_mutex_unlock(&s->lock);
+  *g = graph;
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags) {
+  (void)flags;
+  struct CUgraphExec_st *x = calloc(1, sizeof *x);
+  op **tail = &x->head;
+  for (op *o = g->head; o != NULL; o = o->next) {
+    *tail = op_copy(o);
+    tail = &(*tail)->next;
+  }
+  *e = x;
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuGraphLaunch(CUgraphExec e, CUstream s) {
+  NEED_CTX();
+  if (POISONED()) return atomic_load(&sticky);
+  for (op *o = e->head; o != NULL; o = o->next) enqueue(s, op_copy(o));
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuGraphExecDestroy(CUgraphExec e) {
+  ops_free(e->head);
+  free(e);
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuGraphDestroy(CUgraph g) {
+  ops_free(g->head);
+  free(g);
+  return CUDA_SUCCESS;
+}
+
 static CUresult m_cuTensorMapEncodeTiled(CUtensorMap *map, CUtensorMapDataType type, cuuint32_t rank, void *addr,
                                          const cuuint64_t *dim, const cuuint64_t *strides, const cuuint32_t *box,
                                          const cuuint32_t *estrides, CUtensorMapInterleave il, CUtensorMapSwizzle sw,
@@ -969,7 +1061,8 @@ static CUresult m_cuGetErrorString(CUresult r, const char **s) {
   X(cuMemcpy3DAsync) X(cuMemsetD8Async) X(cuModuleLoadData) X(cuModuleUnload)                       \
   X(cuModuleGetFunction) X(cuFuncGetAttribute) X(cuFuncSetAttribute) X(cuLaunchKernel)             \
   X(cuGetErrorName) X(cuGetErrorString) X(cuFuncGetParamInfo) X(cuTensorMapEncodeTiled)           \
-  X(cuMemAllocAsync) X(cuMemFreeAsync)
+  X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuStreamBeginCapture) X(cuStreamEndCapture)              \
+  X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy)
 
 #define MOCK_ENTRY(name) {#name, (void *)(__typeof__(&name))m_##name},
 static const struct {

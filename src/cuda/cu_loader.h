@@ -33,7 +33,8 @@
 /* Newer calls: NULL when the driver lacks them; callers check. */
 #define RUDA__CU_OPTIONAL(X)                                                                       \
   X(cuFuncGetParamInfo) X(cuTensorMapEncodeTiled) X(cuTensorMapEncodeIm2col) X(cuMemAllocAsync)    \
-  X(cuMemFreeAsync)
+  X(cuMemFreeAsync) X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags)     \
+  X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy)
 
 #define RUDA__NVRTC_FUNCS(X)                                                                       \
   X(nvrtcVersion) X(nvrtcGetErrorString) X(nvrtcCreateProgram) X(nvrtcDestroyProgram)              \

@@ -1,0 +1,179 @@
+/* gpu_graph.c - graph capture and replay on the cuda backend: the worker
+ * captures the recorded launches into a CUDA graph at the first replay and
+ * launches the instantiated graph after; replays rerun the sequence once
+ * each, follow other streams' writers, copies are recorded too, and a
+ * graph destroyed with replays in flight lets them finish. Under the mock
+ * driver the same paths run against its capture emulation. */
+#include "gpu_common.h"
+#include "internal.h"
+
+static const char *const SRC_ORDER_ADD =
+    "extern \"C\" __global__ void order_add(unsigned n, const unsigned *src, unsigned *dst, unsigned k,\n"
+    "                                      long long spin) {\n"
+    "  long long t0 = clock64();\n"
+    "  while (clock64() - t0 < spin) {}\n"
+    "  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)\n"
+    "    dst[i] = src[i] + k;\n"
+    "}\n"
+    "extern \"C\" __global__ void order_fill(unsigned n, unsigned *buf, unsigned v, long long spin) {\n"
+    "  long long t0 = clock64();\n"
+    "  while (clock64() - t0 < spin) {}\n"
+    "  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)\n"
+    "    buf[i] = v + i;\n"
+    "}\n";
+
+#define SPIN 40000000LL /* ~20 ms on the H200; the mock sleeps spin / 2000 us */
+
+static ruda_device *open_graph_gpu(void) {
+  ruda_device *dev = gpu_open();
+  assert_ok(ruda_kernel_source(dev, "step", SRC_STEP, NULL));
+  assert_ok(ruda_kernel_source(dev, "empty", SRC_EMPTY, NULL));
+  assert_ok(ruda_kernel_source(dev, "order_add", SRC_ORDER_ADD, NULL));
+  assert_ok(ruda_kernel_source(dev, "order_fill", SRC_ORDER_ADD, NULL));
+  return dev;
+}
+
+static void launch(ruda_device *dev, ruda_stream_id s, const char *k, const ruda_arg *a, uint32_t n, unsigned grid) {
+  ruda_launch_desc l;
+  memset(&l, 0, sizeof l);
+  l.kernel = k;
+  l.grid = (ruda_dim3){grid, 1, 1};
+  l.block = (ruda_dim3){256, 1, 1};
+  l.args = a;
+  l.nargs = n;
+  assert_ok(ruda_launch(dev, s, &l));
+}
+
+static void step(ruda_device *dev, ruda_stream_id s, ruda_handle h, unsigned n, unsigned k) {
+  ruda_arg a[3] = {ruda_arg_scalar(&n, 4), ruda_arg_buffer(ruda_bind(h)), ruda_arg_scalar(&k, 4)};
+  launch(dev, s, "step", a, 3, (n + 255) / 256);
+}
+
+static void expect_all(ruda_device *dev, ruda_stream_id s, ruda_handle h, unsigned n, unsigned want,
+                       unsigned plus_i, const char *what) {
+  unsigned *got = malloc((size_t)n * 4);
+  test_read(dev, s, ruda_bind_range(h, 0, (uint64_t)n * 4), got, (size_t)n * 4);
+  for (unsigned i = 0; i < n; i++)
+    if (got[i] != want + plus_i * i) {
+      unsigned g = got[i];
+      free(got);
+      fail_msg("%s: element %u is %#x, expected %#x", what, i, g, want + plus_i * i);
+    }
+  free(got);
+}
+
+static void zero(ruda_device *dev, ruda_stream_id s, ruda_handle h, unsigned n) {
+  unsigned *z = calloc(n, 4);
+  test_write(dev, s, ruda_bind(h), z, (size_t)n * 4);
+  free(z);
+}
+
+/* Ten steps, each turning k into k + 1 and anything else into poison: a
+ * step run twice, out of order or at capture time shows. */
+static void steps_replay_once_each(void **state) {
+  (void)state;
+  ruda_device *dev = open_graph_gpu();
+  const unsigned n = 1u << 20;
+  ruda_handle h;
+  assert_ok(ruda_buffer_create(dev, 0, (uint64_t)n * 4, &h));
+  zero(dev, 0, h, n);
+  ruda_graph *g;
+  assert_ok(ruda_graph_begin_capture(dev, 0));
+  for (unsigned k = 0; k < 10; k++) step(dev, 0, h, n, k);
+  assert_ok(ruda_graph_end_capture(dev, 0, &g));
+  assert_int_equal(ruda_graph_length(g), 10);
+  expect_all(dev, 0, h, n, 0, 0, "after capture");
+  for (int r = 0; r < 3; r++) {
+    assert_ok(ruda_graph_replay(dev, 0, g));
+    expect_all(dev, 0, h, n, 10, 0, "after a replay");
+    zero(dev, 0, h, n);
+  }
+  assert_ok(ruda_graph_destroy(dev, g));
+  assert_ok(ruda_buffer_free(dev, 0, h));
+  gpu_sync_ok(dev, 0);
+  test_close(dev);
+}
+
+/* The graph reads x; stream 1 writes x with a long kernel just before the
+ * replay on stream 2, which must wait for it on the device. */
+static void replay_follows_a_writer_on_another_stream(void **state) {
+  (void)state;
+  ruda_device *dev = open_graph_gpu();
+  const unsigned n = 1u << 16;
+  ruda_handle x, y;
+  assert_ok(ruda_buffer_create(dev, 0, (uint64_t)n * 4, &x));
+  assert_ok(ruda_buffer_create(dev, 0, (uint64_t)n * 4, &y));
+  zero(dev, 0, x, n);
+  unsigned one = 1;
+  long long nospin = 0, spin = SPIN;
+  ruda_arg add[5] = {ruda_arg_scalar(&n, 4), ruda_arg_buffer(ruda_bind(x)), ruda_arg_buffer(ruda_bind(y)),
+                     ruda_arg_scalar(&one, 4), ruda_arg_scalar(&nospin, 8)};
+  ruda_graph *g;
+  assert_ok(ruda_graph_begin_capture(dev, 0));
+  launch(dev, 0, "order_add", add, 5, 64);
+  assert_ok(ruda_graph_end_capture(dev, 0, &g));
+  for (unsigned round = 0; round < 4; round++) {
+    unsigned v = 1000 * (round + 1);
+    ruda_arg fill[4] = {ruda_arg_scalar(&n, 4), ruda_arg_buffer(ruda_bind(x)), ruda_arg_scalar(&v, 4),
+                        ruda_arg_scalar(&spin, 8)};
+    launch(dev, 1, "order_fill", fill, 4, 64);
+    assert_ok(ruda_graph_replay(dev, 2, g));
+    expect_all(dev, 3, y, n, v + 1, 1, "replay after the writer");
+  }
+  assert_ok(ruda_graph_destroy(dev, g));
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  assert_ok(ruda_buffer_free(dev, 0, y));
+  for (ruda_stream_id s = 0; s < 4; s++) gpu_sync_ok(dev, s);
+  test_close(dev);
+}
+
+static void copies_are_recorded(void **state) {
+  (void)state;
+  ruda_device *dev = open_graph_gpu();
+  const unsigned n = 4096;
+  ruda_handle a, b;
+  assert_ok(ruda_buffer_create(dev, 0, (uint64_t)n * 4, &a));
+  assert_ok(ruda_buffer_create(dev, 0, (uint64_t)n * 4, &b));
+  unsigned *src = malloc((size_t)n * 4);
+  for (unsigned i = 0; i < n; i++) src[i] = 7 * i + 3;
+  test_write(dev, 0, ruda_bind(a), src, (size_t)n * 4);
+  zero(dev, 0, b, n);
+  ruda_graph *g;
+  assert_ok(ruda_graph_begin_capture(dev, 0));
+  assert_ok(ruda_copy(dev, 0, ruda_bind(b), ruda_bind(a)));
+  assert_ok(ruda_graph_end_capture(dev, 0, &g));
+  expect_all(dev, 0, b, n, 0, 0, "after capture");
+  assert_ok(ruda_graph_replay(dev, 0, g));
+  expect_all(dev, 0, b, n, 3, 7, "after the replay");
+  free(src);
+  assert_ok(ruda_graph_destroy(dev, g));
+  assert_ok(ruda_buffer_free(dev, 0, a));
+  assert_ok(ruda_buffer_free(dev, 0, b));
+  gpu_sync_ok(dev, 0);
+  test_close(dev);
+}
+
+/* A 100-launch graph replayed 50 times and destroyed at once; replays on
+ * four streams share its executable graph. */
+static void destroyed_with_replays_in_flight(void **state) {
+  (void)state;
+  ruda_device *dev = open_graph_gpu();
+  ruda_graph *g;
+  assert_ok(ruda_graph_begin_capture(dev, 0));
+  for (int i = 0; i < 100; i++) launch(dev, 0, "empty", NULL, 0, 1);
+  assert_ok(ruda_graph_end_capture(dev, 0, &g));
+  for (int r = 0; r < 50; r++) assert_ok(ruda_graph_replay(dev, (ruda_stream_id)(r % 4), g));
+  assert_ok(ruda_graph_destroy(dev, g));
+  for (ruda_stream_id s = 0; s < 4; s++) gpu_sync_ok(dev, s);
+  test_close(dev);
+}
+
+int main(int argc, char **argv) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(steps_replay_once_each),
+      cmocka_unit_test(replay_follows_a_writer_on_another_stream),
+      cmocka_unit_test(copies_are_recorded),
+      cmocka_unit_test(destroyed_with_replays_in_flight),
+  };
+  return gpu_main("gpu_graph", tests, sizeof tests / sizeof tests[0], argc, argv);
+}
