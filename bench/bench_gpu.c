@@ -33,6 +33,12 @@
  * 4. Kernel load: 20 distinct kernels registered on a device with an empty
  *    disk cache (NVRTC), then on a fresh device over the same cache (disk),
  *    then again on that device (memory).
+ * 6. Graph replay: 100 empty kernels captured once, the graph replayed
+ *    1000 times then waited for: ruda_graph_replay on a ruda stream beside
+ *    the raw driver's stream capture + cuGraphInstantiate + cuGraphLaunch
+ *    on a stream of its own, and beside the same 100,000 kernels launched
+ *    one by one (cuLaunchKernel). Time per kernel, and the caller's cost
+ *    per ruda_graph_replay call.
  * 5. Sections 1 and 2 again with one buffer argument per launch (a kernel
  *    taking a float *): ruda pins the buffer's handle and records the
  *    launch for cross-stream ordering; the raw driver passes the pointer.
@@ -463,6 +469,78 @@ static void uploads(ruda_device *dev, int runs) {
   free(pageable);
 }
 
+/* ---- 6. graph replay ---- */
+
+static void graphs(ruda_device *dev, int replays) {
+  enum { K = 100 };
+  ruda_launch_desc l;
+  memset(&l, 0, sizeof l);
+  l.kernel = "empty";
+  l.grid = (ruda_dim3){1, 1, 1};
+  l.block = (ruda_dim3){32, 1, 1};
+  ruda_graph *g;
+  CHECK(ruda_graph_begin_capture(dev, 0));
+  for (int i = 0; i < K; i++) CHECK(ruda_launch(dev, 0, &l));
+  CHECK(ruda_graph_end_capture(dev, 0, &g));
+  for (int w = 0; w < 10; w++) CHECK(ruda_graph_replay(dev, 0, g)); /* the first one instantiates */
+  CHECK(ruda_sync(dev, 0, NULL));
+  uint64_t *t = malloc((size_t)replays * sizeof *t);
+  uint64_t t0 = mono_ns();
+  for (int r = 0; r < replays; r++) {
+    uint64_t a = tick0();
+    CHECK(ruda_graph_replay(dev, 0, g));
+    t[r] = tick1() - a;
+  }
+  CHECK(ruda_sync(dev, 0, NULL));
+  double ruda_us = (mono_ns() - t0) / 1e3 / ((double)replays * K);
+  lat call = summarize(t, (size_t)replays);
+  CHECK(ruda_graph_destroy(dev, g));
+
+  CUfunction fn = raw_function(dev, "empty");
+  CU(ruda__cu.cuCtxSetCurrent(ctx_of(dev)));
+  CUstream st;
+  CU(ruda__cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+  CUgraph cg;
+  CUgraphExec ge;
+  CU(ruda__cu.cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  for (int i = 0; i < K; i++) CU(ruda__cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, st, NULL, NULL));
+  CU(ruda__cu.cuStreamEndCapture(st, &cg));
+  CU(ruda__cu.cuGraphInstantiateWithFlags(&ge, cg, 0));
+  for (int w = 0; w < 10; w++) CU(ruda__cu.cuGraphLaunch(ge, st));
+  CU(ruda__cu.cuStreamSynchronize(st));
+  t0 = mono_ns();
+  for (int r = 0; r < replays; r++) {
+    uint64_t a = tick0();
+    CU(ruda__cu.cuGraphLaunch(ge, st));
+    t[r] = tick1() - a;
+  }
+  CU(ruda__cu.cuStreamSynchronize(st));
+  double raw_us = (mono_ns() - t0) / 1e3 / ((double)replays * K);
+  lat rawcall = summarize(t, (size_t)replays);
+  t0 = mono_ns();
+  for (int r = 0; r < replays * K; r++) CU(ruda__cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, st, NULL, NULL));
+  CU(ruda__cu.cuStreamSynchronize(st));
+  double single_us = (mono_ns() - t0) / 1e3 / ((double)replays * K);
+  CU(ruda__cu.cuGraphExecDestroy(ge));
+  CU(ruda__cu.cuGraphDestroy(cg));
+  CU(ruda__cu.cuStreamDestroy(st));
+  free(t);
+
+  printf("\n6. graph replay: %d empty kernels per graph, %d replays (us per kernel; call p50/p99 in ns)\n", K,
+         replays);
+  printf("   %-44s %8.3f us/kernel   call p50 %7.1f  p99 %7.1f\n", "ruda_graph_replay", ruda_us, call.p50,
+         call.p99);
+  printf("   %-44s %8.3f us/kernel   call p50 %7.1f  p99 %7.1f\n", "cuGraphLaunch (raw capture + instantiate)",
+         raw_us, rawcall.p50, rawcall.p99);
+  printf("   %-44s %8.3f us/kernel\n", "cuLaunchKernel, one by one", single_us);
+  printf("   ruda / raw graph: %.3f\n", ruda_us / raw_us);
+  row("graph", "ruda", 1, "us_per_kernel", ruda_us, "us");
+  row("graph", "raw_graph", 1, "us_per_kernel", raw_us, "us");
+  row("graph", "raw_launch", 1, "us_per_kernel", single_us, "us");
+  row("graph", "ruda", 1, "call_p50", call.p50, "ns");
+  row("graph", "raw_graph", 1, "call_p50", rawcall.p50, "ns");
+}
+
 /* ---- 4. kernel load ---- */
 
 static void load_all(ruda_device *dev, int k, double *ms) {
@@ -511,7 +589,7 @@ static void kernel_load(int k) {
 int main(int argc, char **argv) {
   int quick = 0, opt, nw = 0;
   uint32_t workers[8];
-  int run[6] = {0, 1, 1, 1, 1, 1}; /* sections 1-5 */
+  int run[7] = {0, 1, 1, 1, 1, 1, 1}; /* sections 1-6 */
   size_t window = 256;
   while ((opt = getopt(argc, argv, "qs:W:w:")) != -1) {
     if (opt == 'q') {
@@ -519,7 +597,7 @@ int main(int argc, char **argv) {
     } else if (opt == 's') {
       memset(run, 0, sizeof run);
       for (char *t = strtok(optarg, ","); t; t = strtok(NULL, ","))
-        if (atoi(t) >= 1 && atoi(t) <= 5) run[atoi(t)] = 1;
+        if (atoi(t) >= 1 && atoi(t) <= 6) run[atoi(t)] = 1;
     } else if (opt == 'W' && atol(optarg) > 0) {
       window = (size_t)atol(optarg);
     } else if (opt == 'w') {
@@ -529,7 +607,8 @@ int main(int argc, char **argv) {
               "usage: bench_gpu [-q] [-s sections] [-W window] [-w workers[,workers...]] [out.csv]\n"
               "  -q  quick: fewer launches and runs\n"
               "  -s  sections to run, comma-separated: 1 latency, 2 throughput, 3 uploads,\n"
-              "      4 kernel load, 5 sections 1-2 with one buffer argument (default all)\n"
+              "      4 kernel load, 5 sections 1-2 with one buffer argument, 6 graph replay\n"
+              "      (default all)\n"
               "  -W  steady-state latency: launches between untimed waits (default 256)\n"
               "  -w  worker counts for the throughput section (default 4,8)\n");
       return 2;
@@ -558,6 +637,7 @@ int main(int argc, char **argv) {
     throughput(dev, quick ? 64000 : 640000, workers, nw);
     with_buf = 0;
   }
+  if (run[6]) graphs(dev, quick ? 100 : 1000);
   ruda_device_close(dev, NULL);
   if (run[4]) kernel_load(quick ? 5 : 20);
   if (csv) fclose(csv);
