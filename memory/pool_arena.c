@@ -505,7 +505,7 @@ int ruda__memory_init(ruda_device *dev) {
   m->fences = calloc(m->nworkers, sizeof *m->fences);
   if (m->fences == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
   for (uint32_t w = 0; w < m->nworkers; w++) {
-    ruda__stream *s = calloc(1, sizeof *s);
+    ruda__stream *s = ruda__stream_alloc();
     if (s == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
     /* Not in the stream table: ruda_stream_ids does not list it. */
     s->id = UINT64_MAX - 1 - w;

@@ -12,6 +12,8 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <urcu/wfcqueue.h>
 
 #include "../src/backend.h"
@@ -189,21 +191,37 @@ void ruda__execute(ruda__worker *w, ruda__cmd *cmd);
 
 /* ---- streams ---- */
 
+/* Cache-line aligned, client fields first (allocate with
+ * ruda__stream_alloc): streams are small, and malloc packed two into one
+ * line, so a launch on one stream could pull the line another stream's
+ * thread was writing (seq). Suspected when the graph fields were added
+ * (8 threads on 8 streams: 718-745k launches/s against 813-886k the build
+ * before, one H200 lease); aligned, the next lease showed the two builds
+ * level (734-773k against 740-762k). docs/gpu-runs/2026-11-30-h. */
 struct ruda__stream {
+  /* Client side: read or written by every command issued on the stream. */
   ruda_stream_id id;
   ruda__worker *worker;
   _Atomic uint64_t seq;
-  pthread_mutex_t err_lock; /* error path and drains only */
-  ruda_error *err_head, *err_tail;
-  _Atomic uint32_t nerr;
-  _Atomic uint64_t lost; /* errors that could not be recorded (no memory) */
   struct ruda__pools *_Atomic pools; /* memory/pool.c; made at first use */
   /* Graph capture (scheduler/capture.c). capturing is read by every launch
    * and copy; the recording itself is made at the first begin. */
   _Atomic int capturing;
   _Atomic int graph_prepared;
   struct ruda__capture *_Atomic cap;
-};
+  /* Error queue: workers push, drains take. */
+  pthread_mutex_t err_lock;
+  ruda_error *err_head, *err_tail;
+  _Atomic uint32_t nerr;
+  _Atomic uint64_t lost; /* errors that could not be recorded (no memory) */
+} __attribute__((aligned(RUDA__CACHELINE)));
+
+/* A zeroed stream, cache-line aligned; free() releases it. */
+static inline ruda__stream *ruda__stream_alloc(void) {
+  ruda__stream *s = aligned_alloc(RUDA__CACHELINE, sizeof(ruda__stream));
+  if (s != NULL) memset(s, 0, sizeof *s);
+  return s;
+}
 
 /* Insert-only hash from id to stream with lock-free lookups. Tables are
  * replaced when they fill up; old tables are kept until close because a

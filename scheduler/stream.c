@@ -85,7 +85,7 @@ static ruda__stream *create(ruda_device *dev, ruda_stream_id id) {
   ruda__stream_slots *cur = atomic_load_explicit(&t->current, memory_order_relaxed);
   ruda__stream *st = cur ? find(cur, id) : NULL;
   if (st != NULL || cur == NULL) goto out;
-  st = calloc(1, sizeof *st);
+  st = ruda__stream_alloc();
   if (st == NULL) goto out;
   st->id = id;
   st->worker = &dev->workers[(id & ~(1ull << 63)) % dev->nworkers];
