@@ -5,17 +5,6 @@
 
 #include "../src/internal.h"
 
-static ruda__stream *stream_of(ruda_device *dev, ruda_stream_id id, const char *fn, int *rc) {
-  if (id != RUDA_STREAM_CURRENT && id > RUDA_STREAM_EXPLICIT_MAX) {
-    *rc = ruda__fail(RUDA_EINVAL, "%s: stream id %llu is reserved (explicit ids are below 2^63)", fn,
-                     (unsigned long long)id);
-    return NULL;
-  }
-  ruda__stream *s = ruda__stream_get(dev, id);
-  if (s == NULL) *rc = ruda__fail(RUDA_ENOMEM, "%s: out of host memory creating stream", fn);
-  return s;
-}
-
 /* The stream's recording, made once (never freed before the stream). */
 static ruda__capture *recording(ruda__stream *s) {
   ruda__capture *c = atomic_load_explicit(&s->cap, memory_order_acquire);
@@ -46,11 +35,21 @@ static void discard(ruda_device *dev, ruda__cmd **cmds, uint32_t n, void *wstate
   }
 }
 
-/* Takes what s recorded and closes its capture. NULL *cmds when s was not
- * capturing (RUDA_EGRAPHSTATE then). */
-static int take(ruda__stream *s, const char *fn, ruda__cmd ***cmds, uint32_t *n) {
+/* The persistent mode ruda_graph_prepare pushed ends with the capture. */
+static void unprepare(ruda_device *dev, ruda__stream *s) {
+  if (atomic_exchange_explicit(&s->graph_prepared, 0, memory_order_acq_rel))
+    ruda_memory_mode_pop(dev, s->id);
+}
+
+/* Takes what the stream recorded and closes its capture (and the prepared
+ * allocation mode). RUDA_EGRAPHSTATE when it was not capturing. */
+static int take(ruda_device *dev, ruda_stream_id stream, const char *fn, ruda__stream **sp, ruda__cmd ***cmds,
+                uint32_t *n) {
   *cmds = NULL;
   *n = 0;
+  int rc = 0;
+  ruda__stream *s = *sp = ruda__stream_for(dev, stream, fn, &rc);
+  if (s == NULL) return rc;
   ruda__capture *c = atomic_load_explicit(&s->cap, memory_order_acquire);
   int open = 0;
   if (c != NULL) {
@@ -69,20 +68,15 @@ static int take(ruda__stream *s, const char *fn, ruda__cmd ***cmds, uint32_t *n)
   if (!open)
     return ruda__fail(RUDA_EGRAPHSTATE, "%s: stream %llu is not capturing (call ruda_graph_begin_capture first)",
                       fn, (unsigned long long)s->id);
+  unprepare(dev, s);
   return 0;
-}
-
-/* The persistent mode ruda_graph_prepare pushed ends with the capture. */
-static void unprepare(ruda_device *dev, ruda__stream *s) {
-  if (atomic_exchange_explicit(&s->graph_prepared, 0, memory_order_acq_rel))
-    ruda_memory_mode_pop(dev, s->id);
 }
 
 int ruda_graph_prepare(ruda_device *dev, ruda_stream_id stream) {
   static const char fn[] = "ruda_graph_prepare";
   RUDA__CHECK_DEV(dev, fn);
   int rc = 0;
-  ruda__stream *s = stream_of(dev, stream, fn, &rc);
+  ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
   if (atomic_load_explicit(&s->capturing, memory_order_acquire))
     return ruda__fail(RUDA_EGRAPHSTATE, "%s: stream %llu is capturing already", fn, (unsigned long long)s->id);
@@ -97,7 +91,7 @@ int ruda_graph_begin_capture(ruda_device *dev, ruda_stream_id stream) {
   static const char fn[] = "ruda_graph_begin_capture";
   RUDA__CHECK_DEV(dev, fn);
   int rc = 0;
-  ruda__stream *s = stream_of(dev, stream, fn, &rc);
+  ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
   uint32_t nerr = atomic_load_explicit(&s->nerr, memory_order_acquire);
   if (nerr > 0 || atomic_load_explicit(&dev->faulted, memory_order_acquire))
@@ -155,13 +149,11 @@ int ruda_graph_end_capture(ruda_device *dev, ruda_stream_id stream, ruda_graph *
   if (out != NULL) *out = NULL;
   RUDA__CHECK_DEV(dev, fn);
   if (out == NULL) return ruda__fail(RUDA_EINVAL, "%s: out is NULL", fn);
-  int rc = 0;
-  ruda__stream *s = stream_of(dev, stream, fn, &rc);
-  if (s == NULL) return rc;
+  ruda__stream *s;
   ruda__cmd **cmds;
   uint32_t n;
-  if ((rc = take(s, fn, &cmds, &n)) != 0) return rc;
-  unprepare(dev, s);
+  int rc = take(dev, stream, fn, &s, &cmds, &n);
+  if (rc != 0) return rc;
   ruda_graph *g = calloc(1, sizeof *g);
   uint32_t npins = 0;
   for (uint32_t i = 0; i < n; i++) npins += cmds[i]->npins;
@@ -201,13 +193,11 @@ int ruda_graph_end_capture(ruda_device *dev, ruda_stream_id stream, ruda_graph *
 int ruda_graph_abort_capture(ruda_device *dev, ruda_stream_id stream) {
   static const char fn[] = "ruda_graph_abort_capture";
   RUDA__CHECK_DEV(dev, fn);
-  int rc = 0;
-  ruda__stream *s = stream_of(dev, stream, fn, &rc);
-  if (s == NULL) return rc;
+  ruda__stream *s;
   ruda__cmd **cmds;
   uint32_t n;
-  if ((rc = take(s, fn, &cmds, &n)) != 0) return rc;
-  unprepare(dev, s);
+  int rc = take(dev, stream, fn, &s, &cmds, &n);
+  if (rc != 0) return rc;
   discard(dev, cmds, n, NULL);
   free(cmds);
   return 0;
@@ -254,7 +244,7 @@ int ruda_graph_replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g) {
   RUDA__CHECK_DEV(dev, fn);
   int rc = check_graph(dev, g, fn);
   if (rc != 0) return rc;
-  ruda__stream *s = stream_of(dev, stream, fn, &rc);
+  ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
   if (atomic_load_explicit(&s->capturing, memory_order_acquire))
     return ruda__fail(RUDA_EGRAPHSTATE, "%s: stream %llu is capturing; graphs are not recorded into graphs", fn,

@@ -239,6 +239,9 @@ void ruda__streams_destroy(ruda__stream_table *t);
 ruda__stream *ruda__stream_get(struct ruda_device *dev, ruda_stream_id id);
 size_t ruda__streams_list(ruda__stream_table *t, ruda_stream_id *ids, size_t cap);
 /* Calls fn for every stream. */
+/* The stream a public call names, created at first use: RUDA_EINVAL for a
+ * reserved id, RUDA_ENOMEM (both recorded naming fn) in *rc, NULL then. */
+ruda__stream *ruda__stream_for(struct ruda_device *dev, ruda_stream_id id, const char *fn, int *rc);
 void ruda__streams_each(ruda__stream_table *t, void (*fn)(ruda__stream *, void *), void *arg);
 
 /* Queues an error on a stream (worker side); a NULL err counts a loss. */

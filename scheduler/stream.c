@@ -162,6 +162,17 @@ size_t ruda__streams_list(ruda__stream_table *t, ruda_stream_id *ids, size_t cap
   return a.n;
 }
 
+ruda__stream *ruda__stream_for(ruda_device *dev, ruda_stream_id id, const char *fn, int *rc) {
+  if (id != RUDA_STREAM_CURRENT && id > RUDA_STREAM_EXPLICIT_MAX) {
+    *rc = ruda__fail(RUDA_EINVAL, "%s: stream id %llu is reserved (explicit ids are below 2^63)", fn,
+                     (unsigned long long)id);
+    return NULL;
+  }
+  ruda__stream *s = ruda__stream_get(dev, id);
+  if (s == NULL) *rc = ruda__fail(RUDA_ENOMEM, "%s: out of host memory creating stream", fn);
+  return s;
+}
+
 static void free_stream(ruda__stream *st, void *unused) {
   (void)unused;
   ruda__capture_free(atomic_load(&st->cap));

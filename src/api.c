@@ -13,16 +13,6 @@
 
 /* ---- shared helpers ---- */
 
-static ruda__stream *stream_for(ruda_device *dev, ruda_stream_id id, const char *fn, int *rc) {
-  if (id != RUDA_STREAM_CURRENT && id > RUDA_STREAM_EXPLICIT_MAX) {
-    *rc = ruda__fail(RUDA_EINVAL, "%s: stream id %llu is reserved (explicit ids are below 2^63)", fn,
-                     (unsigned long long)id);
-    return NULL;
-  }
-  ruda__stream *s = ruda__stream_get(dev, id);
-  if (s == NULL) *rc = ruda__fail(RUDA_ENOMEM, "%s: out of host memory creating stream", fn);
-  return s;
-}
 
 /* Pins b's buffer and checks the range; on success *addr is the device
  * address of the binding's first byte and *len its size. */
@@ -159,7 +149,7 @@ int ruda_buffer_create(ruda_device *dev, ruda_stream_id stream, uint64_t size, r
                       "ruda_buffer_create: %llu bytes can never fit (device holds %llu bytes)",
                       (unsigned long long)size, (unsigned long long)dev->limits.total_mem);
   int rc = 0;
-  ruda__stream *s = stream_for(dev, stream, "ruda_buffer_create", &rc);
+  ruda__stream *s = ruda__stream_for(dev, stream, "ruda_buffer_create", &rc);
   if (s == NULL) return rc;
   return ruda__memory_alloc(dev, s, size, out); /* memory/pool.c */
 }
@@ -167,7 +157,7 @@ int ruda_buffer_create(ruda_device *dev, ruda_stream_id stream, uint64_t size, r
 int ruda_buffer_free(ruda_device *dev, ruda_stream_id stream, ruda_handle h) {
   RUDA__CHECK_DEV(dev, "ruda_buffer_free");
   int rc = 0;
-  ruda__stream *s = stream_for(dev, stream, "ruda_buffer_free", &rc);
+  ruda__stream *s = ruda__stream_for(dev, stream, "ruda_buffer_free", &rc);
   if (s == NULL) return rc;
   /* Stream order comes from the pins of the commands that use the buffer
    * and, for other workers, from fences (memory/pool.c): no command. */
@@ -249,7 +239,7 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
     return ruda__fail(RUDA_EINVAL, "%s: %s is NULL", fn, dst ? "src" : "dst");
   if (len == 0) return ruda__fail(RUDA_EINVAL, "%s: len is 0", fn);
   int rc = 0;
-  ruda__stream *s = stream_for(dev, stream, fn, &rc);
+  ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
   if (atomic_load_explicit(&s->capturing, memory_order_acquire))
     return refuse_capturing(s, fn, "writes are not recorded (write before ruda_graph_begin_capture)");
@@ -325,7 +315,7 @@ int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src
     return ruda__fail(RUDA_EINVAL, "ruda_read: %s is NULL", !src ? "src" : !dst ? "dst" : "fut");
   if (len == 0) return ruda__fail(RUDA_EINVAL, "ruda_read: len is 0");
   int rc = 0;
-  ruda__stream *s = stream_for(dev, stream, fn, &rc);
+  ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
   if (atomic_load_explicit(&s->capturing, memory_order_acquire))
     return refuse_capturing(s, fn, "a read would wait for work that is being recorded, not run");
@@ -371,7 +361,7 @@ int ruda_copy(ruda_device *dev, ruda_stream_id stream, ruda_binding dst, ruda_bi
   static const char fn[] = "ruda_copy";
   RUDA__CHECK_DEV(dev, fn);
   int rc = 0;
-  ruda__stream *s = stream_for(dev, stream, fn, &rc);
+  ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
   const int capturing = atomic_load_explicit(&s->capturing, memory_order_acquire);
   uint64_t da, dl, sa, sl;
@@ -463,7 +453,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
   if (rc == 0 && dev->ops->launch_check != NULL) rc = dev->ops->launch_check(dev->bstate, k, l);
   if (rc != 0) return rc;
   int rc2 = 0;
-  ruda__stream *s = stream_for(dev, stream, fn, &rc2);
+  ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc2);
   if (s == NULL) return rc2;
   const int capturing = atomic_load_explicit(&s->capturing, memory_order_acquire);
   if (__builtin_expect(capturing, 0) && (l->flags & RUDA_LAUNCH_INDIRECT) && !(l->flags & RUDA_LAUNCH_DRY_RUN))
@@ -565,7 +555,7 @@ fail:
 static int control(ruda_device *dev, ruda_stream_id stream, int kind, const char *fn, ruda__stream **sp,
                    ruda_future **out) {
   int rc = 0;
-  ruda__stream *s = stream_for(dev, stream, fn, &rc);
+  ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
   if (kind == RUDA__CMD_SYNC && atomic_load_explicit(&s->capturing, memory_order_acquire))
     return refuse_capturing(s, fn, "a sync would wait for work that is being recorded, not run");

@@ -73,6 +73,16 @@ static ruda_handle buffer_of(ruda_device *dev, ruda_stream_id s, uint64_t v) {
   return x;
 }
 
+/* A graph of one launch on s: x[i] += 1. */
+static ruda_graph *capture_add_one(ruda_device *dev, ruda_stream_id s, ruda_handle x) {
+  static const uint64_t one = 1;
+  ruda_graph *g;
+  assert_ok(ruda_graph_begin_capture(dev, s));
+  assert_ok(launch1(dev, s, "add", x, &one));
+  assert_ok(ruda_graph_end_capture(dev, s, &g));
+  return g;
+}
+
 static void replays_rerun_the_recorded_sequence(void **state) {
   (void)state;
   ruda_device *dev = open_graphs(2);
@@ -111,11 +121,8 @@ static void replay_on_another_stream_is_ordered(void **state) {
   ruda_device *dev = open_graphs(4); /* streams 0..3 on workers 0..3 */
   ruda_handle x = buffer_of(dev, 0, 0);
   assert_ok(ruda_sync(dev, 0, NULL));
-  const uint64_t one = 1, hundred = 100;
-  ruda_graph *g;
-  assert_ok(ruda_graph_begin_capture(dev, 0));
-  assert_ok(launch1(dev, 0, "add", x, &one));
-  assert_ok(ruda_graph_end_capture(dev, 0, &g));
+  const uint64_t hundred = 100;
+  ruda_graph *g = capture_add_one(dev, 0, x);
   /* Stream 2 will set x, but only once the gate opens... */
   atomic_store(&gate_open, 0);
   assert_ok(test_launch(dev, 2, "gate", NULL, 0));
@@ -299,11 +306,7 @@ static void destroy_with_replays_queued(void **state) {
   (void)state;
   ruda_device *dev = open_graphs(1);
   ruda_handle x = buffer_of(dev, 0, 0);
-  const uint64_t one = 1;
-  ruda_graph *g;
-  assert_ok(ruda_graph_begin_capture(dev, 0));
-  assert_ok(launch1(dev, 0, "add", x, &one));
-  assert_ok(ruda_graph_end_capture(dev, 0, &g));
+  ruda_graph *g = capture_add_one(dev, 0, x);
   atomic_store(&gate_open, 0);
   assert_ok(test_launch(dev, 0, "gate", NULL, 0));
   for (int r = 0; r < 3; r++) assert_ok(ruda_graph_replay(dev, 0, g));
@@ -322,10 +325,7 @@ static void close_frees_captures_and_graphs(void **state) {
   ruda_device *dev = open_graphs(2);
   ruda_handle x = buffer_of(dev, 0, 0);
   const uint64_t one = 1;
-  ruda_graph *g;
-  assert_ok(ruda_graph_begin_capture(dev, 1));
-  assert_ok(launch1(dev, 1, "add", x, &one));
-  assert_ok(ruda_graph_end_capture(dev, 1, &g)); /* never destroyed */
+  ruda_graph *g = capture_add_one(dev, 1, x); /* never destroyed */
   assert_ok(ruda_graph_replay(dev, 0, g));
   assert_ok(ruda_graph_prepare(dev, 0));
   assert_ok(ruda_graph_begin_capture(dev, 0)); /* left open */
@@ -355,18 +355,12 @@ static void *replay_many(void *p) {
 static void replays_race_from_threads(void **state) {
   (void)state;
   ruda_device *dev = open_graphs(5);
-  const uint64_t one = 1;
   ruda_handle x = buffer_of(dev, 0, 0), y[4];
-  ruda_graph *g, *own[4];
-  assert_ok(ruda_graph_begin_capture(dev, 0));
-  assert_ok(launch1(dev, 0, "add", x, &one));
-  assert_ok(ruda_graph_end_capture(dev, 0, &g));
+  ruda_graph *g = capture_add_one(dev, 0, x), *own[4];
   for (int i = 0; i < 4; i++) {
     ruda_stream_id s = (ruda_stream_id)i + 1;
     y[i] = buffer_of(dev, s, 0);
-    assert_ok(ruda_graph_begin_capture(dev, s));
-    assert_ok(launch1(dev, s, "add", y[i], &one));
-    assert_ok(ruda_graph_end_capture(dev, s, &own[i]));
+    own[i] = capture_add_one(dev, s, y[i]);
   }
   pthread_t t[4];
   racer r[4];
