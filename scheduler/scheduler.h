@@ -36,7 +36,8 @@ typedef enum ruda__cmd_kind {
   RUDA__CMD_STOP,  /* worker exits after it (close) */
   RUDA__CMD_MARK,  /* cross-stream ordering: mark this worker's work so far */
   RUDA__CMD_WAIT,  /* cross-stream ordering: order after other workers' marks */
-  RUDA__CMD_GRAPH  /* replay a captured graph (scheduler/capture.c) */
+  RUDA__CMD_GRAPH, /* replay a captured graph (scheduler/capture.c) */
+  RUDA__CMD_STAMP  /* profiling: mark the time the stream reaches this point */
 } ruda__cmd_kind;
 
 #define RUDA__MAX_PINS (RUDA_MAX_ARGS + 1)
@@ -106,6 +107,9 @@ struct ruda_future {
    * once a waiter saw it complete (scheduler/order.c). */
   struct ruda__worker *order_worker;
   uint64_t order_pos;
+  /* RUDA__CMD_STAMP: when the worker ran it (CLOCK_MONOTONIC), the time on
+   * a backend whose work is done once its worker ran it (host). */
+  uint64_t stamp_ns;
 };
 
 struct ruda_future *ruda__future_new(struct ruda_device *dev, ruda__stream *s, int drains);
@@ -214,6 +218,7 @@ struct ruda__stream {
   ruda_error *err_head, *err_tail;
   _Atomic uint32_t nerr;
   _Atomic uint64_t lost; /* errors that could not be recorded (no memory) */
+  struct ruda__profile *profiles; /* open profiles (src/profile.c), under err_lock */
 } __attribute__((aligned(RUDA__CACHELINE)));
 
 /* A zeroed stream, cache-line aligned; free() releases it. */
@@ -239,6 +244,9 @@ void ruda__streams_destroy(ruda__stream_table *t);
 ruda__stream *ruda__stream_get(struct ruda_device *dev, ruda_stream_id id);
 size_t ruda__streams_list(ruda__stream_table *t, ruda_stream_id *ids, size_t cap);
 /* Calls fn for every stream. */
+/* Frees the stream's open profiles (src/profile.c), at close. */
+void ruda__profiles_free(ruda__stream *s);
+
 /* The stream a public call names, created at first use: RUDA_EINVAL for a
  * reserved id, RUDA_ENOMEM (both recorded naming fn) in *rc, NULL then. */
 ruda__stream *ruda__stream_for(struct ruda_device *dev, ruda_stream_id id, const char *fn, int *rc);

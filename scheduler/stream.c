@@ -175,6 +175,7 @@ ruda__stream *ruda__stream_for(ruda_device *dev, ruda_stream_id id, const char *
 
 static void free_stream(ruda__stream *st, void *unused) {
   (void)unused;
+  ruda__profiles_free(st);
   ruda__capture_free(atomic_load(&st->cap));
   ruda_error_free(st->err_head);
   pthread_mutex_destroy(&st->err_lock);

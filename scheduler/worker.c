@@ -20,6 +20,7 @@ static const char *cmd_name(int kind) {
     case RUDA__CMD_MARK: return "mark";
     case RUDA__CMD_WAIT: return "order";
     case RUDA__CMD_GRAPH: return "graph_replay";
+    case RUDA__CMD_STAMP: return "profile";
     default: return "stop";
   }
 }
@@ -73,6 +74,10 @@ void ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
       break;
     case RUDA__CMD_GRAPH:
       rc = ruda__graph_execute(w, cmd, &err);
+      break;
+    case RUDA__CMD_STAMP:
+      if (ops->stamp != NULL) rc = ops->stamp(w->wstate, &cmd->future->completion, &err);
+      cmd->future->stamp_ns = ruda__now_ns();
       break;
     case RUDA__CMD_FENCE:
     case RUDA__CMD_STOP:

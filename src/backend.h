@@ -136,6 +136,11 @@ typedef struct ruda__backend_ops {
                       ruda_error **err);
   /* Any thread: frees what graph_replay kept. */
   void (*graph_release)(void *state, void *exec);
+  /* Profiling. Worker: records in c an event that keeps time (NULL op: the
+   * worker's clock when it ran the command is the time). Any thread, both
+   * events complete: the device time between them in ms. */
+  int (*stamp)(void *wstate, ruda__completion *c, ruda_error **err);
+  int (*elapsed)(void *state, void *from, void *to, double *ms);
 } ruda__backend_ops;
 
 extern const ruda__backend_ops ruda__host_backend;

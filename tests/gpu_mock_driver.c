@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -121,6 +122,8 @@ struct CUevent_st {
   pthread_mutex_t lock;
   pthread_cond_t cond;
   unsigned long long recorded, done; /* generations */
+  int timing;                        /* created without CU_EVENT_DISABLE_TIMING */
+  struct timespec at;                /* when the stream reached the last record */
 };
 
 struct op {
@@ -524,6 +527,7 @@ static CUresult m_cuStreamQuery(CUstream s) {
 static void run_event(op *o) {
   struct CUevent_st *e = o->u.event.ev;
   pthread_mutex_lock(&e->lock);
+  clock_gettime(CLOCK_MONOTONIC, &e->at);
   if (o->u.event.gen > e->done) e->done = o->u.event.gen;
   pthread_cond_broadcast(&e->cond);
   pthread_mutex_unlock(&e->lock);
@@ -546,9 +550,9 @@ static CUresult m_cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
   return CUDA_SUCCESS;
 }
 static CUresult m_cuEventCreate(CUevent *out, unsigned int flags) {
-  (void)flags;
   NEED_CTX();
   struct CUevent_st *e = calloc(1, sizeof *e);
+  e->timing = !(flags & CU_EVENT_DISABLE_TIMING);
   pthread_mutex_init(&e->lock, NULL);
   pthread_cond_init(&e->cond, NULL);
   *out = e;
@@ -584,9 +588,19 @@ static CUresult m_cuEventSynchronize(CUevent e) {
   pthread_mutex_unlock(&e->lock);
   return atomic_load(&sticky);
 }
+/* As the driver: both events recorded, complete, and made with timing. */
 static CUresult m_cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
-  (void)a, (void)b;
-  *ms = 0;
+  if (!a->timing || !b->timing) return CUDA_ERROR_INVALID_HANDLE;
+  pthread_mutex_lock(&a->lock);
+  int ready = a->recorded > 0 && a->done >= a->recorded;
+  struct timespec ta = a->at;
+  pthread_mutex_unlock(&a->lock);
+  pthread_mutex_lock(&b->lock);
+  ready = ready && b->recorded > 0 && b->done >= b->recorded;
+  struct timespec tb = b->at;
+  pthread_mutex_unlock(&b->lock);
+  if (!ready) return CUDA_ERROR_NOT_READY;
+  *ms = (float)((double)(tb.tv_sec - ta.tv_sec) * 1e3 + (double)(tb.tv_nsec - ta.tv_nsec) / 1e6);
   return CUDA_SUCCESS;
 }
 

@@ -344,6 +344,31 @@ RUDA_EXTERN int ruda_sync(ruda_device *dev, ruda_stream_id stream, ruda_error **
  * Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_sync_async(ruda_device *dev, ruda_stream_id stream, ruda_future **fut);
 
+/* ------------------------------------------------------------------ */
+/* Profiling                                                           */
+/* ------------------------------------------------------------------ */
+
+/* A point marked on a stream by ruda_profile_begin. Profiles may nest and
+ * overlap: each token is ended on its own. */
+typedef struct ruda_profile_token {
+  uint64_t id;
+} ruda_profile_token;
+
+/* Marks the point the stream's work has reached so far; returns at once.
+ * RUDA_EUNHEALTHY if the stream holds unreported errors (drain them with
+ * ruda_flush first), RUDA_EGRAPHSTATE while it captures a graph. */
+RUDA_EXTERN int ruda_profile_begin(ruda_device *dev, ruda_stream_id stream, ruda_profile_token *token);
+
+/* Waits until the stream's work up to this call is done and stores in *ns
+ * the time it took from the token's point to here: device time between
+ * two events on the cuda backend, the worker's clock on the host backend.
+ * A sync point, like ruda_sync. RUDA_EPROFILETOKEN for a token this stream
+ * did not hand out or that was ended already; RUDA_EPROFILE when commands
+ * failed in between (they are in *errors, as ruda_sync hands them back;
+ * the token is ended). RUDA_EGRAPHSTATE while the stream captures. */
+RUDA_EXTERN int ruda_profile_end(ruda_device *dev, ruda_stream_id stream, ruda_profile_token token, uint64_t *ns,
+                                 ruda_error **errors);
+
 #ifdef __cplusplus
 }
 #endif

@@ -36,10 +36,11 @@ void ruda__cu_leave(ruda__cu_guard *g) {
 
 /* ---- events ---- */
 
-ruda__cu_event *ruda__cu_event_get(ruda__cu_backend *b, CUresult *r) {
+static ruda__cu_event *event_get(ruda__cu_backend *b, int timed, CUresult *r) {
   pthread_mutex_lock(&b->ev_lock);
-  ruda__cu_event *e = b->ev_free;
-  if (e != NULL) b->ev_free = e->next_free;
+  ruda__cu_event **list = timed ? &b->ev_free_timed : &b->ev_free;
+  ruda__cu_event *e = *list;
+  if (e != NULL) *list = e->next_free;
   pthread_mutex_unlock(&b->ev_lock);
   if (e != NULL) return e;
   e = calloc(1, sizeof *e);
@@ -47,8 +48,9 @@ ruda__cu_event *ruda__cu_event_get(ruda__cu_backend *b, CUresult *r) {
     *r = CUDA_ERROR_OUT_OF_MEMORY;
     return NULL;
   }
-  /* No timing: recording and querying such events is cheaper. */
-  if ((*r = ruda__cu.cuEventCreate(&e->ev, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) {
+  /* No timing unless asked: recording and querying such events is cheaper. */
+  e->timed = (uint8_t)timed;
+  if ((*r = ruda__cu.cuEventCreate(&e->ev, timed ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) {
     free(e);
     return NULL;
   }
@@ -59,10 +61,13 @@ ruda__cu_event *ruda__cu_event_get(ruda__cu_backend *b, CUresult *r) {
   return e;
 }
 
+ruda__cu_event *ruda__cu_event_get(ruda__cu_backend *b, CUresult *r) { return event_get(b, 0, r); }
+
 void ruda__cu_event_put(ruda__cu_backend *b, ruda__cu_event *e) {
   pthread_mutex_lock(&b->ev_lock);
-  e->next_free = b->ev_free;
-  b->ev_free = e;
+  ruda__cu_event **list = e->timed ? &b->ev_free_timed : &b->ev_free;
+  e->next_free = *list;
+  *list = e;
   pthread_mutex_unlock(&b->ev_lock);
 }
 
@@ -572,6 +577,39 @@ static int cu_stream_wait(void *ws, void *event, ruda_error **err) {
   return 0;
 }
 
+/* ---- profiling ---- */
+
+/* A timing event on the worker's stream: the waiter and ruda_profile_end
+ * treat it like any completion event. */
+static int cu_stamp(void *ws, ruda__completion *c, ruda_error **err) {
+  ruda__cu_worker *w = ws;
+  CUresult r;
+  ruda__cu_event *e = event_get(w->b, 1, &r);
+  if (e == NULL) return ruda__cu_worker_fail(w, r, err, "cuEventCreate (timing)");
+  if ((r = ruda__cu.cuEventRecord(e->ev, w->stream)) != CUDA_SUCCESS) {
+    ruda__cu_event_put(w->b, e);
+    return ruda__cu_worker_fail(w, r, err, "cuEventRecord (timing)");
+  }
+  e->kernel = w->last_kernel;
+  e->stream = w->last_stream;
+  e->seq = w->last_seq;
+  e->worker = w;
+  e->writes = w->writes;
+  c->event = e;
+  return 0;
+}
+
+static int cu_elapsed(void *state, void *from, void *to, double *ms) {
+  ruda__cu_guard g;
+  if (ruda__cu_enter(state, &g) != 0) return ruda_error_code(ruda_last_error());
+  float f = 0;
+  CUresult r = ruda__cu.cuEventElapsedTime(&f, ((ruda__cu_event *)from)->ev, ((ruda__cu_event *)to)->ev);
+  ruda__cu_leave(&g);
+  if (r != CUDA_SUCCESS) return ruda__cu_fail(r, "cuEventElapsedTime");
+  *ms = f;
+  return 0;
+}
+
 /* ---- graphs ---- */
 
 /* First replay: capture the recorded commands on this worker's stream
@@ -649,6 +687,8 @@ static const ruda__backend_ops cuda_ops = {
     .stage_usage = cu_stage_usage,
     .graph_replay = cu_graph_replay,
     .graph_release = cu_graph_release,
+    .stamp = cu_stamp,
+    .elapsed = cu_elapsed,
 };
 
 const ruda__backend_ops *const ruda__cuda_backend = &cuda_ops;

@@ -32,6 +32,7 @@ typedef struct ruda__cu_event {
    * then: once this event completed, so had those writes' copies. */
   struct ruda__cu_worker *worker;
   uint64_t writes;
+  uint8_t timed; /* created with timing (profiling stamps); its own free list */
 } ruda__cu_event;
 
 typedef struct ruda__cu_backend {
@@ -45,7 +46,7 @@ typedef struct ruda__cu_backend {
   ruda__staging *staging;
   /* Event pool: events are reused, never destroyed before close. */
   pthread_mutex_t ev_lock;
-  ruda__cu_event *ev_free, *ev_all;
+  ruda__cu_event *ev_free, *ev_free_timed, *ev_all;
   /* Module cache: one module per (source, options, arch, versions). */
   pthread_mutex_t mod_lock;
   pthread_cond_t mod_cond;
