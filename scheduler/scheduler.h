@@ -37,7 +37,8 @@ typedef enum ruda__cmd_kind {
   RUDA__CMD_MARK,  /* cross-stream ordering: mark this worker's work so far */
   RUDA__CMD_WAIT,  /* cross-stream ordering: order after other workers' marks */
   RUDA__CMD_GRAPH, /* replay a captured graph (scheduler/capture.c) */
-  RUDA__CMD_STAMP  /* profiling: mark the time the stream reaches this point */
+  RUDA__CMD_STAMP, /* profiling: mark the time the stream reaches this point */
+  RUDA__CMD_COLL   /* a collective or point-to-point transfer (src/comm.c) */
 } ruda__cmd_kind;
 
 #define RUDA__MAX_PINS (RUDA_MAX_ARGS + 1)
@@ -75,6 +76,7 @@ typedef struct ruda__cmd {
     struct {
       struct ruda_graph *g; /* holds a reference until it ran */
     } graph;
+    ruda__coll coll;
   } u;
 } ruda__cmd;
 
@@ -244,6 +246,9 @@ void ruda__streams_destroy(ruda__stream_table *t);
 ruda__stream *ruda__stream_get(struct ruda_device *dev, ruda_stream_id id);
 size_t ruda__streams_list(ruda__stream_table *t, ruda_stream_id *ids, size_t cap);
 /* Calls fn for every stream. */
+/* Worker: runs a RUDA__CMD_COLL command (src/comm.c). */
+int ruda__comm_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err);
+
 /* Frees the stream's open profiles (src/profile.c), at close. */
 void ruda__profiles_free(ruda__stream *s);
 

@@ -21,6 +21,7 @@ static const char *cmd_name(int kind) {
     case RUDA__CMD_WAIT: return "order";
     case RUDA__CMD_GRAPH: return "graph_replay";
     case RUDA__CMD_STAMP: return "profile";
+    case RUDA__CMD_COLL: return "collective";
     default: return "stop";
   }
 }
@@ -78,6 +79,9 @@ void ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
     case RUDA__CMD_STAMP:
       if (ops->stamp != NULL) rc = ops->stamp(w->wstate, &cmd->future->completion, &err);
       cmd->future->stamp_ns = ruda__now_ns();
+      break;
+    case RUDA__CMD_COLL:
+      rc = ruda__comm_execute(w, cmd, &err);
       break;
     case RUDA__CMD_FENCE:
     case RUDA__CMD_STOP:

@@ -71,6 +71,18 @@ typedef struct ruda__completion {
   void *arg;
 } ruda__completion;
 
+/* A collective as the worker runs it (ruda/comm.h). */
+typedef enum { RUDA__COLL_ALL_REDUCE, RUDA__COLL_SEND, RUDA__COLL_RECV } ruda__coll_kind;
+
+typedef struct ruda__coll {
+  struct ruda_comm *comm;
+  uint32_t kind, rank, peer;
+  uint32_t dtype, op; /* ruda_dtype, ruda_reduce_op */
+  uint64_t src, dst;  /* device addresses (host pointers on the host backend) */
+  uint64_t count;     /* elements (all-reduce) or bytes (send, recv) */
+  uint64_t dst_bytes; /* room at dst */
+} ruda__coll;
+
 typedef struct ruda__backend_ops {
   const char *name;
   /* Opens the backend for dev; fills *limits. Failure: ruda__fail(). */
@@ -141,6 +153,13 @@ typedef struct ruda__backend_ops {
    * events complete: the device time between them in ms. */
   int (*stamp)(void *wstate, ruda__completion *c, ruda_error **err);
   int (*elapsed)(void *state, void *from, void *to, double *ms);
+  /* Collectives (src/comm.c). comm_init: one handle per rank for the
+   * states of n devices of this backend, blocking; NULL ops: the generic
+   * in-memory exchange between workers (host). collective runs on the
+   * rank's worker. */
+  int (*comm_init)(void *const *states, uint32_t n, void **ranks);
+  void (*comm_destroy)(void *state, void *rank);
+  int (*collective)(void *wstate, void *rank, const ruda__coll *c, ruda_error **err);
 } ruda__backend_ops;
 
 extern const ruda__backend_ops ruda__host_backend;

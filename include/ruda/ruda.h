@@ -376,5 +376,6 @@ RUDA_EXTERN int ruda_profile_end(ruda_device *dev, ruda_stream_id stream, ruda_p
 /* Device properties, staging buffers, CUDA interop. */
 #include "ruda/cuda.h"
 #include "ruda/graph.h"
+#include "ruda/comm.h"
 
 #endif /* RUDA_RUDA_H */

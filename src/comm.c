@@ -1,0 +1,446 @@
+/* comm.c - collectives between the devices of one process (ruda/comm.h).
+ *
+ * Each rank has a collective stream of its own: a private stream (not in
+ * the stream table) on one of its device's workers, so that the rank's
+ * collectives reach the backend in the order the application issued them,
+ * which NCCL requires of every rank. A collective is a RUDA__CMD_COLL
+ * command pinning its buffers, ordered against other streams through them
+ * (scheduler/order.h) like a copy.
+ *
+ * The cuda backend runs it with NCCL (src/cuda/cuda_comm.c). Without a
+ * backend op (host), the ranks' workers meet here: an all-reduce waits
+ * until every rank arrived with its k-th collective, the last to arrive
+ * reduces into a scratch buffer, every rank copies the result out and the
+ * last to leave opens the next round; a send waits in its pair's mailbox
+ * until the receiver copied. A worker waits there as a GPU stream waits
+ * in an NCCL kernel for its peers.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* The host exchange: one round at a time for all-reduces, one mailbox per
+ * ordered pair of ranks for sends. */
+typedef struct mailbox {
+  const void *src;
+  uint64_t bytes;
+  int full, taken;
+} mailbox;
+
+typedef struct host_exchange {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  uint64_t round;     /* all-reduces finished */
+  uint32_t arrived, left;
+  int leaving; /* every rank arrived: copying the result out */
+  const void **src; /* per rank, this round */
+  void *scratch;
+  size_t scratch_bytes;
+  uint64_t count;
+  uint32_t dtype, op;
+  int mismatch; /* ranks disagreed on count, type or op */
+  mailbox *box; /* n x n: box[from * n + to] */
+} host_exchange;
+
+struct ruda_comm {
+  uint32_t n;
+  ruda_device **devs;
+  ruda__stream **streams; /* each rank's collective stream */
+  void **ranks;           /* backend handles; NULL on the host */
+  host_exchange *host;
+};
+
+static const size_t dtype_size[] = {4, 8, 4, 8};
+
+static uint64_t next_comm_id = 1;
+
+static int check_dtype(ruda_dtype t, ruda_reduce_op op, const char *fn) {
+  if ((unsigned)t > RUDA_DTYPE_I64) return ruda__fail(RUDA_EINVAL, "%s: unknown element type %d", fn, (int)t);
+  if ((unsigned)op > RUDA_REDUCE_MAX) return ruda__fail(RUDA_EINVAL, "%s: unknown reduction %d", fn, (int)op);
+  return 0;
+}
+
+/* ---- communicators ---- */
+
+static void comm_free(ruda_comm *c) {
+  for (uint32_t r = 0; r < c->n; r++) {
+    if (c->ranks != NULL && c->ranks[r] != NULL && c->devs[r]->ops->comm_destroy != NULL)
+      c->devs[r]->ops->comm_destroy(c->devs[r]->bstate, c->ranks[r]);
+    ruda__stream *s = c->streams ? c->streams[r] : NULL;
+    if (s != NULL) {
+      for (ruda_error *e = s->err_head; e != NULL; e = e->next)
+        ruda__log(c->devs[r], RUDA_LOG_WARN, "collective on rank %u failed, never reported: %s", r, e->msg);
+      ruda_error_free(s->err_head);
+      pthread_mutex_destroy(&s->err_lock);
+      free(s);
+    }
+  }
+  if (c->host != NULL) {
+    pthread_mutex_destroy(&c->host->lock);
+    pthread_cond_destroy(&c->host->cond);
+    free(c->host->src);
+    free(c->host->scratch);
+    free(c->host->box);
+    free(c->host);
+  }
+  free(c->ranks);
+  free(c->streams);
+  free(c->devs);
+  free(c);
+}
+
+int ruda_comm_init(ruda_device *const *devices, uint32_t n, ruda_comm **out) {
+  static const char fn[] = "ruda_comm_init";
+  if (out != NULL) *out = NULL;
+  if (devices == NULL || out == NULL) return ruda__fail(RUDA_EINVAL, "%s: %s is NULL", fn, devices ? "out" : "devices");
+  if (n == 0) return ruda__fail(RUDA_EINVAL, "%s: no devices", fn);
+  for (uint32_t r = 0; r < n; r++) {
+    RUDA__CHECK_DEV(devices[r], fn);
+    if (devices[r]->ops != devices[0]->ops)
+      return ruda__fail(RUDA_EINVAL, "%s: rank %u is on the %s backend, rank 0 on %s", fn, r,
+                        devices[r]->ops->name, devices[0]->ops->name);
+    for (uint32_t q = 0; q < r; q++)
+      if (devices[q] == devices[r]) return ruda__fail(RUDA_EINVAL, "%s: ranks %u and %u are one device", fn, q, r);
+  }
+  ruda_comm *c = calloc(1, sizeof *c);
+  if (c == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
+  c->n = n;
+  c->devs = calloc(n, sizeof *c->devs);
+  c->streams = calloc(n, sizeof *c->streams);
+  c->ranks = calloc(n, sizeof *c->ranks);
+  int rc = 0;
+  if (c->devs == NULL || c->streams == NULL || c->ranks == NULL) goto nomem;
+  uint64_t id = __atomic_fetch_add(&next_comm_id, 1, __ATOMIC_RELAXED);
+  for (uint32_t r = 0; r < n; r++) {
+    ruda_device *dev = devices[r];
+    c->devs[r] = dev;
+    ruda__stream *s = ruda__stream_alloc();
+    if (s == NULL) goto nomem;
+    /* Outside the table (ruda_stream_ids does not list it), ids from the
+     * top of the reserved range; spread over the workers by communicator. */
+    s->id = UINT64_MAX - (1ull << 32) - id;
+    s->worker = &dev->workers[id % dev->nworkers];
+    pthread_mutex_init(&s->err_lock, NULL);
+    c->streams[r] = s;
+  }
+  const ruda__backend_ops *ops = devices[0]->ops;
+  if (ops->comm_init != NULL) {
+    void **states = calloc(n, sizeof *states);
+    if (states == NULL) goto nomem;
+    for (uint32_t r = 0; r < n; r++) states[r] = devices[r]->bstate;
+    rc = ops->comm_init(states, n, c->ranks);
+    free(states);
+    if (rc != 0) {
+      free(c->ranks);
+      c->ranks = NULL;
+      comm_free(c);
+      return rc;
+    }
+  } else {
+    host_exchange *h = calloc(1, sizeof *h);
+    c->host = h;
+    if (h == NULL) goto nomem;
+    pthread_mutex_init(&h->lock, NULL);
+    pthread_cond_init(&h->cond, NULL);
+    h->src = calloc(n, sizeof *h->src);
+    h->box = calloc((size_t)n * n, sizeof *h->box);
+    if (h->src == NULL || h->box == NULL) goto nomem;
+  }
+  *out = c;
+  return 0;
+nomem:
+  comm_free(c);
+  return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
+}
+
+uint32_t ruda_comm_size(const ruda_comm *c) { return c ? c->n : 0; }
+
+int ruda_comm_rank(const ruda_comm *c, const ruda_device *dev) {
+  if (c == NULL) return -1;
+  for (uint32_t r = 0; r < c->n; r++)
+    if (c->devs[r] == dev) return (int)r;
+  return -1;
+}
+
+static int rank_of(ruda_comm *c, ruda_device *dev, const char *fn, uint32_t *rank) {
+  if (c == NULL) return ruda__fail(RUDA_EINVAL, "%s: communicator is NULL", fn);
+  RUDA__CHECK_DEV(dev, fn);
+  int r = ruda_comm_rank(c, dev);
+  if (r < 0) return ruda__fail(RUDA_EINVAL, "%s: the device is not a rank of this communicator", fn);
+  *rank = (uint32_t)r;
+  return 0;
+}
+
+int ruda_comm_sync(ruda_comm *c, ruda_device *dev, ruda_error **errors) {
+  static const char fn[] = "ruda_comm_sync";
+  if (errors) *errors = NULL;
+  uint32_t r;
+  int rc = rank_of(c, dev, fn, &r);
+  if (rc != 0) return rc;
+  ruda__stream *s = c->streams[r];
+  ruda__cmd *cmd = ruda__cmd_alloc(0);
+  ruda_future *f = cmd ? ruda__future_new(dev, s, 1) : NULL;
+  if (f == NULL) {
+    ruda__cmd_free(cmd);
+    return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
+  }
+  cmd->kind = RUDA__CMD_SYNC;
+  cmd->future = f;
+  cmd->stream = s;
+  cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
+  ruda__queue_push_unbounded(s->worker, cmd);
+  rc = ruda_future_wait(f, errors);
+  ruda_future_free(f);
+  return rc;
+}
+
+int ruda_comm_destroy(ruda_comm *c) {
+  if (c == NULL) return ruda__fail(RUDA_EINVAL, "ruda_comm_destroy: communicator is NULL");
+  int rc = 0;
+  for (uint32_t r = 0; r < c->n; r++) {
+    if (atomic_load(&c->devs[r]->closed)) continue; /* its workers ran everything at close */
+    ruda_error *errs = NULL;
+    int x = ruda_comm_sync(c, c->devs[r], &errs);
+    ruda_error_free(errs);
+    if (rc == 0) rc = x;
+  }
+  comm_free(c);
+  return rc;
+}
+
+/* ---- issuing ---- */
+
+static int pin(ruda_device *dev, ruda__stream *s, ruda_binding b, const char *fn, const char *what, uint64_t *addr,
+               uint64_t *len, ruda__order *o) {
+  uint64_t base, size;
+  ruda__slot *slot;
+  _Atomic uint64_t *last;
+  if (ruda__handles_pin_use(&dev->handles, b.handle, s->worker->index, &base, &size, &slot, &last) != 0)
+    return ruda__fail(RUDA_ENOTFOUND, "%s: %s handle {slot %u, gen %u} names no live buffer", fn, what,
+                      b.handle.slot, b.handle.gen);
+  if ((base & RUDA__UNBACKED) && ruda__memory_back(dev, atomic_load(&slot->mem), base, fn, &base) != 0) {
+    ruda__handles_unpin(&dev->handles, dev, b.handle.slot, NULL);
+    return ruda_error_code(ruda_last_error());
+  }
+  uint64_t want = b.size ? b.size : (b.offset <= size ? size - b.offset : 0);
+  if (b.offset > size || want > size - b.offset || want == 0) {
+    ruda__handles_unpin(&dev->handles, dev, b.handle.slot, NULL);
+    return ruda__fail(RUDA_ERANGE, "%s: %s binding offset %llu + size %llu is outside its buffer of %llu bytes", fn,
+                      what, (unsigned long long)b.offset, (unsigned long long)want, (unsigned long long)size);
+  }
+  *addr = base + b.offset;
+  *len = want;
+  ruda__order_note(o, last, b.handle.gen, s->worker->index);
+  return 0;
+}
+
+/* Pushes a collective for rank r after the buffers' earlier uses. */
+static int issue(ruda_comm *c, uint32_t r, ruda__coll *k, const uint32_t *pins, uint32_t npins, ruda__order *o,
+                 const char *fn) {
+  ruda_device *dev = c->devs[r];
+  ruda__stream *s = c->streams[r];
+  ruda__cmd *cmd = ruda__cmd_alloc(npins * sizeof(uint32_t));
+  if (cmd == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
+  cmd->kind = RUDA__CMD_COLL;
+  cmd->pins = (uint32_t *)ruda__cmd_extra(cmd);
+  memcpy(cmd->pins, pins, npins * sizeof *pins);
+  cmd->npins = (uint8_t)npins;
+  cmd->u.coll = *k;
+  cmd->stream = s;
+  cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
+  ruda__worker *w = s->worker;
+  int rc;
+  if (!ruda__order_needed(o)) {
+    rc = ruda__queue_push(w, cmd);
+  } else if ((rc = ruda__queue_admit(w, s->id)) == 0) {
+    if ((rc = ruda__order_prepare(dev, o, s, cmd->seq)) != 0) ruda__queue_unadmit(w);
+    else ruda__queue_push_admitted(w, cmd);
+  }
+  if (rc != 0) {
+    ruda__cmd_free(cmd);
+    return rc;
+  }
+  ruda__order_publish(o, w);
+  return 0;
+}
+
+static void unpin_all(ruda_device *dev, const uint32_t *pins, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) ruda__handles_unpin(&dev->handles, dev, pins[i], NULL);
+}
+
+int ruda_all_reduce(ruda_comm *c, ruda_device *dev, ruda_binding src, ruda_binding dst, ruda_dtype dtype,
+                    ruda_reduce_op op) {
+  static const char fn[] = "ruda_all_reduce";
+  uint32_t r;
+  int rc = rank_of(c, dev, fn, &r);
+  if (rc == 0) rc = check_dtype(dtype, op, fn);
+  if (rc != 0) return rc;
+  ruda__stream *s = c->streams[r];
+  ruda__order o;
+  ruda__order_init(&o);
+  uint64_t sa, sl, da, dl;
+  if ((rc = pin(dev, s, src, fn, "src", &sa, &sl, &o)) != 0) return rc;
+  if ((rc = pin(dev, s, dst, fn, "dst", &da, &dl, &o)) != 0) {
+    ruda__handles_unpin(&dev->handles, dev, src.handle.slot, NULL);
+    return rc;
+  }
+  uint32_t pins[2] = {src.handle.slot, dst.handle.slot};
+  const size_t es = dtype_size[dtype];
+  if (sl % es != 0 || dl < sl) {
+    unpin_all(dev, pins, 2);
+    return ruda__fail(RUDA_EINVAL, "%s: src holds %llu bytes, %s", fn, (unsigned long long)sl,
+                      sl % es ? "not a whole number of elements" : "more than dst");
+  }
+  ruda__coll k = {c, RUDA__COLL_ALL_REDUCE, r, r, (uint32_t)dtype, (uint32_t)op, sa, da, sl / es, dl};
+  if ((rc = issue(c, r, &k, pins, 2, &o, fn)) != 0) unpin_all(dev, pins, 2);
+  return rc;
+}
+
+static int p2p(ruda_comm *c, ruda_device *dev, ruda_binding b, uint32_t peer, uint32_t kind, const char *fn) {
+  uint32_t r;
+  int rc = rank_of(c, dev, fn, &r);
+  if (rc != 0) return rc;
+  if (peer >= c->n || peer == r)
+    return ruda__fail(RUDA_EINVAL, "%s: peer %u is %s (ranks 0..%u)", fn, peer, peer == r ? "this rank" : "no rank",
+                      c->n - 1);
+  ruda__order o;
+  ruda__order_init(&o);
+  uint64_t a, l;
+  if ((rc = pin(dev, c->streams[r], b, fn, kind == RUDA__COLL_SEND ? "src" : "dst", &a, &l, &o)) != 0) return rc;
+  uint32_t slot = b.handle.slot;
+  ruda__coll k = {c, kind, r, peer, 0, 0, kind == RUDA__COLL_SEND ? a : 0, kind == RUDA__COLL_RECV ? a : 0, l, l};
+  if ((rc = issue(c, r, &k, &slot, 1, &o, fn)) != 0) unpin_all(dev, &slot, 1);
+  return rc;
+}
+
+int ruda_send(ruda_comm *c, ruda_device *dev, ruda_binding src, uint32_t peer) {
+  return p2p(c, dev, src, peer, RUDA__COLL_SEND, "ruda_send");
+}
+
+int ruda_recv(ruda_comm *c, ruda_device *dev, ruda_binding dst, uint32_t peer) {
+  return p2p(c, dev, dst, peer, RUDA__COLL_RECV, "ruda_recv");
+}
+
+/* ---- the host exchange ---- */
+
+#define REDUCE(T)                                                                 \
+  static void reduce_##T(T *acc, const T *x, uint64_t n, uint32_t op) {          \
+    for (uint64_t i = 0; i < n; i++) {                                            \
+      if (op == RUDA_REDUCE_MIN) acc[i] = x[i] < acc[i] ? x[i] : acc[i];          \
+      else if (op == RUDA_REDUCE_MAX) acc[i] = x[i] > acc[i] ? x[i] : acc[i];     \
+      else acc[i] += x[i];                                                        \
+    }                                                                             \
+  }                                                                               \
+  static void mean_##T(T *acc, uint64_t n, uint32_t ranks) {                      \
+    for (uint64_t i = 0; i < n; i++) acc[i] /= (T)ranks;                          \
+  }
+REDUCE(float)
+REDUCE(double)
+REDUCE(int32_t)
+REDUCE(int64_t)
+
+static void host_reduce(host_exchange *h, uint32_t n) {
+  const size_t es = dtype_size[h->dtype], bytes = h->count * es;
+  memcpy(h->scratch, h->src[0], bytes);
+  for (uint32_t r = 1; r < n; r++) switch (h->dtype) {
+      case RUDA_DTYPE_F32: reduce_float(h->scratch, h->src[r], h->count, h->op); break;
+      case RUDA_DTYPE_F64: reduce_double(h->scratch, h->src[r], h->count, h->op); break;
+      case RUDA_DTYPE_I32: reduce_int32_t(h->scratch, h->src[r], h->count, h->op); break;
+      default: reduce_int64_t(h->scratch, h->src[r], h->count, h->op); break;
+    }
+  if (h->op != RUDA_REDUCE_MEAN) return;
+  switch (h->dtype) {
+    case RUDA_DTYPE_F32: mean_float(h->scratch, h->count, n); break;
+    case RUDA_DTYPE_F64: mean_double(h->scratch, h->count, n); break;
+    case RUDA_DTYPE_I32: mean_int32_t(h->scratch, h->count, n); break;
+    default: mean_int64_t(h->scratch, h->count, n); break;
+  }
+}
+
+static int host_all_reduce(ruda_comm *c, const ruda__coll *k, ruda_error **err) {
+  host_exchange *h = c->host;
+  const size_t es = dtype_size[k->dtype];
+  int rc = 0;
+  pthread_mutex_lock(&h->lock);
+  /* Two phases per round: gather until every rank arrived, then leave
+   * until every rank copied the result out. A rank back for the next
+   * round waits for the last one to leave this one. */
+  while (h->leaving) pthread_cond_wait(&h->cond, &h->lock);
+  if (h->arrived == 0) {
+    h->count = k->count;
+    h->dtype = k->dtype;
+    h->op = k->op;
+    h->mismatch = 0;
+  } else if (h->count != k->count || h->dtype != k->dtype || h->op != k->op) {
+    h->mismatch = 1;
+  }
+  h->src[k->rank] = (const void *)(uintptr_t)k->src;
+  if (++h->arrived == c->n) {
+    size_t bytes = (size_t)h->count * es;
+    if (!h->mismatch && bytes > h->scratch_bytes) {
+      void *p = realloc(h->scratch, bytes);
+      if (p == NULL) h->mismatch = 2;
+      else h->scratch = p, h->scratch_bytes = bytes;
+    }
+    if (!h->mismatch) host_reduce(h, c->n);
+    h->leaving = 1;
+    pthread_cond_broadcast(&h->cond);
+  }
+  while (!h->leaving) pthread_cond_wait(&h->cond, &h->lock);
+  if (h->mismatch == 0) {
+    memcpy((void *)(uintptr_t)k->dst, h->scratch, (size_t)h->count * es);
+  } else {
+    rc = h->mismatch == 2 ? RUDA_ENOMEM : RUDA_EINVAL;
+    *err = ruda__error_new(rc, 0, "all-reduce round %llu: %s", (unsigned long long)h->round,
+                           rc == RUDA_ENOMEM ? "no host memory for the reduction"
+                                             : "ranks disagree on element count, type or reduction");
+  }
+  if (++h->left == c->n) {
+    h->left = h->arrived = 0;
+    h->leaving = 0;
+    h->round++;
+    pthread_cond_broadcast(&h->cond);
+  }
+  pthread_mutex_unlock(&h->lock);
+  return rc;
+}
+
+static int host_p2p(ruda_comm *c, const ruda__coll *k, ruda_error **err) {
+  host_exchange *h = c->host;
+  int rc = 0;
+  pthread_mutex_lock(&h->lock);
+  if (k->kind == RUDA__COLL_SEND) {
+    mailbox *m = &h->box[(size_t)k->rank * c->n + k->peer];
+    while (m->full) pthread_cond_wait(&h->cond, &h->lock); /* an earlier send not taken yet */
+    m->src = (const void *)(uintptr_t)k->src;
+    m->bytes = k->count;
+    m->full = 1;
+    m->taken = 0;
+    pthread_cond_broadcast(&h->cond);
+    while (!m->taken) pthread_cond_wait(&h->cond, &h->lock);
+    m->full = 0;
+    pthread_cond_broadcast(&h->cond);
+  } else {
+    mailbox *m = &h->box[(size_t)k->peer * c->n + k->rank];
+    while (!m->full || m->taken) pthread_cond_wait(&h->cond, &h->lock);
+    if (m->bytes > k->dst_bytes) {
+      rc = RUDA_ERANGE;
+      *err = ruda__error_new(rc, 0, "recv from rank %u: %llu bytes sent, %llu bytes of room", k->peer,
+                             (unsigned long long)m->bytes, (unsigned long long)k->dst_bytes);
+    } else {
+      memcpy((void *)(uintptr_t)k->dst, m->src, m->bytes);
+    }
+    m->taken = 1;
+    pthread_cond_broadcast(&h->cond);
+  }
+  pthread_mutex_unlock(&h->lock);
+  return rc;
+}
+
+int ruda__comm_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err) {
+  const ruda__coll *k = &cmd->u.coll;
+  ruda_comm *c = k->comm;
+  if (c->host == NULL) return w->dev->ops->collective(w->wstate, c->ranks[k->rank], k, err);
+  return k->kind == RUDA__COLL_ALL_REDUCE ? host_all_reduce(c, k, err) : host_p2p(c, k, err);
+}

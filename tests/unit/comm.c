@@ -1,0 +1,299 @@
+/* comm.c - collectives on the host backend: all-reduce of every type and
+ * reduction across 1..4 devices, in place too, ordered after the kernels
+ * that wrote the sources; send and recv; every bad input; ranks that
+ * disagree, a recv too small; destroy waits for what is queued. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <unistd.h>
+
+#include "common.h"
+
+#define N 64
+
+static _Atomic int gate_open;
+
+static int k_gate(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  (void)args;
+  while (!atomic_load(&gate_open)) usleep(100);
+  return 0;
+}
+
+/* fill(x, v): x[i] = v + i as f64, for the ordering test. */
+static int k_fill(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  double *x = args[0], v = *(const double *)args[1];
+  for (int i = 0; i < N; i++) x[i] = v + i;
+  return 0;
+}
+
+typedef struct ranks {
+  uint32_t n;
+  ruda_device *dev[4];
+  ruda_comm *comm;
+} ranks;
+
+static void open_ranks(ranks *r, uint32_t n) {
+  r->n = n;
+  for (uint32_t i = 0; i < n; i++) {
+    r->dev[i] = test_open(2, 4096, RUDA_BACKPRESSURE_BLOCK);
+    assert_ok(ruda_host_kernel_register(r->dev[i], "gate", k_gate));
+    assert_ok(ruda_host_kernel_register(r->dev[i], "fill", k_fill));
+  }
+  atomic_store(&gate_open, 1);
+  assert_ok(ruda_comm_init(r->dev, n, &r->comm));
+  assert_int_equal(ruda_comm_size(r->comm), n);
+  for (uint32_t i = 0; i < n; i++) assert_int_equal(ruda_comm_rank(r->comm, r->dev[i]), (int)i);
+}
+
+static void close_ranks(ranks *r) {
+  assert_ok(ruda_comm_destroy(r->comm));
+  for (uint32_t i = 0; i < r->n; i++) test_close(r->dev[i]);
+}
+
+static const size_t esize[] = {4, 8, 4, 8};
+
+static double value(ruda_dtype t, uint32_t rank, int i) {
+  double v = (double)(rank + 1) * 10.0 + (double)i;
+  return t == RUDA_DTYPE_F32 || t == RUDA_DTYPE_F64 ? v + 0.25 : v;
+}
+
+static void put(void *p, ruda_dtype t, int i, double v) {
+  switch (t) {
+    case RUDA_DTYPE_F32: ((float *)p)[i] = (float)v; break;
+    case RUDA_DTYPE_F64: ((double *)p)[i] = v; break;
+    case RUDA_DTYPE_I32: ((int32_t *)p)[i] = (int32_t)v; break;
+    default: ((int64_t *)p)[i] = (int64_t)v; break;
+  }
+}
+
+static double get(const void *p, ruda_dtype t, int i) {
+  switch (t) {
+    case RUDA_DTYPE_F32: return ((const float *)p)[i];
+    case RUDA_DTYPE_F64: return ((const double *)p)[i];
+    case RUDA_DTYPE_I32: return ((const int32_t *)p)[i];
+    default: return (double)((const int64_t *)p)[i];
+  }
+}
+
+/* The reduction over ranks of value(), as the type computes it. */
+static double expect(ruda_dtype t, ruda_reduce_op op, uint32_t n, int i) {
+  double acc = value(t, 0, i);
+  for (uint32_t r = 1; r < n; r++) {
+    double v = value(t, r, i);
+    if (op == RUDA_REDUCE_MIN) acc = v < acc ? v : acc;
+    else if (op == RUDA_REDUCE_MAX) acc = v > acc ? v : acc;
+    else acc += v;
+  }
+  if (op == RUDA_REDUCE_MEAN) {
+    if (t == RUDA_DTYPE_I32 || t == RUDA_DTYPE_I64) return (double)((int64_t)acc / (int64_t)n);
+    return acc / n;
+  }
+  return acc;
+}
+
+static void every_type_and_reduction(void **state) {
+  (void)state;
+  for (uint32_t n = 1; n <= 4; n++) {
+    ranks r;
+    open_ranks(&r, n);
+    for (int t = RUDA_DTYPE_F32; t <= RUDA_DTYPE_I64; t++)
+      for (int op = RUDA_REDUCE_SUM; op <= RUDA_REDUCE_MAX; op++) {
+        const size_t bytes = N * esize[t];
+        ruda_handle src[4], dst[4];
+        unsigned char buf[N * 8];
+        for (uint32_t k = 0; k < n; k++) {
+          for (int i = 0; i < N; i++) put(buf, (ruda_dtype)t, i, value((ruda_dtype)t, k, i));
+          assert_ok(ruda_buffer_create(r.dev[k], 0, bytes, &src[k]));
+          test_write(r.dev[k], 0, ruda_bind(src[k]), buf, bytes);
+          /* Odd ranks reduce in place. */
+          if (k % 2) dst[k] = src[k];
+          else assert_ok(ruda_buffer_create(r.dev[k], 0, bytes, &dst[k]));
+          assert_ok(ruda_all_reduce(r.comm, r.dev[k], ruda_bind(src[k]), ruda_bind(dst[k]), (ruda_dtype)t,
+                                    (ruda_reduce_op)op));
+        }
+        for (uint32_t k = 0; k < n; k++) {
+          test_read(r.dev[k], 1, ruda_bind(dst[k]), buf, bytes);
+          for (int i = 0; i < N; i++) {
+            double want = expect((ruda_dtype)t, (ruda_reduce_op)op, n, i), got = get(buf, (ruda_dtype)t, i);
+            if (got != want && !(t == RUDA_DTYPE_F32 && got == (double)(float)want))
+              fail_msg("n %u type %d op %d rank %u element %d: %g, expected %g", n, t, op, k, i, got, want);
+          }
+          if (k % 2 == 0) assert_ok(ruda_buffer_free(r.dev[k], 0, dst[k]));
+          assert_ok(ruda_buffer_free(r.dev[k], 0, src[k]));
+        }
+      }
+    close_ranks(&r);
+  }
+}
+
+/* Sources written by kernels held behind a gate on user streams: the
+ * all-reduce waits for them, and reads on a third stream wait for it. */
+static void ordered_after_the_writers(void **state) {
+  (void)state;
+  ranks r;
+  open_ranks(&r, 2);
+  ruda_handle x[2];
+  atomic_store(&gate_open, 0);
+  for (uint32_t k = 0; k < 2; k++) {
+    assert_ok(ruda_buffer_create(r.dev[k], 7, N * sizeof(double), &x[k]));
+    double v = 1000.0 * (k + 1);
+    ruda_arg a[2] = {ruda_arg_buffer(ruda_bind(x[k])), ruda_arg_scalar(&v, sizeof v)};
+    assert_ok(test_launch(r.dev[k], 7, "gate", NULL, 0));
+    assert_ok(test_launch(r.dev[k], 7, "fill", a, 2));
+    assert_ok(ruda_all_reduce(r.comm, r.dev[k], ruda_bind(x[k]), ruda_bind(x[k]), RUDA_DTYPE_F64, RUDA_REDUCE_SUM));
+  }
+  usleep(20000);
+  atomic_store(&gate_open, 1);
+  for (uint32_t k = 0; k < 2; k++) {
+    double got[N];
+    test_read(r.dev[k], 3, ruda_bind(x[k]), got, sizeof got);
+    for (int i = 0; i < N; i++) assert_true(got[i] == 3000.0 + 2 * i);
+    assert_ok(ruda_buffer_free(r.dev[k], 7, x[k]));
+  }
+  close_ranks(&r);
+}
+
+static void send_and_recv(void **state) {
+  (void)state;
+  ranks r;
+  open_ranks(&r, 3);
+  ruda_handle a, b, c;
+  uint32_t out[N], in[N];
+  for (int i = 0; i < N; i++) out[i] = 0xab000000u + (uint32_t)i;
+  assert_ok(ruda_buffer_create(r.dev[0], 0, sizeof out, &a));
+  assert_ok(ruda_buffer_create(r.dev[2], 0, 2 * sizeof in, &b)); /* room to spare */
+  assert_ok(ruda_buffer_create(r.dev[1], 0, sizeof in, &c));
+  test_write(r.dev[0], 0, ruda_bind(a), out, sizeof out);
+  /* 0 -> 2, then 2 -> 1 with what it got (receive first, then send). */
+  assert_ok(ruda_send(r.comm, r.dev[0], ruda_bind(a), 2));
+  assert_ok(ruda_recv(r.comm, r.dev[2], ruda_bind_range(b, 0, sizeof in), 0));
+  assert_ok(ruda_send(r.comm, r.dev[2], ruda_bind_range(b, 0, sizeof in), 1));
+  assert_ok(ruda_recv(r.comm, r.dev[1], ruda_bind(c), 2));
+  for (uint32_t k = 0; k < 3; k++) assert_ok(ruda_comm_sync(r.comm, r.dev[k], NULL));
+  test_read(r.dev[1], 0, ruda_bind(c), in, sizeof in);
+  assert_memory_equal(in, out, sizeof out);
+  assert_ok(ruda_buffer_free(r.dev[0], 0, a));
+  assert_ok(ruda_buffer_free(r.dev[2], 0, b));
+  assert_ok(ruda_buffer_free(r.dev[1], 0, c));
+  close_ranks(&r);
+}
+
+static void bad_inputs(void **state) {
+  (void)state;
+  ranks r;
+  open_ranks(&r, 2);
+  ruda_device *other = test_open(1, 1024, RUDA_BACKPRESSURE_BLOCK);
+  ruda_handle x, small, odd;
+  assert_ok(ruda_buffer_create(r.dev[0], 0, 64, &x));
+  assert_ok(ruda_buffer_create(r.dev[0], 0, 32, &small));
+  assert_ok(ruda_buffer_create(r.dev[0], 0, 30, &odd));
+  ruda_comm *c = NULL;
+  ruda_device *dup[2] = {r.dev[0], r.dev[0]};
+  assert_rc(ruda_comm_init(dup, 2, &c), RUDA_EINVAL);
+  assert_null(c);
+  assert_rc(ruda_comm_init(r.dev, 0, &c), RUDA_EINVAL);
+  assert_rc(ruda_comm_init(NULL, 2, &c), RUDA_EINVAL);
+  assert_rc(ruda_comm_init(r.dev, 2, NULL), RUDA_EINVAL);
+  assert_rc(ruda_all_reduce(r.comm, other, ruda_bind(x), ruda_bind(x), RUDA_DTYPE_F32, RUDA_REDUCE_SUM), RUDA_EINVAL);
+  assert_last_error_contains("not a rank");
+  assert_rc(ruda_all_reduce(NULL, r.dev[0], ruda_bind(x), ruda_bind(x), RUDA_DTYPE_F32, RUDA_REDUCE_SUM), RUDA_EINVAL);
+  assert_rc(ruda_all_reduce(r.comm, r.dev[0], ruda_bind(x), ruda_bind(x), (ruda_dtype)9, RUDA_REDUCE_SUM), RUDA_EINVAL);
+  assert_rc(ruda_all_reduce(r.comm, r.dev[0], ruda_bind(x), ruda_bind(x), RUDA_DTYPE_F32, (ruda_reduce_op)9), RUDA_EINVAL);
+  assert_rc(ruda_all_reduce(r.comm, r.dev[0], ruda_bind(x), ruda_bind(small), RUDA_DTYPE_F32, RUDA_REDUCE_SUM),
+            RUDA_EINVAL);
+  assert_rc(ruda_all_reduce(r.comm, r.dev[0], ruda_bind(odd), ruda_bind(x), RUDA_DTYPE_F64, RUDA_REDUCE_SUM),
+            RUDA_EINVAL);
+  assert_rc(ruda_all_reduce(r.comm, r.dev[0], ruda_bind_range(x, 60, 8), ruda_bind(x), RUDA_DTYPE_F32,
+                            RUDA_REDUCE_SUM), RUDA_ERANGE);
+  ruda_handle stale = x;
+  stale.gen++;
+  assert_rc(ruda_send(r.comm, r.dev[0], ruda_bind(stale), 1), RUDA_ENOTFOUND);
+  assert_rc(ruda_send(r.comm, r.dev[0], ruda_bind(x), 0), RUDA_EINVAL);
+  assert_rc(ruda_recv(r.comm, r.dev[0], ruda_bind(x), 5), RUDA_EINVAL);
+  assert_int_equal(ruda_comm_rank(r.comm, other), -1);
+  assert_rc(ruda_comm_destroy(NULL), RUDA_EINVAL);
+  /* Nothing was queued: every buffer is free to go. */
+  assert_ok(ruda_buffer_free(r.dev[0], 0, x));
+  assert_ok(ruda_buffer_free(r.dev[0], 0, small));
+  assert_ok(ruda_buffer_free(r.dev[0], 0, odd));
+  test_close(other);
+  close_ranks(&r);
+}
+
+/* Ranks that disagree on the element count both fail the round, and a
+ * recv with too little room fails on the receiver; the failures come back
+ * from ruda_comm_sync, and the communicator goes on working. */
+static void failures_reach_the_ranks(void **state) {
+  (void)state;
+  ranks r;
+  open_ranks(&r, 2);
+  ruda_handle a, b, tiny;
+  assert_ok(ruda_buffer_create(r.dev[0], 0, 64, &a));
+  assert_ok(ruda_buffer_create(r.dev[1], 0, 32, &b));
+  assert_ok(ruda_buffer_create(r.dev[1], 0, 16, &tiny));
+  assert_ok(ruda_all_reduce(r.comm, r.dev[0], ruda_bind(a), ruda_bind(a), RUDA_DTYPE_I32, RUDA_REDUCE_SUM));
+  assert_ok(ruda_all_reduce(r.comm, r.dev[1], ruda_bind(b), ruda_bind(b), RUDA_DTYPE_I32, RUDA_REDUCE_SUM));
+  for (uint32_t k = 0; k < 2; k++) {
+    ruda_error *errs = NULL;
+    assert_rc(ruda_comm_sync(r.comm, r.dev[k], &errs), RUDA_EUNHEALTHY);
+    assert_non_null(ruda_error_cause(errs));
+    assert_int_equal(ruda_error_code(ruda_error_cause(errs)), RUDA_EINVAL);
+    assert_contains(ruda_error_message(ruda_error_cause(errs)), "ranks disagree");
+    assert_contains(ruda_error_message(ruda_error_cause(errs)), "ruda_collective");
+    ruda_error_free(errs);
+  }
+  assert_ok(ruda_send(r.comm, r.dev[0], ruda_bind(a), 1));
+  assert_ok(ruda_recv(r.comm, r.dev[1], ruda_bind(tiny), 0));
+  assert_ok(ruda_comm_sync(r.comm, r.dev[0], NULL));
+  ruda_error *errs = NULL;
+  assert_rc(ruda_comm_sync(r.comm, r.dev[1], &errs), RUDA_EUNHEALTHY);
+  assert_int_equal(ruda_error_code(ruda_error_cause(errs)), RUDA_ERANGE);
+  ruda_error_free(errs);
+  /* Still usable. */
+  assert_ok(ruda_all_reduce(r.comm, r.dev[0], ruda_bind_range(a, 0, 32), ruda_bind_range(a, 0, 32), RUDA_DTYPE_I32,
+                            RUDA_REDUCE_MAX));
+  assert_ok(ruda_all_reduce(r.comm, r.dev[1], ruda_bind(b), ruda_bind(b), RUDA_DTYPE_I32, RUDA_REDUCE_MAX));
+  for (uint32_t k = 0; k < 2; k++) assert_ok(ruda_comm_sync(r.comm, r.dev[k], NULL));
+  assert_ok(ruda_buffer_free(r.dev[0], 0, a));
+  assert_ok(ruda_buffer_free(r.dev[1], 0, b));
+  assert_ok(ruda_buffer_free(r.dev[1], 0, tiny));
+  close_ranks(&r);
+}
+
+/* Destroy waits for queued rounds: rank 1's sources are behind a gate. */
+static void destroy_waits_for_queued_rounds(void **state) {
+  (void)state;
+  ranks r;
+  open_ranks(&r, 2);
+  ruda_handle x[2];
+  for (uint32_t k = 0; k < 2; k++) assert_ok(ruda_buffer_create(r.dev[k], 0, 256, &x[k]));
+  atomic_store(&gate_open, 0);
+  assert_ok(test_launch(r.dev[1], 0, "gate", NULL, 0));
+  ruda_arg a = ruda_arg_buffer(ruda_bind(x[1]));
+  double v = 1;
+  ruda_arg fa[2] = {a, ruda_arg_scalar(&v, sizeof v)};
+  assert_ok(test_launch(r.dev[1], 0, "fill", fa, 2));
+  for (int round = 0; round < 5; round++)
+    for (uint32_t k = 0; k < 2; k++)
+      assert_ok(ruda_all_reduce(r.comm, r.dev[k], ruda_bind(x[k]), ruda_bind(x[k]), RUDA_DTYPE_F32, RUDA_REDUCE_SUM));
+  usleep(10000);
+  atomic_store(&gate_open, 1);
+  assert_ok(ruda_comm_destroy(r.comm));
+  for (uint32_t k = 0; k < 2; k++) {
+    assert_ok(ruda_buffer_free(r.dev[k], 0, x[k]));
+    test_close(r.dev[k]);
+  }
+}
+
+int main(int argc, char **argv) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(every_type_and_reduction),
+      cmocka_unit_test(ordered_after_the_writers),
+      cmocka_unit_test(send_and_recv),
+      cmocka_unit_test(bad_inputs),
+      cmocka_unit_test(failures_reach_the_ranks),
+      cmocka_unit_test(destroy_waits_for_queued_rounds),
+  };
+  return test_main("unit_comm", tests, sizeof tests / sizeof tests[0], argc, argv);
+}
