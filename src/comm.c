@@ -424,9 +424,9 @@ static int host_p2p(ruda_comm *c, const ruda__coll *k, ruda_error **err) {
   } else {
     mailbox *m = &h->box[(size_t)k->peer * c->n + k->rank];
     while (!m->full || m->taken) pthread_cond_wait(&h->cond, &h->lock);
-    if (m->bytes > k->dst_bytes) {
+    if (m->bytes != k->dst_bytes) { /* NCCL needs the counts to match */
       rc = RUDA_ERANGE;
-      *err = ruda__error_new(rc, 0, "recv from rank %u: %llu bytes sent, %llu bytes of room", k->peer,
+      *err = ruda__error_new(rc, 0, "recv from rank %u: %llu bytes sent, the recv binding holds %llu", k->peer,
                              (unsigned long long)m->bytes, (unsigned long long)k->dst_bytes);
     } else {
       memcpy((void *)(uintptr_t)k->dst, m->src, m->bytes);

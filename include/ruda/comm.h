@@ -61,7 +61,10 @@ RUDA_EXTERN int ruda_all_reduce(ruda_comm *comm, struct ruda_device *dev, ruda_b
                                 ruda_dtype dtype, ruda_reduce_op op);
 
 /* Point to point: src's bytes from dev's rank to peer, where the peer's
- * matching ruda_recv writes them into dst (at least as large). */
+ * matching ruda_recv writes them into dst, whose binding must be exactly
+ * as large (NCCL matches counts; RUDA_ERANGE on the receiver otherwise).
+ * A send waits for its receiver: two ranks sending to each other first
+ * wait for ever, as with NCCL; let one of them receive first. */
 RUDA_EXTERN int ruda_send(ruda_comm *comm, struct ruda_device *dev, ruda_binding src, uint32_t peer);
 RUDA_EXTERN int ruda_recv(ruda_comm *comm, struct ruda_device *dev, ruda_binding dst, uint32_t peer);
 

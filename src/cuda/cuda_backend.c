@@ -689,6 +689,9 @@ static const ruda__backend_ops cuda_ops = {
     .graph_release = cu_graph_release,
     .stamp = cu_stamp,
     .elapsed = cu_elapsed,
+    .comm_init = ruda__cu_comm_init,
+    .comm_destroy = ruda__cu_comm_destroy,
+    .collective = ruda__cu_collective,
 };
 
 const ruda__backend_ops *const ruda__cuda_backend = &cuda_ops;

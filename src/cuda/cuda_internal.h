@@ -145,6 +145,11 @@ int ruda__cu_copy(void *ws, uint64_t dst, uint64_t src, uint64_t size, ruda_erro
 int ruda__cu_launch(void *ws, const ruda__launch_cmd *cmd, ruda_error **err);
 int ruda__cu_launch_check(void *state, const ruda__kernel *k, const ruda_launch_desc *l);
 
+/* cuda_comm.c: collectives through NCCL (backend ops). */
+int ruda__cu_comm_init(void *const *states, uint32_t n, void **ranks);
+void ruda__cu_comm_destroy(void *state, void *rank);
+int ruda__cu_collective(void *wstate, void *rank, const ruda__coll *c, ruda_error **err);
+
 /* cuda_compile.c */
 int ruda__cu_kernel_prepare(void *state, ruda__kernel *k);
 void ruda__cu_kernel_release(void *state, ruda__kernel *k);

@@ -1,0 +1,106 @@
+/* gpu_comm.c - collectives through NCCL on two GPUs: an all-reduce in
+ * place after long writer kernels on user streams, a mean in f64, and a
+ * send/recv each way, all checked element by element. Skipped with fewer
+ * than two GPUs, without NCCL, and under the mock driver. */
+#include "gpu_common.h"
+
+static const char *const SRC_FILL =
+    "extern \"C\" __global__ void order_fill(unsigned n, unsigned *buf, unsigned v, long long spin) {\n"
+    "  long long t0 = clock64();\n"
+    "  while (clock64() - t0 < spin) {}\n"
+    "  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)\n"
+    "    buf[i] = v + i;\n"
+    "}\n";
+
+static ruda_device *open_ordinal(int ordinal) {
+  ruda_config cfg;
+  ruda_config_init(&cfg);
+  cfg.backend = RUDA_BACKEND_CUDA;
+  cfg.device_ordinal = ordinal;
+  cfg.num_streams = 4;
+  cfg.log_level = RUDA_LOG_ERROR;
+  cfg.cache_dir = "";
+  ruda_device *dev = NULL;
+  return ruda_device_open(&cfg, &dev) == 0 ? dev : NULL;
+}
+
+static void two_gpus(void **state) {
+  (void)state;
+  ruda_device *d[2] = {gpu_open(), NULL};
+  if (gpu_is_mock(d[0])) {
+    test_close(d[0]);
+    gpu_skip("the mock driver has no NCCL");
+  }
+  if ((d[1] = open_ordinal(1)) == NULL) {
+    test_close(d[0]);
+    gpu_skip("needs two GPUs: %s", ruda_error_message(ruda_last_error()));
+  }
+  ruda_comm *comm;
+  int rc = ruda_comm_init(d, 2, &comm);
+  if (rc == RUDA_ENOBACKEND) {
+    test_close(d[0]);
+    test_close(d[1]);
+    gpu_skip("%s", ruda_error_message(ruda_last_error()));
+  }
+  assert_ok(rc);
+  const unsigned n = 1u << 20;
+  ruda_handle x[2], m[2], p[2];
+  long long spin = 40000000LL; /* ~20 ms */
+  for (int r = 0; r < 2; r++) {
+    assert_ok(ruda_kernel_source(d[r], "order_fill", SRC_FILL, NULL));
+    assert_ok(ruda_buffer_create(d[r], 1, (uint64_t)n * 4, &x[r]));
+    unsigned v = 1000u * (unsigned)(r + 1);
+    ruda_arg a[4] = {ruda_arg_scalar(&n, 4), ruda_arg_buffer(ruda_bind(x[r])), ruda_arg_scalar(&v, 4),
+                     ruda_arg_scalar(&spin, 8)};
+    ruda_launch_desc l = {.kernel = "order_fill", .grid = {132, 1, 1}, .block = {256, 1, 1}, .args = a, .nargs = 4};
+    assert_ok(ruda_launch(d[r], 1, &l));
+    /* Right behind the writer, on another stream: ordered by the buffer. */
+    assert_ok(ruda_all_reduce(comm, d[r], ruda_bind(x[r]), ruda_bind(x[r]), RUDA_DTYPE_I32, RUDA_REDUCE_SUM));
+  }
+  unsigned *got = malloc((size_t)n * 4);
+  for (int r = 0; r < 2; r++) {
+    test_read(d[r], 2, ruda_bind(x[r]), got, (size_t)n * 4);
+    for (unsigned i = 0; i < n; i++)
+      if (got[i] != 3000u + 2 * i) fail_msg("rank %d element %u: %u, expected %u", r, i, got[i], 3000u + 2 * i);
+  }
+  /* Mean of f64: rank r holds r + i / 4. */
+  double *dv = malloc((size_t)n * 8);
+  for (int r = 0; r < 2; r++) {
+    for (unsigned i = 0; i < n; i++) dv[i] = r + i / 4.0;
+    assert_ok(ruda_buffer_create(d[r], 0, (uint64_t)n * 8, &m[r]));
+    test_write(d[r], 0, ruda_bind(m[r]), dv, (size_t)n * 8);
+    assert_ok(ruda_all_reduce(comm, d[r], ruda_bind(m[r]), ruda_bind(m[r]), RUDA_DTYPE_F64, RUDA_REDUCE_MEAN));
+  }
+  for (int r = 0; r < 2; r++) {
+    test_read(d[r], 0, ruda_bind(m[r]), dv, (size_t)n * 8);
+    for (unsigned i = 0; i < n; i++)
+      if (dv[i] != 0.5 + i / 4.0) fail_msg("mean, rank %d element %u: %g", r, i, dv[i]);
+  }
+  /* 0 -> 1, then 1 -> 0 back into another buffer. */
+  for (int r = 0; r < 2; r++) assert_ok(ruda_buffer_create(d[r], 0, (uint64_t)n * 4, &p[r]));
+  assert_ok(ruda_send(comm, d[0], ruda_bind(x[0]), 1));
+  assert_ok(ruda_recv(comm, d[1], ruda_bind(p[1]), 0));
+  assert_ok(ruda_send(comm, d[1], ruda_bind(p[1]), 0));
+  assert_ok(ruda_recv(comm, d[0], ruda_bind(p[0]), 1));
+  for (int r = 0; r < 2; r++) assert_ok(ruda_comm_sync(comm, d[r], NULL));
+  test_read(d[0], 0, ruda_bind(p[0]), got, (size_t)n * 4);
+  for (unsigned i = 0; i < n; i++)
+    if (got[i] != 3000u + 2 * i) fail_msg("round trip element %u: %u", i, got[i]);
+  free(got);
+  free(dv);
+  assert_ok(ruda_comm_destroy(comm));
+  for (int r = 0; r < 2; r++) {
+    assert_ok(ruda_buffer_free(d[r], 1, x[r]));
+    assert_ok(ruda_buffer_free(d[r], 0, m[r]));
+    assert_ok(ruda_buffer_free(d[r], 0, p[r]));
+    gpu_sync_ok(d[r], 0);
+    test_close(d[r]);
+  }
+}
+
+int main(int argc, char **argv) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(two_gpus),
+  };
+  return gpu_main("gpu_comm", tests, sizeof tests / sizeof tests[0], argc, argv);
+}
