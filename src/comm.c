@@ -175,7 +175,7 @@ static int rank_of(ruda_comm *c, ruda_device *dev, const char *fn, uint32_t *ran
 int ruda_comm_sync(ruda_comm *c, ruda_device *dev, ruda_error **errors) {
   static const char fn[] = "ruda_comm_sync";
   if (errors) *errors = NULL;
-  uint32_t r;
+  uint32_t r = 0;
   int rc = rank_of(c, dev, fn, &r);
   if (rc != 0) return rc;
   ruda__stream *s = c->streams[r];
@@ -272,7 +272,7 @@ static void unpin_all(ruda_device *dev, const uint32_t *pins, uint32_t n) {
 int ruda_all_reduce(ruda_comm *c, ruda_device *dev, ruda_binding src, ruda_binding dst, ruda_dtype dtype,
                     ruda_reduce_op op) {
   static const char fn[] = "ruda_all_reduce";
-  uint32_t r;
+  uint32_t r = 0;
   int rc = rank_of(c, dev, fn, &r);
   if (rc == 0) rc = check_dtype(dtype, op, fn);
   if (rc != 0) return rc;
@@ -298,7 +298,7 @@ int ruda_all_reduce(ruda_comm *c, ruda_device *dev, ruda_binding src, ruda_bindi
 }
 
 static int p2p(ruda_comm *c, ruda_device *dev, ruda_binding b, uint32_t peer, uint32_t kind, const char *fn) {
-  uint32_t r;
+  uint32_t r = 0;
   int rc = rank_of(c, dev, fn, &r);
   if (rc != 0) return rc;
   if (peer >= c->n || peer == r)

@@ -2,7 +2,7 @@
 # Runs on the lent GPU machine (see /work/.library/device): every test
 # binary and benchmark of a build made here with -DRUDA_STATIC_DEPS=ON and
 # carried as build-gpu. Logs go to $OUT; a summary table is printed last.
-#   tools/gpu_run.sh [tests|bench|all]
+#   tools/gpu_run.sh [tests|bench|all|comm]   (comm: the two-GPU collectives only)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-all}"
@@ -45,5 +45,9 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   run bench_gpu 420 "$B/bench/bench_gpu" "$OUT/bench_gpu.csv"
   run bench_memory 120 "$B/bench/bench_memory"
   run bench_enqueue 120 "$B/bench/bench_enqueue"
+fi
+if [ "$what" = comm ] || { [ "$what" = all ] && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; }; then
+  run gpu_comm 120 "$B/tests/gpu_comm"
+  run bench_comm 300 "$B/bench/bench_comm"
 fi
 echo "== summary"; cat "$summary"
