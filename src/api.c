@@ -60,6 +60,13 @@ static int pin_binding(ruda_device *dev, ruda__stream *s, ruda_binding b, const 
   return 0;
 }
 
+/* The same for other parts of the library (src/comm.c); the launch path
+ * keeps the static one, which the compiler may inline. */
+int ruda__pin_binding(ruda_device *dev, ruda__stream *s, ruda_binding b, const char *fn, const char *what,
+                      int index, uint64_t *addr, uint64_t *len, ruda__order *o, int hold) {
+  return pin_binding(dev, s, b, fn, what, index, addr, len, o, hold);
+}
+
 static void unpin_all(ruda_device *dev, const uint32_t *pins, uint32_t n) {
   for (uint32_t i = 0; i < n; i++) ruda__handles_unpin(&dev->handles, dev, pins[i], NULL);
 }

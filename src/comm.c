@@ -211,30 +211,6 @@ int ruda_comm_destroy(ruda_comm *c) {
 
 /* ---- issuing ---- */
 
-static int pin(ruda_device *dev, ruda__stream *s, ruda_binding b, const char *fn, const char *what, uint64_t *addr,
-               uint64_t *len, ruda__order *o) {
-  uint64_t base, size;
-  ruda__slot *slot;
-  _Atomic uint64_t *last;
-  if (ruda__handles_pin_use(&dev->handles, b.handle, s->worker->index, &base, &size, &slot, &last) != 0)
-    return ruda__fail(RUDA_ENOTFOUND, "%s: %s handle {slot %u, gen %u} names no live buffer", fn, what,
-                      b.handle.slot, b.handle.gen);
-  if ((base & RUDA__UNBACKED) && ruda__memory_back(dev, atomic_load(&slot->mem), base, fn, &base) != 0) {
-    ruda__handles_unpin(&dev->handles, dev, b.handle.slot, NULL);
-    return ruda_error_code(ruda_last_error());
-  }
-  uint64_t want = b.size ? b.size : (b.offset <= size ? size - b.offset : 0);
-  if (b.offset > size || want > size - b.offset || want == 0) {
-    ruda__handles_unpin(&dev->handles, dev, b.handle.slot, NULL);
-    return ruda__fail(RUDA_ERANGE, "%s: %s binding offset %llu + size %llu is outside its buffer of %llu bytes", fn,
-                      what, (unsigned long long)b.offset, (unsigned long long)want, (unsigned long long)size);
-  }
-  *addr = base + b.offset;
-  *len = want;
-  ruda__order_note(o, last, b.handle.gen, s->worker->index);
-  return 0;
-}
-
 /* Pushes a collective for rank r after the buffers' earlier uses. */
 static int issue(ruda_comm *c, uint32_t r, ruda__coll *k, const uint32_t *pins, uint32_t npins, ruda__order *o,
                  const char *fn) {
@@ -280,8 +256,8 @@ int ruda_all_reduce(ruda_comm *c, ruda_device *dev, ruda_binding src, ruda_bindi
   ruda__order o;
   ruda__order_init(&o);
   uint64_t sa, sl, da, dl;
-  if ((rc = pin(dev, s, src, fn, "src", &sa, &sl, &o)) != 0) return rc;
-  if ((rc = pin(dev, s, dst, fn, "dst", &da, &dl, &o)) != 0) {
+  if ((rc = ruda__pin_binding(dev, s, src, fn, "src", -1, &sa, &sl, &o, 0)) != 0) return rc;
+  if ((rc = ruda__pin_binding(dev, s, dst, fn, "dst", -1, &da, &dl, &o, 0)) != 0) {
     ruda__handles_unpin(&dev->handles, dev, src.handle.slot, NULL);
     return rc;
   }
@@ -307,7 +283,8 @@ static int p2p(ruda_comm *c, ruda_device *dev, ruda_binding b, uint32_t peer, ui
   ruda__order o;
   ruda__order_init(&o);
   uint64_t a, l;
-  if ((rc = pin(dev, c->streams[r], b, fn, kind == RUDA__COLL_SEND ? "src" : "dst", &a, &l, &o)) != 0) return rc;
+  const char *what = kind == RUDA__COLL_SEND ? "src" : "dst";
+  if ((rc = ruda__pin_binding(dev, c->streams[r], b, fn, what, -1, &a, &l, &o, 0)) != 0) return rc;
   uint32_t slot = b.handle.slot;
   ruda__coll k = {c, kind, r, peer, 0, 0, kind == RUDA__COLL_SEND ? a : 0, kind == RUDA__COLL_RECV ? a : 0, l, l};
   if ((rc = issue(c, r, &k, &slot, 1, &o, fn)) != 0) unpin_all(dev, &slot, 1);

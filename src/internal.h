@@ -56,6 +56,13 @@ ruda__kernel *ruda__kernel_find(ruda_device *dev, const char *name);
 /* Adds or replaces a kernel; takes ownership of k. */
 int ruda__kernel_add(ruda_device *dev, ruda__kernel *k);
 
+/* Pins b's buffer for a command of stream s and checks the range: *addr is
+ * the device address of the binding's first byte, *len its size; o notes
+ * the ordering the command needs. what/index name the binding in errors
+ * ("argument 3"); hold marks the buffer kept by a graph (capture.h). */
+int ruda__pin_binding(ruda_device *dev, ruda__stream *s, ruda_binding b, const char *fn, const char *what,
+                      int index, uint64_t *addr, uint64_t *len, ruda__order *o, int hold);
+
 /* Marks the device faulted by err (first one wins; err is consumed). */
 void ruda__device_fault(ruda_device *dev, ruda_error *err);
 

@@ -4,14 +4,6 @@
  * than two GPUs, without NCCL, and under the mock driver. */
 #include "gpu_common.h"
 
-static const char *const SRC_FILL =
-    "extern \"C\" __global__ void order_fill(unsigned n, unsigned *buf, unsigned v, long long spin) {\n"
-    "  long long t0 = clock64();\n"
-    "  while (clock64() - t0 < spin) {}\n"
-    "  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)\n"
-    "    buf[i] = v + i;\n"
-    "}\n";
-
 static ruda_device *open_ordinal(int ordinal) {
   ruda_config cfg;
   ruda_config_init(&cfg);
@@ -47,7 +39,7 @@ static void two_gpus(void **state) {
   ruda_handle x[2], m[2], p[2];
   long long spin = 40000000LL; /* ~20 ms */
   for (int r = 0; r < 2; r++) {
-    assert_ok(ruda_kernel_source(d[r], "order_fill", SRC_FILL, NULL));
+    assert_ok(ruda_kernel_source(d[r], "order_fill", SRC_ORDER, NULL));
     assert_ok(ruda_buffer_create(d[r], 1, (uint64_t)n * 4, &x[r]));
     unsigned v = 1000u * (unsigned)(r + 1);
     ruda_arg a[4] = {ruda_arg_scalar(&n, 4), ruda_arg_buffer(ruda_bind(x[r])), ruda_arg_scalar(&v, 4),

@@ -148,6 +148,24 @@ static const char *const SRC_MARK_BLOCKS =
 static const char *const SRC_FAULT =
     "extern \"C\" __global__ void planted_fault(int *p) { *(volatile int *)p = 1; }\n";
 
+/* Spin for `spin` clock cycles, then write: a long writer (order_fill) or
+ * a long reader-writer (order_add) whose result shows if a later command
+ * on another stream ran before it. The mock driver sleeps spin / 2000 us. */
+static const char *const SRC_ORDER =
+    "extern \"C\" __global__ void order_fill(unsigned n, unsigned *buf, unsigned v, long long spin) {\n"
+    "  long long t0 = clock64();\n"
+    "  while (clock64() - t0 < spin) {}\n"
+    "  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)\n"
+    "    buf[i] = v + i;\n"
+    "}\n"
+    "extern \"C\" __global__ void order_add(unsigned n, const unsigned *src, unsigned *dst, unsigned k,\n"
+    "                                      long long spin) {\n"
+    "  long long t0 = clock64();\n"
+    "  while (clock64() - t0 < spin) {}\n"
+    "  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)\n"
+    "    dst[i] = src[i] + k;\n"
+    "}\n";
+
 static const char *const SRC_EMPTY = "extern \"C\" __global__ void empty() {}\n";
 
 static const char *const SRC_STATIC_SMEM =

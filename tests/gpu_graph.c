@@ -7,29 +7,14 @@
 #include "gpu_common.h"
 #include "internal.h"
 
-static const char *const SRC_ORDER_ADD =
-    "extern \"C\" __global__ void order_add(unsigned n, const unsigned *src, unsigned *dst, unsigned k,\n"
-    "                                      long long spin) {\n"
-    "  long long t0 = clock64();\n"
-    "  while (clock64() - t0 < spin) {}\n"
-    "  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)\n"
-    "    dst[i] = src[i] + k;\n"
-    "}\n"
-    "extern \"C\" __global__ void order_fill(unsigned n, unsigned *buf, unsigned v, long long spin) {\n"
-    "  long long t0 = clock64();\n"
-    "  while (clock64() - t0 < spin) {}\n"
-    "  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)\n"
-    "    buf[i] = v + i;\n"
-    "}\n";
-
 #define SPIN 40000000LL /* ~20 ms on the H200; the mock sleeps spin / 2000 us */
 
 static ruda_device *open_graph_gpu(void) {
   ruda_device *dev = gpu_open();
   assert_ok(ruda_kernel_source(dev, "step", SRC_STEP, NULL));
   assert_ok(ruda_kernel_source(dev, "empty", SRC_EMPTY, NULL));
-  assert_ok(ruda_kernel_source(dev, "order_add", SRC_ORDER_ADD, NULL));
-  assert_ok(ruda_kernel_source(dev, "order_fill", SRC_ORDER_ADD, NULL));
+  assert_ok(ruda_kernel_source(dev, "order_add", SRC_ORDER, NULL));
+  assert_ok(ruda_kernel_source(dev, "order_fill", SRC_ORDER, NULL));
   return dev;
 }
 

@@ -9,21 +9,6 @@
 #include "gpu_common.h"
 #include "internal.h"
 
-static const char *const SRC_ORDER =
-    "extern \"C\" __global__ void order_fill(unsigned n, unsigned *buf, unsigned v, long long spin) {\n"
-    "  long long t0 = clock64();\n"
-    "  while (clock64() - t0 < spin) {}\n"
-    "  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)\n"
-    "    buf[i] = v + i;\n"
-    "}\n"
-    "extern \"C\" __global__ void order_add(unsigned n, const unsigned *src, unsigned *dst, unsigned k,\n"
-    "                                      long long spin) {\n"
-    "  long long t0 = clock64();\n"
-    "  while (clock64() - t0 < spin) {}\n"
-    "  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)\n"
-    "    dst[i] = src[i] + k;\n"
-    "}\n";
-
 /* About 20 ms at the H200's ~2 GHz (the mock sleeps spin / 2000 us). */
 #define SPIN 40000000LL
 

@@ -4,14 +4,6 @@
  * keep the time its streams reach them. */
 #include "gpu_common.h"
 
-static const char *const SRC_SPIN =
-    "extern \"C\" __global__ void order_fill(unsigned n, unsigned *buf, unsigned v, long long spin) {\n"
-    "  long long t0 = clock64();\n"
-    "  while (clock64() - t0 < spin) {}\n"
-    "  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)\n"
-    "    buf[i] = v + i;\n"
-    "}\n";
-
 #define MS 1000000ull
 #define SPIN 40000000LL /* ~20 ms at the H200's clock; the mock sleeps spin / 2000 us */
 
@@ -33,7 +25,7 @@ static void spin(ruda_device *dev, ruda_stream_id s, ruda_handle h) {
 static void device_time_of_the_work_in_between(void **state) {
   (void)state;
   ruda_device *dev = gpu_open();
-  assert_ok(ruda_kernel_source(dev, "order_fill", SRC_SPIN, NULL));
+  assert_ok(ruda_kernel_source(dev, "order_fill", SRC_ORDER, NULL));
   ruda_handle h;
   assert_ok(ruda_buffer_create(dev, 0, 4096, &h));
   ruda_profile_token t;
