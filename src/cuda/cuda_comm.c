@@ -70,10 +70,11 @@ int ruda__cu_comm_init(void *const *states, uint32_t n, void **ranks) {
     ordinals[r] = ((ruda__cu_backend *)states[r])->ordinal;
     for (uint32_t q = 0; q < r; q++)
       if (ordinals[q] == ordinals[r]) {
+        const int gpu = ordinals[r];
         free(ordinals);
         free(comms);
         return ruda__fail(RUDA_EINVAL, "ruda_comm_init: ranks %u and %u are both GPU %d; NCCL needs one GPU per rank",
-                          q, r, ordinals[r]);
+                          q, r, gpu);
       }
   }
   ncclResult_t res = nccl.ncclCommInitAll(comms, (int)n, ordinals);
