@@ -369,7 +369,7 @@ static int host_all_reduce(ruda_comm *c, const ruda__coll *k, ruda_error **err) 
     memcpy((void *)(uintptr_t)k->dst, h->scratch, (size_t)h->count * es);
   } else {
     rc = h->mismatch == 2 ? RUDA_ENOMEM : RUDA_EINVAL;
-    *err = ruda__error_new(rc, 0, "all-reduce round %llu: %s", (unsigned long long)h->round,
+    *err = ruda__error_new(rc, 0, "all-reduce round %llu on rank %u: %s", (unsigned long long)h->round, k->rank,
                            rc == RUDA_ENOMEM ? "no host memory for the reduction"
                                              : "ranks disagree on element count, type or reduction");
   }
@@ -403,7 +403,8 @@ static int host_p2p(ruda_comm *c, const ruda__coll *k, ruda_error **err) {
     while (!m->full || m->taken) pthread_cond_wait(&h->cond, &h->lock);
     if (m->bytes != k->dst_bytes) { /* NCCL needs the counts to match */
       rc = RUDA_ERANGE;
-      *err = ruda__error_new(rc, 0, "recv from rank %u: %llu bytes sent, the recv binding holds %llu", k->peer,
+      *err = ruda__error_new(rc, 0, "recv on rank %u from rank %u: %llu bytes sent, the recv binding holds %llu",
+                             k->rank, k->peer,
                              (unsigned long long)m->bytes, (unsigned long long)k->dst_bytes);
     } else {
       memcpy((void *)(uintptr_t)k->dst, m->src, m->bytes);

@@ -35,11 +35,10 @@ static int stamp(ruda_device *dev, ruda__stream *s, int drains, const char *fn, 
   return 0;
 }
 
-static int usable(ruda_device *dev, ruda__stream *s, const char *fn) {
+static int usable(ruda__stream *s, const char *fn) {
   if (atomic_load_explicit(&s->capturing, memory_order_acquire))
     return ruda__fail(RUDA_EGRAPHSTATE, "%s: stream %llu is capturing a graph; nothing runs to be timed", fn,
                       (unsigned long long)s->id);
-  (void)dev;
   return 0;
 }
 
@@ -51,7 +50,7 @@ int ruda_profile_begin(ruda_device *dev, ruda_stream_id stream, ruda_profile_tok
   int rc = 0;
   ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
-  if ((rc = usable(dev, s, fn)) != 0) return rc;
+  if ((rc = usable(s, fn)) != 0) return rc;
   uint32_t nerr = atomic_load_explicit(&s->nerr, memory_order_acquire);
   if (nerr > 0 || atomic_load_explicit(&dev->faulted, memory_order_acquire))
     return ruda__fail(RUDA_EUNHEALTHY, "%s: stream %llu holds %u unreported error(s); drain them with ruda_flush",
@@ -81,7 +80,7 @@ int ruda_profile_end(ruda_device *dev, ruda_stream_id stream, ruda_profile_token
   int rc = 0;
   ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
-  if ((rc = usable(dev, s, fn)) != 0) return rc;
+  if ((rc = usable(s, fn)) != 0) return rc;
   pthread_mutex_lock(&s->err_lock);
   ruda__profile **link = &s->profiles;
   while (*link != NULL && (*link)->id != token.id) link = &(*link)->next;
