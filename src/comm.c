@@ -198,8 +198,8 @@ int ruda_comm_sync(ruda_comm *c, ruda_device *dev, ruda_error **errors) {
 int ruda_comm_destroy(ruda_comm *c) {
   if (c == NULL) return ruda__fail(RUDA_EINVAL, "ruda_comm_destroy: communicator is NULL");
   int rc = 0;
+  /* The devices must still be open (ruda/comm.h): a closed one is freed. */
   for (uint32_t r = 0; r < c->n; r++) {
-    if (atomic_load(&c->devs[r]->closed)) continue; /* its workers ran everything at close */
     ruda_error *errs = NULL;
     int x = ruda_comm_sync(c, c->devs[r], &errs);
     ruda_error_free(errs);

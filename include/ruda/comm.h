@@ -17,7 +17,8 @@
  * hands them back.
  *
  * Element types and reductions: f32, f64, i32, i64; sum, mean (integers
- * truncate), min, max. The devices must outlive the communicator.
+ * truncate), min, max. The devices must outlive the communicator:
+ * destroy it before closing any of them.
  */
 #ifndef RUDA_COMM_H
 #define RUDA_COMM_H
