@@ -35,10 +35,12 @@ static void discard(ruda_device *dev, ruda__cmd **cmds, uint32_t n, void *wstate
   }
 }
 
-/* The persistent mode ruda_graph_prepare pushed ends with the capture. */
-static void unprepare(ruda_device *dev, ruda__stream *s) {
+/* The persistent mode ruda_graph_prepare pushed ends with the capture.
+ * stream: the caller's id, which names s; s->id may be a thread's own,
+ * which the public calls refuse as reserved. */
+static void unprepare(ruda_device *dev, ruda__stream *s, ruda_stream_id stream) {
   if (atomic_exchange_explicit(&s->graph_prepared, 0, memory_order_acq_rel))
-    ruda_memory_mode_pop(dev, s->id);
+    ruda_memory_mode_pop(dev, stream);
 }
 
 /* Takes what the stream recorded and closes its capture (and the prepared
@@ -68,7 +70,7 @@ static int take(ruda_device *dev, ruda_stream_id stream, const char *fn, ruda__s
   if (!open)
     return ruda__fail(RUDA_EGRAPHSTATE, "%s: stream %llu is not capturing (call ruda_graph_begin_capture first)",
                       fn, (unsigned long long)s->id);
-  unprepare(dev, s);
+  unprepare(dev, s, stream);
   return 0;
 }
 
@@ -82,7 +84,7 @@ int ruda_graph_prepare(ruda_device *dev, ruda_stream_id stream) {
     return ruda__fail(RUDA_EGRAPHSTATE, "%s: stream %llu is capturing already", fn, (unsigned long long)s->id);
   if (atomic_exchange_explicit(&s->graph_prepared, 1, memory_order_acq_rel))
     return ruda__fail(RUDA_EGRAPHSTATE, "%s: stream %llu is prepared already", fn, (unsigned long long)s->id);
-  if ((rc = ruda_memory_mode_push(dev, s->id, RUDA_ALLOC_PERSISTENT)) != 0)
+  if ((rc = ruda_memory_mode_push(dev, stream, RUDA_ALLOC_PERSISTENT)) != 0) /* not s->id: see unprepare */
     atomic_store_explicit(&s->graph_prepared, 0, memory_order_release);
   return rc;
 }

@@ -415,6 +415,31 @@ static void prepare_routes_to_the_persistent_pool(void **state) {
   test_close(dev);
 }
 
+/* The thread's own stream (RUDA_STREAM_CURRENT, the README's way) can be
+ * prepared too: its id is a reserved one, never to be passed on as is. */
+static void prepare_on_the_current_stream(void **state) {
+  (void)state;
+  ruda_device *dev = open_graphs(1);
+  const ruda_stream_id cur = RUDA_STREAM_CURRENT;
+  ruda_handle a;
+  assert_ok(ruda_graph_prepare(dev, cur));
+  assert_ok(ruda_buffer_create(dev, cur, 1000, &a)); /* persistent */
+  assert_ok(ruda_graph_begin_capture(dev, cur));
+  ruda_graph *g;
+  assert_ok(ruda_graph_end_capture(dev, cur, &g)); /* the mode ends here */
+  ruda_pool_report rep[RUDA_MEMORY_MAX_POOLS + 1];
+  uint32_t n = 0;
+  assert_ok(ruda_memory_report(dev, cur, rep, RUDA_MEMORY_MAX_POOLS + 1, &n));
+  uint64_t persistent = 0;
+  for (uint32_t i = 0; i < n; i++)
+    if (rep[i].kind == RUDA_POOL_PERSISTENT) persistent += rep[i].nallocs;
+  assert_int_equal(persistent, 1);
+  assert_rc(ruda_memory_mode_pop(dev, cur), RUDA_EINVAL); /* nothing left pushed */
+  assert_ok(ruda_graph_destroy(dev, g));
+  assert_ok(ruda_buffer_free(dev, cur, a));
+  test_close(dev);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(replays_rerun_the_recorded_sequence),
@@ -427,6 +452,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(close_frees_captures_and_graphs),
       cmocka_unit_test(replays_race_from_threads),
       cmocka_unit_test(prepare_routes_to_the_persistent_pool),
+      cmocka_unit_test(prepare_on_the_current_stream),
   };
   return test_main("unit_graph", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
