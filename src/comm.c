@@ -301,21 +301,23 @@ int ruda_recv(ruda_comm *c, ruda_device *dev, ruda_binding dst, uint32_t peer) {
 
 /* ---- the host exchange ---- */
 
-#define REDUCE(T)                                                                 \
+/* Sums add in U: integers in their unsigned type, so that they wrap as
+ * NCCL's do instead of overflowing (undefined behaviour in C). */
+#define REDUCE(T, U)                                                              \
   static void reduce_##T(T *acc, const T *x, uint64_t n, uint32_t op) {          \
     for (uint64_t i = 0; i < n; i++) {                                            \
       if (op == RUDA_REDUCE_MIN) acc[i] = x[i] < acc[i] ? x[i] : acc[i];          \
       else if (op == RUDA_REDUCE_MAX) acc[i] = x[i] > acc[i] ? x[i] : acc[i];     \
-      else acc[i] += x[i];                                                        \
+      else acc[i] = (T)((U)acc[i] + (U)x[i]);                                     \
     }                                                                             \
   }                                                                               \
   static void mean_##T(T *acc, uint64_t n, uint32_t ranks) {                      \
     for (uint64_t i = 0; i < n; i++) acc[i] /= (T)ranks;                          \
   }
-REDUCE(float)
-REDUCE(double)
-REDUCE(int32_t)
-REDUCE(int64_t)
+REDUCE(float, float)
+REDUCE(double, double)
+REDUCE(int32_t, uint32_t)
+REDUCE(int64_t, uint64_t)
 
 static void host_reduce(host_exchange *h, uint32_t n) {
   const size_t es = dtype_size[h->dtype], bytes = h->count * es;

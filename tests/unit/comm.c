@@ -286,6 +286,39 @@ static void destroy_waits_for_queued_rounds(void **state) {
   }
 }
 
+/* Integer sums wrap around, as on the GPU (NCCL's two's complement), and
+ * are not undefined behaviour on the host: UBSan stops the sanitizer
+ * build at a signed overflow. */
+static void integer_sums_wrap(void **state) {
+  (void)state;
+  ranks r;
+  open_ranks(&r, 2);
+  ruda_handle a[2], b[2];
+  const int32_t a_in[2] = {INT32_MAX, INT32_MIN};
+  const int64_t b_in[2] = {INT64_MAX, INT64_MIN};
+  for (uint32_t k = 0; k < 2; k++) {
+    assert_ok(ruda_buffer_create(r.dev[k], 0, sizeof a_in, &a[k]));
+    assert_ok(ruda_buffer_create(r.dev[k], 0, sizeof b_in, &b[k]));
+    test_write(r.dev[k], 0, ruda_bind(a[k]), a_in, sizeof a_in);
+    test_write(r.dev[k], 0, ruda_bind(b[k]), b_in, sizeof b_in);
+    assert_ok(ruda_all_reduce(r.comm, r.dev[k], ruda_bind(a[k]), ruda_bind(a[k]), RUDA_DTYPE_I32, RUDA_REDUCE_SUM));
+    assert_ok(ruda_all_reduce(r.comm, r.dev[k], ruda_bind(b[k]), ruda_bind(b[k]), RUDA_DTYPE_I64, RUDA_REDUCE_MEAN));
+  }
+  for (uint32_t k = 0; k < 2; k++) {
+    int32_t ga[2];
+    int64_t gb[2];
+    test_read(r.dev[k], 0, ruda_bind(a[k]), ga, sizeof ga);
+    test_read(r.dev[k], 0, ruda_bind(b[k]), gb, sizeof gb);
+    assert_int_equal(ga[0], -2); /* 2 * INT32_MAX mod 2^32 */
+    assert_int_equal(ga[1], 0);
+    assert_int_equal(gb[0], -1); /* (2 * INT64_MAX mod 2^64) / 2 */
+    assert_int_equal(gb[1], 0);
+    assert_ok(ruda_buffer_free(r.dev[k], 0, a[k]));
+    assert_ok(ruda_buffer_free(r.dev[k], 0, b[k]));
+  }
+  close_ranks(&r);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(every_type_and_reduction),
@@ -294,6 +327,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(bad_inputs),
       cmocka_unit_test(failures_reach_the_ranks),
       cmocka_unit_test(destroy_waits_for_queued_rounds),
+      cmocka_unit_test(integer_sums_wrap),
   };
   return test_main("unit_comm", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
