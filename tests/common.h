@@ -6,11 +6,13 @@
 
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -115,6 +117,18 @@ static inline void test_read(ruda_device *dev, ruda_stream_id s, ruda_binding b,
 static inline void test_write(ruda_device *dev, ruda_stream_id s, ruda_binding b, const void *src, size_t len) {
   ruda_copy_desc d = ruda_copy_contiguous(b);
   assert_ok(ruda_write(dev, s, &d, src, len));
+}
+
+/* A host kernel that holds its worker until the test opens the gate:
+ * register it with ruda_host_kernel_register(dev, "gate", test_gate_kernel),
+ * close with atomic_store(&test_gate_open, 0), open with 1. */
+static _Atomic int test_gate_open __attribute__((unused)) = 1;
+
+static inline int test_gate_kernel(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  (void)args;
+  while (!atomic_load(&test_gate_open)) usleep(100);
+  return 0;
 }
 
 /* Runs the group, or only the test named by argv[1]: ctest starts every

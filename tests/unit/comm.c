@@ -10,14 +10,6 @@
 
 #define N 64
 
-static _Atomic int gate_open;
-
-static int k_gate(const ruda_host_ctx *c, void *const *args) {
-  (void)c;
-  (void)args;
-  while (!atomic_load(&gate_open)) usleep(100);
-  return 0;
-}
 
 /* fill(x, v): x[i] = v + i as f64, for the ordering test. */
 static int k_fill(const ruda_host_ctx *c, void *const *args) {
@@ -37,10 +29,10 @@ static void open_ranks(ranks *r, uint32_t n) {
   r->n = n;
   for (uint32_t i = 0; i < n; i++) {
     r->dev[i] = test_open(2, 4096, RUDA_BACKPRESSURE_BLOCK);
-    assert_ok(ruda_host_kernel_register(r->dev[i], "gate", k_gate));
+    assert_ok(ruda_host_kernel_register(r->dev[i], "gate", test_gate_kernel));
     assert_ok(ruda_host_kernel_register(r->dev[i], "fill", k_fill));
   }
-  atomic_store(&gate_open, 1);
+  atomic_store(&test_gate_open, 1);
   assert_ok(ruda_comm_init(r->dev, n, &r->comm));
   assert_int_equal(ruda_comm_size(r->comm), n);
   for (uint32_t i = 0; i < n; i++) assert_int_equal(ruda_comm_rank(r->comm, r->dev[i]), (int)i);
@@ -134,7 +126,7 @@ static void ordered_after_the_writers(void **state) {
   ranks r;
   open_ranks(&r, 2);
   ruda_handle x[2];
-  atomic_store(&gate_open, 0);
+  atomic_store(&test_gate_open, 0);
   for (uint32_t k = 0; k < 2; k++) {
     assert_ok(ruda_buffer_create(r.dev[k], 7, N * sizeof(double), &x[k]));
     double v = 1000.0 * (k + 1);
@@ -144,7 +136,7 @@ static void ordered_after_the_writers(void **state) {
     assert_ok(ruda_all_reduce(r.comm, r.dev[k], ruda_bind(x[k]), ruda_bind(x[k]), RUDA_DTYPE_F64, RUDA_REDUCE_SUM));
   }
   usleep(20000);
-  atomic_store(&gate_open, 1);
+  atomic_store(&test_gate_open, 1);
   for (uint32_t k = 0; k < 2; k++) {
     double got[N];
     test_read(r.dev[k], 3, ruda_bind(x[k]), got, sizeof got);
@@ -268,7 +260,7 @@ static void destroy_waits_for_queued_rounds(void **state) {
   open_ranks(&r, 2);
   ruda_handle x[2];
   for (uint32_t k = 0; k < 2; k++) assert_ok(ruda_buffer_create(r.dev[k], 0, 256, &x[k]));
-  atomic_store(&gate_open, 0);
+  atomic_store(&test_gate_open, 0);
   assert_ok(test_launch(r.dev[1], 0, "gate", NULL, 0));
   ruda_arg a = ruda_arg_buffer(ruda_bind(x[1]));
   double v = 1;
@@ -278,7 +270,7 @@ static void destroy_waits_for_queued_rounds(void **state) {
     for (uint32_t k = 0; k < 2; k++)
       assert_ok(ruda_all_reduce(r.comm, r.dev[k], ruda_bind(x[k]), ruda_bind(x[k]), RUDA_DTYPE_F32, RUDA_REDUCE_SUM));
   usleep(10000);
-  atomic_store(&gate_open, 1);
+  atomic_store(&test_gate_open, 1);
   assert_ok(ruda_comm_destroy(r.comm));
   for (uint32_t k = 0; k < 2; k++) {
     assert_ok(ruda_buffer_free(r.dev[k], 0, x[k]));

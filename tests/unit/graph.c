@@ -39,14 +39,6 @@ static int k_fail(const ruda_host_ctx *c, void *const *args) {
   return RUDA_EGENERIC;
 }
 
-static _Atomic int gate_open;
-
-static int k_gate(const ruda_host_ctx *c, void *const *args) {
-  (void)c;
-  (void)args;
-  while (!atomic_load(&gate_open)) usleep(100);
-  return 0;
-}
 
 static ruda_device *open_graphs(uint32_t streams) {
   ruda_device *dev = test_open(streams, 4096, RUDA_BACKPRESSURE_BLOCK);
@@ -54,8 +46,8 @@ static ruda_device *open_graphs(uint32_t streams) {
   assert_ok(ruda_host_kernel_register(dev, "twice", k_twice));
   assert_ok(ruda_host_kernel_register(dev, "set", k_set));
   assert_ok(ruda_host_kernel_register(dev, "fail", k_fail));
-  assert_ok(ruda_host_kernel_register(dev, "gate", k_gate));
-  atomic_store(&gate_open, 1);
+  assert_ok(ruda_host_kernel_register(dev, "gate", test_gate_kernel));
+  atomic_store(&test_gate_open, 1);
   return dev;
 }
 
@@ -124,13 +116,13 @@ static void replay_on_another_stream_is_ordered(void **state) {
   const uint64_t hundred = 100;
   ruda_graph *g = capture_add_one(dev, 0, x);
   /* Stream 2 will set x, but only once the gate opens... */
-  atomic_store(&gate_open, 0);
+  atomic_store(&test_gate_open, 0);
   assert_ok(test_launch(dev, 2, "gate", NULL, 0));
   assert_ok(launch1(dev, 2, "set", x, &hundred));
   /* ...and the replay on stream 3 must follow that set. */
   assert_ok(ruda_graph_replay(dev, 3, g));
   usleep(20000);
-  atomic_store(&gate_open, 1);
+  atomic_store(&test_gate_open, 1);
   uint64_t got[N];
   test_read(dev, 3, ruda_bind(x), got, sizeof got);
   for (int i = 0; i < N; i++) assert_int_equal(got[i], 101);
@@ -307,12 +299,12 @@ static void destroy_with_replays_queued(void **state) {
   ruda_device *dev = open_graphs(1);
   ruda_handle x = buffer_of(dev, 0, 0);
   ruda_graph *g = capture_add_one(dev, 0, x);
-  atomic_store(&gate_open, 0);
+  atomic_store(&test_gate_open, 0);
   assert_ok(test_launch(dev, 0, "gate", NULL, 0));
   for (int r = 0; r < 3; r++) assert_ok(ruda_graph_replay(dev, 0, g));
   assert_ok(ruda_graph_destroy(dev, g)); /* the queued replays keep it */
   assert_ok(ruda_buffer_free(dev, 0, x));
-  atomic_store(&gate_open, 1);
+  atomic_store(&test_gate_open, 1);
   assert_ok(ruda_sync(dev, 0, NULL));
   ruda_memory_stats u;
   assert_ok(ruda_memory_usage(dev, 0, &u));
