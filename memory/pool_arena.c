@@ -505,12 +505,8 @@ int ruda__memory_init(ruda_device *dev) {
   m->fences = calloc(m->nworkers, sizeof *m->fences);
   if (m->fences == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
   for (uint32_t w = 0; w < m->nworkers; w++) {
-    ruda__stream *s = ruda__stream_alloc();
+    ruda__stream *s = ruda__stream_private(UINT64_MAX - 1 - w, &dev->workers[w]);
     if (s == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
-    /* Not in the stream table: ruda_stream_ids does not list it. */
-    s->id = UINT64_MAX - 1 - w;
-    s->worker = &dev->workers[w];
-    pthread_mutex_init(&s->err_lock, NULL);
     m->fences[w].stream = s;
   }
   return 0;
@@ -526,13 +522,7 @@ void ruda__memory_destroy(ruda_device *dev) {
       ruda_future_free(n->fut);
       free(n);
     }
-    ruda__stream *s = f->stream;
-    if (s == NULL) continue;
-    for (ruda_error *e = s->err_head; e != NULL; e = e->next)
-      ruda__log(dev, RUDA_LOG_WARN, "memory fence on worker %u failed: %s", w, e->msg);
-    ruda_error_free(s->err_head);
-    pthread_mutex_destroy(&s->err_lock);
-    free(s);
+    ruda__stream_private_free(dev, f->stream, "memory fence");
   }
   free(m->fences);
   for (ruda__pools *p = m->all, *next; p != NULL; p = next) {

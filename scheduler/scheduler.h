@@ -249,6 +249,12 @@ size_t ruda__streams_list(ruda__stream_table *t, ruda_stream_id *ids, size_t cap
 /* Worker: runs a RUDA__CMD_COLL command (src/comm.c). */
 int ruda__comm_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err);
 
+/* A private stream on worker w, outside the stream table (ruda_stream_ids
+ * does not list it): memory fences, collectives. NULL without memory. */
+ruda__stream *ruda__stream_private(ruda_stream_id id, ruda__worker *w);
+/* Frees one; errors nobody drained are logged as "<what> failed: ...". */
+void ruda__stream_private_free(struct ruda_device *dev, ruda__stream *s, const char *what);
+
 /* Frees the stream's open profiles (src/profile.c), at close. */
 void ruda__profiles_free(ruda__stream *s);
 

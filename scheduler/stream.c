@@ -173,6 +173,23 @@ ruda__stream *ruda__stream_for(ruda_device *dev, ruda_stream_id id, const char *
   return s;
 }
 
+ruda__stream *ruda__stream_private(ruda_stream_id id, ruda__worker *w) {
+  ruda__stream *s = ruda__stream_alloc();
+  if (s == NULL) return NULL;
+  s->id = id;
+  s->worker = w;
+  pthread_mutex_init(&s->err_lock, NULL);
+  return s;
+}
+
+void ruda__stream_private_free(ruda_device *dev, ruda__stream *s, const char *what) {
+  if (s == NULL) return;
+  for (ruda_error *e = s->err_head; e != NULL; e = e->next) ruda__log(dev, RUDA_LOG_WARN, "%s failed: %s", what, e->msg);
+  ruda_error_free(s->err_head);
+  pthread_mutex_destroy(&s->err_lock);
+  free(s);
+}
+
 static void free_stream(ruda__stream *st, void *unused) {
   (void)unused;
   ruda__profiles_free(st);

@@ -75,6 +75,8 @@ void ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
       break;
     case RUDA__CMD_GRAPH:
       rc = ruda__graph_execute(w, cmd, &err);
+      /* The replay's reference; the error report below names no graph. */
+      ruda__graph_unref(cmd->u.graph.g, w->wstate);
       break;
     case RUDA__CMD_STAMP:
       if (ops->stamp != NULL) rc = ops->stamp(w->wstate, &cmd->future->completion, &err);
@@ -90,7 +92,6 @@ void ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
   if (rc != 0) report(w, cmd, rc, err);
   for (uint32_t i = 0; i < cmd->npins; i++)
     ruda__handles_unpin(&dev->handles, dev, cmd->pins[i], w->wstate);
-  if (cmd->kind == RUDA__CMD_GRAPH) ruda__graph_unref(cmd->u.graph.g, w->wstate);
   /* Counted run before its future completes, so a caller back from a
    * sync or read sees this worker past the command (scheduler/order.c). */
   uint64_t pos = atomic_load_explicit(&w->done, memory_order_relaxed) + 1;

@@ -144,6 +144,10 @@ static inline __attribute__((always_inline)) int submit(ruda_device *dev, ruda__
   return 0;
 }
 
+int ruda__submit(ruda_device *dev, ruda__stream *s, ruda__cmd *cmd, ruda__order *o) {
+  return submit(dev, s, cmd, o);
+}
+
 /* ---- buffers ---- */
 
 int ruda_buffer_create(ruda_device *dev, ruda_stream_id stream, uint64_t size, ruda_handle *out) {
@@ -562,12 +566,16 @@ fail:
 static int control(ruda_device *dev, ruda_stream_id stream, int kind, const char *fn, ruda__stream **sp,
                    ruda_future **out) {
   int rc = 0;
-  ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
+  ruda__stream *s = *sp = ruda__stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
   if (kind == RUDA__CMD_SYNC && atomic_load_explicit(&s->capturing, memory_order_acquire))
     return refuse_capturing(s, fn, "a sync would wait for work that is being recorded, not run");
+  return ruda__push_control(dev, s, kind, kind == RUDA__CMD_SYNC, fn, out);
+}
+
+int ruda__push_control(ruda_device *dev, ruda__stream *s, int kind, int drains, const char *fn, ruda_future **out) {
   ruda__cmd *cmd = ruda__cmd_alloc(0);
-  ruda_future *f = cmd ? ruda__future_new(dev, s, kind == RUDA__CMD_SYNC) : NULL;
+  ruda_future *f = cmd ? ruda__future_new(dev, s, drains) : NULL;
   if (f == NULL) {
     ruda__cmd_free(cmd);
     return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
@@ -579,7 +587,6 @@ static int control(ruda_device *dev, ruda_stream_id stream, int kind, const char
   /* Control commands skip the bound: their caller waits for them anyway,
    * so they cannot pile up, and refusing a flush would strand its errors. */
   ruda__queue_push_unbounded(s->worker, cmd);
-  *sp = s;
   *out = f;
   return 0;
 }

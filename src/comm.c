@@ -67,14 +67,7 @@ static void comm_free(ruda_comm *c) {
   for (uint32_t r = 0; r < c->n; r++) {
     if (c->ranks != NULL && c->ranks[r] != NULL && c->devs[r]->ops->comm_destroy != NULL)
       c->devs[r]->ops->comm_destroy(c->devs[r]->bstate, c->ranks[r]);
-    ruda__stream *s = c->streams ? c->streams[r] : NULL;
-    if (s != NULL) {
-      for (ruda_error *e = s->err_head; e != NULL; e = e->next)
-        ruda__log(c->devs[r], RUDA_LOG_WARN, "collective on rank %u failed, never reported: %s", r, e->msg);
-      ruda_error_free(s->err_head);
-      pthread_mutex_destroy(&s->err_lock);
-      free(s);
-    }
+    if (c->streams != NULL) ruda__stream_private_free(c->devs[r], c->streams[r], "collective, never reported,");
   }
   if (c->host != NULL) {
     pthread_mutex_destroy(&c->host->lock);
@@ -115,14 +108,10 @@ int ruda_comm_init(ruda_device *const *devices, uint32_t n, ruda_comm **out) {
   for (uint32_t r = 0; r < n; r++) {
     ruda_device *dev = devices[r];
     c->devs[r] = dev;
-    ruda__stream *s = ruda__stream_alloc();
-    if (s == NULL) goto nomem;
-    /* Outside the table (ruda_stream_ids does not list it), ids from the
-     * top of the reserved range; spread over the workers by communicator. */
-    s->id = UINT64_MAX - (1ull << 32) - id;
-    s->worker = &dev->workers[id % dev->nworkers];
-    pthread_mutex_init(&s->err_lock, NULL);
-    c->streams[r] = s;
+    /* Ids from the top of the reserved range; spread over the workers by
+     * communicator. */
+    c->streams[r] = ruda__stream_private(UINT64_MAX - (1ull << 32) - id, &dev->workers[id % dev->nworkers]);
+    if (c->streams[r] == NULL) goto nomem;
   }
   const ruda__backend_ops *ops = devices[0]->ops;
   if (ops->comm_init != NULL) {
@@ -178,18 +167,8 @@ int ruda_comm_sync(ruda_comm *c, ruda_device *dev, ruda_error **errors) {
   uint32_t r = 0;
   int rc = rank_of(c, dev, fn, &r);
   if (rc != 0) return rc;
-  ruda__stream *s = c->streams[r];
-  ruda__cmd *cmd = ruda__cmd_alloc(0);
-  ruda_future *f = cmd ? ruda__future_new(dev, s, 1) : NULL;
-  if (f == NULL) {
-    ruda__cmd_free(cmd);
-    return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
-  }
-  cmd->kind = RUDA__CMD_SYNC;
-  cmd->future = f;
-  cmd->stream = s;
-  cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
-  ruda__queue_push_unbounded(s->worker, cmd);
+  ruda_future *f;
+  if ((rc = ruda__push_control(dev, c->streams[r], RUDA__CMD_SYNC, 1, fn, &f)) != 0) return rc;
   rc = ruda_future_wait(f, errors);
   ruda_future_free(f);
   return rc;
@@ -223,22 +202,9 @@ static int issue(ruda_comm *c, uint32_t r, ruda__coll *k, const uint32_t *pins, 
   memcpy(cmd->pins, pins, npins * sizeof *pins);
   cmd->npins = (uint8_t)npins;
   cmd->u.coll = *k;
-  cmd->stream = s;
-  cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
-  ruda__worker *w = s->worker;
-  int rc;
-  if (!ruda__order_needed(o)) {
-    rc = ruda__queue_push(w, cmd);
-  } else if ((rc = ruda__queue_admit(w, s->id)) == 0) {
-    if ((rc = ruda__order_prepare(dev, o, s, cmd->seq)) != 0) ruda__queue_unadmit(w);
-    else ruda__queue_push_admitted(w, cmd);
-  }
-  if (rc != 0) {
-    ruda__cmd_free(cmd);
-    return rc;
-  }
-  ruda__order_publish(o, w);
-  return 0;
+  int rc = ruda__submit(dev, s, cmd, o);
+  if (rc != 0) ruda__cmd_free(cmd);
+  return rc;
 }
 
 static void unpin_all(ruda_device *dev, const uint32_t *pins, uint32_t n) {

@@ -63,6 +63,17 @@ int ruda__kernel_add(ruda_device *dev, ruda__kernel *k);
 int ruda__pin_binding(ruda_device *dev, ruda__stream *s, ruda_binding b, const char *fn, const char *what,
                       int index, uint64_t *addr, uint64_t *len, ruda__order *o, int hold);
 
+/* Pushes cmd on s's worker after the other streams' work o says it must
+ * follow, and records its buffer uses (the launch path's own, for other
+ * parts of the library). */
+int ruda__submit(ruda_device *dev, ruda__stream *s, ruda__cmd *cmd, ruda__order *o);
+
+/* Pushes a control command (flush, sync, profile stamp) of kind on s,
+ * outside the queue bound, with a new future in *out; drains: waiting on
+ * it hands back the stream's errors. */
+int ruda__push_control(ruda_device *dev, ruda__stream *s, int kind, int drains, const char *fn,
+                       ruda_future **out);
+
 /* Marks the device faulted by err (first one wins; err is consumed). */
 void ruda__device_fault(ruda_device *dev, ruda_error *err);
 

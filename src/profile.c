@@ -17,24 +17,6 @@ typedef struct ruda__profile {
 
 static _Atomic uint64_t next_token = 1;
 
-/* A stamp command carrying a new future, pushed on s. */
-static int stamp(ruda_device *dev, ruda__stream *s, int drains, const char *fn, ruda_future **out) {
-  ruda__cmd *cmd = ruda__cmd_alloc(0);
-  ruda_future *f = cmd ? ruda__future_new(dev, s, drains) : NULL;
-  if (f == NULL) {
-    ruda__cmd_free(cmd);
-    return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
-  }
-  cmd->kind = RUDA__CMD_STAMP;
-  cmd->future = f;
-  cmd->stream = s;
-  cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
-  /* Like the other control commands: not bounded, the caller waits. */
-  ruda__queue_push_unbounded(s->worker, cmd);
-  *out = f;
-  return 0;
-}
-
 static int usable(ruda__stream *s, const char *fn) {
   if (atomic_load_explicit(&s->capturing, memory_order_acquire))
     return ruda__fail(RUDA_EGRAPHSTATE, "%s: stream %llu is capturing a graph; nothing runs to be timed", fn,
@@ -57,7 +39,7 @@ int ruda_profile_begin(ruda_device *dev, ruda_stream_id stream, ruda_profile_tok
                       fn, (unsigned long long)s->id, nerr);
   ruda__profile *p = malloc(sizeof *p);
   if (p == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
-  if ((rc = stamp(dev, s, 0, fn, &p->start)) != 0) {
+  if ((rc = ruda__push_control(dev, s, RUDA__CMD_STAMP, 0, fn, &p->start)) != 0) {
     free(p);
     return rc;
   }
@@ -91,7 +73,7 @@ int ruda_profile_end(ruda_device *dev, ruda_stream_id stream, ruda_profile_token
     return ruda__fail(RUDA_EPROFILETOKEN, "%s: token %llu was not handed out by stream %llu, or was ended already",
                       fn, (unsigned long long)token.id, (unsigned long long)s->id);
   ruda_future *end = NULL;
-  if ((rc = stamp(dev, s, 1, fn, &end)) != 0) {
+  if ((rc = ruda__push_control(dev, s, RUDA__CMD_STAMP, 1, fn, &end)) != 0) {
     ruda_future_free(p->start);
     free(p);
     return rc;
