@@ -140,8 +140,8 @@ int ruda__handles_insert(ruda__handles *h, uint64_t addr, uint64_t size, ruda_ha
   return 0;
 }
 
-static int pin(ruda__handles *h, ruda_handle handle, uint32_t worker, int use, uint64_t *addr, uint64_t *size,
-               ruda__slot **slot, _Atomic uint64_t **last) {
+static int pin(ruda__handles *h, ruda_handle handle, uint32_t worker, int use, int hold, uint64_t *addr,
+               uint64_t *size, ruda__slot **slot, _Atomic uint64_t **last) {
   ruda__slot *s = slot_at(h, handle.slot);
   if (s == NULL || handle.gen == 0) goto not_found;
   uint64_t st = atomic_load_explicit(&s->state, memory_order_acquire);
@@ -161,6 +161,10 @@ static int pin(ruda__handles *h, ruda_handle handle, uint32_t worker, int use, u
      * one the compare-and-swap below writes anyway. */
     if (use && !atomic_load_explicit(&s->used, memory_order_relaxed))
       atomic_store_explicit(&s->used, 1, memory_order_relaxed);
+    /* And a graph's hold, so a free after this pin never returns the
+     * memory at once (scheduler/capture.h). */
+    if (hold && !atomic_load_explicit(&s->held, memory_order_relaxed))
+      atomic_store_explicit(&s->held, 1, memory_order_relaxed);
     if (atomic_compare_exchange_weak_explicit(&s->state, &st, st + 1, memory_order_acq_rel,
                                               memory_order_acquire))
       break;
@@ -175,18 +179,13 @@ not_found:
                     handle.slot, handle.gen);
 }
 
-int ruda__handles_pin_use(ruda__handles *h, ruda_handle handle, uint32_t worker, uint64_t *addr,
+int ruda__handles_pin_use(ruda__handles *h, ruda_handle handle, uint32_t worker, int hold, uint64_t *addr,
                           uint64_t *size, ruda__slot **slot, _Atomic uint64_t **last) {
-  return pin(h, handle, worker, 1, addr, size, slot, last);
+  return pin(h, handle, worker, 1, hold, addr, size, slot, last);
 }
 
 int ruda__handles_pin(ruda__handles *h, ruda_handle handle, uint64_t *addr, uint64_t *size) {
-  return pin(h, handle, UINT32_MAX, 1, addr, size, NULL, NULL);
-}
-
-void ruda__handles_hold(ruda__handles *h, uint32_t slot) {
-  ruda__slot *s = slot_at(h, slot);
-  if (s != NULL) atomic_store_explicit(&s->held, 1, memory_order_relaxed);
+  return pin(h, handle, UINT32_MAX, 1, 0, addr, size, NULL, NULL);
 }
 
 void ruda__handles_add_user(ruda__handles *h, uint32_t slot, uint32_t worker) {
@@ -203,7 +202,7 @@ uint32_t ruda__handles_gen(ruda__handles *h, uint32_t slot) {
 
 int ruda__handles_size(ruda__handles *h, ruda_handle handle, uint64_t *size) {
   uint64_t addr;
-  int rc = pin(h, handle, UINT32_MAX, 0, &addr, size, NULL, NULL); /* a look, not a use */
+  int rc = pin(h, handle, UINT32_MAX, 0, 0, &addr, size, NULL, NULL); /* a look, not a use */
   if (rc != 0) return rc;
   /* If the owner freed the buffer meanwhile, this pin may be the last
    * reference, which must release like any other. */

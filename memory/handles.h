@@ -89,13 +89,10 @@ ruda__slot *ruda__handles_slot(ruda__handles *h, uint32_t slot);
 int ruda__handles_pin(ruda__handles *h, ruda_handle handle, uint64_t *addr, uint64_t *size);
 /* The same for a command of worker `worker`: a worker other than the
  * buffer's home is recorded in users before the pin takes effect, as is
- * `used`. *slot and *last receive the pinned slot and its last-use record. */
-int ruda__handles_pin_use(ruda__handles *h, ruda_handle handle, uint32_t worker, uint64_t *addr,
+ * `used`, and with hold the graph's `held`. *slot and *last receive the
+ * pinned slot and its last-use record. */
+int ruda__handles_pin_use(ruda__handles *h, ruda_handle handle, uint32_t worker, int hold, uint64_t *addr,
                           uint64_t *size, ruda__slot **slot, _Atomic uint64_t **last);
-/* Marks the slot held by a graph, before the pin that records it: a free
- * that kills the handle after that pin then sees the mark. No-op for a
- * slot index that does not exist (the pin then fails). */
-void ruda__handles_hold(ruda__handles *h, uint32_t slot);
 /* Counts worker as a user of a pinned slot, as a pin from it would. */
 void ruda__handles_add_user(ruda__handles *h, uint32_t slot, uint32_t worker);
 /* The generation of a pinned slot. */

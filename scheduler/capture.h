@@ -8,8 +8,8 @@
  * the worker's stream once, instantiate, then cuGraphLaunch), or, where
  * the backend has none (host), by running the recorded commands in order.
  *
- * Memory: every buffer a recorded command pins is marked held (handles.h)
- * before the pin, so a free never hands its memory back at once; the
+ * Memory: every buffer a recorded command pins is marked held by the pin
+ * itself (handles.h), so a free never hands its memory back at once; the
  * graph's pins drop when its last reference does, and the memory then
  * follows the usual rules (pool.c), with each worker that replayed the
  * graph counted as a user. */

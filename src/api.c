@@ -33,12 +33,9 @@ static int pin_binding(ruda_device *dev, ruda__stream *s, ruda_binding b, const 
   ruda__slot *slot;
   _Atomic uint64_t *last;
   char lb[48];
-  /* A command a graph will keep: mark the buffer before the pin, so a free
-   * racing with us cannot hand its memory back at once (capture.h). */
-  if (__builtin_expect(hold, 0)) ruda__handles_hold(&dev->handles, b.handle.slot);
   /* Pinned for s's worker: a worker other than the buffer's home is
    * recorded, so the buffer's memory waits for it after a free. */
-  if (ruda__handles_pin_use(&dev->handles, b.handle, s->worker->index, &base, &size, &slot, &last) != 0)
+  if (ruda__handles_pin_use(&dev->handles, b.handle, s->worker->index, hold, &base, &size, &slot, &last) != 0)
     return ruda__fail(RUDA_ENOTFOUND, "%s: %s handle {slot %u, gen %u} names no live buffer", fn,
                       label(lb, sizeof lb, what, index), b.handle.slot, b.handle.gen);
   if ((base & RUDA__UNBACKED) && ruda__memory_back(dev, atomic_load(&slot->mem), base, fn, &base) != 0) {

@@ -63,7 +63,7 @@ int ruda_binding_device_ptr(ruda_device *dev, ruda_binding b, uint64_t *addr) {
   *addr = 0;
   uint64_t base, size;
   ruda__slot *slot;
-  if (ruda__handles_pin_use(&dev->handles, b.handle, UINT32_MAX, &base, &size, &slot, NULL) != 0)
+  if (ruda__handles_pin_use(&dev->handles, b.handle, UINT32_MAX, 0, &base, &size, &slot, NULL) != 0)
     return ruda__fail(RUDA_ENOTFOUND, "ruda_binding_device_ptr: handle {slot %u, gen %u} names no live buffer",
                       b.handle.slot, b.handle.gen);
   /* A dry-run buffer has no memory until its first use: this is one (its
