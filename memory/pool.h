@@ -140,8 +140,9 @@ typedef struct ruda__shard {
   uint32_t count[RUDA__NBUCKETS]; /* pages per bucket */
   uint32_t nbuckets;              /* buckets holding a page */
   ruda__page *lru_head, *lru_tail; /* oldest first */
-  uint64_t free_bytes, npages;
-  _Atomic uint64_t has_pages, has_bytes; /* npages, free_bytes, readable without the lock */
+  /* Written under the lock, read without it too (an empty shard is
+   * skipped unlocked; a trim picks the fullest). */
+  _Atomic uint64_t free_bytes, npages;
 } ruda__shard;
 
 typedef struct ruda__arena {

@@ -65,10 +65,8 @@ static void bucket_link(ruda__arena *arena, ruda__shard *a, ruda__page *pg) {
   if (a->lru_tail) a->lru_tail->lru_next = pg;
   else a->lru_head = pg;
   a->lru_tail = pg;
-  a->free_bytes += pg->size;
-  a->npages++;
-  atomic_store_explicit(&a->has_pages, a->npages, memory_order_relaxed);
-  atomic_store_explicit(&a->has_bytes, a->free_bytes, memory_order_relaxed);
+  atomic_fetch_add_explicit(&a->free_bytes, pg->size, memory_order_relaxed);
+  atomic_fetch_add_explicit(&a->npages, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&arena->free_bytes, pg->size, memory_order_relaxed);
 }
 
@@ -85,10 +83,8 @@ static void bucket_unlink(ruda__arena *arena, ruda__shard *a, ruda__page *pg) {
   if (pg->lru_next) pg->lru_next->lru_prev = pg->lru_prev;
   else a->lru_tail = pg->lru_prev;
   pg->next = pg->prev = pg->lru_next = pg->lru_prev = NULL;
-  a->free_bytes -= pg->size;
-  a->npages--;
-  atomic_store_explicit(&a->has_pages, a->npages, memory_order_relaxed);
-  atomic_store_explicit(&a->has_bytes, a->free_bytes, memory_order_relaxed);
+  atomic_fetch_sub_explicit(&a->free_bytes, pg->size, memory_order_relaxed);
+  atomic_fetch_sub_explicit(&a->npages, 1, memory_order_relaxed);
   atomic_fetch_sub_explicit(&arena->free_bytes, pg->size, memory_order_relaxed);
 }
 
@@ -304,7 +300,7 @@ static int fence_seen(ruda_device *dev, uint32_t w, uint64_t need) {
  * may use; NULL if none. */
 static ruda__page *shard_find(ruda_device *dev, ruda__shard *a, uint32_t owner, uint32_t w, uint64_t size,
                               uint64_t max_size) {
-  if (atomic_load_explicit(&a->has_pages, memory_order_relaxed) == 0) return NULL;
+  if (atomic_load_explicit(&a->npages, memory_order_relaxed) == 0) return NULL;
   ruda__page *found = NULL;
   pthread_mutex_lock(&a->lock);
   uint32_t b_hi = bucket_of(max_size);
@@ -348,7 +344,7 @@ static void trim_to(ruda_device *dev, uint32_t first, uint64_t keep) {
   ruda__arena *a = &dev->memory.arena;
   for (uint32_t i = 0; i < a->nshards && atomic_load(&a->free_bytes) > keep; i++) {
     ruda__shard *sh = &a->shards[(first + i) % a->nshards];
-    if (atomic_load_explicit(&sh->has_pages, memory_order_relaxed) == 0) continue;
+    if (atomic_load_explicit(&sh->npages, memory_order_relaxed) == 0) continue;
     pthread_mutex_lock(&sh->lock);
     ruda__page *drop = collect(dev, sh, keep);
     pthread_mutex_unlock(&sh->lock);
@@ -411,7 +407,8 @@ static ruda__page *collect(ruda_device *dev, ruda__shard *a, uint64_t keep) {
     for (ruda__page *pg = a->lru_head, *next; pg != NULL && atomic_load(&arena->free_bytes) > keep; pg = next) {
       next = pg->lru_next;
       /* At or below the average count (count * buckets <= pages): keep. */
-      if (pass == 0 && (uint64_t)a->count[pg->bucket] * a->nbuckets <= a->npages) {
+      const uint64_t npages = atomic_load_explicit(&a->npages, memory_order_relaxed);
+      if (pass == 0 && (uint64_t)a->count[pg->bucket] * a->nbuckets <= npages) {
         if (++skipped > 4 * SCAN_MAX) break;
         continue;
       }
@@ -455,9 +452,9 @@ void ruda__arena_put(ruda_device *dev, ruda__page *pg, uint32_t worker) {
    * the backend). What fences hold waits for the trim before the next
    * backend allocation. */
   uint32_t fat = worker;
-  uint64_t most = atomic_load_explicit(&sh->has_bytes, memory_order_relaxed);
+  uint64_t most = atomic_load_explicit(&sh->free_bytes, memory_order_relaxed);
   for (uint32_t i = 0; i < a->nshards; i++) {
-    uint64_t b = atomic_load_explicit(&a->shards[i].has_bytes, memory_order_relaxed);
+    uint64_t b = atomic_load_explicit(&a->shards[i].free_bytes, memory_order_relaxed);
     if (b > most) most = b, fat = i;
   }
   sh = &a->shards[fat];
