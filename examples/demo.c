@@ -60,97 +60,101 @@ static double now(void) {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static void *run(void *p) {
-  job *j = p;
-  ruda_stream_id s = (ruda_stream_id)j->index; /* explicit stream per thread */
-  float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y), *out = malloc(N * sizeof *out);
-  for (int i = 0; i < N; i++) x[i] = (float)(i % 17) * 0.25f, y[i] = (float)j->index;
+/* One axpy problem on stream s: x and y in buffers, the launch built. */
+typedef struct axpy {
+  ruda_stream_id s;
+  float *x, *y, *out; /* host copies; out receives the result */
+  float a;
+  uint32_t n;
   ruda_handle hx, hy;
-  CHECK(ruda_buffer_create(dev, s, sizeof(float) * N, &hx));
-  CHECK(ruda_buffer_create(dev, s, sizeof(float) * N, &hy));
-  ruda_copy_desc dx = ruda_copy_contiguous(ruda_bind(hx)), dy = ruda_copy_contiguous(ruda_bind(hy));
-  CHECK(ruda_write(dev, s, &dx, x, sizeof(float) * N));
-  CHECK(ruda_write(dev, s, &dy, y, sizeof(float) * N));
-  float a = 0.5f;
-  uint32_t n = N;
-  ruda_arg args[4] = {ruda_arg_scalar(&a, sizeof a), ruda_arg_buffer(ruda_bind(hx)),
-                      ruda_arg_buffer(ruda_bind(hy)), ruda_arg_scalar(&n, sizeof n)};
-  ruda_launch_desc l = {.kernel = "axpy", .grid = {N / 256, 1, 1}, .block = {256, 1, 1}, .args = args, .nargs = 4};
-  double t0 = now();
-  for (int k = 0; k < LAUNCHES; k++) CHECK(ruda_launch(dev, s, &l));
+  ruda_arg args[4];
+  ruda_launch_desc l;
+} axpy;
+
+static void *axpy_setup(axpy *w, ruda_stream_id s, float a, float x_mod, float y0) {
+  w->s = s;
+  w->a = a;
+  w->n = N;
+  w->x = malloc(N * sizeof *w->x), w->y = malloc(N * sizeof *w->y), w->out = malloc(N * sizeof *w->out);
+  for (int i = 0; i < N; i++) w->x[i] = (float)(i % (int)x_mod) * 0.25f, w->y[i] = y0;
+  CHECK(ruda_buffer_create(dev, s, sizeof(float) * N, &w->hx));
+  CHECK(ruda_buffer_create(dev, s, sizeof(float) * N, &w->hy));
+  ruda_copy_desc dx = ruda_copy_contiguous(ruda_bind(w->hx)), dy = ruda_copy_contiguous(ruda_bind(w->hy));
+  CHECK(ruda_write(dev, s, &dx, w->x, sizeof(float) * N));
+  CHECK(ruda_write(dev, s, &dy, w->y, sizeof(float) * N));
+  w->args[0] = ruda_arg_scalar(&w->a, sizeof w->a);
+  w->args[1] = ruda_arg_buffer(ruda_bind(w->hx));
+  w->args[2] = ruda_arg_buffer(ruda_bind(w->hy));
+  w->args[3] = ruda_arg_scalar(&w->n, sizeof w->n);
+  w->l = (ruda_launch_desc){.kernel = "axpy", .grid = {N / 256, 1, 1}, .block = {256, 1, 1}, .args = w->args,
+                            .nargs = 4};
+  return w;
+}
+
+/* Reads y back and checks y0 + times * a * x against it. */
+static int axpy_check(axpy *w, int times, const char *who) {
+  ruda_copy_desc dy = ruda_copy_contiguous(ruda_bind(w->hy));
   ruda_future *f;
-  CHECK(ruda_read(dev, s, &dy, out, sizeof(float) * N, &f));
   ruda_error *err = NULL;
-  if (ruda_future_wait(f, &err) != 0) {
-    ruda_error_print(err, stderr, 0);
+  if (ruda_read(dev, w->s, &dy, w->out, sizeof(float) * N, &f) != 0 || ruda_future_wait(f, &err) != 0) {
+    fprintf(stderr, "%s: read failed: %s\n", who, ruda_error_message(err ? err : ruda_last_error()));
     ruda_error_free(err);
+    return 0;
   }
-  j->seconds = now() - t0;
   ruda_future_free(f);
-  j->ok = 1;
   for (int i = 0; i < N; i++) {
-    float want = (float)j->index + LAUNCHES * a * x[i];
-    if (out[i] != want) {
-      fprintf(stderr, "thread %d: y[%d] = %g, want %g\n", j->index, i, out[i], want);
-      j->ok = 0;
-      break;
+    float want = w->y[i] + (float)times * w->a * w->x[i];
+    if (w->out[i] != want) {
+      fprintf(stderr, "%s: y[%d] = %g, want %g\n", who, i, w->out[i], want);
+      return 0;
     }
   }
-  ruda_buffer_free(dev, s, hx);
-  ruda_buffer_free(dev, s, hy);
-  free(x);
-  free(y);
-  free(out);
+  return 1;
+}
+
+static void axpy_free(axpy *w) {
+  ruda_buffer_free(dev, w->s, w->hx);
+  ruda_buffer_free(dev, w->s, w->hy);
+  free(w->x);
+  free(w->y);
+  free(w->out);
+}
+
+static void *run(void *p) {
+  job *j = p;
+  axpy w;
+  /* An explicit stream per thread. */
+  if (axpy_setup(&w, (ruda_stream_id)j->index, 0.5f, 17, (float)j->index) == NULL) return NULL;
+  double t0 = now();
+  for (int k = 0; k < LAUNCHES; k++) CHECK(ruda_launch(dev, w.s, &w.l));
+  char who[32];
+  snprintf(who, sizeof who, "thread %d", j->index);
+  j->ok = axpy_check(&w, LAUNCHES, who);
+  j->seconds = now() - t0;
+  axpy_free(&w);
   return NULL;
 }
 
 /* The same axpy captured once into a graph and replayed, timed with a
  * profile: device time per kernel, and the result checked again. */
 static void *graph_demo(void) { /* NULL on failure, as CHECK returns */
-  const ruda_stream_id s = 100;
-  float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y), *out = malloc(N * sizeof *out);
-  for (int i = 0; i < N; i++) x[i] = (float)(i % 13), y[i] = 1.0f;
-  ruda_handle hx, hy;
-  CHECK(ruda_buffer_create(dev, s, sizeof(float) * N, &hx));
-  CHECK(ruda_buffer_create(dev, s, sizeof(float) * N, &hy));
-  ruda_copy_desc dx = ruda_copy_contiguous(ruda_bind(hx)), dy = ruda_copy_contiguous(ruda_bind(hy));
-  CHECK(ruda_write(dev, s, &dx, x, sizeof(float) * N));
-  CHECK(ruda_write(dev, s, &dy, y, sizeof(float) * N));
-  float a = 0.25f;
-  uint32_t n = N;
-  ruda_arg args[4] = {ruda_arg_scalar(&a, sizeof a), ruda_arg_buffer(ruda_bind(hx)),
-                      ruda_arg_buffer(ruda_bind(hy)), ruda_arg_scalar(&n, sizeof n)};
-  ruda_launch_desc l = {.kernel = "axpy", .grid = {N / 256, 1, 1}, .block = {256, 1, 1}, .args = args, .nargs = 4};
   enum { KERNELS = 50, REPLAYS = 20 };
+  axpy w;
+  if (axpy_setup(&w, 100, 0.25f, 13, 1.0f) == NULL) return NULL;
   ruda_graph *g;
-  CHECK(ruda_graph_begin_capture(dev, s));
-  for (int k = 0; k < KERNELS; k++) CHECK(ruda_launch(dev, s, &l));
-  CHECK(ruda_graph_end_capture(dev, s, &g));
+  CHECK(ruda_graph_begin_capture(dev, w.s));
+  for (int k = 0; k < KERNELS; k++) CHECK(ruda_launch(dev, w.s, &w.l));
+  CHECK(ruda_graph_end_capture(dev, w.s, &g));
   ruda_profile_token tok;
-  CHECK(ruda_profile_begin(dev, s, &tok));
-  for (int r = 0; r < REPLAYS; r++) CHECK(ruda_graph_replay(dev, s, g));
+  CHECK(ruda_profile_begin(dev, w.s, &tok));
+  for (int r = 0; r < REPLAYS; r++) CHECK(ruda_graph_replay(dev, w.s, g));
   uint64_t ns = 0;
-  CHECK(ruda_profile_end(dev, s, tok, &ns, NULL));
-  ruda_future *f;
-  CHECK(ruda_read(dev, s, &dy, out, sizeof(float) * N, &f));
-  CHECK(ruda_future_wait(f, NULL));
-  ruda_future_free(f);
-  int ok = 1;
-  for (int i = 0; i < N && ok; i++) {
-    float want = 1.0f + (float)(KERNELS * REPLAYS) * a * x[i];
-    if (out[i] != want) {
-      fprintf(stderr, "graph: y[%d] = %g, want %g\n", i, out[i], want);
-      ok = 0;
-    }
-  }
+  CHECK(ruda_profile_end(dev, w.s, tok, &ns, NULL));
+  int ok = axpy_check(&w, KERNELS * REPLAYS, "graph");
   printf("  graph of %d axpy launches replayed %d times: %.2f us of device time per kernel, result %s\n", KERNELS,
          REPLAYS, ns / 1e3 / (KERNELS * REPLAYS), ok ? "verified" : "WRONG");
   CHECK(ruda_graph_destroy(dev, g));
-  ruda_buffer_free(dev, s, hx);
-  ruda_buffer_free(dev, s, hy);
-  free(x);
-  free(y);
-  free(out);
+  axpy_free(&w);
   return ok ? (void *)dev : NULL;
 }
 

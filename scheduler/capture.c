@@ -114,8 +114,7 @@ int ruda_graph_begin_capture(ruda_device *dev, ruda_stream_id stream) {
   return 0;
 }
 
-int ruda__capture_record(ruda_device *dev, ruda__stream *s, ruda__cmd *cmd) {
-  (void)dev;
+int ruda__capture_record(ruda__stream *s, ruda__cmd *cmd) {
   ruda__capture *c = atomic_load_explicit(&s->cap, memory_order_acquire);
   if (c == NULL) return 1;
   pthread_mutex_lock(&c->lock);

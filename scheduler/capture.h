@@ -49,7 +49,7 @@ struct ruda_graph {
 /* Client, with s capturing when the command's buffers were pinned: appends
  * cmd to the recording. 1 when the capture ended meanwhile (the caller
  * then submits cmd as usual), 0 when recorded, or a failure. */
-int ruda__capture_record(struct ruda_device *dev, ruda__stream *s, ruda__cmd *cmd);
+int ruda__capture_record(ruda__stream *s, ruda__cmd *cmd);
 
 /* Worker: runs a RUDA__CMD_GRAPH command. Returns 0 or a code with *err. */
 int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err);

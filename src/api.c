@@ -398,7 +398,7 @@ int ruda_copy(ruda_device *dev, ruda_stream_id stream, ruda_binding dst, ruda_bi
   cmd->u.copy.dst = da;
   cmd->u.copy.src = sa;
   cmd->u.copy.size = sl;
-  if (capturing && (rc = ruda__capture_record(dev, s, cmd)) <= 0) {
+  if (capturing && (rc = ruda__capture_record(s, cmd)) <= 0) {
     if (rc == 0) return 0;
     ruda__cmd_free(cmd);
     unpin_all(dev, pins, 2);
@@ -545,7 +545,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
                                      .nargs = l->nargs,
                                      .indirect_addr = indirect_addr,
                                      .args = kargs};
-  if (__builtin_expect(capturing, 0) && (rc = ruda__capture_record(dev, s, cmd)) <= 0) {
+  if (__builtin_expect(capturing, 0) && (rc = ruda__capture_record(s, cmd)) <= 0) {
     if (rc == 0) return 0;
     goto fail;
   }
