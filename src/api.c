@@ -571,6 +571,7 @@ static int control(ruda_device *dev, ruda_stream_id stream, int kind, const char
 }
 
 int ruda__push_control(ruda_device *dev, ruda__stream *s, int kind, int drains, const char *fn, ruda_future **out) {
+  *out = NULL;
   ruda__cmd *cmd = ruda__cmd_alloc(0);
   ruda_future *f = cmd ? ruda__future_new(dev, s, drains) : NULL;
   if (f == NULL) {
