@@ -598,30 +598,33 @@ static int pools_for(ruda_device *dev, ruda_stream_id id, const char *fn, ruda__
   return 0;
 }
 
+/* The stream's pools with their lock held, for the small per-stream
+ * settings below; the caller unlocks. */
+static int lock_pools(ruda_device *dev, ruda_stream_id stream, const char *fn, ruda__pools **p) {
+  RUDA__CHECK_DEV(dev, fn);
+  int rc = pools_for(dev, stream, fn, NULL, p);
+  if (rc == 0) pthread_mutex_lock(&(*p)->lock);
+  return rc;
+}
+
 int ruda_memory_mode_push(ruda_device *dev, ruda_stream_id stream, ruda_alloc_mode mode) {
-  RUDA__CHECK_DEV(dev, "ruda_memory_mode_push");
-  if ((int)mode < 0 || mode > RUDA_ALLOC_PERSISTENT)
-    return ruda__fail(RUDA_EINVAL, "ruda_memory_mode_push: unknown mode %d", (int)mode);
+  static const char fn[] = "ruda_memory_mode_push";
+  RUDA__CHECK_DEV(dev, fn);
+  if ((int)mode < 0 || mode > RUDA_ALLOC_PERSISTENT) return ruda__fail(RUDA_EINVAL, "%s: unknown mode %d", fn, (int)mode);
   ruda__pools *p = NULL;
-  int rc = pools_for(dev, stream, "ruda_memory_mode_push", NULL, &p);
+  int rc = lock_pools(dev, stream, fn, &p);
   if (rc != 0) return rc;
-  pthread_mutex_lock(&p->lock);
-  if (p->mode_depth == RUDA_MEMORY_MODE_DEPTH) {
-    pthread_mutex_unlock(&p->lock);
-    return ruda__fail(RUDA_EINVAL, "ruda_memory_mode_push: modes nest %d deep at most",
-                      RUDA_MEMORY_MODE_DEPTH);
-  }
-  p->modes[p->mode_depth++] = (uint8_t)mode;
+  if (p->mode_depth == RUDA_MEMORY_MODE_DEPTH)
+    rc = ruda__fail(RUDA_EINVAL, "%s: modes nest %d deep at most", fn, RUDA_MEMORY_MODE_DEPTH);
+  else p->modes[p->mode_depth++] = (uint8_t)mode;
   pthread_mutex_unlock(&p->lock);
-  return 0;
+  return rc;
 }
 
 int ruda_memory_mode_pop(ruda_device *dev, ruda_stream_id stream) {
-  RUDA__CHECK_DEV(dev, "ruda_memory_mode_pop");
   ruda__pools *p = NULL;
-  int rc = pools_for(dev, stream, "ruda_memory_mode_pop", NULL, &p);
+  int rc = lock_pools(dev, stream, "ruda_memory_mode_pop", &p);
   if (rc != 0) return rc;
-  pthread_mutex_lock(&p->lock);
   if (p->mode_depth == 0) rc = ruda__fail(RUDA_EINVAL, "ruda_memory_mode_pop: no mode was pushed");
   else p->mode_depth--;
   pthread_mutex_unlock(&p->lock);
@@ -629,22 +632,18 @@ int ruda_memory_mode_pop(ruda_device *dev, ruda_stream_id stream) {
 }
 
 int ruda_memory_dry_run_begin(ruda_device *dev, ruda_stream_id stream) {
-  RUDA__CHECK_DEV(dev, "ruda_memory_dry_run_begin");
   ruda__pools *p = NULL;
-  int rc = pools_for(dev, stream, "ruda_memory_dry_run_begin", NULL, &p);
+  int rc = lock_pools(dev, stream, "ruda_memory_dry_run_begin", &p);
   if (rc != 0) return rc;
-  pthread_mutex_lock(&p->lock);
   p->dry_depth++;
   pthread_mutex_unlock(&p->lock);
   return 0;
 }
 
 int ruda_memory_dry_run_end(ruda_device *dev, ruda_stream_id stream) {
-  RUDA__CHECK_DEV(dev, "ruda_memory_dry_run_end");
   ruda__pools *p = NULL;
-  int rc = pools_for(dev, stream, "ruda_memory_dry_run_end", NULL, &p);
+  int rc = lock_pools(dev, stream, "ruda_memory_dry_run_end", &p);
   if (rc != 0) return rc;
-  pthread_mutex_lock(&p->lock);
   if (p->dry_depth == 0) rc = ruda__fail(RUDA_EINVAL, "ruda_memory_dry_run_end: no dry run is open");
   else p->dry_depth--;
   pthread_mutex_unlock(&p->lock);
