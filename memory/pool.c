@@ -610,7 +610,8 @@ static int lock_pools(ruda_device *dev, ruda_stream_id stream, const char *fn, r
 int ruda_memory_mode_push(ruda_device *dev, ruda_stream_id stream, ruda_alloc_mode mode) {
   static const char fn[] = "ruda_memory_mode_push";
   RUDA__CHECK_DEV(dev, fn);
-  if ((int)mode < 0 || mode > RUDA_ALLOC_PERSISTENT) return ruda__fail(RUDA_EINVAL, "%s: unknown mode %d", fn, (int)mode);
+  if ((int)mode < 0 || mode > RUDA_ALLOC_PERSISTENT)
+    return ruda__fail(RUDA_EINVAL, "%s: unknown mode %d", fn, (int)mode);
   ruda__pools *p = NULL;
   int rc = lock_pools(dev, stream, fn, &p);
   if (rc != 0) return rc;

@@ -184,7 +184,8 @@ ruda__stream *ruda__stream_private(ruda_stream_id id, ruda__worker *w) {
 
 void ruda__stream_private_free(ruda_device *dev, ruda__stream *s, const char *what) {
   if (s == NULL) return;
-  for (ruda_error *e = s->err_head; e != NULL; e = e->next) ruda__log(dev, RUDA_LOG_WARN, "%s failed: %s", what, e->msg);
+  for (ruda_error *e = s->err_head; e != NULL; e = e->next)
+    ruda__log(dev, RUDA_LOG_WARN, "%s failed: %s", what, e->msg);
   ruda_error_free(s->err_head);
   pthread_mutex_destroy(&s->err_lock);
   free(s);
