@@ -243,9 +243,9 @@ int ruda__stream_drain(ruda_device *dev, ruda__stream *s, ruda_error **out) {
   if (n == 0 && !faulted) return 0;
 
   /* The thread's last error says it too, as for any failed call. */
-  ruda__fail(RUDA_EUNHEALTHY, "stream %llu is unhealthy: %u error%s%s%s (first: %.200s)", (unsigned long long)s->id,
-             n, n == 1 ? "" : "s", faulted ? "; the device is faulted: " : "", faulted && dev->fault ? dev->fault->msg : "",
-             list ? list->msg : "not recorded");
+  ruda__fail(RUDA_EUNHEALTHY, "stream %llu is unhealthy: %u error%s%s%s (first: %.200s)",
+             (unsigned long long)s->id, n, n == 1 ? "" : "s", faulted ? "; the device is faulted: " : "",
+             faulted && dev->fault ? dev->fault->msg : "", list ? list->msg : "not recorded");
   if (out == NULL) {
     ruda_error_free(list);
     return RUDA_EUNHEALTHY;
