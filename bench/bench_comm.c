@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "src/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_internal.h"
 
 static uint64_t now_ns(void) {
   struct timespec ts;

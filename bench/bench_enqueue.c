@@ -485,7 +485,7 @@ int main(int argc, char **argv) {
 
   calibrate();
   double ovh = clock_overhead_ns();
-  printf("# ruda %s, host backend; clock %s", ruda_version_string(), use_tsc ? "TSC" : "CLOCK_MONOTONIC");
+  printf("# ruda %s, host backend; clock %s", ruda_version(), use_tsc ? "TSC" : "CLOCK_MONOTONIC");
   if (use_tsc) printf(" at %.4f GHz (calibrated against CLOCK_MONOTONIC)", 1.0 / ns_per_tick);
   printf("\n# one clock read pair costs %.1f ns (median); latencies include it, nothing is subtracted\n",
          ovh);

@@ -59,7 +59,8 @@
 #include <x86intrin.h>
 
 #include "ruda/ruda.h"
-#include "src/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_internal.h"
+#include "src/api.h"
 
 /* ---- clocks ---- */
 

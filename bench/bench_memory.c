@@ -42,10 +42,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "internal.h"
+#include "scheduler/graph.h"
+#include "scheduler/submit.h"
+#include "src/api.h"
 #ifdef RUDA_BENCH_CUDA
-#include "cuda/cu_loader.h"
-#include "cuda/cuda_internal.h"
+#include "backends/cuda/cu_loader.h"
+#include "backends/cuda/cuda_internal.h"
 #endif
 
 static inline uint64_t now_ns(void) {

@@ -174,7 +174,7 @@ int main(void) {
     return 1;
   }
   printf("ruda %s demo: backend %s, %d threads on %d streams, %d launches of axpy over %d floats each\n",
-         ruda_version_string(), ruda_device_backend(dev), THREADS, THREADS, LAUNCHES, N);
+         ruda_version(), ruda_device_backend(dev), THREADS, THREADS, LAUNCHES, N);
   pthread_t t[THREADS];
   job jobs[THREADS];
   for (int i = 0; i < THREADS; i++) {

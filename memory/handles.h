@@ -15,7 +15,7 @@
  * last use before the memory is reused (record-stream semantics). Beside
  * each chunk of slots lies an array of last-use records (the worker and
  * ticket of each buffer's last use), which orders data across streams
- * (scheduler/order.h). They are apart from the slots because only clients
+ * (scheduler/order.h; the record's format is defined here, below). They are apart from the slots because only clients
  * write them: a slot's line is also written by the worker that unpins it,
  * and a record there would cost a line transfer per command. The pools
  * hand out slots in batches (take/put) so the table's lock stays off
@@ -58,14 +58,24 @@ typedef struct ruda__handles {
   uint32_t nslots;      /* slots carved so far */
   uint32_t free_head;   /* UINT32_MAX: none */
   _Atomic uint32_t returned; /* lock-free stack of slots released by workers */
-  struct ruda_device *dev; /* set by the device (NULL in a bare table) */
+  struct ruda__memory *mem; /* set by the device (NULL in a bare table) */
 } ruda__handles;
 
-struct ruda_device;
+/* A slot's last-use record (ruda__handles_last), written by the scheduler
+ * when it orders commands by buffer (scheduler/order.h): bits 48..63 the
+ * worker + 1 (0: never used; RUDA__USE_MIXED: uses on several workers
+ * raced, so the next use orders after all of them), bits 32..47 the low
+ * 16 bits of the handle's generation (a record written late for a freed
+ * buffer is recognised as stale), bits 0..31 the worker's ticket. */
+#define RUDA__USE_MIXED 0xffffu
+
+static inline uint64_t ruda__use_pack(uint32_t worker, uint32_t gen, uint32_t ticket) {
+  return ((uint64_t)((worker + 1) & 0xffffu) << 48) | ((uint64_t)(gen & 0xffffu) << 32) | ticket;
+}
 
 void ruda__handles_init(ruda__handles *h);
 /* Frees every buffer still allocated (close). */
-void ruda__handles_destroy(ruda__handles *h, struct ruda_device *dev);
+void ruda__handles_destroy(ruda__handles *h);
 
 /* Registers backend memory at addr as a new live handle; the last
  * reference gives it back with ops->mem_free. */
@@ -104,7 +114,7 @@ _Atomic uint64_t *ruda__handles_last(ruda__handles *h, uint32_t slot);
 /* Drops one reference; the last one gives back the memory (to its pool,
  * through ruda__memory_retire, or ops->mem_free for raw memory) and the
  * slot. */
-void ruda__handles_unpin(ruda__handles *h, struct ruda_device *dev, uint32_t slot, void *wstate);
+void ruda__handles_unpin(ruda__handles *h, uint32_t slot, void *wstate);
 
 /* Drops one reference of a buffer whose memory the caller already gave
  * back; returns 1 when it was the last, the slot then being the caller's

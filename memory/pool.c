@@ -11,7 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/internal.h"
+#include "base/error.h"
+#include "memory/pool.h"
 
 /* Empty sliced pages a pool keeps beside the one each class keeps. */
 #define KEEP_EMPTY 1
@@ -104,44 +105,45 @@ uint32_t ruda_memory_default_pools(ruda_pool_config *pools, uint32_t cap) {
    * classes per doubling. Larger slabs would make every stream hold a
    * half-used slab per class, which costs more than page-sized buffers. */
   static const ruda_pool_config def[] = {
-      {RUDA_POOL_SLICED, UINT64_C(8) << 10, UINT64_C(1) << 20, 0},
-      {RUDA_POOL_SLICED, UINT64_C(64) << 10, UINT64_C(2) << 20, 0},
-      {RUDA_POOL_EXCLUSIVE, UINT64_MAX, 0, 0},
+      {.kind = RUDA_POOL_SLICED, .max_alloc = UINT64_C(8) << 10, .page_size = UINT64_C(1) << 20},
+      {.kind = RUDA_POOL_SLICED, .max_alloc = UINT64_C(64) << 10, .page_size = UINT64_C(2) << 20},
+      {.kind = RUDA_POOL_EXCLUSIVE, .max_alloc = UINT64_MAX},
   };
   uint32_t n = sizeof def / sizeof def[0];
   for (uint32_t i = 0; i < n && i < cap && pools != NULL; i++) pools[i] = def[i];
   return n;
 }
 
-ruda__pools *ruda__pools_of(ruda_device *dev, ruda__stream *s) {
-  ruda__pools *p = atomic_load_explicit(&s->pools, memory_order_acquire);
+ruda__pools *ruda__pools_of(ruda__memory *mem, ruda__pools *_Atomic *slot, uint32_t worker,
+                           ruda_stream_id id) {
+  ruda__pools *p = atomic_load_explicit(slot, memory_order_acquire);
   if (p != NULL) return p;
   p = calloc(1, sizeof *p);
   if (p == NULL) return NULL;
   pthread_mutex_init(&p->lock, NULL);
-  p->dev = dev;
-  p->stream = s;
-  p->worker = s->worker->index;
+  p->mem = mem;
+  p->stream_id = id;
+  p->worker = worker;
   ruda_pool_config layout[RUDA_MEMORY_MAX_POOLS];
-  pthread_mutex_lock(&dev->memory.layout_lock);
-  uint32_t n = dev->memory.nlayout;
-  memcpy(layout, dev->memory.layout, n * sizeof layout[0]);
-  pthread_mutex_unlock(&dev->memory.layout_lock);
+  pthread_mutex_lock(&mem->layout_lock);
+  uint32_t n = mem->nlayout;
+  memcpy(layout, mem->layout, n * sizeof layout[0]);
+  pthread_mutex_unlock(&mem->layout_lock);
   build_layout(p, layout, n);
-  ruda_pool_config pers = {RUDA_POOL_PERSISTENT, UINT64_MAX, 0, 0};
+  ruda_pool_config pers = {.kind = RUDA_POOL_PERSISTENT, .max_alloc = UINT64_MAX};
   pool_build(p, &p->persistent, &pers, 0);
   ruda__pools *expected = NULL;
-  if (!atomic_compare_exchange_strong_explicit(&s->pools, &expected, p, memory_order_acq_rel,
+  if (!atomic_compare_exchange_strong_explicit(slot, &expected, p, memory_order_acq_rel,
                                                memory_order_acquire)) {
     for (uint32_t i = 0; i < p->npools; i++) free(p->pools[i].classes);
     pthread_mutex_destroy(&p->lock);
     free(p);
     return expected;
   }
-  pthread_mutex_lock(&dev->memory.all_lock);
-  p->all_next = dev->memory.all;
-  dev->memory.all = p;
-  pthread_mutex_unlock(&dev->memory.all_lock);
+  pthread_mutex_lock(&mem->all_lock);
+  p->all_next = mem->all;
+  mem->all = p;
+  pthread_mutex_unlock(&mem->all_lock);
   return p;
 }
 
@@ -193,10 +195,10 @@ static void list_unlink(ruda__page **head, ruda__page *pg) {
 
 /* A page leaves its pool for the arena. */
 static void page_out(ruda__pool *pool, ruda__page *pg) {
-  ruda_device *dev = pool->owner->dev;
+  ruda__memory *mem = pool->owner->mem;
   note_reserved(pool, -(int64_t)pg->size, atomic_load_explicit(&pg->base, memory_order_relaxed) == 0);
   pg->pool = NULL;
-  ruda__arena_put(dev, pg, pool->owner->worker);
+  ruda__arena_put(mem, pg, pool->owner->worker);
 }
 
 /* Gives every page the pools hold without a live buffer back to the
@@ -244,7 +246,7 @@ static int cap_check(ruda__pool *pool, uint64_t need, uint64_t request, const ch
                     "%s: %s pool (up to %llu bytes) of stream %llu is capped at %llu bytes: a %llu-byte "
                     "buffer needs a %llu-byte page; %llu bytes in use, %llu reserved",
                     fn, kind_name(pool->cfg.kind), (unsigned long long)pool->cfg.max_alloc,
-                    (unsigned long long)p->stream->id, (unsigned long long)cap,
+                    (unsigned long long)p->stream_id, (unsigned long long)cap,
                     (unsigned long long)request, (unsigned long long)need,
                     (unsigned long long)pool->in_use, (unsigned long long)pool->reserved);
 }
@@ -257,20 +259,20 @@ static ruda__page *page_in(ruda__pool *pool, uint64_t size, uint64_t request, co
   if (p->retired || atomic_load_explicit(&p->incoming, memory_order_relaxed)) ruda__pools_poll_retired(p);
   uint64_t max = size + size / 8;
   if (pool->cfg.capacity && max > pool->cfg.capacity - pool->reserved) max = pool->cfg.capacity - pool->reserved;
-  ruda__page *pg = ruda__arena_find(p->dev, p, size, max);
+  ruda__page *pg = ruda__arena_find(p->mem, p, size, max);
   /* Rather than new backend memory (a slow call, and with cuMemFree a
    * device synchronization when something is trimmed for it), take a free
    * page up to twice the size: it is reserved already either way. */
   uint64_t loose = size * 2;
   if (pool->cfg.capacity && loose > pool->cfg.capacity - pool->reserved) loose = pool->cfg.capacity - pool->reserved;
-  if (pg == NULL && loose > max) pg = ruda__arena_find(p->dev, p, max + 1, loose);
+  if (pg == NULL && loose > max) pg = ruda__arena_find(p->mem, p, max + 1, loose);
   if (pg == NULL) {
     /* New memory is about to be taken: pages this stream keeps that did
      * not fit go where they can be reused by others or freed first. */
     for (uint32_t i = 0; i < p->npools; i++)
       if (p->pools[i].cache != NULL) pool_release_unused(&p->pools[i]);
     if (p->persistent.cache != NULL) pool_release_unused(&p->persistent);
-    pg = ruda__arena_take(p->dev, p, size, max, p->dry_depth > 0, fn, request, rc);
+    pg = ruda__arena_take(p->mem, p, size, max, p->dry_depth > 0, fn, request, rc);
     if (pg == NULL) return NULL;
   }
   pg->pool = pool;
@@ -297,7 +299,7 @@ static int slice(ruda__page *pg, ruda__class *c, uint32_t klass) {
 /* Non-dry allocations must not land on a page a dry run left unbacked. */
 static int ensure_backed(ruda__pools *p, ruda__page *pg) {
   if (p->dry_depth > 0 || atomic_load_explicit(&pg->base, memory_order_acquire) != 0) return 0;
-  return ruda__arena_back(p->dev, p, pg);
+  return ruda__arena_back(p->mem, p, pg);
 }
 
 static int alloc_sliced(ruda__pool *pool, uint64_t size, ruda__page **out, uint64_t *addr) {
@@ -427,9 +429,8 @@ static ruda__pool *route(ruda__pools *p, uint64_t size) {
 
 /* ---- buffers ---- */
 
-int ruda__memory_alloc(ruda_device *dev, ruda__stream *s, uint64_t size, ruda_handle *out) {
-  ruda__pools *p = ruda__pools_of(dev, s);
-  if (p == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_buffer_create: out of host memory for pools");
+int ruda__memory_alloc(ruda__pools *p, uint64_t size, ruda_handle *out) {
+  ruda__memory *mem = p->mem;
   pthread_mutex_lock(&p->lock);
   if (atomic_load_explicit(&p->incoming, memory_order_relaxed) != NULL) ruda__pools_poll_retired(p);
   ruda__pool *pool = route(p, size);
@@ -440,10 +441,10 @@ int ruda__memory_alloc(ruda_device *dev, ruda__stream *s, uint64_t size, ruda_ha
     return ruda__fail(RUDA_EBUFFERTOOBIG,
                       "ruda_buffer_create: %llu bytes can never fit: the largest pool of stream %llu "
                       "takes %llu bytes",
-                      (unsigned long long)size, (unsigned long long)s->id, (unsigned long long)max);
+                      (unsigned long long)size, (unsigned long long)p->stream_id, (unsigned long long)max);
   }
   if (p->nslots == 0) {
-    p->nslots = ruda__handles_take(&dev->handles, p->slots, RUDA__SLOT_BATCH);
+    p->nslots = ruda__handles_take(mem->handles, p->slots, RUDA__SLOT_BATCH);
     if (p->nslots == 0) {
       pthread_mutex_unlock(&p->lock);
       return ruda__fail(RUDA_ENOMEM, "ruda_buffer_create: no handle slot left (host memory or the "
@@ -460,15 +461,14 @@ int ruda__memory_alloc(ruda_device *dev, ruda__stream *s, uint64_t size, ruda_ha
   }
   uint32_t slot = p->slots[--p->nslots];
   pthread_mutex_unlock(&p->lock);
-  ruda__handles_publish(&dev->handles, slot, addr, size, p->worker, pg, out);
+  ruda__handles_publish(mem->handles, slot, addr, size, p->worker, pg, out);
   return 0;
 }
 
-int ruda__memory_free(ruda_device *dev, ruda__stream *s, ruda_handle h) {
-  (void)s; /* memory goes home; the freeing stream does not matter */
-  int rc = ruda__handles_kill(&dev->handles, h);
+int ruda__memory_free(ruda__memory *mem, ruda_handle h) {
+  int rc = ruda__handles_kill(mem->handles, h);
   if (rc != 0) return rc;
-  ruda__slot *slot = ruda__handles_slot(&dev->handles, h.slot);
+  ruda__slot *slot = ruda__handles_slot(mem->handles, h.slot);
   ruda__page *pg = atomic_load_explicit(&slot->mem, memory_order_relaxed);
   /* The kill's acquire-release pairs with every successful pin, so any
    * other worker that pinned the buffer has its bit in users by now. */
@@ -478,7 +478,7 @@ int ruda__memory_free(ruda_device *dev, ruda__stream *s, ruda_handle h) {
     /* Raw memory, used on other workers, or kept by a graph: the last
      * reference decides (ruda__memory_retire waits for those workers'
      * fences). */
-    ruda__handles_unpin(&dev->handles, dev, h.slot, NULL);
+    ruda__handles_unpin(mem->handles, h.slot, NULL);
     return 0;
   }
   /* Only the home worker ever used it: every later command of the home
@@ -488,9 +488,9 @@ int ruda__memory_free(ruda_device *dev, ruda__stream *s, ruda_handle h) {
   pthread_mutex_lock(&p->lock);
   release(pg, addr, size, used);
   atomic_store_explicit(&slot->mem, NULL, memory_order_relaxed);
-  if (ruda__handles_drop(&dev->handles, h.slot)) {
+  if (ruda__handles_drop(mem->handles, h.slot)) {
     if (p->nslots == RUDA__SLOT_CACHE) {
-      ruda__handles_put(&dev->handles, p->slots, RUDA__SLOT_BATCH);
+      ruda__handles_put(mem->handles, p->slots, RUDA__SLOT_BATCH);
       p->nslots -= RUDA__SLOT_BATCH;
       memmove(p->slots, p->slots + RUDA__SLOT_BATCH, p->nslots * sizeof p->slots[0]);
     }
@@ -500,11 +500,11 @@ int ruda__memory_free(ruda_device *dev, ruda__stream *s, ruda_handle h) {
   return 0;
 }
 
-void ruda__memory_retire(ruda_device *dev, void *mem, uint64_t addr, uint64_t size, uint32_t home,
+void ruda__memory_retire(ruda__memory *mem, void *page, uint64_t addr, uint64_t size, uint32_t home,
                          uint64_t users) {
-  ruda__page *pg = mem;
+  ruda__page *pg = page;
   ruda__pools *p = pg->pool->owner;
-  uint32_t n = 0, nw = dev->memory.nworkers;
+  uint32_t n = 0, nw = mem->nworkers;
   for (uint32_t w = 0; w < nw; w++)
     if (w != home && (users >> (w & 63)) & 1) n++;
   /* A buffer retired here was pinned by some command: used. */
@@ -523,7 +523,7 @@ void ruda__memory_retire(ruda_device *dev, void *mem, uint64_t addr, uint64_t si
   for (uint32_t w = 0; w < nw; w++)
     if (w != home && (users >> (w & 63)) & 1) {
       r->wait[r->nwait].worker = w;
-      r->wait[r->nwait].need = ruda__fence_need(dev, w, 1);
+      r->wait[r->nwait].need = ruda__fence_need(mem, w, 1);
       r->nwait++;
     }
   /* A worker may be the caller: push without the lock, never wait on it. */
@@ -545,7 +545,7 @@ void ruda__pools_poll_retired(ruda__pools *p) {
   while (*link != NULL) {
     ruda__retired *r = *link;
     uint32_t i = 0;
-    while (i < r->nwait && ruda__fence_passed(p->dev, r->wait[i].worker, r->wait[i].need)) i++;
+    while (i < r->nwait && ruda__fence_passed(p->mem, r->wait[i].worker, r->wait[i].need)) i++;
     if (i < r->nwait) {
       link = &r->next;
       continue;
@@ -556,14 +556,14 @@ void ruda__pools_poll_retired(ruda__pools *p) {
   }
 }
 
-int ruda__memory_back(ruda_device *dev, void *mem, uint64_t tagged, const char *fn, uint64_t *addr) {
-  ruda__page *pg = mem;
+int ruda__memory_back(ruda__memory *mem, void *page, uint64_t tagged, const char *fn, uint64_t *addr) {
+  ruda__page *pg = page;
   uint64_t base = pg ? atomic_load_explicit(&pg->base, memory_order_acquire) : 0;
   if (pg != NULL && base == 0) {
     ruda__pools *p = pg->pool->owner;
     pthread_mutex_lock(&p->lock);
     int rc = 0;
-    if (atomic_load_explicit(&pg->base, memory_order_relaxed) == 0) rc = ruda__arena_back(dev, p, pg);
+    if (atomic_load_explicit(&pg->base, memory_order_relaxed) == 0) rc = ruda__arena_back(mem, p, pg);
     pthread_mutex_unlock(&p->lock);
     if (rc != 0) {
       char cause[RUDA__MSG_MAX];
@@ -583,75 +583,9 @@ int ruda__memory_back(ruda_device *dev, void *mem, uint64_t tagged, const char *
   return 0;
 }
 
-/* ---- modes, dry runs, layouts ---- */
+/* ---- layouts ---- */
 
-static int pools_for(ruda_device *dev, ruda_stream_id id, const char *fn, ruda__stream **sp,
-                     ruda__pools **pp) {
-  if (id != RUDA_STREAM_CURRENT && id > RUDA_STREAM_EXPLICIT_MAX)
-    return ruda__fail(RUDA_EINVAL, "%s: stream id %llu is reserved (explicit ids are below 2^63)", fn,
-                      (unsigned long long)id);
-  ruda__stream *s = ruda__stream_get(dev, id);
-  ruda__pools *p = s ? ruda__pools_of(dev, s) : NULL;
-  if (p == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
-  if (sp) *sp = s;
-  *pp = p;
-  return 0;
-}
-
-/* The stream's pools with their lock held, for the small per-stream
- * settings below; the caller unlocks. */
-static int lock_pools(ruda_device *dev, ruda_stream_id stream, const char *fn, ruda__pools **p) {
-  RUDA__CHECK_DEV(dev, fn);
-  int rc = pools_for(dev, stream, fn, NULL, p);
-  if (rc == 0) pthread_mutex_lock(&(*p)->lock);
-  return rc;
-}
-
-int ruda_memory_mode_push(ruda_device *dev, ruda_stream_id stream, ruda_alloc_mode mode) {
-  static const char fn[] = "ruda_memory_mode_push";
-  RUDA__CHECK_DEV(dev, fn);
-  if ((int)mode < 0 || mode > RUDA_ALLOC_PERSISTENT)
-    return ruda__fail(RUDA_EINVAL, "%s: unknown mode %d", fn, (int)mode);
-  ruda__pools *p = NULL;
-  int rc = lock_pools(dev, stream, fn, &p);
-  if (rc != 0) return rc;
-  if (p->mode_depth == RUDA_MEMORY_MODE_DEPTH)
-    rc = ruda__fail(RUDA_EINVAL, "%s: modes nest %d deep at most", fn, RUDA_MEMORY_MODE_DEPTH);
-  else p->modes[p->mode_depth++] = (uint8_t)mode;
-  pthread_mutex_unlock(&p->lock);
-  return rc;
-}
-
-int ruda_memory_mode_pop(ruda_device *dev, ruda_stream_id stream) {
-  ruda__pools *p = NULL;
-  int rc = lock_pools(dev, stream, "ruda_memory_mode_pop", &p);
-  if (rc != 0) return rc;
-  if (p->mode_depth == 0) rc = ruda__fail(RUDA_EINVAL, "ruda_memory_mode_pop: no mode was pushed");
-  else p->mode_depth--;
-  pthread_mutex_unlock(&p->lock);
-  return rc;
-}
-
-int ruda_memory_dry_run_begin(ruda_device *dev, ruda_stream_id stream) {
-  ruda__pools *p = NULL;
-  int rc = lock_pools(dev, stream, "ruda_memory_dry_run_begin", &p);
-  if (rc != 0) return rc;
-  p->dry_depth++;
-  pthread_mutex_unlock(&p->lock);
-  return 0;
-}
-
-int ruda_memory_dry_run_end(ruda_device *dev, ruda_stream_id stream) {
-  ruda__pools *p = NULL;
-  int rc = lock_pools(dev, stream, "ruda_memory_dry_run_end", &p);
-  if (rc != 0) return rc;
-  if (p->dry_depth == 0) rc = ruda__fail(RUDA_EINVAL, "ruda_memory_dry_run_end: no dry run is open");
-  else p->dry_depth--;
-  pthread_mutex_unlock(&p->lock);
-  return rc;
-}
-
-static int check_layout(const ruda_pool_config *pools, uint32_t n) {
+int ruda__pools_check_layout(const ruda_pool_config *pools, uint32_t n) {
   static const char fn[] = "ruda_memory_install_pools";
   if (pools == NULL) return ruda__fail(RUDA_EINVAL, "%s: pools is NULL", fn);
   if (n == 0 || n > RUDA_MEMORY_MAX_POOLS)
@@ -661,6 +595,8 @@ static int check_layout(const ruda_pool_config *pools, uint32_t n) {
     const ruda_pool_config *c = &pools[i];
     if (c->kind != RUDA_POOL_SLICED && c->kind != RUDA_POOL_EXCLUSIVE)
       return ruda__fail(RUDA_EINVAL, "%s: pool %u has kind %d, not sliced or exclusive", fn, i, (int)c->kind);
+    if (c->reserved[0] != 0 || c->reserved[1] != 0)
+      return ruda__fail(RUDA_EINVAL, "%s: pool %u: reserved words must be zero", fn, i);
     if (c->max_alloc <= lo)
       return ruda__fail(RUDA_EINVAL, "%s: pool %u takes up to %llu bytes, not more than pool %u's %llu",
                         fn, i, (unsigned long long)c->max_alloc, i ? i - 1 : 0, (unsigned long long)lo);
@@ -677,19 +613,14 @@ static int check_layout(const ruda_pool_config *pools, uint32_t n) {
   return 0;
 }
 
-int ruda_memory_install_pools(ruda_device *dev, ruda_stream_id stream, const ruda_pool_config *pools,
-                              uint32_t n) {
-  static const char fn[] = "ruda_memory_install_pools";
-  RUDA__CHECK_DEV(dev, fn);
-  int rc = check_layout(pools, n);
-  if (rc != 0) return rc;
-  pthread_mutex_lock(&dev->memory.layout_lock);
-  memcpy(dev->memory.layout, pools, n * sizeof *pools);
-  dev->memory.nlayout = n;
-  pthread_mutex_unlock(&dev->memory.layout_lock);
-  ruda__stream *s = NULL;
-  ruda__pools *p = NULL;
-  if ((rc = pools_for(dev, stream, fn, &s, &p)) != 0) return rc;
+void ruda__memory_set_layout(ruda__memory *mem, const ruda_pool_config *pools, uint32_t n) {
+  pthread_mutex_lock(&mem->layout_lock);
+  memcpy(mem->layout, pools, n * sizeof *pools);
+  mem->nlayout = n;
+  pthread_mutex_unlock(&mem->layout_lock);
+}
+
+int ruda__pools_install(ruda__pools *p, const ruda_pool_config *pools, uint32_t n, const char *fn) {
   pthread_mutex_lock(&p->lock);
   ruda__pools_poll_retired(p);
   uint64_t live = 0, bytes = 0;
@@ -702,7 +633,7 @@ int ruda_memory_install_pools(ruda_device *dev, ruda_stream_id stream, const rud
     return ruda__fail(RUDA_EPOOLSINUSE,
                       "%s: stream %llu kept its old layout: %llu buffers (%llu bytes) are live in its "
                       "pools; the new layout applies to streams created from now on",
-                      fn, (unsigned long long)s->id, (unsigned long long)live, (unsigned long long)bytes);
+                      fn, (unsigned long long)p->stream_id, (unsigned long long)live, (unsigned long long)bytes);
   }
   /* Same layout already? Keep the pages. */
   int same = p->npools == n;

@@ -12,9 +12,10 @@
  *     allocation, the out-of-memory retry and trimming live here. At
  *     most one shard lock is held at a time.
  *   fences (one per device, fence_lock)
- *     Per worker: internal sync commands whose completion tells that the
- *     worker's device work has passed a point. Polled, never waited on by
- *     the allocation path.
+ *     Per worker: the fences memory asked for through the progress table
+ *     (base/progress.h), whose completion tells that the worker's device
+ *     work has passed a point. Polled, never waited on by the allocation
+ *     path.
  *
  * docs/memory.md explains the choices.
  */
@@ -25,13 +26,13 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "base/backend.h"
+#include "base/progress.h"
+#include "memory/handles.h"
 #include "ruda/memory.h"
 #include "ruda/ruda.h"
 
-struct ruda_device;
-struct ruda__stream;
 struct ruda__pools;
-struct ruda_future;
 
 /* Every buffer and page is a multiple of this, as cuMemAlloc aligns. */
 #define RUDA__MEM_ALIGN 256u
@@ -106,8 +107,8 @@ typedef struct ruda__retired {
 
 typedef struct ruda__pools {
   pthread_mutex_t lock;
-  struct ruda_device *dev;
-  struct ruda__stream *stream;
+  struct ruda__memory *mem;
+  ruda_stream_id stream_id; /* the stream they serve, for messages */
   uint32_t worker; /* the home worker of every buffer allocated here */
   uint32_t npools;
   ruda__pool pools[RUDA_MEMORY_MAX_POOLS];
@@ -156,11 +157,11 @@ typedef struct ruda__arena {
   _Atomic uint64_t backend_allocs, backend_frees; /* calls made */
 } ruda__arena;
 
-/* One fence in flight on a worker. */
+/* One fence in flight on a worker (a token of the progress table). */
 typedef struct ruda__fence {
   struct ruda__fence *next;
   uint64_t seq;
-  struct ruda_future *fut;
+  void *token;
 } ruda__fence;
 
 typedef struct ruda__wfence {
@@ -168,10 +169,16 @@ typedef struct ruda__wfence {
   _Atomic uint64_t passed; /* written under fence_lock, read without it */
   uint32_t nflight;
   ruda__fence *head, *tail;
-  struct ruda__stream *stream; /* private stream carrying the commands */
 } ruda__wfence;
 
+/* A device's memory: what the pools, the arena and the fences share, and
+ * what they are handed from the layers around them (the backend below,
+ * the scheduler's progress above). */
 typedef struct ruda__memory {
+  const ruda__backend_ops *ops;
+  void *bstate;
+  ruda__handles *handles;
+  ruda__progress progress;
   ruda__arena arena;
   pthread_mutex_t layout_lock;
   ruda_pool_config layout[RUDA_MEMORY_MAX_POOLS];
@@ -183,31 +190,42 @@ typedef struct ruda__memory {
   ruda__pools *all;
 } ruda__memory;
 
-/* Device lifecycle. init after the workers exist; destroy after they
- * stopped (every page goes back to the backend). */
-int ruda__memory_init(struct ruda_device *dev);
-void ruda__memory_destroy(struct ruda_device *dev);
+/* Device lifecycle. init with ops, bstate, handles and progress set,
+ * for nworkers workers; destroy after the workers stopped (every page
+ * goes back to the backend). */
+int ruda__memory_init(ruda__memory *mem, uint32_t nworkers);
+void ruda__memory_destroy(ruda__memory *mem);
 
-/* ruda_buffer_create / ruda_buffer_free, past argument checks. */
-int ruda__memory_alloc(struct ruda_device *dev, struct ruda__stream *s, uint64_t size,
-                       ruda_handle *out);
-int ruda__memory_free(struct ruda_device *dev, struct ruda__stream *s, ruda_handle h);
+/* A stream's pools, made at first use and published in *slot: the stream
+ * `id` on worker `worker`. NULL without host memory. Any thread. */
+struct ruda__pools *ruda__pools_of(ruda__memory *mem, struct ruda__pools *_Atomic *slot, uint32_t worker,
+                                   ruda_stream_id id);
+
+/* ruda_buffer_create / ruda_buffer_free, past argument checks: a buffer
+ * from pools p; a free of h (its memory goes home, whoever frees it). */
+int ruda__memory_alloc(struct ruda__pools *p, uint64_t size, ruda_handle *out);
+int ruda__memory_free(ruda__memory *mem, ruda_handle h);
 
 /* Called by the handle table when a freed buffer's last reference drops
  * and its memory was not given back at free time: other workers used it,
  * so it waits for their fences. Any thread. */
-void ruda__memory_retire(struct ruda_device *dev, void *mem, uint64_t addr, uint64_t size,
+void ruda__memory_retire(ruda__memory *mem, void *page, uint64_t addr, uint64_t size,
                          uint32_t home, uint64_t users);
 
 /* Backs a dry-run buffer's page if needed; *addr receives the address of
  * the slot's first byte. RUDA_ESTORAGEMAPPING when the backend has no
  * memory for it. fn names the calling API for the message. */
-int ruda__memory_back(struct ruda_device *dev, void *mem, uint64_t tagged, const char *fn,
+int ruda__memory_back(ruda__memory *mem, void *page, uint64_t tagged, const char *fn,
                       uint64_t *addr);
 
-/* ---- shared between pool.c, pool_arena.c and report.c ---- */
+/* ruda_memory_install_pools: checks a layout; makes it the one new
+ * streams get; applies it to p unless p has live buffers
+ * (RUDA_EPOOLSINUSE). */
+int ruda__pools_check_layout(const ruda_pool_config *pools, uint32_t n);
+void ruda__memory_set_layout(ruda__memory *mem, const ruda_pool_config *pools, uint32_t n);
+int ruda__pools_install(ruda__pools *p, const ruda_pool_config *pools, uint32_t n, const char *fn);
 
-ruda__pools *ruda__pools_of(struct ruda_device *dev, struct ruda__stream *s);
+/* ---- shared between pool.c, arena.c and the memory report ---- */
 /* Both with pools->lock held. */
 void ruda__pools_poll_retired(ruda__pools *p);
 void ruda__pools_release_unused(ruda__pools *p);
@@ -220,26 +238,26 @@ uint64_t ruda__exclusive_size(uint64_t size);
 /* Arena (shard locks taken inside). take: a page of size..max_size bytes
  * that p's worker may use, from the arena or else the backend (unbacked
  * when virtual_ok), or NULL with *rc set. */
-ruda__page *ruda__arena_take(struct ruda_device *dev, ruda__pools *p, uint64_t size, uint64_t max_size,
+ruda__page *ruda__arena_take(ruda__memory *mem, ruda__pools *p, uint64_t size, uint64_t max_size,
                              int virtual_ok, const char *fn, uint64_t request, int *rc);
 /* Only from the arena: NULL when nothing there fits. */
-ruda__page *ruda__arena_find(struct ruda_device *dev, ruda__pools *p, uint64_t size, uint64_t max_size);
+ruda__page *ruda__arena_find(ruda__memory *mem, ruda__pools *p, uint64_t size, uint64_t max_size);
 /* Gives a page no pool holds any more back to the arena, as returned by
  * worker (its fence requested). */
-void ruda__arena_put(struct ruda_device *dev, ruda__page *pg, uint32_t worker);
+void ruda__arena_put(ruda__memory *mem, ruda__page *pg, uint32_t worker);
 /* Frees arena pages whose fences passed; waits up to wait_ns for workers
  * to reach their fences. Returns bytes released. */
-uint64_t ruda__arena_trim(struct ruda_device *dev, uint64_t keep, uint64_t wait_ns);
+uint64_t ruda__arena_trim(ruda__memory *mem, uint64_t keep, uint64_t wait_ns);
 /* Backs a page that has none (dry run), with the out-of-memory retry. */
-int ruda__arena_back(struct ruda_device *dev, ruda__pools *p, ruda__page *pg);
-void ruda__page_discard(struct ruda_device *dev, ruda__page *pg);
+int ruda__arena_back(ruda__memory *mem, ruda__pools *p, ruda__page *pg);
+void ruda__page_discard(ruda__memory *mem, ruda__page *pg);
 
 /* Fences (fence_lock taken inside). need: the number of a fence on
  * worker w that follows everything pushed to w so far, or, with executed,
  * everything w has run so far (a fence still queued then does); passed:
  * whether it completed on the device. */
-uint64_t ruda__fence_need(struct ruda_device *dev, uint32_t w, int executed);
-int ruda__fence_passed(struct ruda_device *dev, uint32_t w, uint64_t need);
-void ruda__fence_poll_all(struct ruda_device *dev);
+uint64_t ruda__fence_need(ruda__memory *mem, uint32_t w, int executed);
+int ruda__fence_passed(ruda__memory *mem, uint32_t w, uint64_t need);
+void ruda__fence_poll_all(ruda__memory *mem);
 
 #endif /* RUDA_POOL_H */

@@ -1,7 +1,7 @@
 /* staging.c - the page-locked staging arena (see staging.h). */
-#include "staging.h"
+#include "memory/staging.h"
 
-#include "jemalloc_private.h"
+#include "memory/jemalloc_private.h"
 #include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../src/error_internal.h"
+#include "base/error.h"
 
 #define MAX_CHUNKS 4096u
 #define DEFAULT_CHUNK ((size_t)64 << 20)

@@ -16,8 +16,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../src/error_internal.h"
-#include "staging.h"
+#include "base/error.h"
+#include "memory/staging.h"
 
 typedef struct job {
   struct job *next;

@@ -7,8 +7,9 @@
  */
 #include <stdlib.h>
 
-#include "../src/internal.h"
-#include "../src/sync.h"
+#include "scheduler/device.h"
+#include "scheduler/order.h"
+#include "base/sync.h"
 
 struct ruda_future *ruda__future_new(ruda_device *dev, ruda__stream *s, int drains) {
   struct ruda_future *f = calloc(1, sizeof *f);

@@ -14,8 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/internal.h"
-#include "../src/sync.h"
+#include "scheduler/device.h"
+#include "scheduler/order.h"
+#include "base/sync.h"
 
 /* ---- client: gathering what a command needs ---- */
 

@@ -33,21 +33,10 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "../memory/handles.h"
-#include "scheduler.h"
+#include "memory/handles.h"
+#include "scheduler/scheduler.h"
 
 struct ruda_device;
-
-/* A slot's last-use record (ruda__handles_last): bits 48..63 the worker + 1 (0: never used; RUDA__USE_MIXED:
- * uses on several workers raced, so the next use orders after all of
- * them), bits 32..47 the low 16 bits of the handle's generation (a record
- * written late for a freed buffer is recognised as stale), bits 0..31 the
- * ticket. */
-#define RUDA__USE_MIXED 0xffffu
-
-static inline uint64_t ruda__use_pack(uint32_t worker, uint32_t gen, uint32_t ticket) {
-  return ((uint64_t)((worker + 1) & 0xffffu) << 48) | ((uint64_t)(gen & 0xffffu) << 32) | ticket;
-}
 
 /* a >= b for 32-bit counters that wrap. */
 static inline int ruda__ticket_ge(uint32_t a, uint32_t b) { return (int32_t)(a - b) >= 0; }

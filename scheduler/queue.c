@@ -12,8 +12,9 @@
  */
 #include <stdlib.h>
 
-#include "../src/internal.h"
-#include "../src/sync.h"
+#include "scheduler/device.h"
+#include "scheduler/order.h"
+#include "base/sync.h"
 
 static inline __attribute__((always_inline)) void push(ruda__worker *w, ruda__cmd *cmd) {
   RUDA__TSAN_RELEASE(&cmd->node);

@@ -16,7 +16,7 @@
 #include <string.h>
 #include <urcu/wfcqueue.h>
 
-#include "../src/backend.h"
+#include "base/backend.h"
 #include "ruda/ruda.h"
 
 #define RUDA__CACHELINE 64
@@ -36,9 +36,9 @@ typedef enum ruda__cmd_kind {
   RUDA__CMD_STOP,  /* worker exits after it (close) */
   RUDA__CMD_MARK,  /* cross-stream ordering: mark this worker's work so far */
   RUDA__CMD_WAIT,  /* cross-stream ordering: order after other workers' marks */
-  RUDA__CMD_GRAPH, /* replay a captured graph (scheduler/capture.c) */
+  RUDA__CMD_GRAPH, /* replay a captured graph (scheduler/graph.c) */
   RUDA__CMD_STAMP, /* profiling: mark the time the stream reaches this point */
-  RUDA__CMD_COLL   /* a collective or point-to-point transfer (src/comm.c) */
+  RUDA__CMD_COLL   /* a collective or point-to-point transfer (backend op) */
 } ruda__cmd_kind;
 
 #define RUDA__MAX_PINS (RUDA_MAX_ARGS + 1)
@@ -145,7 +145,7 @@ struct ruda__worker {
   int start_code;
   struct ruda_device *dev;
   /* Odd while the worker sleeps with every batch it took run; read by
-   * memory/pool_arena.c to know, on a backend whose work completes when
+   * scheduler/fence.c to tell memory, on a backend whose work completes when
    * it runs, that everything pushed earlier is done. */
   _Atomic uint32_t idle_epoch;
   /* Progress, on its own line: the worker stores `done` after each command
@@ -200,16 +200,13 @@ void ruda__execute(ruda__worker *w, ruda__cmd *cmd);
 /* Cache-line aligned, client fields first (allocate with
  * ruda__stream_alloc): streams are small, and malloc packed two into one
  * line, so a launch on one stream could pull the line another stream's
- * thread was writing (seq). Suspected when the graph fields were added
- * (8 threads on 8 streams: 718-745k launches/s against 813-886k the build
- * before, one H200 lease); aligned, the next lease showed the two builds
- * level (734-773k against 740-762k). docs/gpu-runs/2026-11-30-h. */
+ * thread was writing (seq). */
 struct ruda__stream {
   /* Client side: read or written by every command issued on the stream. */
   ruda_stream_id id;
   ruda__worker *worker;
   _Atomic uint64_t seq;
-  struct ruda__pools *_Atomic pools; /* memory/pool.c; made at first use */
+  struct ruda__pools *_Atomic pools; /* memory/pool.h; made at first use (ruda__stream_pools) */
   /* Graph capture (scheduler/capture.c). capturing is read by every launch
    * and copy; the recording itself is made at the first begin. */
   _Atomic int capturing;
@@ -220,7 +217,7 @@ struct ruda__stream {
   ruda_error *err_head, *err_tail;
   _Atomic uint32_t nerr;
   _Atomic uint64_t lost; /* errors that could not be recorded (no memory) */
-  struct ruda__profile *profiles; /* open profiles (src/profile.c), under err_lock */
+  struct ruda__profile *profiles; /* open profiles, owned by src/profile.c, under err_lock */
 } __attribute__((aligned(RUDA__CACHELINE)));
 
 /* A zeroed stream, cache-line aligned; free() releases it. */
@@ -245,9 +242,6 @@ void ruda__streams_destroy(ruda__stream_table *t);
 /* Finds or creates the stream for id (RUDA_STREAM_CURRENT resolved). */
 ruda__stream *ruda__stream_get(struct ruda_device *dev, ruda_stream_id id);
 size_t ruda__streams_list(ruda__stream_table *t, ruda_stream_id *ids, size_t cap);
-/* Calls fn for every stream. */
-/* Worker: runs a RUDA__CMD_COLL command (src/comm.c). */
-int ruda__comm_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err);
 
 /* A private stream on worker w, outside the stream table (ruda_stream_ids
  * does not list it): memory fences, collectives. NULL without memory. */
@@ -255,12 +249,11 @@ ruda__stream *ruda__stream_private(ruda_stream_id id, ruda__worker *w);
 /* Frees one; errors nobody drained are logged as "<what> failed: ...". */
 void ruda__stream_private_free(struct ruda_device *dev, ruda__stream *s, const char *what);
 
-/* Frees the stream's open profiles (src/profile.c), at close. */
-void ruda__profiles_free(ruda__stream *s);
 
 /* The stream a public call names, created at first use: RUDA_EINVAL for a
  * reserved id, RUDA_ENOMEM (both recorded naming fn) in *rc, NULL then. */
 ruda__stream *ruda__stream_for(struct ruda_device *dev, ruda_stream_id id, const char *fn, int *rc);
+/* Calls fn for every stream. */
 void ruda__streams_each(ruda__stream_table *t, void (*fn)(ruda__stream *, void *), void *arg);
 
 /* Queues an error on a stream (worker side); a NULL err counts a loss. */

@@ -14,7 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/internal.h"
+#include "scheduler/device.h"
+#include "scheduler/graph.h"
+#include "base/log.h"
 
 typedef struct ruda__stream_slots {
   uint64_t mask;
@@ -185,7 +187,7 @@ ruda__stream *ruda__stream_private(ruda_stream_id id, ruda__worker *w) {
 void ruda__stream_private_free(ruda_device *dev, ruda__stream *s, const char *what) {
   if (s == NULL) return;
   for (ruda_error *e = s->err_head; e != NULL; e = e->next)
-    ruda__log(dev, RUDA_LOG_WARN, "%s failed: %s", what, e->msg);
+    ruda__log(dev->cfg.log_level, RUDA_LOG_WARN, "%s failed: %s", what, e->msg);
   ruda_error_free(s->err_head);
   pthread_mutex_destroy(&s->err_lock);
   free(s);
@@ -193,7 +195,6 @@ void ruda__stream_private_free(ruda_device *dev, ruda__stream *s, const char *wh
 
 static void free_stream(ruda__stream *st, void *unused) {
   (void)unused;
-  ruda__profiles_free(st);
   ruda__capture_free(atomic_load(&st->cap));
   ruda_error_free(st->err_head);
   pthread_mutex_destroy(&st->err_lock);

@@ -6,8 +6,11 @@
 #include <string.h>
 #include <sched.h>
 
-#include "../src/internal.h"
-#include "../src/sync.h"
+#include "scheduler/device.h"
+#include "base/log.h"
+#include "scheduler/graph.h"
+#include "scheduler/order.h"
+#include "base/sync.h"
 
 static const char *cmd_name(int kind) {
   switch (kind) {
@@ -40,7 +43,7 @@ static void report(ruda__worker *w, ruda__cmd *cmd, int code, ruda_error *err) {
     memcpy(err->msg, ctx, sizeof err->msg);
     err->stream = s->id;
   }
-  ruda__log(w->dev, RUDA_LOG_DEBUG, "worker %u: %s", w->index, err ? err->msg : "error lost");
+  ruda__log(w->dev->cfg.log_level, RUDA_LOG_DEBUG, "worker %u: %s", w->index, err ? err->msg : "error lost");
   ruda__stream_push_error(s, err);
 }
 
@@ -83,7 +86,7 @@ void ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
       cmd->future->stamp_ns = ruda__now_ns();
       break;
     case RUDA__CMD_COLL:
-      rc = ruda__comm_execute(w, cmd, &err);
+      rc = ops->collective(w->wstate, cmd->u.coll.rank_handle, &cmd->u.coll, &err);
       break;
     case RUDA__CMD_FENCE:
     case RUDA__CMD_STOP:
@@ -91,7 +94,7 @@ void ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
   }
   if (rc != 0) report(w, cmd, rc, err);
   for (uint32_t i = 0; i < cmd->npins; i++)
-    ruda__handles_unpin(&dev->handles, dev, cmd->pins[i], w->wstate);
+    ruda__handles_unpin(&dev->handles, cmd->pins[i], w->wstate);
   /* Counted run before its future completes, so a caller back from a
    * sync or read sees this worker past the command (scheduler/order.c). */
   uint64_t pos = atomic_load_explicit(&w->done, memory_order_relaxed) + 1;

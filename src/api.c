@@ -8,64 +8,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
-#include "../memory/staging.h"
+#include "memory/staging.h"
+#include "scheduler/graph.h"
+#include "scheduler/submit.h"
+#include "src/api.h"
 
 /* ---- shared helpers ---- */
 
 
-/* Pins b's buffer and checks the range; on success *addr is the device
- * address of the binding's first byte and *len its size. */
-/* what names the binding in error messages; index >= 0 appends a number
- * ("argument 3"). The label is built only on failure: launches pin every
- * buffer argument, and formatting it each time cost half the call. */
-static const char *label(char *buf, size_t n, const char *what, int index) {
-  if (index < 0) return what;
-  snprintf(buf, n, "%s %d", what, index);
-  return buf;
-}
-
-/* o gathers the ordering the command needs after other streams' uses of
- * the buffer (scheduler/order.h). */
-static int pin_binding(ruda_device *dev, ruda__stream *s, ruda_binding b, const char *fn, const char *what,
-                       int index, uint64_t *addr, uint64_t *len, ruda__order *o, int hold) {
-  uint64_t base, size;
-  ruda__slot *slot;
-  _Atomic uint64_t *last;
-  char lb[48];
-  /* Pinned for s's worker: a worker other than the buffer's home is
-   * recorded, so the buffer's memory waits for it after a free. */
-  if (ruda__handles_pin_use(&dev->handles, b.handle, s->worker->index, hold, &base, &size, &slot, &last) != 0)
-    return ruda__fail(RUDA_ENOTFOUND, "%s: %s handle {slot %u, gen %u} names no live buffer", fn,
-                      label(lb, sizeof lb, what, index), b.handle.slot, b.handle.gen);
-  if ((base & RUDA__UNBACKED) && ruda__memory_back(dev, atomic_load(&slot->mem), base, fn, &base) != 0) {
-    ruda__handles_unpin(&dev->handles, dev, b.handle.slot, NULL);
-    return ruda_error_code(ruda_last_error());
-  }
-  uint64_t want = b.size ? b.size : (b.offset <= size ? size - b.offset : 0);
-  if (b.offset > size || want > size - b.offset || want == 0) {
-    ruda__handles_unpin(&dev->handles, dev, b.handle.slot, NULL);
-    return ruda__fail(RUDA_ERANGE,
-                      "%s: %s binding offset %llu + size %llu is outside buffer {slot %u} of %llu bytes",
-                      fn, label(lb, sizeof lb, what, index), (unsigned long long)b.offset,
-                      (unsigned long long)want, b.handle.slot,
-                      (unsigned long long)size);
-  }
-  *addr = base + b.offset;
-  *len = want;
-  ruda__order_note(o, last, b.handle.gen, s->worker->index);
-  return 0;
-}
-
-/* The same for other parts of the library (src/comm.c); the launch path
- * keeps the static one, which the compiler may inline. */
-int ruda__pin_binding(ruda_device *dev, ruda__stream *s, ruda_binding b, const char *fn, const char *what,
-                      int index, uint64_t *addr, uint64_t *len, ruda__order *o, int hold) {
-  return pin_binding(dev, s, b, fn, what, index, addr, len, o, hold);
-}
-
 static void unpin_all(ruda_device *dev, const uint32_t *pins, uint32_t n) {
-  for (uint32_t i = 0; i < n; i++) ruda__handles_unpin(&dev->handles, dev, pins[i], NULL);
+  for (uint32_t i = 0; i < n; i++) ruda__handles_unpin(&dev->handles, pins[i], NULL);
 }
 
 static int mul_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }
@@ -118,33 +70,6 @@ static int refuse_capturing(ruda__stream *s, const char *fn, const char *why) {
                     why);
 }
 
-/* Pushes cmd on s's worker, after whatever other streams' work o says it
- * must follow, and records its buffer uses. */
-static inline __attribute__((always_inline)) int submit(ruda_device *dev, ruda__stream *s, ruda__cmd *cmd,
-                                                        ruda__order *o) {
-  cmd->stream = s;
-  cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
-  ruda__worker *w = s->worker;
-  int rc;
-  if (__builtin_expect(!ruda__order_needed(o), 1)) {
-    if ((rc = ruda__queue_push(w, cmd)) != 0) return rc;
-  } else {
-    /* Admitted first, so a refused command leaves no MARK or WAIT. */
-    if ((rc = ruda__queue_admit(w, s->id)) != 0) return rc;
-    if ((rc = ruda__order_prepare(dev, o, s, cmd->seq)) != 0) {
-      ruda__queue_unadmit(w);
-      return rc;
-    }
-    ruda__queue_push_admitted(w, cmd);
-  }
-  ruda__order_publish(o, w);
-  return 0;
-}
-
-int ruda__submit(ruda_device *dev, ruda__stream *s, ruda__cmd *cmd, ruda__order *o) {
-  return submit(dev, s, cmd, o);
-}
-
 /* ---- buffers ---- */
 
 int ruda_buffer_create(ruda_device *dev, ruda_stream_id stream, uint64_t size, ruda_handle *out) {
@@ -159,7 +84,9 @@ int ruda_buffer_create(ruda_device *dev, ruda_stream_id stream, uint64_t size, r
   int rc = 0;
   ruda__stream *s = ruda__stream_for(dev, stream, "ruda_buffer_create", &rc);
   if (s == NULL) return rc;
-  return ruda__memory_alloc(dev, s, size, out); /* memory/pool.c */
+  ruda__pools *p = ruda__stream_pools(dev, s);
+  if (p == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_buffer_create: out of host memory for pools");
+  return ruda__memory_alloc(p, size, out); /* memory/pool.c */
 }
 
 int ruda_buffer_free(ruda_device *dev, ruda_stream_id stream, ruda_handle h) {
@@ -169,7 +96,7 @@ int ruda_buffer_free(ruda_device *dev, ruda_stream_id stream, ruda_handle h) {
   if (s == NULL) return rc;
   /* Stream order comes from the pins of the commands that use the buffer
    * and, for other workers, from fences (memory/pool.c): no command. */
-  return ruda__memory_free(dev, s, h);
+  return ruda__memory_free(&dev->memory, h);
 }
 
 int ruda_buffer_size(ruda_device *dev, ruda_handle h, uint64_t *size) {
@@ -217,7 +144,7 @@ static int write_piece(void *arg, size_t i) {
   void *staged = cmd ? dev->ops->stage_alloc(dev->bstate, n) : NULL;
   if (staged == NULL) {
     ruda__cmd_free(cmd);
-    ruda__handles_unpin(&dev->handles, dev, j->h.slot, NULL);
+    ruda__handles_unpin(&dev->handles, j->h.slot, NULL);
     return ruda__fail(RUDA_ENOMEM, "ruda_write: no staging memory for a %zu-byte piece at offset %zu", n, off);
   }
   memcpy(staged, j->src + off, n);
@@ -254,7 +181,7 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
   uint64_t addr, blen;
   ruda__order o;
   ruda__order_init(&o);
-  if ((rc = pin_binding(dev, s, dst->binding, fn, "dst", -1, &addr, &blen, &o, 0)) != 0) return rc;
+  if ((rc = ruda__pin_binding(dev, s, dst->binding, fn, "dst", -1, &addr, &blen, &o, 0)) != 0) return rc;
   ruda__layout l;
   if ((rc = make_layout(dst, blen, fn, &l)) != 0 || (rc = check_layout(dev, &l, fn)) != 0) goto unpin;
   if (l.bytes != len) {
@@ -293,14 +220,14 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
   cmd->u.write.dst = addr;
   cmd->u.write.staged = staged;
   cmd->u.write.layout = l;
-  if ((rc = submit(dev, s, cmd, &o)) != 0) {
+  if ((rc = ruda__submit(dev, s, cmd, &o)) != 0) {
     if (user_staged == NULL) dev->ops->stage_free(dev->bstate, staged);
     ruda__cmd_free(cmd);
     goto unpin;
   }
   return 0;
 unpin:
-  ruda__handles_unpin(&dev->handles, dev, dst->binding.handle.slot, NULL);
+  ruda__handles_unpin(&dev->handles, dst->binding.handle.slot, NULL);
   return rc;
 }
 
@@ -330,7 +257,7 @@ int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src
   uint64_t addr, blen;
   ruda__order o;
   ruda__order_init(&o);
-  if ((rc = pin_binding(dev, s, src->binding, fn, "src", -1, &addr, &blen, &o, 0)) != 0) return rc;
+  if ((rc = ruda__pin_binding(dev, s, src->binding, fn, "src", -1, &addr, &blen, &o, 0)) != 0) return rc;
   ruda__layout l;
   if ((rc = make_layout(src, blen, fn, &l)) != 0 || (rc = check_layout(dev, &l, fn)) != 0) goto unpin;
   if (l.bytes != len) {
@@ -353,7 +280,7 @@ int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src
   cmd->u.read.src = addr;
   cmd->u.read.dst = dst;
   cmd->u.read.layout = l;
-  if ((rc = submit(dev, s, cmd, &o)) != 0) {
+  if ((rc = ruda__submit(dev, s, cmd, &o)) != 0) {
     free(f);
     ruda__cmd_free(cmd);
     goto unpin;
@@ -361,7 +288,7 @@ int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src
   *fut = f;
   return 0;
 unpin:
-  ruda__handles_unpin(&dev->handles, dev, src->binding.handle.slot, NULL);
+  ruda__handles_unpin(&dev->handles, src->binding.handle.slot, NULL);
   return rc;
 }
 
@@ -375,9 +302,9 @@ int ruda_copy(ruda_device *dev, ruda_stream_id stream, ruda_binding dst, ruda_bi
   uint64_t da, dl, sa, sl;
   ruda__order o;
   ruda__order_init(&o);
-  if ((rc = pin_binding(dev, s, src, fn, "src", -1, &sa, &sl, &o, capturing)) != 0) return rc;
-  if ((rc = pin_binding(dev, s, dst, fn, "dst", -1, &da, &dl, &o, capturing)) != 0) {
-    ruda__handles_unpin(&dev->handles, dev, src.handle.slot, NULL);
+  if ((rc = ruda__pin_binding(dev, s, src, fn, "src", -1, &sa, &sl, &o, capturing)) != 0) return rc;
+  if ((rc = ruda__pin_binding(dev, s, dst, fn, "dst", -1, &da, &dl, &o, capturing)) != 0) {
+    ruda__handles_unpin(&dev->handles, src.handle.slot, NULL);
     return rc;
   }
   uint32_t pins[2] = {src.handle.slot, dst.handle.slot};
@@ -404,7 +331,7 @@ int ruda_copy(ruda_device *dev, ruda_stream_id stream, ruda_binding dst, ruda_bi
     unpin_all(dev, pins, 2);
     return rc;
   }
-  if ((rc = submit(dev, s, cmd, &o)) != 0) {
+  if ((rc = ruda__submit(dev, s, cmd, &o)) != 0) {
     ruda__cmd_free(cmd);
     unpin_all(dev, pins, 2);
   }
@@ -420,11 +347,11 @@ static int check_limits(ruda_device *dev, const ruda_launch_desc *l) {
     return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": block (%u,%u,%u) has a zero dimension",
                       l->kernel, b.x, b.y, b.z);
   if (b.x > lim->max_block[0] || b.y > lim->max_block[1] || b.z > lim->max_block[2])
-    return ruda__fail(RUDA_ECUBEDIM, "ruda_launch \"%s\": block (%u,%u,%u) exceeds maximum (%u,%u,%u)",
+    return ruda__fail(RUDA_EBLOCKDIM, "ruda_launch \"%s\": block (%u,%u,%u) exceeds maximum (%u,%u,%u)",
                       l->kernel, b.x, b.y, b.z, lim->max_block[0], lim->max_block[1], lim->max_block[2]);
   uint64_t units = (uint64_t)b.x * b.y * b.z;
   if (units > lim->max_threads_per_block)
-    return ruda__fail(RUDA_EUNITSPERCUBE,
+    return ruda__fail(RUDA_EBLOCKTHREADS,
                       "ruda_launch \"%s\": %llu threads per block requested, maximum is %u", l->kernel,
                       (unsigned long long)units, lim->max_threads_per_block);
   if (!(l->flags & RUDA_LAUNCH_INDIRECT)) {
@@ -432,7 +359,7 @@ static int check_limits(ruda_device *dev, const ruda_launch_desc *l) {
       return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": grid (%u,%u,%u) has a zero dimension",
                         l->kernel, g.x, g.y, g.z);
     if (g.x > lim->max_grid[0] || g.y > lim->max_grid[1] || g.z > lim->max_grid[2])
-      return ruda__fail(RUDA_EUNITS, "ruda_launch \"%s\": grid (%u,%u,%u) exceeds maximum (%u,%u,%u)",
+      return ruda__fail(RUDA_EGRIDDIM, "ruda_launch \"%s\": grid (%u,%u,%u) exceeds maximum (%u,%u,%u)",
                         l->kernel, g.x, g.y, g.z, lim->max_grid[0], lim->max_grid[1], lim->max_grid[2]);
   }
   if (l->shared_mem > lim->max_shared_optin)
@@ -510,7 +437,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
       bytes += (a->size + 7u) & ~7u;
     } else {
       uint64_t addr, len;
-      rc = pin_binding(dev, s, a->binding, fn, "argument", (int)i, &addr, &len, &o, capturing);
+      rc = ruda__pin_binding(dev, s, a->binding, fn, "argument", (int)i, &addr, &len, &o, capturing);
       if (rc != 0) goto fail;
       cmd->pins[pinned++] = a->binding.handle.slot;
       kargs[i].addr = addr;
@@ -521,7 +448,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
   uint64_t indirect_addr = 0;
   if (indirect) {
     uint64_t len;
-    rc = pin_binding(dev, s, l->indirect_grid, fn, "indirect grid", -1, &indirect_addr, &len, &o, capturing);
+    rc = ruda__pin_binding(dev, s, l->indirect_grid, fn, "indirect grid", -1, &indirect_addr, &len, &o, capturing);
     if (rc != 0) goto fail;
     cmd->pins[pinned++] = l->indirect_grid.handle.slot;
     if (len < 3 * sizeof(uint32_t)) {
@@ -549,7 +476,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
     if (rc == 0) return 0;
     goto fail;
   }
-  if ((rc = submit(dev, s, cmd, &o)) != 0) goto fail;
+  if ((rc = ruda__submit(dev, s, cmd, &o)) != 0) goto fail;
   return 0;
 fail:
   unpin_all(dev, cmd->pins, pinned);
@@ -568,25 +495,6 @@ static int control(ruda_device *dev, ruda_stream_id stream, int kind, const char
   if (kind == RUDA__CMD_SYNC && atomic_load_explicit(&s->capturing, memory_order_acquire))
     return refuse_capturing(s, fn, "a sync would wait for work that is being recorded, not run");
   return ruda__push_control(dev, s, kind, kind == RUDA__CMD_SYNC, fn, out);
-}
-
-int ruda__push_control(ruda_device *dev, ruda__stream *s, int kind, int drains, const char *fn, ruda_future **out) {
-  *out = NULL;
-  ruda__cmd *cmd = ruda__cmd_alloc(0);
-  ruda_future *f = cmd ? ruda__future_new(dev, s, drains) : NULL;
-  if (f == NULL) {
-    ruda__cmd_free(cmd);
-    return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
-  }
-  cmd->kind = (uint8_t)kind;
-  cmd->future = f;
-  cmd->stream = s;
-  cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
-  /* Control commands skip the bound: their caller waits for them anyway,
-   * so they cannot pile up, and refusing a flush would strand its errors. */
-  ruda__queue_push_unbounded(s->worker, cmd);
-  *out = f;
-  return 0;
 }
 
 int ruda_flush(ruda_device *dev, ruda_stream_id stream, ruda_error **errors) {

@@ -7,48 +7,23 @@
  * command pinning its buffers, ordered against other streams through them
  * (scheduler/order.h) like a copy.
  *
- * The cuda backend runs it with NCCL (src/cuda/cuda_comm.c). Without a
- * backend op (host), the ranks' workers meet here: an all-reduce waits
- * until every rank arrived with its k-th collective, the last to arrive
- * reduces into a scratch buffer, every rank copies the result out and the
- * last to leave opens the next round; a send waits in its pair's mailbox
- * until the receiver copied. A worker waits there as a GPU stream waits
- * in an NCCL kernel for its peers.
+ * The worker hands it to the backend's collective op: NCCL on cuda
+ * (backends/cuda/cuda_comm.c), an in-memory exchange between the ranks'
+ * workers on host (backends/host/host_comm.c).
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
-
-/* The host exchange: one round at a time for all-reduces, one mailbox per
- * ordered pair of ranks for sends. */
-typedef struct mailbox {
-  const void *src;
-  uint64_t bytes;
-  int full, taken;
-} mailbox;
-
-typedef struct host_exchange {
-  pthread_mutex_t lock;
-  pthread_cond_t cond;
-  uint64_t round;     /* all-reduces finished */
-  uint32_t arrived, left;
-  int leaving; /* every rank arrived: copying the result out */
-  const void **src; /* per rank, this round */
-  void *scratch;
-  size_t scratch_bytes;
-  uint64_t count;
-  uint32_t dtype, op;
-  int mismatch; /* ranks disagreed on count, type or op */
-  mailbox *box; /* n x n: box[from * n + to] */
-} host_exchange;
+#include "scheduler/device.h"
+#include "scheduler/order.h"
+#include "scheduler/submit.h"
+#include "src/api.h"
 
 struct ruda_comm {
   uint32_t n;
   ruda_device **devs;
   ruda__stream **streams; /* each rank's collective stream */
-  void **ranks;           /* backend handles; NULL on the host */
-  host_exchange *host;
+  void **ranks;           /* the backend's handle of each rank */
 };
 
 static const size_t dtype_size[] = {4, 8, 4, 8};
@@ -68,14 +43,6 @@ static void comm_free(ruda_comm *c) {
     if (c->ranks != NULL && c->ranks[r] != NULL && c->devs[r]->ops->comm_destroy != NULL)
       c->devs[r]->ops->comm_destroy(c->devs[r]->bstate, c->ranks[r]);
     if (c->streams != NULL) ruda__stream_private_free(c->devs[r], c->streams[r], "collective, never reported,");
-  }
-  if (c->host != NULL) {
-    pthread_mutex_destroy(&c->host->lock);
-    pthread_cond_destroy(&c->host->cond);
-    free(c->host->src);
-    free(c->host->scratch);
-    free(c->host->box);
-    free(c->host);
   }
   free(c->ranks);
   free(c->streams);
@@ -114,27 +81,16 @@ int ruda_comm_init(ruda_device *const *devices, uint32_t n, ruda_comm **out) {
     if (c->streams[r] == NULL) goto nomem;
   }
   const ruda__backend_ops *ops = devices[0]->ops;
-  if (ops->comm_init != NULL) {
-    void **states = calloc(n, sizeof *states);
-    if (states == NULL) goto nomem;
-    for (uint32_t r = 0; r < n; r++) states[r] = devices[r]->bstate;
-    rc = ops->comm_init(states, n, c->ranks);
-    free(states);
-    if (rc != 0) {
-      free(c->ranks);
-      c->ranks = NULL;
-      comm_free(c);
-      return rc;
-    }
-  } else {
-    host_exchange *h = calloc(1, sizeof *h);
-    c->host = h;
-    if (h == NULL) goto nomem;
-    pthread_mutex_init(&h->lock, NULL);
-    pthread_cond_init(&h->cond, NULL);
-    h->src = calloc(n, sizeof *h->src);
-    h->box = calloc((size_t)n * n, sizeof *h->box);
-    if (h->src == NULL || h->box == NULL) goto nomem;
+  void **states = calloc(n, sizeof *states);
+  if (states == NULL) goto nomem;
+  for (uint32_t r = 0; r < n; r++) states[r] = devices[r]->bstate;
+  rc = ops->comm_init(states, n, c->ranks);
+  free(states);
+  if (rc != 0) {
+    free(c->ranks);
+    c->ranks = NULL;
+    comm_free(c);
+    return rc;
   }
   *out = c;
   return 0;
@@ -208,7 +164,7 @@ static int issue(ruda_comm *c, uint32_t r, ruda__coll *k, const uint32_t *pins, 
 }
 
 static void unpin_all(ruda_device *dev, const uint32_t *pins, uint32_t n) {
-  for (uint32_t i = 0; i < n; i++) ruda__handles_unpin(&dev->handles, dev, pins[i], NULL);
+  for (uint32_t i = 0; i < n; i++) ruda__handles_unpin(&dev->handles, pins[i], NULL);
 }
 
 int ruda_all_reduce(ruda_comm *c, ruda_device *dev, ruda_binding src, ruda_binding dst, ruda_dtype dtype,
@@ -224,7 +180,7 @@ int ruda_all_reduce(ruda_comm *c, ruda_device *dev, ruda_binding src, ruda_bindi
   uint64_t sa, sl, da, dl;
   if ((rc = ruda__pin_binding(dev, s, src, fn, "src", -1, &sa, &sl, &o, 0)) != 0) return rc;
   if ((rc = ruda__pin_binding(dev, s, dst, fn, "dst", -1, &da, &dl, &o, 0)) != 0) {
-    ruda__handles_unpin(&dev->handles, dev, src.handle.slot, NULL);
+    ruda__handles_unpin(&dev->handles, src.handle.slot, NULL);
     return rc;
   }
   uint32_t pins[2] = {src.handle.slot, dst.handle.slot};
@@ -234,7 +190,7 @@ int ruda_all_reduce(ruda_comm *c, ruda_device *dev, ruda_binding src, ruda_bindi
     return ruda__fail(RUDA_EINVAL, "%s: src holds %llu bytes, %s", fn, (unsigned long long)sl,
                       sl % es ? "not a whole number of elements" : "more than dst");
   }
-  ruda__coll k = {c, RUDA__COLL_ALL_REDUCE, r, r, (uint32_t)dtype, (uint32_t)op, sa, da, sl / es, dl};
+  ruda__coll k = {c->ranks[r], RUDA__COLL_ALL_REDUCE, r, r, (uint32_t)dtype, (uint32_t)op, sa, da, sl / es, dl};
   if ((rc = issue(c, r, &k, pins, 2, &o, fn)) != 0) unpin_all(dev, pins, 2);
   return rc;
 }
@@ -252,7 +208,7 @@ static int p2p(ruda_comm *c, ruda_device *dev, ruda_binding b, uint32_t peer, ui
   const char *what = kind == RUDA__COLL_SEND ? "src" : "dst";
   if ((rc = ruda__pin_binding(dev, c->streams[r], b, fn, what, -1, &a, &l, &o, 0)) != 0) return rc;
   uint32_t slot = b.handle.slot;
-  ruda__coll k = {c, kind, r, peer, 0, 0, kind == RUDA__COLL_SEND ? a : 0, kind == RUDA__COLL_RECV ? a : 0, l, l};
+  ruda__coll k = {c->ranks[r], kind, r, peer, 0, 0, kind == RUDA__COLL_SEND ? a : 0, kind == RUDA__COLL_RECV ? a : 0, l, l};
   if ((rc = issue(c, r, &k, &slot, 1, &o, fn)) != 0) unpin_all(dev, &slot, 1);
   return rc;
 }
@@ -263,130 +219,4 @@ int ruda_send(ruda_comm *c, ruda_device *dev, ruda_binding src, uint32_t peer) {
 
 int ruda_recv(ruda_comm *c, ruda_device *dev, ruda_binding dst, uint32_t peer) {
   return p2p(c, dev, dst, peer, RUDA__COLL_RECV, "ruda_recv");
-}
-
-/* ---- the host exchange ---- */
-
-/* Sums add in U: integers in their unsigned type, so that they wrap as
- * NCCL's do instead of overflowing (undefined behaviour in C). */
-#define REDUCE(T, U)                                                              \
-  static void reduce_##T(T *acc, const T *x, uint64_t n, uint32_t op) {          \
-    for (uint64_t i = 0; i < n; i++) {                                            \
-      if (op == RUDA_REDUCE_MIN) acc[i] = x[i] < acc[i] ? x[i] : acc[i];          \
-      else if (op == RUDA_REDUCE_MAX) acc[i] = x[i] > acc[i] ? x[i] : acc[i];     \
-      else acc[i] = (T)((U)acc[i] + (U)x[i]);                                     \
-    }                                                                             \
-  }                                                                               \
-  static void mean_##T(T *acc, uint64_t n, uint32_t ranks) {                      \
-    for (uint64_t i = 0; i < n; i++) acc[i] /= (T)ranks;                          \
-  }
-REDUCE(float, float)
-REDUCE(double, double)
-REDUCE(int32_t, uint32_t)
-REDUCE(int64_t, uint64_t)
-
-static void host_reduce(host_exchange *h, uint32_t n) {
-  const size_t es = dtype_size[h->dtype], bytes = h->count * es;
-  memcpy(h->scratch, h->src[0], bytes);
-  for (uint32_t r = 1; r < n; r++) switch (h->dtype) {
-      case RUDA_DTYPE_F32: reduce_float(h->scratch, h->src[r], h->count, h->op); break;
-      case RUDA_DTYPE_F64: reduce_double(h->scratch, h->src[r], h->count, h->op); break;
-      case RUDA_DTYPE_I32: reduce_int32_t(h->scratch, h->src[r], h->count, h->op); break;
-      default: reduce_int64_t(h->scratch, h->src[r], h->count, h->op); break;
-    }
-  if (h->op != RUDA_REDUCE_MEAN) return;
-  switch (h->dtype) {
-    case RUDA_DTYPE_F32: mean_float(h->scratch, h->count, n); break;
-    case RUDA_DTYPE_F64: mean_double(h->scratch, h->count, n); break;
-    case RUDA_DTYPE_I32: mean_int32_t(h->scratch, h->count, n); break;
-    default: mean_int64_t(h->scratch, h->count, n); break;
-  }
-}
-
-static int host_all_reduce(ruda_comm *c, const ruda__coll *k, ruda_error **err) {
-  host_exchange *h = c->host;
-  const size_t es = dtype_size[k->dtype];
-  int rc = 0;
-  pthread_mutex_lock(&h->lock);
-  /* Two phases per round: gather until every rank arrived, then leave
-   * until every rank copied the result out. A rank back for the next
-   * round waits for the last one to leave this one. */
-  while (h->leaving) pthread_cond_wait(&h->cond, &h->lock);
-  if (h->arrived == 0) {
-    h->count = k->count;
-    h->dtype = k->dtype;
-    h->op = k->op;
-    h->mismatch = 0;
-  } else if (h->count != k->count || h->dtype != k->dtype || h->op != k->op) {
-    h->mismatch = 1;
-  }
-  h->src[k->rank] = (const void *)(uintptr_t)k->src;
-  if (++h->arrived == c->n) {
-    size_t bytes = (size_t)h->count * es;
-    if (!h->mismatch && bytes > h->scratch_bytes) {
-      void *p = realloc(h->scratch, bytes);
-      if (p == NULL) h->mismatch = 2;
-      else h->scratch = p, h->scratch_bytes = bytes;
-    }
-    if (!h->mismatch) host_reduce(h, c->n);
-    h->leaving = 1;
-    pthread_cond_broadcast(&h->cond);
-  }
-  while (!h->leaving) pthread_cond_wait(&h->cond, &h->lock);
-  if (h->mismatch == 0) {
-    memcpy((void *)(uintptr_t)k->dst, h->scratch, (size_t)h->count * es);
-  } else {
-    rc = h->mismatch == 2 ? RUDA_ENOMEM : RUDA_EINVAL;
-    *err = ruda__error_new(rc, 0, "all-reduce round %llu on rank %u: %s", (unsigned long long)h->round, k->rank,
-                           rc == RUDA_ENOMEM ? "no host memory for the reduction"
-                                             : "ranks disagree on element count, type or reduction");
-  }
-  if (++h->left == c->n) {
-    h->left = h->arrived = 0;
-    h->leaving = 0;
-    h->round++;
-    pthread_cond_broadcast(&h->cond);
-  }
-  pthread_mutex_unlock(&h->lock);
-  return rc;
-}
-
-static int host_p2p(ruda_comm *c, const ruda__coll *k, ruda_error **err) {
-  host_exchange *h = c->host;
-  int rc = 0;
-  pthread_mutex_lock(&h->lock);
-  if (k->kind == RUDA__COLL_SEND) {
-    mailbox *m = &h->box[(size_t)k->rank * c->n + k->peer];
-    while (m->full) pthread_cond_wait(&h->cond, &h->lock); /* an earlier send not taken yet */
-    m->src = (const void *)(uintptr_t)k->src;
-    m->bytes = k->count;
-    m->full = 1;
-    m->taken = 0;
-    pthread_cond_broadcast(&h->cond);
-    while (!m->taken) pthread_cond_wait(&h->cond, &h->lock);
-    m->full = 0;
-    pthread_cond_broadcast(&h->cond);
-  } else {
-    mailbox *m = &h->box[(size_t)k->peer * c->n + k->rank];
-    while (!m->full || m->taken) pthread_cond_wait(&h->cond, &h->lock);
-    if (m->bytes != k->dst_bytes) { /* NCCL needs the counts to match */
-      rc = RUDA_ERANGE;
-      *err = ruda__error_new(rc, 0, "recv on rank %u from rank %u: %llu bytes sent, the recv binding holds %llu",
-                             k->rank, k->peer,
-                             (unsigned long long)m->bytes, (unsigned long long)k->dst_bytes);
-    } else {
-      memcpy((void *)(uintptr_t)k->dst, m->src, m->bytes);
-    }
-    m->taken = 1;
-    pthread_cond_broadcast(&h->cond);
-  }
-  pthread_mutex_unlock(&h->lock);
-  return rc;
-}
-
-int ruda__comm_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err) {
-  const ruda__coll *k = &cmd->u.coll;
-  ruda_comm *c = k->comm;
-  if (c->host == NULL) return w->dev->ops->collective(w->wstate, c->ranks[k->rank], k, err);
-  return k->kind == RUDA__COLL_ALL_REDUCE ? host_all_reduce(c, k, err) : host_p2p(c, k, err);
 }

@@ -5,9 +5,10 @@
 #include <string.h>
 #include <strings.h>
 
-#include "internal.h"
-
-const char *ruda_version_string(void) { return "0.1.0"; }
+#include "base/log.h"
+#include "scheduler/device.h"
+#include "scheduler/graph.h"
+#include "src/api.h"
 
 static int env_u32(const char *name, uint32_t *out) {
   const char *v = getenv(name);
@@ -22,6 +23,7 @@ static int env_u32(const char *name, uint32_t *out) {
 void ruda_config_init(ruda_config *cfg) {
   if (cfg == NULL) return;
   memset(cfg, 0, sizeof *cfg);
+  cfg->size = (uint32_t)sizeof *cfg;
   cfg->backend = RUDA_BACKEND_AUTO;
   /* 8 submitting threads is where the driver peaks on an H200
    * (docs/benchmarks.md); idle workers sleep and cost nothing. */
@@ -62,15 +64,10 @@ void ruda_config_init(ruda_config *cfg) {
   if ((v = getenv("RUDA_CACHE_DIR")) != NULL) cfg->cache_dir = v;
 }
 
-void ruda__log(const ruda_device *dev, ruda_log_level level, const char *fmt, ...) {
-  if (dev != NULL && level > dev->cfg.log_level) return;
-  static const char *tag[] = {"", "error", "warn", "info", "debug"};
-  char line[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(line, sizeof line, fmt, ap);
-  va_end(ap);
-  fprintf(stderr, "ruda %s: %s\n", tag[level], line);
+/* The backend's view of its device (base/backend.h). */
+static void env_fault(void *ctx, ruda_error *err) { ruda__device_fault(ctx, err); }
+static int env_faulted(void *ctx) {
+  return atomic_load_explicit(&((ruda_device *)ctx)->faulted, memory_order_acquire);
 }
 
 static _Atomic uint64_t device_serial = 1;
@@ -79,6 +76,11 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   if (out == NULL) return ruda__fail(RUDA_EINVAL, "ruda_device_open: out is NULL");
   *out = NULL;
   ruda_config cfg;
+  if (cfg_in != NULL && cfg_in->size != sizeof *cfg_in)
+    return ruda__fail(RUDA_EINVAL,
+                      "ruda_device_open: cfg->size is %u, not sizeof(ruda_config) = %zu: fill the config with "
+                      "ruda_config_init() of the ruda version it is built against",
+                      cfg_in->size, sizeof *cfg_in);
   if (cfg_in) cfg = *cfg_in;
   else ruda_config_init(&cfg);
 
@@ -100,22 +102,23 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   dev->serial = atomic_fetch_add(&device_serial, 1);
 
   /* Backend choice: cuda when asked; auto tries cuda, then host. */
+  const ruda__backend_env env = {&dev->cfg, dev, env_fault, env_faulted};
   int rc = RUDA_ENOBACKEND;
   if (cfg.backend != RUDA_BACKEND_HOST) {
     if (ruda__cuda_backend == NULL) {
       rc = ruda__fail(RUDA_ENOBACKEND, "ruda_device_open: this libruda was built without CUDA support");
     } else {
       dev->ops = ruda__cuda_backend;
-      rc = dev->ops->open(dev, &dev->bstate, &dev->limits);
+      rc = dev->ops->open(&env, &dev->bstate, &dev->limits);
     }
     if (rc != 0 && cfg.backend == RUDA_BACKEND_AUTO) {
-      ruda__log(&(ruda_device){.cfg = cfg}, RUDA_LOG_INFO, "cuda backend unavailable (%s); using host",
+      ruda__log(cfg.log_level, RUDA_LOG_INFO, "cuda backend unavailable (%s); using host",
                 ruda_error_message(ruda_last_error()));
     }
   }
   if (rc != 0 && cfg.backend != RUDA_BACKEND_CUDA) {
     dev->ops = &ruda__host_backend;
-    rc = dev->ops->open(dev, &dev->bstate, &dev->limits);
+    rc = dev->ops->open(&env, &dev->bstate, &dev->limits);
   }
   if (rc != 0) {
     free(dev);
@@ -125,30 +128,35 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   ruda__handles_init(&dev->handles);
   ruda__streams_init(&dev->streams);
   pthread_mutex_init(&dev->graph_lock, NULL);
-  ruda__kernels_init(&dev->kernels);
+  dev->kernels = ruda__kernels_new();
   dev->nworkers = cfg.num_streams;
   dev->workers = aligned_alloc(RUDA__CACHELINE, sizeof(ruda__worker) * dev->nworkers);
-  if (dev->workers == NULL || atomic_load(&dev->streams.current) == NULL) {
+  if (dev->workers == NULL || dev->kernels == NULL || atomic_load(&dev->streams.current) == NULL) {
     rc = ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
     goto fail;
   }
   memset(dev->workers, 0, sizeof(ruda__worker) * dev->nworkers);
-  rc = ruda__memory_init(dev);
+  if ((rc = ruda__fences_init(dev)) != 0) goto fail;
+  dev->memory.ops = dev->ops;
+  dev->memory.bstate = dev->bstate;
+  dev->memory.handles = &dev->handles;
+  rc = ruda__memory_init(&dev->memory, dev->nworkers);
   if (rc != 0) goto fail;
-  dev->handles.dev = dev;
+  dev->handles.mem = &dev->memory;
   rc = ruda__workers_start(dev);
   if (rc != 0) goto fail;
-  ruda__log(dev, RUDA_LOG_INFO, "device open: backend %s (%s), %u streams, queue bound %u",
+  ruda__log(cfg.log_level, RUDA_LOG_INFO, "device open: backend %s (%s), %u streams, queue bound %u",
             dev->ops->name, dev->limits.name, dev->nworkers, cfg.queue_bound);
   *out = dev;
   return 0;
 
 fail:
-  ruda__memory_destroy(dev);
+  ruda__memory_destroy(&dev->memory);
+  ruda__fences_destroy(dev);
   free(dev->workers);
   ruda__kernels_destroy(dev);
   ruda__streams_destroy(&dev->streams);
-  ruda__handles_destroy(&dev->handles, dev);
+  ruda__handles_destroy(&dev->handles);
   pthread_mutex_destroy(&dev->graph_lock);
   dev->ops->close(dev->bstate);
   free(dev);
@@ -188,9 +196,11 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
   /* Graphs hold pins and backend objects: before handles and context. */
   ruda__graphs_close(dev);
   pthread_mutex_destroy(&dev->graph_lock);
-  ruda__handles_destroy(&dev->handles, dev);
-  ruda__memory_destroy(dev);
+  ruda__handles_destroy(&dev->handles);
+  ruda__memory_destroy(&dev->memory);
+  ruda__fences_destroy(dev);
   ruda__kernels_destroy(dev);
+  ruda__streams_each(&dev->streams, ruda__profiles_free, NULL);
   ruda__streams_destroy(&dev->streams);
   dev->ops->close(dev->bstate);
   ruda_error_free(dev->fault);

@@ -8,7 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "scheduler/device.h"
+#include "src/api.h"
 
 typedef struct ruda__kernel_entry {
   const char *name; /* owned by the first kernel registered under it */
@@ -35,10 +36,24 @@ static ruda__kernel_slots *slots_new(uint64_t cap) {
   return t;
 }
 
-void ruda__kernels_init(ruda__kernel_table *t) {
-  atomic_init(&t->current, slots_new(64));
-  t->retired = NULL;
+/* Kernel registry: name -> kernel, lock-free reads. */
+struct ruda__kernel_table {
+  struct ruda__kernel_slots *_Atomic current;
+  struct ruda__kernel_slots *retired;
+  pthread_mutex_t lock; /* writers */
+};
+
+ruda__kernel_table *ruda__kernels_new(void) {
+  ruda__kernel_table *t = calloc(1, sizeof *t);
+  if (t == NULL) return NULL;
+  ruda__kernel_slots *s = slots_new(64);
+  if (s == NULL) {
+    free(t);
+    return NULL;
+  }
+  atomic_init(&t->current, s);
   pthread_mutex_init(&t->lock, NULL);
+  return t;
 }
 
 static ruda__kernel_entry *lookup(ruda__kernel_slots *s, const char *name, uint64_t h) {
@@ -91,7 +106,7 @@ static unsigned kcache_index(uint64_t serial, const char *name) {
 /* The table lookup behind a cache miss, out of line so that the hit path
  * keeps few registers live. */
 static __attribute__((noinline, cold)) ruda__kernel *kcache_miss(ruda_device *dev, const char *name) {
-  ruda__kernel_slots *s = atomic_load_explicit(&dev->kernels.current, memory_order_acquire);
+  ruda__kernel_slots *s = atomic_load_explicit(&dev->kernels->current, memory_order_acquire);
   ruda__kernel_entry *e = lookup(s, name, hash_name(name));
   if (e == NULL) return NULL;
   kcache_slot *c = &kcache[kcache_index(dev->serial, name)];
@@ -122,7 +137,7 @@ static void kernel_free(ruda_device *dev, ruda__kernel *k) {
 }
 
 int ruda__kernel_add(ruda_device *dev, ruda__kernel *k) {
-  ruda__kernel_table *t = &dev->kernels;
+  ruda__kernel_table *t = dev->kernels;
   uint64_t h = hash_name(k->name);
   int rc = 0;
   pthread_mutex_lock(&t->lock);
@@ -175,7 +190,8 @@ out:
 }
 
 void ruda__kernels_destroy(ruda_device *dev) {
-  ruda__kernel_table *t = &dev->kernels;
+  ruda__kernel_table *t = dev->kernels;
+  if (t == NULL) return;
   ruda__kernel_slots *s = atomic_load(&t->current);
   if (s != NULL) {
     for (uint64_t i = 0; i <= s->mask; i++) {
@@ -197,9 +213,9 @@ void ruda__kernels_destroy(ruda_device *dev) {
     free(r);
     r = p;
   }
-  t->current = NULL;
-  t->retired = NULL;
   pthread_mutex_destroy(&t->lock);
+  free(t);
+  dev->kernels = NULL;
 }
 
 int ruda_host_kernel_register(ruda_device *dev, const char *name, ruda_host_kernel_fn fn) {

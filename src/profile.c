@@ -7,7 +7,9 @@
  * subtracts. */
 #include <stdlib.h>
 
-#include "internal.h"
+#include "scheduler/device.h"
+#include "scheduler/submit.h"
+#include "src/api.h"
 
 typedef struct ruda__profile {
   struct ruda__profile *next;
@@ -102,7 +104,8 @@ int ruda_profile_end(ruda_device *dev, ruda_stream_id stream, ruda_profile_token
   return rc;
 }
 
-void ruda__profiles_free(ruda__stream *s) {
+void ruda__profiles_free(ruda__stream *s, void *arg) {
+  (void)arg;
   while (s->profiles != NULL) {
     ruda__profile *p = s->profiles;
     s->profiles = p->next;

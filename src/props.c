@@ -1,8 +1,8 @@
-/* props.c - device properties and the launch-shape helpers of the
- * reference (CubeDim::new, cube_count_spread), on every backend. */
+/* props.c - device properties and the launch-shape helpers
+ * (ruda_block_for, ruda_grid_spread), on every backend. */
 #include <string.h>
 
-#include "internal.h"
+#include "scheduler/device.h"
 
 int ruda_device_get_props(const ruda_device *dev, ruda_device_props *out) {
   if (dev == NULL || out == NULL)
@@ -31,12 +31,12 @@ ruda_dim3 ruda_block_for(const ruda_device *dev, uint64_t working_units) {
   /* A power of two number of warps, at most 8: enough to hide latency in
    * simple kernels without starving small problems of blocks. */
   uint64_t warps = working_units / warp;
-  uint32_t planes = 1;
-  while (planes < 8 && (uint64_t)planes * 2 <= warps) planes *= 2;
+  uint32_t block_warps = 1;
+  while (block_warps < 8 && (uint64_t)block_warps * 2 <= warps) block_warps *= 2;
   uint32_t limit = dev->limits.max_threads_per_block / warp;
-  if (planes > limit) planes = limit;
-  if (planes == 0) planes = 1;
-  return (ruda_dim3){warp, planes, 1};
+  if (block_warps > limit) block_warps = limit;
+  if (block_warps == 0) block_warps = 1;
+  return (ruda_dim3){warp, block_warps, 1};
 }
 
 int ruda_grid_spread_max(ruda_dim3 max, uint32_t num_blocks, ruda_dim3 *grid, uint64_t *actual) {
@@ -55,7 +55,7 @@ int ruda_grid_spread_max(ruda_dim3 max, uint32_t num_blocks, ruda_dim3 *grid, ui
     }
   }
   if (c[2] > m[2])
-    return ruda__fail(RUDA_EUNITS, "ruda_grid_spread: %u blocks do not fit in a grid of at most (%u,%u,%u)",
+    return ruda__fail(RUDA_EGRIDDIM, "ruda_grid_spread: %u blocks do not fit in a grid of at most (%u,%u,%u)",
                       num_blocks, max.x, max.y, max.z);
   *grid = (ruda_dim3){(uint32_t)c[0], (uint32_t)c[1], (uint32_t)c[2]};
   if (actual) *actual = c[0] * c[1] * c[2];

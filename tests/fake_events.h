@@ -9,7 +9,9 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#include "internal.h"
+#include "scheduler/graph.h"
+#include "scheduler/submit.h"
+#include "src/api.h"
 
 typedef struct fake_event {
   _Atomic int done;

@@ -4,7 +4,7 @@
  * upload verified by a checksum computed on the device, interop handles
  * and out-of-memory. */
 #include "gpu_common.h"
-#include "src/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_internal.h"
 
 static void fill_bytes(unsigned char *p, size_t n, uint64_t *seed) {
   size_t i = 0;

@@ -77,7 +77,7 @@ static void props_on_host(void **state) {
   test_close(dev);
 }
 
-static void block_for_follows_the_reference(void **state) {
+static void block_for_shapes(void **state) {
   (void)state;
   ruda_device *dev = test_open_default();
   /* (warp, largest power of two <= min(8, units / warp), 1) */
@@ -96,11 +96,11 @@ static void block_for_follows_the_reference(void **state) {
   test_close(dev);
 }
 
-static void grid_spread_follows_the_reference(void **state) {
+static void grid_spread_shapes(void **state) {
   (void)state;
   ruda_dim3 g;
   uint64_t actual;
-  /* The reference's own unit cases. */
+  /* Worked cases: x halves into y, then y into z. */
   assert_ok(ruda_grid_spread_max((ruda_dim3){32, 32, 32}, 2048, &g, &actual));
   assert_int_equal(g.x, 32), assert_int_equal(g.y, 32), assert_int_equal(g.z, 2);
   assert_int_equal(actual, 2048);
@@ -116,7 +116,7 @@ static void grid_spread_follows_the_reference(void **state) {
     assert_true(actual >= n);
     assert_true(g.x <= 7 && g.y <= 5 && g.z <= 4096);
   }
-  assert_rc(ruda_grid_spread_max((ruda_dim3){2, 2, 2}, 100, &g, &actual), RUDA_EUNITS);
+  assert_rc(ruda_grid_spread_max((ruda_dim3){2, 2, 2}, 100, &g, &actual), RUDA_EGRIDDIM);
   assert_rc(ruda_grid_spread_max((ruda_dim3){2, 2, 2}, 0, &g, &actual), RUDA_EINVAL);
   ruda_device *dev = test_open_default();
   assert_ok(ruda_grid_spread(dev, 100000, &g, NULL));
@@ -169,8 +169,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(cuda_without_driver_is_clear),
       cmocka_unit_test(auto_falls_back_to_host),
       cmocka_unit_test(props_on_host),
-      cmocka_unit_test(block_for_follows_the_reference),
-      cmocka_unit_test(grid_spread_follows_the_reference),
+      cmocka_unit_test(block_for_shapes),
+      cmocka_unit_test(grid_spread_shapes),
       cmocka_unit_test(staging_and_chunked_writes_on_host),
   };
   /* No driver, whatever the machine has:

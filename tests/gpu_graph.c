@@ -5,7 +5,9 @@
  * graph destroyed with replays in flight lets them finish. Under the mock
  * driver the same paths run against its capture emulation. */
 #include "gpu_common.h"
-#include "internal.h"
+#include "scheduler/graph.h"
+#include "scheduler/submit.h"
+#include "src/api.h"
 
 #define SPIN 40000000LL /* ~20 ms on the H200; the mock sleeps spin / 2000 us */
 

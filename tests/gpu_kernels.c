@@ -7,7 +7,8 @@
 #include <sys/stat.h>
 
 #include "gpu_common.h"
-#include "src/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_internal.h"
+#include "scheduler/device.h"
 
 static ruda_handle buffer_with(ruda_device *dev, const void *data, size_t bytes) {
   ruda_handle h;
@@ -174,19 +175,19 @@ static void resource_limits_fail_at_the_call(void **state) {
   char want[64];
 
   assert_rc(launch_shape(dev, "static_smem", one, (ruda_dim3){p.max_block.x + 1, 1, 1}, 0, &a, 1, 0),
-            RUDA_ECUBEDIM);
+            RUDA_EBLOCKDIM);
   snprintf(want, sizeof want, "(%u,%u,%u)", p.max_block.x, p.max_block.y, p.max_block.z);
   assert_last_error_contains(want);
-  assert_rc(launch_shape(dev, "static_smem", one, (ruda_dim3){32, 32, 2}, 0, &a, 1, 0), RUDA_EUNITSPERCUBE);
+  assert_rc(launch_shape(dev, "static_smem", one, (ruda_dim3){32, 32, 2}, 0, &a, 1, 0), RUDA_EBLOCKTHREADS);
   assert_last_error_contains("2048");
-  assert_rc(launch_shape(dev, "static_smem", (ruda_dim3){1, p.max_grid.y + 1, 1}, one, 0, &a, 1, 0), RUDA_EUNITS);
+  assert_rc(launch_shape(dev, "static_smem", (ruda_dim3){1, p.max_grid.y + 1, 1}, one, 0, &a, 1, 0), RUDA_EGRIDDIM);
   assert_rc(launch_shape(dev, "static_smem", one, one, p.max_shared_per_block_optin + 1, &a, 1, 0),
             RUDA_ESHAREDMEM);
   /* Kernel-specific: its 16 KiB of static shared memory leave less. */
   assert_rc(launch_shape(dev, "static_smem", one, one, p.max_shared_per_block_optin, &a, 1, 0), RUDA_ESHAREDMEM);
   assert_last_error_contains("16384 static");
   /* Kernel-specific: __launch_bounds__(128). */
-  assert_rc(launch_shape(dev, "bounded128", one, (ruda_dim3){256, 1, 1}, 0, &a, 1, 0), RUDA_EUNITSPERCUBE);
+  assert_rc(launch_shape(dev, "bounded128", one, (ruda_dim3){256, 1, 1}, 0, &a, 1, 0), RUDA_EBLOCKTHREADS);
   assert_last_error_contains("maximum is 128");
   /* Opt-in shared memory above the 48 KiB default is allowed. */
   assert_ok(launch_shape(dev, "bounded128", one, (ruda_dim3){128, 1, 1}, 100 * 1024, &a, 1, 0));
@@ -222,7 +223,7 @@ static void dry_run_dispatches_nothing(void **state) {
   /* Validation still applies to dry runs. */
   ruda_launch_desc bad = l;
   bad.block = (ruda_dim3){4096, 1, 1};
-  assert_rc(ruda_launch(dev, 0, &bad), RUDA_ECUBEDIM);
+  assert_rc(ruda_launch(dev, 0, &bad), RUDA_EBLOCKDIM);
   bad = l;
   bad.nargs = 2;
   assert_rc(ruda_launch(dev, 0, &bad), RUDA_EINVAL);
@@ -278,14 +279,14 @@ static void concurrent_registrations_compile_once(void **state) {
   for (int i = 0; i < T; i++) pthread_join(t[i], NULL);
   for (int i = 0; i < T; i++) assert_int_equal(a[i].rc, 0);
   uint64_t compiles, disk, mem;
-  ruda__cu_cache_stats(dev, &compiles, &disk, &mem);
+  ruda__cu_cache_stats(dev->bstate, &compiles, &disk, &mem);
   assert_int_equal(compiles, 1);
   assert_int_equal(disk, 0);
   assert_int_equal(mem, T - 1);
   /* Different options are a different module. */
   const char *opts[] = {"-DUNUSED=1", NULL};
   assert_ok(ruda_kernel_source(dev, "axpy", SRC_AXPY, opts));
-  ruda__cu_cache_stats(dev, &compiles, &disk, &mem);
+  ruda__cu_cache_stats(dev->bstate, &compiles, &disk, &mem);
   assert_int_equal(compiles, 2);
   pthread_barrier_destroy(&go);
   test_close(dev);
@@ -325,7 +326,7 @@ static void disk_cache_warm_start(void **state) {
   double t0 = now_ms();
   assert_ok(ruda_kernel_source(cold, "axpy", SRC_AXPY, NULL));
   double cold_ms = now_ms() - t0;
-  ruda__cu_cache_stats(cold, &compiles, &disk, &mem);
+  ruda__cu_cache_stats(cold->bstate, &compiles, &disk, &mem);
   assert_int_equal(compiles, 1);
   assert_int_equal(disk, 0);
   test_close(cold);
@@ -335,7 +336,7 @@ static void disk_cache_warm_start(void **state) {
   t0 = now_ms();
   assert_ok(ruda_kernel_source(warm, "axpy", SRC_AXPY, NULL));
   double warm_ms = now_ms() - t0;
-  ruda__cu_cache_stats(warm, &compiles, &disk, &mem);
+  ruda__cu_cache_stats(warm->bstate, &compiles, &disk, &mem);
   assert_int_equal(compiles, 0);
   assert_int_equal(disk, 1);
   fprintf(stderr, "kernel load: NVRTC %.2f ms, disk cache %.3f ms\n", cold_ms, warm_ms);
@@ -362,13 +363,13 @@ static void disk_cache_warm_start(void **state) {
   close(fd);
   ruda_device *again = gpu_open_cfg(1, sub, 0);
   assert_ok(ruda_kernel_source(again, "axpy", SRC_AXPY, NULL));
-  ruda__cu_cache_stats(again, &compiles, &disk, &mem);
+  ruda__cu_cache_stats(again->bstate, &compiles, &disk, &mem);
   assert_int_equal(compiles, 1);
   assert_int_equal(disk, 0);
   test_close(again);
   ruda_device *fixed = gpu_open_cfg(1, sub, 0);
   assert_ok(ruda_kernel_source(fixed, "axpy", SRC_AXPY, NULL));
-  ruda__cu_cache_stats(fixed, &compiles, &disk, &mem);
+  ruda__cu_cache_stats(fixed->bstate, &compiles, &disk, &mem);
   assert_int_equal(disk, 1);
   test_close(fixed);
   char cmd[700];

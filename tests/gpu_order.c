@@ -7,7 +7,9 @@
  * the writer's event (cuStreamWaitEvent after the writer's MARK) would
  * see the old contents. Streams 0..3 run on four different workers. */
 #include "gpu_common.h"
-#include "internal.h"
+#include "scheduler/graph.h"
+#include "scheduler/submit.h"
+#include "src/api.h"
 
 /* About 20 ms at the H200's ~2 GHz (the mock sleeps spin / 2000 us). */
 #define SPIN 40000000LL

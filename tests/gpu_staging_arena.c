@@ -9,7 +9,7 @@
 
 #include "common.h"
 #include "memory/staging.h"
-#include "src/error_internal.h"
+#include "base/error.h"
 
 typedef struct provider {
   _Atomic int allocs, frees, refuse;

@@ -25,17 +25,21 @@
 
 #include <stdint.h>
 
+#include "ruda/error.h"
 #include "ruda/export.h"
+#include "ruda/types.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-struct ruda_device;
+/* A communicator (ruda_comm_init). Opaque. */
 typedef struct ruda_comm ruda_comm;
 
+/* Element types of collectives. */
 typedef enum ruda_dtype { RUDA_DTYPE_F32 = 0, RUDA_DTYPE_F64, RUDA_DTYPE_I32, RUDA_DTYPE_I64 } ruda_dtype;
 
+/* Reductions of ruda_all_reduce. */
 typedef enum ruda_reduce_op {
   RUDA_REDUCE_SUM = 0,
   RUDA_REDUCE_MEAN,
@@ -51,8 +55,9 @@ RUDA_EXTERN int ruda_comm_init(struct ruda_device *const *devices, uint32_t n, r
 /* Waits for every rank's collectives, then frees the communicator. */
 RUDA_EXTERN int ruda_comm_destroy(ruda_comm *comm);
 
-/* Ranks in the communicator; the rank of dev, or -1 if not a member. */
+/* Number of ranks in the communicator (0 for NULL). */
 RUDA_EXTERN uint32_t ruda_comm_size(const ruda_comm *comm);
+/* The rank of dev, or -1 if it is not a member. */
 RUDA_EXTERN int ruda_comm_rank(const ruda_comm *comm, const struct ruda_device *dev);
 
 /* dst = op over every rank's src, on every rank. src and dst may be the
@@ -67,10 +72,11 @@ RUDA_EXTERN int ruda_all_reduce(ruda_comm *comm, struct ruda_device *dev, ruda_b
  * A send waits for its receiver: two ranks sending to each other first
  * wait for ever, as with NCCL; let one of them receive first. */
 RUDA_EXTERN int ruda_send(ruda_comm *comm, struct ruda_device *dev, ruda_binding src, uint32_t peer);
+/* The receiving side of ruda_send: dev's rank takes peer's bytes into dst. */
 RUDA_EXTERN int ruda_recv(ruda_comm *comm, struct ruda_device *dev, ruda_binding dst, uint32_t peer);
 
-/* Waits until dev's rank ran its collectives so far (the reference's
- * sync_collective); RUDA_EUNHEALTHY with their failures in *errors. */
+/* Waits until dev's rank ran its collectives so far (a sync of the rank's
+ * collective stream); RUDA_EUNHEALTHY with their failures in *errors. */
 RUDA_EXTERN int ruda_comm_sync(ruda_comm *comm, struct ruda_device *dev, ruda_error **errors);
 
 #ifdef __cplusplus

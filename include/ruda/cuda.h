@@ -25,36 +25,37 @@ typedef struct ruda_device_props {
   const char *backend;         /* "cuda" or "host" */
   int cc_major, cc_minor;      /* compute capability */
   uint32_t sm_count;           /* streaming multiprocessors */
-  uint32_t warp_size;          /* threads per warp (the reference's plane size) */
+  uint32_t warp_size;          /* threads per warp */
   uint32_t max_threads_per_block;
   ruda_dim3 max_block;         /* per-dimension block limits */
   ruda_dim3 max_grid;          /* per-dimension grid limits */
   uint32_t max_shared_per_block;       /* bytes a block gets without opting in */
   uint32_t max_shared_per_block_optin; /* bytes a launch may request (ruda opts in) */
   uint64_t total_mem;          /* device memory, bytes */
+  uint64_t reserved[8];        /* zero */
 } ruda_device_props;
 
 /* Fills *out. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_device_get_props(const ruda_device *dev, ruda_device_props *out);
 
 /* A block shape for a simple (element-wise) kernel over working_units
- * threads, the reference's CubeDim::new: (warp_size, planes, 1), where
- * planes is the largest power of two <= min(8, working_units / warp_size),
- * at least 1, capped so the block stays within max_threads_per_block.
- * Returns (1,1,1) for a NULL device. Thread-safe. */
+ * threads: (warp_size, warps, 1), one warp per row, where warps is the
+ * largest power of two <= min(8, working_units / warp_size), at least 1,
+ * capped so the block stays within max_threads_per_block. Returns (1,1,1)
+ * for a NULL device. Thread-safe. */
 RUDA_EXTERN ruda_dim3 ruda_block_for(const ruda_device *dev, uint64_t working_units);
 
-/* Spreads num_blocks blocks over a grid within the device's limits, the
- * reference's cube_count_spread: while x exceeds its maximum it is halved
- * (rounding up) and y doubled, then the same from y into z. *actual (may be
- * NULL) receives x*y*z, which exceeds num_blocks when rounding left idle
- * blocks (the reference's CubeCountSelection::Approx): the kernel must then
- * bounds-check its block index. RUDA_EINVAL for num_blocks 0, RUDA_EUNITS
- * when even z overflows. Thread-safe. */
+/* Spreads num_blocks blocks over a grid within the device's limits: while
+ * x exceeds its maximum it is halved (rounding up) and y doubled, then the
+ * same from y into z. *actual (may be NULL) receives x*y*z, which exceeds
+ * num_blocks when rounding left idle blocks: the kernel must then
+ * bounds-check its block index. RUDA_EINVAL for num_blocks 0,
+ * RUDA_EGRIDDIM when even z overflows. Thread-safe. */
 RUDA_EXTERN int ruda_grid_spread(const ruda_device *dev, uint32_t num_blocks, ruda_dim3 *grid,
                                  uint64_t *actual);
 
-/* The same against explicit maxima. */
+/* ruda_grid_spread against explicit per-dimension maxima (max), for
+ * shaping a launch without a device. Thread-safe. */
 RUDA_EXTERN int ruda_grid_spread_max(ruda_dim3 max, uint32_t num_blocks, ruda_dim3 *grid,
                                      uint64_t *actual);
 
@@ -92,6 +93,7 @@ RUDA_EXTERN int ruda_staging_free(ruda_device *dev, void *p);
 RUDA_EXTERN int ruda_write_staged(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *dst,
                                   void *staged, size_t len);
 
+/* The staging arena's figures (filled by ruda_staging_usage). */
 typedef struct ruda_staging_stats {
   uint64_t pinned_bytes;   /* page-locked memory reserved from the driver */
   uint64_t in_use_bytes;   /* page-locked bytes handed out and not yet returned */
@@ -100,6 +102,7 @@ typedef struct ruda_staging_stats {
   uint64_t chunk_bytes;    /* reservation granularity */
   uint64_t fallback_bytes; /* pageable bytes in use because the cap was reached */
   uint64_t fallback_count; /* pageable blocks handed out so far */
+  uint64_t reserved[4];    /* zero */
 } ruda_staging_stats;
 
 /* Reports the staging arena's figures. RUDA_ENOBACKEND on the host backend
@@ -131,11 +134,12 @@ RUDA_EXTERN int ruda_staging_usage(ruda_device *dev, ruda_staging_stats *out);
  * backend. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_cuda_stream(ruda_device *dev, ruda_stream_id stream, void **cu_stream);
 
-/* The CUcontext (as void *): the device's primary context. */
+/* The CUcontext (as void *): the device's primary context. RUDA_ENOBACKEND
+ * on the host backend. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_cuda_context(ruda_device *dev, void **cu_context);
 
-/* The device address of the binding's first byte, the reference's
- * get_resource (a host address on the host backend). Checks that the
+/* The device address of the binding's first byte (a host address on the
+ * host backend), for work issued outside ruda. Checks that the
  * handle is live and the range inside the buffer. The buffer then counts
  * as used: once freed, its memory waits for its stream's work to pass
  * before another stream reuses it, as after a command. Thread-safe,
@@ -146,18 +150,22 @@ RUDA_EXTERN int ruda_binding_device_ptr(ruda_device *dev, ruda_binding b, uint64
 /* Tensor maps (Hopper TMA)                                            */
 /* ------------------------------------------------------------------ */
 
-/* The reference's TensorMapBinding: a tensor in a buffer, described for
- * the bulk tensor copies (cp.async.bulk.tensor) of compute capability 9.0+.
+/* A tensor in a buffer, described for the bulk tensor copies of the
+ * Tensor Memory Accelerator (cp.async.bulk.tensor, compute capability 9.0+).
+ * ruda_tensor_map_encode turns it into the CUtensorMap a kernel takes.
  * Shapes, strides and boxes are row-major like ruda_copy_desc (the last
  * dimension is the contiguous one, strides in elements, the last stride
  * 1); ruda converts them to the driver's innermost-first order. The enum
  * fields take the values of the driver's CUtensorMap* enums (0 is
  * "none"/"uint8" in each). */
+/* Which driver encoder builds the map. */
 typedef enum ruda_tensor_map_format {
   RUDA_TENSOR_MAP_TILED = 0, /* cuTensorMapEncodeTiled */
   RUDA_TENSOR_MAP_IM2COL = 1 /* cuTensorMapEncodeIm2col */
 } ruda_tensor_map_format;
 
+/* The tensor and how copies traverse it; designated initializers leave the
+ * unused fields (and reserved) zero. */
 typedef struct ruda_tensor_map_desc {
   ruda_tensor_map_format format;
   int data_type;             /* CUtensorMapDataType, e.g. 7 = float32 */
@@ -171,12 +179,20 @@ typedef struct ruda_tensor_map_desc {
   uint32_t channels_per_pixel; /* im2col */
   uint32_t pixels_per_column;  /* im2col */
   int interleave, swizzle, l2_promotion, oob_fill; /* CUtensorMap* values */
+  uint64_t reserved[4];      /* zero */
 } ruda_tensor_map_desc;
 
-/* An encoded map: 128 opaque bytes, passed to a kernel by value. */
+/* An encoded map: 128 opaque bytes, aligned to 128 (as CUtensorMap),
+ * passed to a kernel by value. */
+#ifdef __cplusplus
+#define RUDA_ALIGNAS_128 alignas(128)
+#else
+#define RUDA_ALIGNAS_128 _Alignas(128)
+#endif
 typedef struct ruda_tensor_map {
-  uint64_t opaque[16];
-} __attribute__((aligned(128))) ruda_tensor_map;
+  RUDA_ALIGNAS_128 uint64_t opaque[16];
+} ruda_tensor_map;
+#undef RUDA_ALIGNAS_128
 
 /* Encodes a map of the tensor d describes in binding b. The map holds the
  * buffer's device address: like a pointer from ruda_binding_device_ptr it

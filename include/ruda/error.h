@@ -20,9 +20,10 @@
 extern "C" {
 #endif
 
-/* One table makes the enum, ruda_err_name() and ruda_strerror().
- * Groups follow the reference taxonomy: general, launch, resource limits,
- * server, I/O (memory), profiling, device. */
+/* One table makes the enum, ruda_err_name() and ruda_strerror(). Codes
+ * come in groups of ten: general (and driver), kernel launch, launch
+ * shape against the device's limits, execution on a stream, memory and
+ * copies, profiling. */
 #define RUDA_ERRNO_MAP(XX)                                                        \
   XX(EINVAL, -1, "invalid argument")                                              \
   XX(ERANGE, -2, "offset or size outside the buffer, or arithmetic overflow")     \
@@ -36,21 +37,21 @@ extern "C" {
   XX(ENONVRTC, -10, "NVRTC is not available")                                     \
   XX(ECUDA, -11, "CUDA driver call failed")                                       \
   XX(EFAULTED, -12, "device context is faulted")                                  \
-  /* LaunchError */                                                               \
+  /* kernel launch */                                                             \
   XX(ECOMPILE, -20, "kernel compilation failed")                                  \
   XX(EKERNEL, -21, "unknown kernel name")                                         \
   XX(ELAUNCH, -22, "kernel launch failed")                                        \
-  /* ResourceLimitError */                                                        \
+  /* launch shape against the device's limits */                                  \
   XX(ESHAREDMEM, -30, "too much shared memory requested")                         \
-  XX(EUNITS, -31, "total unit count exceeds the device maximum")                  \
-  XX(ECUBEDIM, -32, "block dimensions exceed the device maximum")                 \
-  XX(EUNITSPERCUBE, -33, "units per block exceed the device maximum")             \
-  /* ServerError */                                                               \
+  XX(EGRIDDIM, -31, "grid dimensions exceed the device maximum")                  \
+  XX(EBLOCKDIM, -32, "block dimensions exceed the device maximum")                \
+  XX(EBLOCKTHREADS, -33, "threads per block exceed the device maximum")           \
+  /* execution on a stream */                                                     \
   XX(EVALIDATION, -40, "validation failed during execution")                      \
   XX(EGENERIC, -41, "execution failed")                                           \
   XX(EUNHEALTHY, -42, "stream is unhealthy: it holds unreported errors")          \
   XX(EGRAPHSTATE, -43, "graph call not allowed in the stream's capture state")    \
-  /* IoError */                                                                   \
+  /* memory and copies */                                                         \
   XX(EBUFFERTOOBIG, -50, "buffer can never fit on the device")                    \
   XX(EOUTOFMEMORY, -51, "out of device memory")                                   \
   XX(EPOOLCAPACITY, -52, "memory pool capacity exceeded")                         \
@@ -62,10 +63,11 @@ extern "C" {
   XX(EUNSUPPORTEDIO, -58, "I/O operation not supported")                          \
   XX(EIO, -59, "unknown I/O error")                                               \
   XX(EPOOLSINUSE, -60, "memory pools are in use")                                 \
-  /* ProfileError */                                                              \
+  /* profiling */                                                                 \
   XX(EPROFILE, -70, "profiling failed")                                           \
   XX(EPROFILETOKEN, -71, "profiling token not registered")
 
+/* RUDA_OK and the RUDA_E* codes of the table above. */
 typedef enum ruda_errno {
   RUDA_OK = 0,
 #define RUDA__ERRNO_ENUM(name, value, text) RUDA_##name = (value),
@@ -86,7 +88,10 @@ RUDA_EXTERN const char *ruda_err_name(int code);
 typedef struct ruda_error ruda_error;
 
 /* Accessors. All accept NULL (returning 0 / "" / NULL) and never block. */
+/* The error's RUDA_E* code. */
 RUDA_EXTERN int ruda_error_code(const ruda_error *err);
+/* The message: the call that failed and the values involved. Valid while
+ * err lives. */
 RUDA_EXTERN const char *ruda_error_message(const ruda_error *err);
 /* The error that caused this one, or NULL. */
 RUDA_EXTERN const ruda_error *ruda_error_cause(const ruda_error *err);

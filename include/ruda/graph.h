@@ -38,12 +38,13 @@
 #include <stdint.h>
 
 #include "ruda/export.h"
+#include "ruda/types.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-struct ruda_device;
+/* A recorded graph (ruda_graph_end_capture). Opaque. */
 typedef struct ruda_graph ruda_graph;
 
 /* Routes stream's allocations to the persistent pool (as

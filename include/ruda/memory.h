@@ -33,14 +33,13 @@
 #include <stdint.h>
 
 #include "ruda/export.h"
+#include "ruda/types.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-struct ruda_device;
-typedef uint64_t ruda_stream_id;
-
+/* How a pool cuts its pages. */
 typedef enum ruda_pool_kind {
   RUDA_POOL_SLICED = 0,     /* pages cut into equal slots of one size class */
   RUDA_POOL_EXCLUSIVE = 1,  /* one buffer per page */
@@ -55,6 +54,7 @@ typedef struct ruda_pool_config {
                            pages, at least 8 slots each); exclusive: 0 */
   uint64_t capacity;    /* most bytes of pages the pool may hold, per
                            stream; 0: no cap */
+  uint64_t reserved[2]; /* zero */
 } ruda_pool_config;
 
 #define RUDA_MEMORY_MAX_POOLS 16
@@ -64,7 +64,7 @@ typedef struct ruda_pool_config {
 RUDA_EXTERN uint32_t ruda_memory_default_pools(ruda_pool_config *pools, uint32_t cap);
 
 /* Installs a layout: npools pools with strictly increasing max_alloc, each
- * sliced pool's page_size at least its max_alloc. The layout becomes the
+ * sliced pool's page_size at least its max_alloc, reserved words zero. The layout becomes the
  * one every stream whose pools are created later gets, and the calling
  * stream's pools are rebuilt with it when nothing is live in them (pages
  * they held go back to the arena). Fails with RUDA_EINVAL for a bad
@@ -103,6 +103,8 @@ RUDA_EXTERN int ruda_memory_dry_run_begin(struct ruda_device *dev, ruda_stream_i
 /* RUDA_EINVAL when no dry run is open on the stream. */
 RUDA_EXTERN int ruda_memory_dry_run_end(struct ruda_device *dev, ruda_stream_id stream);
 
+/* Memory figures of a stream's pools, or of the device (filled by
+ * ruda_memory_usage / ruda_memory_device_usage). */
 typedef struct ruda_memory_stats {
   uint64_t nallocs;        /* live buffers (freed ones whose memory is not
                               back in a pool yet still count) */
@@ -112,6 +114,7 @@ typedef struct ruda_memory_stats {
   uint64_t bytes_unbacked; /* of those, dry-run pages with no memory yet */
   uint64_t peak_in_use;    /* high-water marks since the pools were built */
   uint64_t peak_reserved;
+  uint64_t reserved[4];    /* zero */
 } ruda_memory_stats;
 
 /* Usage of the stream's pools. RUDA_EUNHEALTHY while the stream holds
@@ -124,6 +127,7 @@ RUDA_EXTERN int ruda_memory_usage(struct ruda_device *dev, ruda_stream_id stream
  * each stream's pool lock. */
 RUDA_EXTERN int ruda_memory_device_usage(struct ruda_device *dev, ruda_memory_stats *out);
 
+/* One pool's layout and figures (filled by ruda_memory_report). */
 typedef struct ruda_pool_report {
   ruda_pool_kind kind;
   uint64_t min_alloc, max_alloc; /* requests routed here: (min, max] bytes */
@@ -133,6 +137,7 @@ typedef struct ruda_pool_report {
   uint64_t pages;                /* pages held now */
   uint64_t nallocs, bytes_in_use, bytes_padding, bytes_reserved;
   uint64_t peak_nallocs, peak_in_use, peak_reserved; /* high-water marks */
+  uint64_t reserved[4];          /* zero */
 } ruda_pool_report;
 
 /* Per-pool report of the stream's pools in allocation-routing order, then

@@ -15,6 +15,30 @@
  *  - Calls on a closed device fail with RUDA_ECLOSED. Calling anything on a
  *    device handle after ruda_device_close() returned is undefined, as with
  *    any freed object.
+ *
+ * Versions and ABI
+ *  - RUDA_VERSION_* (ruda/version.h) give the headers' version,
+ *    ruda_version() that of the library loaded. While the major version is
+ *    0, any minor release may change the ABI: the shared library's soname
+ *    is libruda.so.0.MINOR, and find_package(ruda 0.MINOR) accepts only
+ *    that minor version.
+ *  - Structs the caller allocates and hands in, or has the library fill,
+ *    are made to grow without breaking callers:
+ *    . ruda_config starts with a `size` field that ruda_config_init() sets
+ *      to sizeof(ruda_config); ruda_device_open() refuses any other size
+ *      with RUDA_EINVAL. Always fill a config with ruda_config_init().
+ *    . Descriptors and result structs (ruda_copy_desc, ruda_launch_desc,
+ *      ruda_pool_config, ruda_tensor_map_desc, ruda_device_props,
+ *      ruda_memory_stats, ruda_pool_report, ruda_staging_stats) end in
+ *      `uint64_t reserved[N]` words, which a later version may give a
+ *      meaning without changing the struct's size. Callers must leave them
+ *      zero: designated initializers (`{.kernel = "k", ...}`), `= {0}` and
+ *      memset do that, as do the ruda_* helpers that build descriptors.
+ *      The library zeroes them in the structs it fills.
+ *    . Small value types (ruda_handle, ruda_binding, ruda_dim3, ruda_arg,
+ *      ruda_profile_token, ruda_tensor_map) are passed by value and do not
+ *      change within a soname.
+ *  - The headers are C11 and C++17 (every declaration is extern "C").
  */
 #ifndef RUDA_RUDA_H
 #define RUDA_RUDA_H
@@ -25,30 +49,35 @@
 #include "ruda/error.h"
 #include "ruda/export.h"
 #include "ruda/memory.h"
+#include "ruda/types.h"
+#include "ruda/version.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define RUDA_VERSION_MAJOR 0
-#define RUDA_VERSION_MINOR 1
-#define RUDA_VERSION_PATCH 0
+/* The version of the library loaded, "MAJOR.MINOR.PATCH" (compare with
+ * RUDA_VERSION_STRING, the headers' version). Thread-safe. */
+RUDA_EXTERN const char *ruda_version(void);
 
-/* Returns "MAJOR.MINOR.PATCH". */
-RUDA_EXTERN const char *ruda_version_string(void);
+/* The same as MAJOR * 10000 + MINOR * 100 + PATCH (compare with
+ * RUDA_VERSION_NUMBER). Thread-safe. */
+RUDA_EXTERN int ruda_version_number(void);
 
 /* ------------------------------------------------------------------ */
 /* Device                                                              */
 /* ------------------------------------------------------------------ */
 
-typedef struct ruda_device ruda_device;
+/* ruda_device, an open device, is declared in ruda/types.h. */
 
+/* Which backend a device runs on. */
 typedef enum ruda_backend_kind {
   RUDA_BACKEND_AUTO = 0, /* cuda when a usable GPU is present, else host */
   RUDA_BACKEND_CUDA = 1,
   RUDA_BACKEND_HOST = 2
 } ruda_backend_kind;
 
+/* What a device logs to stderr. */
 typedef enum ruda_log_level {
   RUDA_LOG_OFF = 0,
   RUDA_LOG_ERROR = 1,
@@ -63,7 +92,10 @@ typedef enum ruda_backpressure {
   RUDA_BACKPRESSURE_ERROR = 1  /* fail at once with RUDA_EQUEUEFULL */
 } ruda_backpressure;
 
+/* How to open a device. Fill it with ruda_config_init(), then change
+ * fields: the size field tells ruda_device_open() which layout it got. */
 typedef struct ruda_config {
+  uint32_t size;             /* sizeof(ruda_config), set by ruda_config_init */
   ruda_backend_kind backend; /* RUDA_BACKEND */
   int device_ordinal;        /* RUDA_DEVICE: GPU ordinal for cuda */
   uint32_t num_streams;      /* RUDA_STREAMS: worker threads (1..1024) */
@@ -76,15 +108,18 @@ typedef struct ruda_config {
                                 selects $XDG_CACHE_HOME/ruda, "" disables */
 } ruda_config;
 
-/* Fills cfg with defaults (auto backend, 8 streams, 65536 commands per
- * queue, block on a full queue, warn logging), then applies any RUDA_*
+/* Sets cfg->size and fills cfg with defaults (auto backend, 8 streams,
+ * 65536 commands per queue, block on a full queue, warn logging), then
+ * applies any RUDA_*
  * environment variables named above. Fields set afterwards by the caller
  * win over the environment. Thread-safe. */
 RUDA_EXTERN void ruda_config_init(ruda_config *cfg);
 
 /* Opens a device and starts its stream workers. cfg may be NULL (defaults
  * plus environment). Fails with RUDA_ENOBACKEND when the cuda backend was
- * asked for and is unusable, RUDA_EINVAL for out-of-range settings.
+ * asked for and is unusable, RUDA_EINVAL for out-of-range settings or a
+ * cfg->size other than sizeof(ruda_config) (a config not filled by
+ * ruda_config_init, or built against another version's headers).
  * Thread-safe; blocks while workers start. */
 RUDA_EXTERN int ruda_device_open(const ruda_config *cfg, ruda_device **out);
 
@@ -106,13 +141,8 @@ RUDA_EXTERN uint32_t ruda_device_num_streams(const ruda_device *dev);
 /* Streams                                                             */
 /* ------------------------------------------------------------------ */
 
-/* A stream id. Explicit ids are chosen by the user in [0, 2^63);
- * RUDA_STREAM_CURRENT names the calling thread's own stream, whose id has
- * the top bit set. Ids map to workers by a stable rule: explicit id i uses
- * worker i % num_streams, so ids 0..num_streams-1 get a worker each. */
-typedef uint64_t ruda_stream_id;
-#define RUDA_STREAM_CURRENT ((ruda_stream_id)UINT64_MAX)
-#define RUDA_STREAM_EXPLICIT_MAX ((ruda_stream_id)INT64_MAX)
+/* ruda_stream_id, RUDA_STREAM_CURRENT and RUDA_STREAM_EXPLICIT_MAX are in
+ * ruda/types.h. */
 
 /* The calling thread's stream id (stable for the thread's life). */
 RUDA_EXTERN ruda_stream_id ruda_stream_current(void);
@@ -125,20 +155,8 @@ RUDA_EXTERN size_t ruda_stream_ids(ruda_device *dev, ruda_stream_id *ids, size_t
 /* Buffers                                                             */
 /* ------------------------------------------------------------------ */
 
-/* A buffer handle: slot index and generation. A handle whose buffer was
- * freed is stale; every call given one fails (RUDA_ENOTFOUND, or RUDA_EFREE
- * for a second free) instead of touching memory. */
-typedef struct ruda_handle {
-  uint32_t slot;
-  uint32_t gen;
-} ruda_handle;
-
-/* A byte range of a buffer. size 0 means "to the end of the buffer". */
-typedef struct ruda_binding {
-  ruda_handle handle;
-  uint64_t offset;
-  uint64_t size;
-} ruda_binding;
+/* ruda_handle (a buffer) and ruda_binding (a byte range of one) are in
+ * ruda/types.h. */
 
 /* Builds a binding covering the whole buffer. */
 static inline ruda_binding ruda_bind(ruda_handle h) {
@@ -184,6 +202,7 @@ typedef struct ruda_copy_desc {
   uint64_t shape[RUDA_MAX_RANK];
   uint64_t strides[RUDA_MAX_RANK];
   uint32_t elem_size;
+  uint64_t reserved[2]; /* zero */
 } ruda_copy_desc;
 
 /* Builds a contiguous descriptor for a whole binding. */
@@ -193,6 +212,7 @@ static inline ruda_copy_desc ruda_copy_contiguous(ruda_binding b) {
   d.rank = 0;
   for (int i = 0; i < RUDA_MAX_RANK; i++) d.shape[i] = d.strides[i] = 0;
   d.elem_size = 1;
+  d.reserved[0] = d.reserved[1] = 0;
   return d;
 }
 
@@ -240,15 +260,18 @@ RUDA_EXTERN void ruda_future_free(ruda_future *fut);
 /* Kernels                                                             */
 /* ------------------------------------------------------------------ */
 
+/* A grid or block shape. */
 typedef struct ruda_dim3 {
   uint32_t x, y, z;
 } ruda_dim3;
 
+/* What a kernel argument is. */
 typedef enum ruda_arg_kind {
   RUDA_ARG_BUFFER = 0, /* a binding; the kernel sees a pointer to its first byte */
   RUDA_ARG_SCALAR = 1  /* bytes copied at enqueue, passed by value */
 } ruda_arg_kind;
 
+/* One kernel argument; build it with ruda_arg_buffer or ruda_arg_scalar. */
 typedef struct ruda_arg {
   ruda_arg_kind kind;
   ruda_binding binding; /* RUDA_ARG_BUFFER */
@@ -259,17 +282,17 @@ typedef struct ruda_arg {
 #define RUDA_MAX_ARGS 64
 #define RUDA_MAX_SCALAR_BYTES 256
 
+/* A buffer argument: the kernel gets a pointer to b's first byte. */
 static inline ruda_arg ruda_arg_buffer(ruda_binding b) {
   ruda_arg a = {RUDA_ARG_BUFFER, b, NULL, 0};
   return a;
 }
 
+/* A scalar argument: size bytes at data, copied when the launch is
+ * enqueued (data need not outlive the ruda_launch call). */
 static inline ruda_arg ruda_arg_scalar(const void *data, uint32_t size) {
-  ruda_arg a;
-  a.kind = RUDA_ARG_SCALAR;
-  a.binding = ruda_bind_range((ruda_handle){0, 0}, 0, 0);
-  a.data = data;
-  a.size = size;
+  ruda_handle none = {0, 0};
+  ruda_arg a = {RUDA_ARG_SCALAR, ruda_bind(none), data, size};
   return a;
 }
 
@@ -277,6 +300,8 @@ static inline ruda_arg ruda_arg_scalar(const void *data, uint32_t size) {
 #define RUDA_LAUNCH_DRY_RUN 0x1u  /* validate (and compile), dispatch nothing */
 #define RUDA_LAUNCH_INDIRECT 0x2u /* grid read from indirect_grid (u32[3]) */
 
+/* A kernel launch. Build it with a designated initializer, so that the
+ * fields left out (reserved above all) are zero. */
 typedef struct ruda_launch_desc {
   const char *kernel;        /* registered kernel name */
   ruda_dim3 grid;            /* blocks; ignored with RUDA_LAUNCH_INDIRECT */
@@ -286,6 +311,7 @@ typedef struct ruda_launch_desc {
   uint32_t nargs;
   uint32_t flags;            /* RUDA_LAUNCH_* */
   ruda_binding indirect_grid; /* RUDA_LAUNCH_INDIRECT: 12 bytes, u32[3] */
+  uint64_t reserved[4];      /* zero */
 } ruda_launch_desc;
 
 /* Enqueues a kernel launch. Checks at the call: the kernel name is known,
@@ -307,6 +333,7 @@ typedef struct ruda_host_ctx {
   void *shared; /* shared_mem bytes, per block */
 } ruda_host_ctx;
 
+/* A host kernel: one call per thread; 0 or a negative RUDA_E* code. */
 typedef int (*ruda_host_kernel_fn)(const ruda_host_ctx *ctx, void *const *args);
 
 /* Registers (or replaces) a host kernel. RUDA_ENOBACKEND on a cuda device.

@@ -11,7 +11,7 @@ int main(void) {
   if (ruda_device_open(&cfg, &dev) != 0) return 1;
   ruda_handle h;
   int rc = ruda_buffer_create(dev, RUDA_STREAM_CURRENT, 64, &h);
-  printf("ruda %s, backend %s, buffer %s\n", ruda_version_string(), ruda_device_backend(dev),
+  printf("ruda %s, backend %s, buffer %s\n", ruda_version(), ruda_device_backend(dev),
          rc == 0 ? "created" : ruda_err_name(rc));
   return rc != 0 || ruda_device_close(dev, NULL) != 0;
 }

@@ -538,7 +538,7 @@ static void indirect_grid_checked_at_run_time(void **state) {
     assert_ok(ruda_launch(dev, 0, &l));
     ruda_error *e = NULL;
     assert_int_equal(ruda_flush(dev, 0, &e), RUDA_EUNHEALTHY);
-    assert_int_equal(ruda_error_code(ruda_error_cause(e)), RUDA_EUNITS);
+    assert_int_equal(ruda_error_code(ruda_error_cause(e)), RUDA_EGRIDDIM);
     assert_contains(ruda_error_message(ruda_error_cause(e)), "exceeds maximum");
     ruda_error_free(e);
   }

@@ -18,6 +18,7 @@ static void defaults(void **state) {
   ruda_config cfg;
   memset(&cfg, 0xff, sizeof cfg);
   ruda_config_init(&cfg);
+  assert_int_equal(cfg.size, sizeof cfg);
   assert_int_equal(cfg.backend, RUDA_BACKEND_AUTO);
   assert_int_equal(cfg.device_ordinal, 0);
   assert_int_equal(cfg.num_streams, 8);
@@ -27,10 +28,12 @@ static void defaults(void **state) {
   assert_int_equal(cfg.bounds_checked, 0);
   assert_null(cfg.cache_dir);
   ruda_config_init(NULL); /* harmless */
-  assert_string_equal(ruda_version_string(), "0.1.0");
+  assert_string_equal(ruda_version(), RUDA_VERSION_STRING);
+  assert_int_equal(ruda_version_number(), RUDA_VERSION_NUMBER);
+  assert_int_equal(RUDA_VERSION_NUMBER, RUDA_VERSION_MAJOR * 10000 + RUDA_VERSION_MINOR * 100 + RUDA_VERSION_PATCH);
   char v[32];
   snprintf(v, sizeof v, "%d.%d.%d", RUDA_VERSION_MAJOR, RUDA_VERSION_MINOR, RUDA_VERSION_PATCH);
-  assert_string_equal(ruda_version_string(), v);
+  assert_string_equal(ruda_version(), v);
 }
 
 static void environment_applies(void **state) {
@@ -130,6 +133,13 @@ static void invalid_values_are_refused(void **state) {
   base.log_level = RUDA_LOG_ERROR;
   ruda_config c;
 
+  /* A config not from ruda_config_init (or from other headers). */
+  c = base, c.size = 0;
+  assert_rc(open_with(c), RUDA_EINVAL);
+  assert_last_error_contains("ruda_config_init");
+  c = base, c.size = (uint32_t)sizeof c + 8;
+  assert_rc(open_with(c), RUDA_EINVAL);
+  assert_last_error_contains("cfg->size");
   c = base, c.num_streams = 0;
   assert_rc(open_with(c), RUDA_EINVAL);
   assert_last_error_contains("num_streams 0");

@@ -12,7 +12,9 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "internal.h"
+#include "scheduler/graph.h"
+#include "scheduler/submit.h"
+#include "src/api.h"
 
 typedef struct fake_event {
   _Atomic int done;
@@ -93,6 +95,7 @@ static ruda_device *open_fake(uint32_t streams) {
    * join and the thread creation order the swap for them. */
   ruda__workers_stop(dev);
   dev->ops = &fake;
+  dev->memory.ops = &fake; /* memory keeps its own copy */
   assert_ok(ruda__workers_start(dev));
   return dev;
 }

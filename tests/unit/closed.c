@@ -6,7 +6,9 @@
 #include <time.h>
 
 #include "common.h"
-#include "internal.h"
+#include "scheduler/graph.h"
+#include "scheduler/submit.h"
+#include "src/api.h"
 
 static int noop(const ruda_host_ctx *c, void *const *args) {
   (void)c;

@@ -5,7 +5,9 @@
 #include <stdint.h>
 
 #include "common.h"
-#include "internal.h"
+#include "scheduler/graph.h"
+#include "scheduler/submit.h"
+#include "src/api.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define POOLED 0 /* AddressSanitizer builds keep plain malloc */

@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "internal.h"
+#include "scheduler/graph.h"
+#include "scheduler/submit.h"
+#include "src/api.h"
 
 #define N 16
 

@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "internal.h"
+#include "scheduler/graph.h"
+#include "scheduler/submit.h"
+#include "src/api.h"
 
 #define REFS(st) ((uint32_t)((st)&0xffffffffu))
 #define LIVE_BIT (UINT64_C(1) << 32)
@@ -62,7 +64,7 @@ static void generations_and_reuse(void **state) {
   assert_ok(ruda__handles_pin(&dev->handles, b, &addr, &size));
   assert_int_equal(size, 48);
   assert_int_equal(REFS(state_of(dev, b)), 2);
-  ruda__handles_unpin(&dev->handles, dev, b.slot, NULL);
+  ruda__handles_unpin(&dev->handles, b.slot, NULL);
   assert_int_equal(REFS(state_of(dev, b)), 1);
   /* kill: dead at once, memory kept by the owner's reference. */
   assert_ok(ruda__handles_kill(&dev->handles, b));
@@ -70,7 +72,7 @@ static void generations_and_reuse(void **state) {
   assert_rc(ruda__handles_kill(&dev->handles, b), RUDA_EFREE);
   assert_rc(ruda__handles_pin(&dev->handles, b, &addr, &size), RUDA_ENOTFOUND);
   assert_int_equal(ruda__handles_live_count(&dev->handles), 1);
-  ruda__handles_unpin(&dev->handles, dev, b.slot, NULL);
+  ruda__handles_unpin(&dev->handles, b.slot, NULL);
   assert_int_equal(ruda__handles_live_count(&dev->handles), 0);
   test_close(dev);
 }

@@ -7,7 +7,9 @@
 #include <stdatomic.h>
 
 #include "common.h"
-#include "internal.h"
+#include "scheduler/graph.h"
+#include "scheduler/submit.h"
+#include "src/api.h"
 
 /* Each kernel adds its own weight to one counter, so the total says which
  * kernels ran and how often. */

@@ -11,7 +11,9 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "internal.h"
+#include "scheduler/graph.h"
+#include "scheduler/submit.h"
+#include "src/api.h"
 
 #define WORKERS 4
 
@@ -318,6 +320,7 @@ static ruda_device *open_device_backend(void) {
   fake.stream_wait = fake_stream_wait;
   ruda__workers_stop(dev); /* idle workers read dev->ops too */
   dev->ops = &fake;
+  dev->memory.ops = &fake; /* memory keeps its own copy */
   assert_ok(ruda__workers_start(dev));
   return dev;
 }

@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "internal.h"
+#include "scheduler/graph.h"
+#include "scheduler/submit.h"
+#include "src/api.h"
 
 #define KiB (UINT64_C(1) << 10)
 #define MiB (UINT64_C(1) << 20)
@@ -66,6 +68,7 @@ static ruda_device *open_fake(uint32_t streams) {
   assert_ok(ruda_host_kernel_register(dev, "gate", gate_kernel));
   ruda__workers_stop(dev); /* idle workers read dev->ops too */
   dev->ops = &fake;
+  dev->memory.ops = &fake; /* memory keeps its own copy */
   assert_ok(ruda__workers_start(dev));
   return dev;
 }
@@ -73,7 +76,7 @@ static ruda_device *open_fake(uint32_t streams) {
 static uint64_t addr_of(ruda_device *dev, ruda_handle h) {
   uint64_t addr, size;
   assert_ok(ruda__handles_pin(&dev->handles, h, &addr, &size));
-  ruda__handles_unpin(&dev->handles, dev, h.slot, NULL);
+  ruda__handles_unpin(&dev->handles, h.slot, NULL);
   return addr;
 }
 
@@ -252,8 +255,8 @@ static void capacity_caps(void **state) {
   (void)state;
   ruda_device *dev = test_open(2, 1024, RUDA_BACKPRESSURE_BLOCK);
   const ruda_pool_config layout[] = {
-      {RUDA_POOL_SLICED, 4 * KiB, 64 * KiB, 128 * KiB},
-      {RUDA_POOL_EXCLUSIVE, 8 * MiB, 0, 4 * MiB},
+      {.kind = RUDA_POOL_SLICED, .max_alloc = 4 * KiB, .page_size = 64 * KiB, .capacity = 128 * KiB},
+      {.kind = RUDA_POOL_EXCLUSIVE, .max_alloc = 8 * MiB, .capacity = 4 * MiB},
   };
   assert_ok(ruda_memory_install_pools(dev, 0, layout, 2));
   /* 4 KiB slots in 64 KiB pages: two pages fit under the cap. */
@@ -294,8 +297,8 @@ static void install_layouts(void **state) {
   ruda_handle h, p;
   assert_ok(ruda_buffer_create(dev, 0, 1000, &h));
   const ruda_pool_config two[] = {
-      {RUDA_POOL_SLICED, 64 * KiB, 1 * MiB, 0},
-      {RUDA_POOL_EXCLUSIVE, UINT64_MAX, 0, 0},
+      {.kind = RUDA_POOL_SLICED, .max_alloc = 64 * KiB, .page_size = 1 * MiB},
+      {.kind = RUDA_POOL_EXCLUSIVE, .max_alloc = UINT64_MAX},
   };
   assert_rc(ruda_memory_install_pools(dev, 0, two, 2), RUDA_EPOOLSINUSE);
   assert_last_error_contains("1 buffers (1000 bytes) are live");
@@ -320,15 +323,18 @@ static void install_layouts(void **state) {
   assert_int_equal(r[2].nallocs, 1);
   assert_int_equal(r[0].nallocs, 0);
   /* Bad layouts. */
-  const ruda_pool_config unordered[] = {{RUDA_POOL_SLICED, 64 * KiB, 1 * MiB, 0},
-                                        {RUDA_POOL_SLICED, 32 * KiB, 1 * MiB, 0}};
+  const ruda_pool_config unordered[] = {{.kind = RUDA_POOL_SLICED, .max_alloc = 64 * KiB, .page_size = 1 * MiB},
+                                        {.kind = RUDA_POOL_SLICED, .max_alloc = 32 * KiB, .page_size = 1 * MiB}};
   assert_rc(ruda_memory_install_pools(dev, 0, unordered, 2), RUDA_EINVAL);
-  const ruda_pool_config small_page[] = {{RUDA_POOL_SLICED, 64 * KiB, 32 * KiB, 0}};
+  const ruda_pool_config small_page[] = {{.kind = RUDA_POOL_SLICED, .max_alloc = 64 * KiB, .page_size = 32 * KiB}};
   assert_rc(ruda_memory_install_pools(dev, 0, small_page, 1), RUDA_EINVAL);
   assert_rc(ruda_memory_install_pools(dev, 0, two, 0), RUDA_EINVAL);
   assert_rc(ruda_memory_install_pools(dev, 0, NULL, 2), RUDA_EINVAL);
+  const ruda_pool_config reserved[] = {{.kind = RUDA_POOL_EXCLUSIVE, .max_alloc = UINT64_MAX, .reserved = {0, 1}}};
+  assert_rc(ruda_memory_install_pools(dev, 0, reserved, 1), RUDA_EINVAL);
+  assert_last_error_contains("reserved");
   /* Only one exclusive pool up to 1 MiB: bigger requests can never fit. */
-  const ruda_pool_config one[] = {{RUDA_POOL_EXCLUSIVE, 1 * MiB, 0, 0}};
+  const ruda_pool_config one[] = {{.kind = RUDA_POOL_EXCLUSIVE, .max_alloc = 1 * MiB}};
   assert_ok(ruda_memory_install_pools(dev, 1, one, 1));
   assert_rc(ruda_buffer_create(dev, 1, 1 * MiB + 1, &h), RUDA_EBUFFERTOOBIG);
   assert_ok(ruda_buffer_create(dev, 1, 1 * MiB, &h));

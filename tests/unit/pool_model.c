@@ -16,7 +16,9 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "internal.h"
+#include "scheduler/graph.h"
+#include "scheduler/submit.h"
+#include "src/api.h"
 
 #define T 4
 #define MAX_LIVE 64
@@ -170,7 +172,7 @@ static void *run(void *arg) {
       if (rc != 0) continue;
       uint64_t size;
       CHECK(ruda__handles_pin(&dev->handles, b.h, &b.addr, &size) == 0 && size == b.size, "pin");
-      ruda__handles_unpin(&dev->handles, dev, b.h.slot, NULL);
+      ruda__handles_unpin(&dev->handles, b.h.slot, NULL);
       atomic_fetch_add(&model_n[me], 1);
       atomic_fetch_add(&model_bytes[me], (int64_t)b.size);
       live_add(&b);

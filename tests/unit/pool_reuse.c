@@ -11,7 +11,9 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "internal.h"
+#include "scheduler/graph.h"
+#include "scheduler/submit.h"
+#include "src/api.h"
 
 #define KiB (UINT64_C(1) << 10)
 #define MiB (UINT64_C(1) << 20)
@@ -64,6 +66,7 @@ static ruda_device *open_deferred(uint32_t streams) {
   assert_ok(ruda_host_kernel_register(dev, "fill", fill_kernel));
   ruda__workers_stop(dev); /* idle workers read dev->ops too */
   dev->ops = &fake;
+  dev->memory.ops = &fake; /* memory keeps its own copy */
   assert_ok(ruda__workers_start(dev));
   return dev;
 }
@@ -77,7 +80,7 @@ static void close_deferred(ruda_device *dev) {
 static uint64_t addr_of(ruda_device *dev, ruda_handle h) {
   uint64_t addr, size;
   assert_ok(ruda__handles_pin(&dev->handles, h, &addr, &size));
-  ruda__handles_unpin(&dev->handles, dev, h.slot, NULL);
+  ruda__handles_unpin(&dev->handles, h.slot, NULL);
   return addr;
 }
 

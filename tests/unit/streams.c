@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "internal.h"
+#include "scheduler/graph.h"
+#include "scheduler/submit.h"
+#include "src/api.h"
 
 static void ids_map_to_workers(void **state) {
   (void)state;

@@ -2,7 +2,7 @@
  * a layout, for every rank and for dense, padded, transposed and
  * non-unit-inner-stride layouts. */
 #include "common.h"
-#include "backend.h"
+#include "base/backend.h"
 
 static uint64_t rnd(uint64_t *s) { /* xorshift64* */
   *s ^= *s >> 12;

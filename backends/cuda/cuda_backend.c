@@ -1,0 +1,702 @@
+/* cuda_backend.c - the cuda backend: the device's primary context, one
+ * non-blocking CUstream per worker, device memory, pooled events, the
+ * page-locked staging arena, and the operations table.
+ *
+ * Workers never wait for the device. A write's staging block is kept with
+ * an event and returned when progress() (called by the worker between
+ * batches and, while anything is pending, on a short idle timeout) finds
+ * the event complete; reads and syncs hand their event to the future,
+ * whose waiter synchronizes on it from its own thread. A read whose future
+ * is dropped unwaited comes back to the same poll (cu_retire_detached).
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/cuda/cuda_internal.h"
+
+/* ---- context guard ---- */
+
+int ruda__cu_enter(ruda__cu_backend *b, ruda__cu_guard *g) {
+  CUcontext cur = NULL;
+  g->changed = 0;
+  g->prev = NULL;
+  if (ruda__cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == b->ctx) return 0;
+  CUresult r = ruda__cu.cuCtxSetCurrent(b->ctx);
+  if (r != CUDA_SUCCESS) return ruda__cu_fail(r, "cuCtxSetCurrent");
+  g->prev = cur;
+  g->changed = 1;
+  return 0;
+}
+
+void ruda__cu_leave(ruda__cu_guard *g) {
+  if (g->changed) ruda__cu.cuCtxSetCurrent(g->prev);
+}
+
+/* ---- events ---- */
+
+static ruda__cu_event *event_get(ruda__cu_backend *b, int timed, CUresult *r) {
+  pthread_mutex_lock(&b->ev_lock);
+  ruda__cu_event **list = timed ? &b->ev_free_timed : &b->ev_free;
+  ruda__cu_event *e = *list;
+  if (e != NULL) *list = e->next_free;
+  pthread_mutex_unlock(&b->ev_lock);
+  if (e != NULL) return e;
+  e = calloc(1, sizeof *e);
+  if (e == NULL) {
+    *r = CUDA_ERROR_OUT_OF_MEMORY;
+    return NULL;
+  }
+  /* No timing unless asked: recording and querying such events is cheaper. */
+  e->timed = (uint8_t)timed;
+  if ((*r = ruda__cu.cuEventCreate(&e->ev, timed ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) {
+    free(e);
+    return NULL;
+  }
+  pthread_mutex_lock(&b->ev_lock);
+  e->next_all = b->ev_all;
+  b->ev_all = e;
+  pthread_mutex_unlock(&b->ev_lock);
+  return e;
+}
+
+ruda__cu_event *ruda__cu_event_get(ruda__cu_backend *b, CUresult *r) { return event_get(b, 0, r); }
+
+void ruda__cu_event_put(ruda__cu_backend *b, ruda__cu_event *e) {
+  pthread_mutex_lock(&b->ev_lock);
+  ruda__cu_event **list = e->timed ? &b->ev_free_timed : &b->ev_free;
+  e->next_free = *list;
+  *list = e;
+  pthread_mutex_unlock(&b->ev_lock);
+}
+
+ruda__cu_event *ruda__cu_record(ruda__cu_worker *w, CUresult *r) {
+  ruda__cu_event *e = ruda__cu_event_get(w->b, r);
+  if (e == NULL) return NULL;
+  if ((*r = ruda__cu.cuEventRecord(e->ev, w->stream)) != CUDA_SUCCESS) {
+    ruda__cu_event_put(w->b, e);
+    return NULL;
+  }
+  e->kernel = w->last_kernel;
+  e->stream = w->last_stream;
+  e->seq = w->last_seq;
+  e->worker = w;
+  e->writes = w->writes; /* worker-only counter: no lock needed to read */
+  return e;
+}
+
+/* A fault poisons the whole context: every stream must report it, so the
+ * device is marked faulted with a copy of the first report. */
+static void fault_device(ruda__cu_backend *b, const ruda_error *e) {
+  if (b->env.faulted(b->env.ctx)) return;
+  ruda_error *copy = ruda__error_new(e->code, e->backend_code, "%s", e->msg);
+  if (copy != NULL) copy->stream = e->stream;
+  b->env.fault(b->env.ctx, copy);
+}
+
+static void describe_last(char *out, size_t len, const char *kernel, uint64_t stream, uint64_t seq) {
+  if (kernel != NULL)
+    snprintf(out, len, "last launch submitted on this CUDA stream: kernel \"%.64s\" (stream %llu, command #%llu)",
+             kernel, (unsigned long long)stream, (unsigned long long)seq);
+  else
+    snprintf(out, len, "no launch was submitted on this CUDA stream before it");
+}
+
+int ruda__cu_worker_fail(ruda__cu_worker *w, CUresult r, ruda_error **err, const char *fmt, ...) {
+  char what[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  ruda_error *e;
+  if (ruda__cu_sticky(r)) {
+    char last[200];
+    describe_last(last, sizeof last, w->last_kernel, w->last_stream, w->last_seq);
+    e = ruda__cu_error(r, "%s: the CUDA context is faulted (%s)", what, last);
+    if (e != NULL) fault_device(w->b, e);
+  } else {
+    e = ruda__cu_error(r, "%s", what);
+  }
+  *err = e;
+  return ruda__cu_code(r);
+}
+
+/* ---- staging ---- */
+
+static void *pinned_alloc(void *ctx, size_t size) {
+  ruda__cu_backend *b = ctx;
+  ruda__cu_guard g;
+  if (ruda__cu_enter(b, &g) != 0) return NULL;
+  void *p = NULL;
+  /* Portable: usable from any context, should the application create its
+   * own on this device. */
+  CUresult r = ruda__cu.cuMemHostAlloc(&p, size, CU_MEMHOSTALLOC_PORTABLE);
+  ruda__cu_leave(&g);
+  if (r != CUDA_SUCCESS) {
+    char d[160];
+    ruda__log(b->log_level, RUDA_LOG_WARN, "cuMemHostAlloc(%zu) failed: %s; staging falls back to pageable memory",
+              size, ruda__cu_describe(r, d, sizeof d));
+    return NULL;
+  }
+  return p;
+}
+
+static void pinned_free(void *ctx, void *p) {
+  ruda__cu_backend *b = ctx;
+  ruda__cu_guard g;
+  if (ruda__cu_enter(b, &g) != 0) return;
+  ruda__cu.cuMemFreeHost(p);
+  ruda__cu_leave(&g);
+}
+
+static void *cu_stage_alloc(void *state, size_t size) {
+  return ruda__staging_alloc(((ruda__cu_backend *)state)->staging, size);
+}
+
+static void cu_stage_free(void *state, void *p) {
+  ruda__staging_free(((ruda__cu_backend *)state)->staging, p);
+}
+
+static int cu_stage_usage(void *state, ruda_staging_stats *out) {
+  ruda__staging_usage(((ruda__cu_backend *)state)->staging, out);
+  return 0;
+}
+
+void ruda__cu_retire(ruda__cu_worker *w, ruda__cu_event *ev, void *staged) {
+  pthread_mutex_lock(&w->plock);
+  if (w->count == w->cap) {
+    uint32_t cap = w->cap ? w->cap * 2 : 64;
+    ruda__cu_pending *p = malloc(cap * sizeof *p);
+    if (p == NULL) {
+      pthread_mutex_unlock(&w->plock);
+      /* No room to remember it: wait here rather than leak or free early. */
+      ruda__cu.cuEventSynchronize(ev->ev);
+      ruda__cu_event_put(w->b, ev);
+      ruda__staging_free(w->b->staging, staged);
+      return;
+    }
+    for (uint32_t i = 0; i < w->count; i++) p[i] = w->pending[(w->head + i) % w->cap];
+    free(w->pending);
+    w->pending = p;
+    w->head = 0;
+    w->cap = cap;
+  }
+  w->pending[(w->head + w->count) % w->cap] = (ruda__cu_pending){ev, staged, ++w->writes};
+  w->count++;
+  pthread_mutex_unlock(&w->plock);
+}
+
+/* Pops the oldest pending write (under plock) into *out. */
+static int pop_oldest(ruda__cu_worker *w, ruda__cu_pending *out) {
+  if (w->count == 0) return 0;
+  *out = w->pending[w->head];
+  w->head = (w->head + 1) % w->cap;
+  w->count--;
+  return 1;
+}
+
+static void release_pending(ruda__cu_worker *w, ruda__cu_pending *p) {
+  ruda__cu_event_put(w->b, p->ev);
+  ruda__staging_free(w->b->staging, p->staged);
+}
+
+/* Returns the staging of every write whose copy completed; non-zero while
+ * some are still in flight. Only the oldest is queried: the stream runs
+ * them in order. */
+static int progress_writes(ruda__cu_worker *w) {
+  for (;;) {
+    pthread_mutex_lock(&w->plock);
+    if (w->count == 0) {
+      pthread_mutex_unlock(&w->plock);
+      return 0;
+    }
+    CUresult r = ruda__cu.cuEventQuery(w->pending[w->head].ev->ev);
+    ruda__cu_pending p;
+    /* Done, or the context died (no copy will touch the block again). */
+    int done = r != CUDA_ERROR_NOT_READY && pop_oldest(w, &p);
+    pthread_mutex_unlock(&w->plock);
+    if (!done) return 1;
+    release_pending(w, &p);
+  }
+}
+
+/* Runs what waited on every dropped future's event that completed (or
+ * failed: the context died and no copy touches the staging again); with
+ * wait, waits for the others first. Non-zero while some remain. Each is
+ * queried: they were dropped in any order. */
+static int progress_detached(ruda__cu_worker *w, int wait) {
+  ruda__cu_detached *done = NULL, **pp;
+  pthread_mutex_lock(&w->plock);
+  for (pp = &w->detached; *pp != NULL;) {
+    ruda__cu_detached *d = *pp;
+    if (!wait && ruda__cu.cuEventQuery(d->ev->ev) == CUDA_ERROR_NOT_READY) {
+      pp = &d->next;
+      continue;
+    }
+    *pp = d->next;
+    d->next = done;
+    done = d;
+  }
+  int left = w->detached != NULL;
+  pthread_mutex_unlock(&w->plock);
+  while (done != NULL) {
+    ruda__cu_detached *d = done;
+    done = d->next;
+    if (wait) ruda__cu.cuEventSynchronize(d->ev->ev);
+    d->fn(w->b, d->arg);
+    ruda__cu_event_put(w->b, d->ev);
+    free(d);
+  }
+  return left;
+}
+
+static int cu_progress(void *ws) {
+  ruda__cu_worker *w = ws;
+  int writes = progress_writes(w);
+  return progress_detached(w, 0) | writes;
+}
+
+static int cu_event_wait(void *state, void *event, ruda_error **err);
+
+/* A future dropped before it was waited (often by a worker, which must not
+ * block on the device): its event goes to the worker that recorded it,
+ * whose progress() runs fn once the event completed. */
+static void cu_retire_detached(void *state, void *event, void (*fn)(void *state, void *arg), void *arg) {
+  ruda__cu_backend *b = state;
+  ruda__cu_event *e = event;
+  ruda__cu_worker *w = e->worker;
+  ruda__cu_detached *d = w != NULL ? malloc(sizeof *d) : NULL;
+  if (d == NULL) {
+    /* No room to remember it: wait here rather than leak or free early. */
+    cu_event_wait(b, e, NULL);
+    fn(b, arg);
+    ruda__cu_event_put(b, e);
+    return;
+  }
+  d->ev = e;
+  d->fn = fn;
+  d->arg = arg;
+  pthread_mutex_lock(&w->plock);
+  d->next = w->detached;
+  w->detached = d;
+  pthread_mutex_unlock(&w->plock);
+}
+
+void ruda__cu_retire_upto(ruda__cu_event *e) {
+  ruda__cu_worker *w = e->worker;
+  if (w == NULL) return;
+  for (;;) {
+    ruda__cu_pending p;
+    pthread_mutex_lock(&w->plock);
+    int got = w->count > 0 && w->pending[w->head].n <= e->writes && pop_oldest(w, &p);
+    pthread_mutex_unlock(&w->plock);
+    if (!got) return;
+    release_pending(w, &p);
+  }
+}
+
+/* ---- open / close ---- */
+
+static int attr(ruda__cu_backend *b, CUdevice_attribute a, int *out, const char *what) {
+  CUresult r = ruda__cu.cuDeviceGetAttribute(out, a, b->cudev);
+  if (r != CUDA_SUCCESS) return ruda__cu_fail(r, "ruda_device_open: cuDeviceGetAttribute(%s)", what);
+  return 0;
+}
+
+static void cu_close(void *state);
+
+static int cu_open(const ruda__backend_env *env, void **state, ruda__limits *lim) {
+  const ruda_config *cfg = env->cfg;
+  *state = NULL;
+  int rc = ruda__cu_load();
+  if (rc != 0) return rc;
+  int count = 0;
+  CUresult r = ruda__cu.cuDeviceGetCount(&count);
+  if (r != CUDA_SUCCESS) return ruda__cu_fail(r, "ruda_device_open: cuDeviceGetCount");
+  int ord = cfg->device_ordinal;
+  if (ord < 0 || ord >= count)
+    return ruda__fail(RUDA_ENOBACKEND, "ruda_device_open: device ordinal %d, but %d CUDA device%s present",
+                      ord, count, count == 1 ? " is" : "s are");
+  ruda__cu_backend *b = calloc(1, sizeof *b);
+  if (b == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
+  b->env = *env;
+  b->env.cfg = NULL;
+  b->log_level = cfg->log_level;
+  b->ordinal = ord;
+  b->bounds_checked = cfg->bounds_checked;
+  pthread_mutex_init(&b->ev_lock, NULL);
+  pthread_mutex_init(&b->mod_lock, NULL);
+  pthread_cond_init(&b->mod_cond, NULL);
+  if ((r = ruda__cu.cuDeviceGet(&b->cudev, ord)) != CUDA_SUCCESS) {
+    rc = ruda__cu_fail(r, "ruda_device_open: cuDeviceGet(%d)", ord);
+    goto fail;
+  }
+  /* The primary context is the one the runtime API and most libraries
+   * use, so handles from ruda_cuda_stream() work with them directly. */
+  if ((r = ruda__cu.cuDevicePrimaryCtxRetain(&b->ctx, b->cudev)) != CUDA_SUCCESS) {
+    b->ctx = NULL;
+    rc = ruda__cu_fail(r, "ruda_device_open: cuDevicePrimaryCtxRetain(device %d)", ord);
+    goto fail;
+  }
+
+  memset(lim, 0, sizeof *lim);
+  if ((r = ruda__cu.cuDeviceGetName(lim->name, (int)sizeof lim->name, b->cudev)) != CUDA_SUCCESS) {
+    rc = ruda__cu_fail(r, "ruda_device_open: cuDeviceGetName");
+    goto fail;
+  }
+  int v[16];
+  if ((rc = attr(b, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, &v[0], "cc major")) ||
+      (rc = attr(b, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, &v[1], "cc minor")) ||
+      (rc = attr(b, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, &v[2], "SM count")) ||
+      (rc = attr(b, CU_DEVICE_ATTRIBUTE_WARP_SIZE, &v[3], "warp size")) ||
+      (rc = attr(b, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, &v[4], "max threads per block")) ||
+      (rc = attr(b, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, &v[5], "max block x")) ||
+      (rc = attr(b, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y, &v[6], "max block y")) ||
+      (rc = attr(b, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z, &v[7], "max block z")) ||
+      (rc = attr(b, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X, &v[8], "max grid x")) ||
+      (rc = attr(b, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y, &v[9], "max grid y")) ||
+      (rc = attr(b, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z, &v[10], "max grid z")) ||
+      (rc = attr(b, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, &v[11], "shared per block")) ||
+      (rc = attr(b, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, &v[12], "shared opt-in")) ||
+      (rc = attr(b, CU_DEVICE_ATTRIBUTE_MAX_PITCH, &v[13], "max pitch")))
+    goto fail;
+  lim->cc_major = v[0];
+  lim->cc_minor = v[1];
+  lim->sm_count = (uint32_t)v[2];
+  lim->warp_size = (uint32_t)v[3];
+  lim->max_threads_per_block = (uint32_t)v[4];
+  for (int i = 0; i < 3; i++) {
+    lim->max_block[i] = (uint32_t)v[5 + i];
+    lim->max_grid[i] = (uint32_t)v[8 + i];
+  }
+  lim->max_shared = (uint32_t)v[11];
+  /* Devices without opt-in report 0: their default is the maximum. */
+  lim->max_shared_optin = v[12] > v[11] ? (uint32_t)v[12] : (uint32_t)v[11];
+  b->max_shared_optin = lim->max_shared_optin;
+  b->max_pitch = (uint64_t)v[13];
+  size_t total = 0;
+  if ((r = ruda__cu.cuDeviceTotalMem(&total, b->cudev)) != CUDA_SUCCESS) {
+    rc = ruda__cu_fail(r, "ruda_device_open: cuDeviceTotalMem");
+    goto fail;
+  }
+  lim->total_mem = total;
+  snprintf(b->arch, sizeof b->arch, "sm_%d%d", v[0], v[1]);
+
+  uint64_t limit;
+  size_t chunk;
+  ruda__staging_env(&limit, &chunk);
+  ruda__pinned_ops pops = {pinned_alloc, pinned_free, b};
+  if ((rc = ruda__staging_create(&pops, chunk, limit, &b->staging)) != 0) goto fail;
+  b->cache_dir = ruda__cu_cache_dir(cfg);
+  b->limits = *lim;
+  *state = b;
+  return 0;
+fail:
+  cu_close(b);
+  return rc;
+}
+
+static void cu_close(void *state) {
+  ruda__cu_backend *b = state;
+  if (b == NULL) return;
+  ruda__cu_guard g;
+  int entered = b->ctx != NULL && ruda__cu_enter(b, &g) == 0;
+  ruda__cu_modules_destroy(b);
+  for (ruda__cu_event *e = b->ev_all; e != NULL;) {
+    ruda__cu_event *n = e->next_all;
+    ruda__cu.cuEventDestroy(e->ev);
+    free(e);
+    e = n;
+  }
+  ruda__staging_destroy(b->staging);
+  if (entered) ruda__cu_leave(&g);
+  if (b->ctx != NULL) ruda__cu.cuDevicePrimaryCtxRelease(b->cudev);
+  free(b->cache_dir);
+  pthread_cond_destroy(&b->mod_cond);
+  pthread_mutex_destroy(&b->mod_lock);
+  pthread_mutex_destroy(&b->ev_lock);
+  free(b);
+}
+
+/* ---- workers ---- */
+
+static int cu_worker_start(void *state, uint32_t index, void **wstate) {
+  ruda__cu_backend *b = state;
+  *wstate = NULL;
+  /* A worker only ever uses this context: set it once, never restore. */
+  CUresult r = ruda__cu.cuCtxSetCurrent(b->ctx);
+  if (r != CUDA_SUCCESS) return ruda__cu_fail(r, "ruda_device_open: worker %u: cuCtxSetCurrent", index);
+  ruda__cu_worker *w = calloc(1, sizeof *w);
+  if (w == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_device_open: worker %u: out of host memory", index);
+  w->b = b;
+  w->index = index;
+  pthread_mutex_init(&w->plock, NULL);
+  /* Non-blocking: no implicit ordering with the legacy default stream,
+   * which other code in the process may use. */
+  if ((r = ruda__cu.cuStreamCreate(&w->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
+    pthread_mutex_destroy(&w->plock);
+    free(w);
+    return ruda__cu_fail(r, "ruda_device_open: worker %u: cuStreamCreate", index);
+  }
+  w->indirect = ruda__staging_alloc(b->staging, 16);
+  if (w->indirect == NULL) {
+    ruda__cu.cuStreamDestroy(w->stream);
+    pthread_mutex_destroy(&w->plock);
+    free(w);
+    return ruda__fail(RUDA_ENOMEM, "ruda_device_open: worker %u: out of host memory", index);
+  }
+  *wstate = w;
+  return 0;
+}
+
+static void cu_worker_stop(void *state, void *ws) {
+  (void)state;
+  ruda__cu_worker *w = ws;
+  if (w == NULL) return;
+  /* Everything this worker submitted must finish before its staging
+   * blocks are returned and the stream goes away. */
+  ruda__cu.cuStreamSynchronize(w->stream);
+  cu_progress(w);
+  progress_detached(w, 1); /* none left after the synchronize; be sure */
+  free(w->pending);
+  ruda__staging_free(w->b->staging, w->indirect);
+  ruda__cu.cuStreamDestroy(w->stream);
+  pthread_mutex_destroy(&w->plock);
+  free(w);
+}
+
+static void *cu_native_stream(void *ws) { return ws ? (void *)((ruda__cu_worker *)ws)->stream : NULL; }
+static void *cu_native_context(void *state) { return (void *)((ruda__cu_backend *)state)->ctx; }
+
+/* ---- device memory ---- */
+
+static int cu_mem_alloc(void *state, uint64_t size, uint64_t *addr) {
+  ruda__cu_backend *b = state;
+  ruda__cu_guard g;
+  int rc = ruda__cu_enter(b, &g);
+  if (rc != 0) return rc;
+  CUdeviceptr p = 0;
+  CUresult r = ruda__cu.cuMemAlloc(&p, size);
+  if (r != CUDA_SUCCESS) {
+    size_t fr = 0, total = 0;
+    ruda__cu.cuMemGetInfo(&fr, &total);
+    ruda__cu_leave(&g);
+    return ruda__cu_fail(r, "ruda_buffer_create: cuMemAlloc(%llu bytes) with %zu of %zu bytes free",
+                         (unsigned long long)size, fr, total);
+  }
+  ruda__cu_leave(&g);
+  *addr = (uint64_t)p;
+  return 0;
+}
+
+/* cuMemFree waits for work in flight on the memory, which keeps this
+ * simple scheme correct whichever stream used the buffer last; the pools
+ * of the memory layer replace it with stream-ordered reuse. */
+static void cu_mem_free(void *state, uint64_t addr, void *ws) {
+  ruda__cu_backend *b = state;
+  ruda__cu_guard g = {NULL, 0};
+  if (ws == NULL && ruda__cu_enter(b, &g) != 0) return;
+  CUresult r = ruda__cu.cuMemFree((CUdeviceptr)addr);
+  if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) {
+    char d[160];
+    ruda__log(b->log_level, RUDA_LOG_DEBUG, "cuMemFree(0x%llx): %s", (unsigned long long)addr,
+              ruda__cu_describe(r, d, sizeof d));
+  }
+  ruda__cu_leave(&g);
+}
+
+/* ---- completion ---- */
+
+static int cu_record(void *ws, ruda__completion *c, ruda_error **err) {
+  ruda__cu_worker *w = ws;
+  CUresult r;
+  ruda__cu_event *e = ruda__cu_record(w, &r);
+  if (e == NULL) return ruda__cu_worker_fail(w, r, err, "cuEventRecord");
+  c->event = e;
+  return 0;
+}
+
+static int cu_event_wait(void *state, void *event, ruda_error **err) {
+  ruda__cu_backend *b = state;
+  ruda__cu_event *e = event;
+  ruda__cu_guard g;
+  if (ruda__cu_enter(b, &g) != 0) {
+    if (err) *err = ruda__error_new(ruda_last_error()->code, ruda_last_error()->backend_code, "%s",
+                                    ruda_last_error()->msg);
+    return ruda_last_error()->code;
+  }
+  CUresult r = ruda__cu.cuEventSynchronize(e->ev);
+  ruda__cu_leave(&g);
+  if (r == CUDA_SUCCESS) {
+    /* The uploads before this point are done: their staging can serve the
+     * caller's next write now rather than at the worker's next poll. */
+    ruda__cu_retire_upto(e);
+    return 0;
+  }
+  ruda_error *x;
+  if (ruda__cu_sticky(r)) {
+    char last[200];
+    describe_last(last, sizeof last, e->kernel, e->stream, e->seq);
+    int first = !b->env.faulted(b->env.ctx);
+    /* The first stream to see the fault names what it had in flight;
+     * later ones say the device was already faulted. */
+    x = ruda__cu_error(r, "device fault detected while waiting for the stream%s; %s",
+                       first ? "" : " (the device was already faulted)", last);
+    if (x != NULL) {
+      x->stream = e->stream;
+      fault_device(b, x);
+    }
+  } else {
+    x = ruda__cu_error(r, "cuEventSynchronize");
+  }
+  int code = ruda__cu_code(r);
+  if (err) *err = x;
+  else ruda_error_free(x);
+  return code;
+}
+
+static int cu_event_query(void *state, void *event) {
+  ruda__cu_backend *b = state;
+  ruda__cu_guard g;
+  if (ruda__cu_enter(b, &g) != 0) return 1; /* the wait will report it */
+  CUresult r = ruda__cu.cuEventQuery(((ruda__cu_event *)event)->ev);
+  ruda__cu_leave(&g);
+  if (r == CUDA_SUCCESS) ruda__cu_retire_upto(event);
+  return r != CUDA_ERROR_NOT_READY;
+}
+
+static void cu_event_release(void *state, void *event) {
+  ruda__cu_event_put(state, event);
+}
+
+/* Cross-stream ordering: later work on this worker's stream waits on the
+ * device for another worker's event; the call itself returns at once. The
+ * driver takes the event's most recent record at this call, so the event
+ * may go back to the pool (and be recorded again) right after. */
+static int cu_stream_wait(void *ws, void *event, ruda_error **err) {
+  ruda__cu_worker *w = ws;
+  CUresult r = ruda__cu.cuStreamWaitEvent(w->stream, ((ruda__cu_event *)event)->ev, 0);
+  if (r != CUDA_SUCCESS) return ruda__cu_worker_fail(w, r, err, "cuStreamWaitEvent");
+  return 0;
+}
+
+/* ---- profiling ---- */
+
+/* A timing event on the worker's stream: the waiter and ruda_profile_end
+ * treat it like any completion event. */
+static int cu_stamp(void *ws, ruda__completion *c, ruda_error **err) {
+  ruda__cu_worker *w = ws;
+  CUresult r;
+  ruda__cu_event *e = event_get(w->b, 1, &r);
+  if (e == NULL) return ruda__cu_worker_fail(w, r, err, "cuEventCreate (timing)");
+  if ((r = ruda__cu.cuEventRecord(e->ev, w->stream)) != CUDA_SUCCESS) {
+    ruda__cu_event_put(w->b, e);
+    return ruda__cu_worker_fail(w, r, err, "cuEventRecord (timing)");
+  }
+  e->kernel = w->last_kernel;
+  e->stream = w->last_stream;
+  e->seq = w->last_seq;
+  e->worker = w;
+  e->writes = w->writes;
+  c->event = e;
+  return 0;
+}
+
+static int cu_elapsed(void *state, void *from, void *to, double *ms) {
+  ruda__cu_guard g;
+  if (ruda__cu_enter(state, &g) != 0) return ruda_error_code(ruda_last_error());
+  float f = 0;
+  CUresult r = ruda__cu.cuEventElapsedTime(&f, ((ruda__cu_event *)from)->ev, ((ruda__cu_event *)to)->ev);
+  ruda__cu_leave(&g);
+  if (r != CUDA_SUCCESS) return ruda__cu_fail(r, "cuEventElapsedTime");
+  *ms = f;
+  return 0;
+}
+
+/* ---- graphs ---- */
+
+/* First replay: capture the recorded commands on this worker's stream
+ * (thread-local mode, so other workers' calls are not disturbed, and no
+ * device memory is allocated: the pools did that before the capture) and
+ * instantiate once; then one cuGraphLaunch per replay. */
+static int cu_graph_replay(void *ws, void **exec, int (*record)(void *ctx, ruda_error **err), void *ctx,
+                           ruda_error **err) {
+  ruda__cu_worker *w = ws;
+  if (ruda__cu.cuGraphLaunch == NULL || ruda__cu.cuStreamBeginCapture == NULL ||
+      ruda__cu.cuGraphInstantiateWithFlags == NULL) {
+    *err = ruda__error_new(RUDA_ENOBACKEND, 0, "this CUDA driver (%d) has no graph API", ruda__cu.driver_version);
+    return RUDA_ENOBACKEND;
+  }
+  CUresult r;
+  if (*exec == NULL) {
+    r = ruda__cu.cuStreamBeginCapture(w->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+    if (r != CUDA_SUCCESS) return ruda__cu_worker_fail(w, r, err, "cuStreamBeginCapture");
+    int rc = record(ctx, err);
+    CUgraph graph = NULL;
+    /* Ended whatever happened, or the stream stays in capture mode. */
+    r = ruda__cu.cuStreamEndCapture(w->stream, &graph);
+    if (rc != 0) {
+      if (graph != NULL) ruda__cu.cuGraphDestroy(graph);
+      return rc;
+    }
+    if (r != CUDA_SUCCESS) return ruda__cu_worker_fail(w, r, err, "cuStreamEndCapture");
+    CUgraphExec ge = NULL;
+    r = ruda__cu.cuGraphInstantiateWithFlags(&ge, graph, 0);
+    ruda__cu.cuGraphDestroy(graph);
+    if (r != CUDA_SUCCESS) return ruda__cu_worker_fail(w, r, err, "cuGraphInstantiateWithFlags");
+    *exec = ge;
+  }
+  r = ruda__cu.cuGraphLaunch((CUgraphExec)*exec, w->stream);
+  if (r != CUDA_SUCCESS) return ruda__cu_worker_fail(w, r, err, "cuGraphLaunch");
+  return 0;
+}
+
+/* Any thread. A graph still running finishes first: the driver frees an
+ * executable graph in flight once it completed. */
+static void cu_graph_release(void *state, void *exec) {
+  ruda__cu_guard g;
+  if (ruda__cu_enter(state, &g) != 0) return;
+  ruda__cu.cuGraphExecDestroy((CUgraphExec)exec);
+  ruda__cu_leave(&g);
+}
+
+static const ruda__backend_ops cuda_ops = {
+    .name = "cuda",
+    .open = cu_open,
+    .close = cu_close,
+    .worker_start = cu_worker_start,
+    .worker_stop = cu_worker_stop,
+    .mem_alloc = cu_mem_alloc,
+    .mem_free = cu_mem_free,
+    .stage_alloc = cu_stage_alloc,
+    .stage_free = cu_stage_free,
+    .write = ruda__cu_write,
+    .read = ruda__cu_read,
+    .copy = ruda__cu_copy,
+    .launch = ruda__cu_launch,
+    .record = cu_record,
+    .event_wait = cu_event_wait,
+    .event_query = cu_event_query,
+    .event_release = cu_event_release,
+    .stream_wait = cu_stream_wait,
+    .kernel_prepare = ruda__cu_kernel_prepare,
+    .kernel_release = ruda__cu_kernel_release,
+    .progress = cu_progress,
+    .retire = cu_retire_detached,
+    .layout_check = ruda__cu_layout_check,
+    .launch_check = ruda__cu_launch_check,
+    .native_stream = cu_native_stream,
+    .native_context = cu_native_context,
+    .stage_usage = cu_stage_usage,
+    .graph_replay = cu_graph_replay,
+    .graph_release = cu_graph_release,
+    .stamp = cu_stamp,
+    .elapsed = cu_elapsed,
+    .comm_init = ruda__cu_comm_init,
+    .comm_destroy = ruda__cu_comm_destroy,
+    .collective = ruda__cu_collective,
+    .tensor_map = ruda__cu_tensor_map,
+};
+
+const ruda__backend_ops *const ruda__cuda_backend = &cuda_ops;

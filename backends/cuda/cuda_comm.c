@@ -1,0 +1,122 @@
+/* cuda_comm.c - collectives through NCCL, loaded at run time.
+ *
+ * One NCCL communicator per rank from ncclCommInitAll over the ranks' GPU
+ * ordinals (one process, one thread per GPU: each rank's collectives are
+ * issued by its worker, on the worker's stream, in the order the rank's
+ * collective stream holds them; src/comm.c). libnccl.so.2 is opened at the
+ * first communicator (RUDA_NCCL names another path), so a process that
+ * never makes one never needs it.
+ */
+#include <dlfcn.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "backends/cuda/cuda_internal.h"
+
+#define NCCL_FUNCS(X) \
+  X(ncclGetVersion) X(ncclCommInitAll) X(ncclCommDestroy) X(ncclAllReduce) X(ncclSend) X(ncclRecv) \
+  X(ncclGetErrorString)
+
+static struct {
+#define NCCL_FIELD(name) __typeof__(&name) name;
+  NCCL_FUNCS(NCCL_FIELD)
+#undef NCCL_FIELD
+  int version;
+  char path[256];
+} nccl;
+
+static pthread_once_t nccl_once = PTHREAD_ONCE_INIT;
+static char nccl_why[256];
+
+static void nccl_load(void) {
+  const char *env = getenv("RUDA_NCCL");
+  const char *path = env && *env ? env : "libnccl.so.2";
+  snprintf(nccl.path, sizeof nccl.path, "%s", path);
+  void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (lib == NULL) {
+    snprintf(nccl_why, sizeof nccl_why, "dlopen(\"%s\") failed: %s", path, dlerror());
+    return;
+  }
+#define NCCL_SYM(name)                                                                   \
+  if ((*(void **)&nccl.name = dlsym(lib, #name)) == NULL) {                              \
+    snprintf(nccl_why, sizeof nccl_why, "%s has no %s", path, #name);                   \
+    nccl.ncclCommInitAll = NULL;                                                          \
+    return;                                                                               \
+  }
+  NCCL_FUNCS(NCCL_SYM)
+#undef NCCL_SYM
+  nccl.ncclGetVersion(&nccl.version);
+}
+
+static int nccl_fail(ncclResult_t r, const char *what) {
+  return ruda__fail(RUDA_ECUDA, "%s: NCCL %d.%d.%d: %s", what, nccl.version / 10000, nccl.version / 100 % 100,
+                    nccl.version % 100, nccl.ncclGetErrorString(r));
+}
+
+int ruda__cu_comm_init(void *const *states, uint32_t n, void **ranks) {
+  pthread_once(&nccl_once, nccl_load);
+  if (nccl.ncclCommInitAll == NULL)
+    return ruda__fail(RUDA_ENOBACKEND, "ruda_comm_init: NCCL is not available (%s); set RUDA_NCCL to its path",
+                      nccl_why);
+  int *ordinals = malloc(n * sizeof *ordinals);
+  ncclComm_t *comms = calloc(n, sizeof *comms);
+  if (ordinals == NULL || comms == NULL) {
+    free(ordinals);
+    free(comms);
+    return ruda__fail(RUDA_ENOMEM, "ruda_comm_init: out of host memory");
+  }
+  for (uint32_t r = 0; r < n; r++) {
+    ordinals[r] = ((ruda__cu_backend *)states[r])->ordinal;
+    for (uint32_t q = 0; q < r; q++)
+      if (ordinals[q] == ordinals[r]) {
+        const int gpu = ordinals[r];
+        free(ordinals);
+        free(comms);
+        return ruda__fail(RUDA_EINVAL, "ruda_comm_init: ranks %u and %u are both GPU %d; NCCL needs one GPU per rank",
+                          q, r, gpu);
+      }
+  }
+  ncclResult_t res = nccl.ncclCommInitAll(comms, (int)n, ordinals);
+  free(ordinals);
+  if (res != ncclSuccess) {
+    free(comms);
+    return nccl_fail(res, "ruda_comm_init: ncclCommInitAll");
+  }
+  for (uint32_t r = 0; r < n; r++) ranks[r] = comms[r];
+  free(comms);
+  return 0;
+}
+
+void ruda__cu_comm_destroy(void *state, void *rank) {
+  (void)state;
+  if (rank != NULL && nccl.ncclCommDestroy != NULL) nccl.ncclCommDestroy((ncclComm_t)rank);
+}
+
+static const ncclDataType_t nccl_type[] = {ncclFloat32, ncclFloat64, ncclInt32, ncclInt64};
+static const ncclRedOp_t nccl_op[] = {ncclSum, ncclAvg, ncclMin, ncclMax};
+
+int ruda__cu_collective(void *ws, void *rank, const ruda__coll *c, ruda_error **err) {
+  ruda__cu_worker *w = ws;
+  ncclComm_t comm = rank;
+  cudaStream_t st = (cudaStream_t)w->stream;
+  ncclResult_t res;
+  const char *what;
+  if (c->kind == RUDA__COLL_ALL_REDUCE) {
+    what = "ncclAllReduce";
+    res = nccl.ncclAllReduce((const void *)(uintptr_t)c->src, (void *)(uintptr_t)c->dst, c->count,
+                             nccl_type[c->dtype], nccl_op[c->op], comm, st);
+  } else if (c->kind == RUDA__COLL_SEND) {
+    what = "ncclSend";
+    res = nccl.ncclSend((const void *)(uintptr_t)c->src, c->count, ncclUint8, (int)c->peer, comm, st);
+  } else {
+    what = "ncclRecv";
+    res = nccl.ncclRecv((void *)(uintptr_t)c->dst, c->count, ncclUint8, (int)c->peer, comm, st);
+  }
+  if (res == ncclSuccess) return 0;
+  *err = ruda__error_new(RUDA_ECUDA, res, "%s (rank %u, peer %u, %llu %s): NCCL %d.%d.%d: %s", what, c->rank,
+                         c->peer, (unsigned long long)c->count, c->kind == RUDA__COLL_ALL_REDUCE ? "elements" : "bytes",
+                         nccl.version / 10000, nccl.version / 100 % 100, nccl.version % 100,
+                         nccl.ncclGetErrorString(res));
+  return RUDA_ECUDA;
+}

@@ -1,0 +1,172 @@
+/* cuda_internal.h - state shared by the cuda backend's files.
+ *
+ *   cuda_backend.c  open/close, workers and their streams, memory, events,
+ *                   staging, the operations table
+ *   cuda_copy.c     writes, reads and device copies (1D, 2D, 3D)
+ *   cuda_launch.c   launches, launch checks, indirect grids
+ *   cuda_compile.c  NVRTC, the in-memory module cache, the on-disk cache
+ *   cu_loader.c     the driver and NVRTC entry points
+ */
+#ifndef RUDA_CUDA_INTERNAL_H
+#define RUDA_CUDA_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "backends/cuda/cu_loader.h"
+#include "base/backend.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "memory/staging.h"
+
+typedef struct ruda__cu_module ruda__cu_module;
+
+/* A pooled event. Besides the CUevent it remembers the last launch the
+ * worker submitted before recording it, so a fault found by whoever waits
+ * on it can name the command that was in flight. */
+typedef struct ruda__cu_event {
+  CUevent ev;
+  struct ruda__cu_event *next_free;
+  struct ruda__cu_event *next_all;
+  const char *kernel; /* registry-owned name, alive until close */
+  uint64_t stream, seq;
+  /* The worker that recorded it and how many writes it had retired-to-be
+   * then: once this event completed, so had those writes' copies. */
+  struct ruda__cu_worker *worker;
+  uint64_t writes;
+  uint8_t timed; /* created with timing (profiling stamps); its own free list */
+} ruda__cu_event;
+
+typedef struct ruda__cu_backend {
+  ruda__backend_env env; /* the device's callbacks (env.cfg is not kept) */
+  ruda_log_level log_level;
+  ruda__limits limits; /* as open reported them */
+  CUdevice cudev;
+  CUcontext ctx; /* the device's primary context, retained */
+  int ordinal;
+  char arch[16]; /* "sm_90" */
+  uint64_t max_pitch;
+  uint32_t max_shared_optin;
+  ruda__staging *staging;
+  /* Event pool: events are reused, never destroyed before close. */
+  pthread_mutex_t ev_lock;
+  ruda__cu_event *ev_free, *ev_free_timed, *ev_all;
+  /* Module cache: one module per (source, options, arch, versions). */
+  pthread_mutex_t mod_lock;
+  pthread_cond_t mod_cond;
+  ruda__cu_module *modules;
+  char *cache_dir; /* NULL: no disk cache */
+  int bounds_checked;
+  _Atomic uint64_t compiles, disk_hits, mem_hits; /* cache figures, for tests */
+} ruda__cu_backend;
+
+/* A write's staging block, returned once the event says its copy ran. */
+typedef struct ruda__cu_pending {
+  ruda__cu_event *ev;
+  void *staged;
+  uint64_t n; /* the worker's write number */
+} ruda__cu_pending;
+
+/* An event whose future was dropped unwaited, and what to run after it. */
+typedef struct ruda__cu_detached {
+  struct ruda__cu_detached *next;
+  struct ruda__cu_event *ev;
+  void (*fn)(void *state, void *arg);
+  void *arg;
+} ruda__cu_detached;
+
+typedef struct ruda__cu_worker {
+  ruda__cu_backend *b;
+  CUstream stream;
+  uint32_t index;
+  /* FIFO of writes in flight; stream order means they finish in order.
+   * The worker adds and polls; a thread that saw a later event of this
+   * stream complete (a sync's waiter) may retire them too, so the lock. */
+  pthread_mutex_t plock;
+  ruda__cu_pending *pending;
+  uint32_t head, count, cap;
+  uint64_t writes; /* writes queued so far */
+  /* Dropped futures' events (cu_retire), also under plock: each runs its
+   * fn once its event completed. Apart from the writes: any thread adds
+   * them, in no stream order, and ruda__cu_retire_upto's write numbers do
+   * not cover them. */
+  struct ruda__cu_detached *detached;
+  uint32_t *indirect; /* 16 page-locked bytes for indirect grid reads */
+  /* The last launch submitted, for fault reports. */
+  const char *last_kernel;
+  uint64_t last_stream, last_seq;
+} ruda__cu_worker;
+
+/* The cuda form of a registered kernel (ruda__kernel.impl). */
+typedef struct ruda__cu_kernel {
+  ruda__cu_module *module;
+  CUfunction fn;
+  uint32_t max_threads;     /* register-limited threads per block */
+  uint32_t static_shared;   /* bytes of __shared__ the kernel declares */
+  uint32_t max_dyn_shared;  /* dynamic shared memory a launch may ask for */
+  int nparams;              /* -1 when the driver cannot tell */
+  uint32_t param_size[RUDA_MAX_ARGS];
+} ruda__cu_kernel;
+
+/* Makes b's context current on the calling thread for the duration of a
+ * call from a client thread, restoring whatever was current before (an
+ * application may use other contexts on its threads). */
+typedef struct ruda__cu_guard {
+  CUcontext prev;
+  int changed;
+} ruda__cu_guard;
+
+int ruda__cu_enter(ruda__cu_backend *b, ruda__cu_guard *g);
+void ruda__cu_leave(ruda__cu_guard *g);
+
+/* Events from the pool (worker or any thread). NULL with *r set on error. */
+ruda__cu_event *ruda__cu_event_get(ruda__cu_backend *b, CUresult *r);
+void ruda__cu_event_put(ruda__cu_backend *b, ruda__cu_event *e);
+
+/* Records a pooled event on w's stream, tagged with w's last launch. */
+ruda__cu_event *ruda__cu_record(ruda__cu_worker *w, CUresult *r);
+
+/* Reports a failed driver call on a worker: builds the error, and when r
+ * poisons the context marks the device faulted (naming the last launch).
+ * Returns the ruda code. */
+int ruda__cu_worker_fail(ruda__cu_worker *w, CUresult r, ruda_error **err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Worker: keeps a write's staging block until ev shows its copy ran. */
+void ruda__cu_retire(ruda__cu_worker *w, ruda__cu_event *ev, void *staged);
+/* Any thread: e completed, so every write its worker queued before it did:
+ * return their staging now. */
+void ruda__cu_retire_upto(ruda__cu_event *e);
+
+/* cuda_copy.c */
+int ruda__cu_layout_check(void *state, const ruda__layout *l, const char *fn);
+int ruda__cu_write(void *ws, uint64_t dst, const ruda__layout *l, void *staged, ruda_error **err);
+int ruda__cu_read(void *ws, void *dst, uint64_t src, const ruda__layout *l, ruda__completion *c,
+                  ruda_error **err);
+int ruda__cu_copy(void *ws, uint64_t dst, uint64_t src, uint64_t size, ruda_error **err);
+
+/* cuda_launch.c */
+int ruda__cu_launch(void *ws, const ruda__launch_cmd *cmd, ruda_error **err);
+int ruda__cu_launch_check(void *state, const ruda__kernel *k, const ruda_launch_desc *l);
+
+/* cuda_comm.c: collectives through NCCL (backend ops). */
+int ruda__cu_comm_init(void *const *states, uint32_t n, void **ranks);
+/* cuda_tensor_map.c: the tensor_map op. */
+int ruda__cu_tensor_map(void *state, const ruda_tensor_map_desc *d, uint64_t addr, uint64_t blen,
+                        ruda_tensor_map *out);
+void ruda__cu_comm_destroy(void *state, void *rank);
+int ruda__cu_collective(void *wstate, void *rank, const ruda__coll *c, ruda_error **err);
+
+/* cuda_compile.c */
+int ruda__cu_kernel_prepare(void *state, ruda__kernel *k);
+void ruda__cu_kernel_release(void *state, ruda__kernel *k);
+/* Resolves the disk cache directory from the config and environment. */
+char *ruda__cu_cache_dir(const ruda_config *cfg);
+void ruda__cu_modules_destroy(ruda__cu_backend *b);
+/* NVRTC compilations, disk-cache hits and in-memory hits of a cuda device. */
+void ruda__cu_cache_stats(void *state, uint64_t *compiles, uint64_t *disk_hits, uint64_t *mem_hits);
+
+/* interop.c: keeps this thread's last NVRTC log for ruda_compile_log(). */
+void ruda__set_compile_log(const char *log);
+
+#endif /* RUDA_CUDA_INTERNAL_H */

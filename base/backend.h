@@ -1,0 +1,194 @@
+/* backend.h - the contract every backend implements.
+ *
+ * A backend is a table of operations, in the manner of jemalloc's extent
+ * hooks: `host` runs everything on the CPU, `cuda` drives the Driver API.
+ * Worker-side operations (write, read, copy, launch, record) run on the
+ * stream's worker thread with the state worker_start made; the rest may run
+ * on any thread. Operations that fail return a negative RUDA_E* code and,
+ * when they run on a worker, an owned error in *err (NULL if even that
+ * allocation failed; the caller then counts a lost error).
+ */
+#ifndef RUDA_BACKEND_H
+#define RUDA_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/error.h"
+#include "ruda/cuda.h"
+#include "ruda/ruda.h"
+
+/* A validated copy layout over device memory. */
+typedef struct ruda__layout {
+  uint32_t rank; /* 0: contiguous bytes */
+  uint32_t elem_size;
+  uint64_t shape[RUDA_MAX_RANK];
+  uint64_t strides[RUDA_MAX_RANK]; /* elements */
+  uint64_t bytes;                  /* dense size on the host side */
+  uint64_t extent;                 /* bytes spanned in the buffer */
+  int contiguous;                  /* dense in the buffer too */
+} ruda__layout;
+
+/* Device limits used to validate launches before they are enqueued. */
+typedef struct ruda__limits {
+  char name[128];
+  int cc_major, cc_minor;
+  uint32_t sm_count, warp_size, max_threads_per_block;
+  uint32_t max_block[3], max_grid[3];
+  uint32_t max_shared, max_shared_optin;
+  uint64_t total_mem;
+} ruda__limits;
+
+/* A registered kernel. Entries live until the device closes. */
+typedef struct ruda__kernel {
+  const char *name;
+  ruda_host_kernel_fn host_fn; /* host backend */
+  char *source;                /* cuda backend: CUDA C source */
+  char **options;              /* NULL-terminated NVRTC options, or NULL */
+  void *impl;                  /* backend's compiled form (cuda) */
+} ruda__kernel;
+
+typedef struct ruda__karg {
+  uint32_t kind; /* ruda_arg_kind */
+  uint32_t size; /* scalar bytes */
+  uint64_t addr; /* buffer: device address of the binding's first byte */
+  const unsigned char *bytes; /* scalar: points into the command */
+} ruda__karg;
+
+typedef struct ruda__launch_cmd {
+  ruda__kernel *kernel;
+  uint64_t stream, seq; /* the command's stream id and number, for messages */
+  ruda_dim3 grid, block;
+  uint32_t shared_mem, flags, nargs;
+  uint64_t indirect_addr; /* RUDA_LAUNCH_INDIRECT: u32[3] on the device */
+  ruda__karg *args;
+} ruda__launch_cmd;
+
+/* What a future waits for once its command was submitted: an optional
+ * backend event, then an optional finishing step (e.g. copy a read out of
+ * staging memory) run by the waiting thread. */
+typedef struct ruda__completion {
+  void *event;
+  void (*finish)(void *backend_state, void *arg);  /* after the event */
+  void (*discard)(void *backend_state, void *arg); /* future dropped unfinished */
+  void *arg;
+} ruda__completion;
+
+/* A collective as the worker runs it (ruda/comm.h). */
+typedef enum { RUDA__COLL_ALL_REDUCE, RUDA__COLL_SEND, RUDA__COLL_RECV } ruda__coll_kind;
+
+typedef struct ruda__coll {
+  void *rank_handle; /* the backend's handle of this rank (comm_init) */
+  uint32_t kind, rank, peer;
+  uint32_t dtype, op; /* ruda_dtype, ruda_reduce_op */
+  uint64_t src, dst;  /* device addresses (host pointers on the host backend) */
+  uint64_t count;     /* elements (all-reduce) or bytes (send, recv) */
+  uint64_t dst_bytes; /* room at dst */
+} ruda__coll;
+
+/* What the device hands a backend at open. The backend keeps what it
+ * needs (a copy of the fields, the callbacks); cfg is valid for the call
+ * only. */
+typedef struct ruda__backend_env {
+  const ruda_config *cfg;
+  void *ctx;
+  /* Any thread: a sticky fault poisons the device; err is consumed (the
+   * first one is kept, later ones freed). */
+  void (*fault)(void *ctx, ruda_error *err);
+  /* Any thread: 1 once the device is faulted. */
+  int (*faulted)(void *ctx);
+} ruda__backend_env;
+
+typedef struct ruda__backend_ops {
+  const char *name;
+  /* Opens the backend; fills *limits. Failure: ruda__fail(). */
+  int (*open)(const ruda__backend_env *env, void **state, ruda__limits *limits);
+  void (*close)(void *state);
+  /* On the worker thread, before its first and after its last command. */
+  int (*worker_start)(void *state, uint32_t index, void **wstate);
+  void (*worker_stop)(void *state, void *wstate);
+  /* Device memory. Failure: ruda__fail(). Any thread. */
+  int (*mem_alloc)(void *state, uint64_t size, uint64_t *addr);
+  void (*mem_free)(void *state, uint64_t addr, void *wstate);
+  /* Host memory that stages a write until its copy ran. Any thread. */
+  void *(*stage_alloc)(void *state, size_t size);
+  void (*stage_free)(void *state, void *p);
+  /* Worker side. write takes ownership of the staged bytes. */
+  int (*write)(void *wstate, uint64_t dst, const ruda__layout *l, void *staged, ruda_error **err);
+  int (*read)(void *wstate, void *dst, uint64_t src, const ruda__layout *l, ruda__completion *c,
+              ruda_error **err);
+  int (*copy)(void *wstate, uint64_t dst, uint64_t src, uint64_t size, ruda_error **err);
+  int (*launch)(void *wstate, const ruda__launch_cmd *cmd, ruda_error **err);
+  /* Marks "everything submitted so far" in c (event NULL: already done). */
+  int (*record)(void *wstate, ruda__completion *c, ruda_error **err);
+  /* Waiter side, any thread. */
+  int (*event_wait)(void *state, void *event, ruda_error **err);
+  int (*event_query)(void *state, void *event); /* 1 done, 0 pending */
+  void (*event_release)(void *state, void *event);
+  /* Registry hooks: accept a host kernel (host), compile sources (cuda). */
+  int (*kernel_prepare)(void *state, ruda__kernel *k);
+  void (*kernel_release)(void *state, ruda__kernel *k);
+  /* Optional (NULL: nothing to do / not supported). */
+  /* Worker: retires finished device work (returns write staging whose copy
+   * completed). Non-zero while some is still pending: the worker then
+   * sleeps with a short timeout instead of indefinitely. */
+  int (*progress)(void *wstate);
+  /* Any thread: takes event (which it then releases) and runs fn(state,
+   * arg) once the event completed, from the recording worker's progress()
+   * (or its worker_stop, which waits for whatever is still pending). For
+   * a future dropped before it was waited: the thread dropping it, often
+   * a worker, must not block on the device. NULL: the caller waits for
+   * the event itself. */
+  void (*retire)(void *state, void *event, void (*fn)(void *state, void *arg), void *arg);
+  /* Client: can a non-contiguous layout be copied? 0, or a failure
+   * (RUDA_EUNSUPPORTEDSTRIDES) recorded with ruda__fail naming fn. */
+  int (*layout_check)(void *state, const ruda__layout *l, const char *fn);
+  /* Client: limits of the compiled kernel (registers, shared memory,
+   * parameters), checked for every launch, dry runs included. */
+  int (*launch_check)(void *state, const ruda__kernel *k, const ruda_launch_desc *l);
+  /* Worker: makes the worker's device stream wait (asynchronously) for an
+   * event another worker recorded. NULL: the backend's work is done once
+   * its worker ran it (host), so a worker that saw another pass a point
+   * needs nothing more; no events are recorded for ordering then. */
+  int (*stream_wait)(void *wstate, void *event, ruda_error **err);
+  /* Native handles for interop: a worker's CUstream, the CUcontext. */
+  void *(*native_stream)(void *wstate);
+  void *(*native_context)(void *state);
+  int (*stage_usage)(void *state, ruda_staging_stats *out);
+  /* Worker: replays a captured graph. *exec is the backend's own graph,
+   * NULL at the first replay: the op then starts capturing on the
+   * worker's stream, calls record(ctx), which issues the recorded
+   * commands through this table's launch and copy, and keeps what it
+   * captured in *exec. NULL op: the commands are run again each replay. */
+  int (*graph_replay)(void *wstate, void **exec, int (*record)(void *ctx, ruda_error **err), void *ctx,
+                      ruda_error **err);
+  /* Any thread: frees what graph_replay kept. */
+  void (*graph_release)(void *state, void *exec);
+  /* Profiling. Worker: records in c an event that keeps time (NULL op: the
+   * worker's clock when it ran the command is the time). Any thread, both
+   * events complete: the device time between them in ms. */
+  int (*stamp)(void *wstate, ruda__completion *c, ruda_error **err);
+  int (*elapsed)(void *state, void *from, void *to, double *ms);
+  /* Collectives (src/comm.c). comm_init: one handle per rank for the
+   * states of n devices of this backend, blocking; failure: ruda__fail(),
+   * nothing left allocated. collective runs on the rank's worker, in the
+   * order the rank issued them. */
+  int (*comm_init)(void *const *states, uint32_t n, void **ranks);
+  void (*comm_destroy)(void *state, void *rank);
+  int (*collective)(void *wstate, void *rank, const ruda__coll *c, ruda_error **err);
+  /* Any thread: a tensor map of d over device memory at addr (blen bytes
+   * there). NULL: the backend has none (host). */
+  int (*tensor_map)(void *state, const ruda_tensor_map_desc *d, uint64_t addr, uint64_t blen,
+                    ruda_tensor_map *out);
+} ruda__backend_ops;
+
+extern const ruda__backend_ops ruda__host_backend;
+/* NULL when built without the CUDA toolkit headers. */
+extern const ruda__backend_ops *const ruda__cuda_backend;
+
+/* Strided copies between a dense host buffer and a strided region; shared
+ * by the host backend and the CUDA fallback paths. */
+void ruda__copy_to_strided(unsigned char *dst, const ruda__layout *l, const unsigned char *src);
+void ruda__copy_from_strided(unsigned char *dst, const ruda__layout *l, const unsigned char *src);
+
+#endif /* RUDA_BACKEND_H */

@@ -1,0 +1,59 @@
+/* sync.c - futex wait/wake and the ck_ec operations built on them. */
+
+#include "base/sync.h"
+
+#include <errno.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static long futex(const uint32_t *addr, int op, uint32_t val, const struct timespec *ts) {
+  return syscall(SYS_futex, addr, op, val, ts, NULL, 0);
+}
+
+void ruda__futex_wait(const uint32_t *addr, uint32_t expected) {
+  futex(addr, FUTEX_WAIT_PRIVATE, expected, NULL);
+}
+
+void ruda__futex_wake_all(const uint32_t *addr) {
+  futex(addr, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL);
+}
+
+static int ec_gettime(const struct ck_ec_ops *ops, struct timespec *out) {
+  (void)ops;
+  return clock_gettime(CLOCK_MONOTONIC, out);
+}
+
+/* ck_ec hands an absolute CLOCK_MONOTONIC deadline; FUTEX_WAIT wants a
+ * relative timeout. */
+static void ec_wait32(const struct ck_ec_wait_state *state, const uint32_t *addr,
+                      uint32_t expected, const struct timespec *deadline) {
+  (void)state;
+  struct timespec rel, *relp = NULL;
+  if (deadline != NULL) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    long long ns = (long long)(deadline->tv_sec - now.tv_sec) * 1000000000ll +
+                   (deadline->tv_nsec - now.tv_nsec);
+    if (ns <= 0) return;
+    rel.tv_sec = (time_t)(ns / 1000000000ll);
+    rel.tv_nsec = (long)(ns % 1000000000ll);
+    relp = &rel;
+  }
+  futex(addr, FUTEX_WAIT_PRIVATE, expected, relp);
+}
+
+static void ec_wake32(const struct ck_ec_ops *ops, const uint32_t *addr) {
+  (void)ops;
+  ruda__futex_wake_all(addr);
+}
+
+const struct ck_ec_ops ruda__ec_ops = {
+    .gettime = ec_gettime,
+    .wait32 = ec_wait32,
+    .wake32 = ec_wake32,
+    /* A short spin catches producers that are about to push again. */
+    .busy_loop_iter = 64,
+};
+
+const struct ck_ec_mode ruda__ec_mp = {.ops = &ruda__ec_ops, .single_producer = false};

@@ -1,0 +1,72 @@
+/* graph.h - graph capture and replay (scheduler/graph.c; the public
+ * calls are in src/graph.c).
+ *
+ * Capture happens on the client side: while a stream captures, a launch or
+ * copy built for it is appended to the stream's recording, with its pins,
+ * instead of being pushed. end_capture turns the recording into a graph;
+ * a replay is one RUDA__CMD_GRAPH command that the worker runs through
+ * the backend's graph_replay op (cuda: capture the recorded commands on
+ * the worker's stream once, instantiate, then cuGraphLaunch), or, where
+ * the backend has none (host), by running the recorded commands in order.
+ *
+ * Memory: every buffer a recorded command pins is marked held by the pin
+ * itself (handles.h), so a free never hands its memory back at once; the
+ * graph's pins drop when its last reference does, and the memory then
+ * follows the usual rules (pool.c), with each worker that replayed the
+ * graph counted as a user. */
+#ifndef RUDA_CAPTURE_H
+#define RUDA_CAPTURE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "scheduler/scheduler.h"
+
+struct ruda_device;
+
+/* A stream's recording. Made at its first begin_capture, freed with the
+ * stream, so a client that saw `capturing` set may always lock it. */
+typedef struct ruda__capture {
+  pthread_mutex_t lock;
+  int open;
+  ruda__cmd **cmds;
+  uint32_t n, cap;
+} ruda__capture;
+
+struct ruda_graph {
+  struct ruda_graph *next, *prev; /* the device's list, for close */
+  struct ruda_device *dev;
+  _Atomic uint32_t refs; /* the owner's, and one per queued replay */
+  ruda__cmd **cmds;
+  uint32_t n;
+  uint32_t *slots; /* every buffer the commands use, once */
+  uint32_t nslots;
+  pthread_mutex_t exec_lock; /* the backend's graph is made at first replay */
+  void *exec;
+  ruda_stream_id stream; /* captured on, for messages */
+};
+
+/* The stream's recording, made at first use (NULL without memory). */
+ruda__capture *ruda__capture_get(ruda__stream *s);
+/* Drops the pins of recorded commands and frees them. */
+void ruda__capture_discard(struct ruda_device *dev, ruda__cmd **cmds, uint32_t n, void *wstate);
+
+/* Client, with s capturing when the command's buffers were pinned: appends
+ * cmd to the recording. 1 when the capture ended meanwhile (the caller
+ * then submits cmd as usual), 0 when recorded, or a failure. */
+int ruda__capture_record(ruda__stream *s, ruda__cmd *cmd);
+
+/* Worker: runs a RUDA__CMD_GRAPH command. Returns 0 or a code with *err. */
+int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err);
+/* Drops one reference; the last frees the graph (its pins go). wstate:
+ * the calling worker's, or NULL on a client. */
+void ruda__graph_unref(struct ruda_graph *g, void *wstate);
+
+/* Device close, after the workers stopped: discards open recordings and
+ * destroys every graph the application did not. */
+void ruda__graphs_close(struct ruda_device *dev);
+/* Frees a stream's recording (empty by then). */
+void ruda__capture_free(ruda__capture *c);
+
+#endif /* RUDA_CAPTURE_H */

@@ -1,0 +1,97 @@
+/* submit.h - the client's way into the scheduler: pin a command's
+ * buffers, then push it on its stream's worker in order.
+ *
+ * Inline: every launch and copy passes here, and a call per buffer
+ * argument would show in the caller's cost. Any client thread; nothing
+ * here blocks, except a push under RUDA_BACKPRESSURE_BLOCK on a full
+ * queue.
+ */
+#ifndef RUDA_SCHEDULER_SUBMIT_H
+#define RUDA_SCHEDULER_SUBMIT_H
+
+#include <stdio.h>
+
+#include "base/error.h"
+#include "memory/handles.h"
+#include "memory/pool.h"
+#include "scheduler/device.h"
+#include "scheduler/order.h"
+#include "scheduler/scheduler.h"
+
+/* Pins b's buffer and checks the range; on success *addr is the device
+ * address of the binding's first byte and *len its size. */
+/* what names the binding in error messages; index >= 0 appends a number
+ * ("argument 3"). The label is built only on failure: launches pin every
+ * buffer argument, and formatting it each time cost half the call. */
+static inline const char *ruda__binding_label(char *buf, size_t n, const char *what, int index) {
+  if (index < 0) return what;
+  snprintf(buf, n, "%s %d", what, index);
+  return buf;
+}
+
+/* o gathers the ordering the command needs after other streams' uses of
+ * the buffer (scheduler/order.h). */
+static inline int ruda__pin_binding(ruda_device *dev, ruda__stream *s, ruda_binding b, const char *fn, const char *what,
+                       int index, uint64_t *addr, uint64_t *len, ruda__order *o, int hold) {
+  uint64_t base, size;
+  ruda__slot *slot;
+  _Atomic uint64_t *last;
+  char lb[48];
+  /* Pinned for s's worker: a worker other than the buffer's home is
+   * recorded, so the buffer's memory waits for it after a free. */
+  if (ruda__handles_pin_use(&dev->handles, b.handle, s->worker->index, hold, &base, &size, &slot, &last) != 0)
+    return ruda__fail(RUDA_ENOTFOUND, "%s: %s handle {slot %u, gen %u} names no live buffer", fn,
+                      ruda__binding_label(lb, sizeof lb, what, index), b.handle.slot, b.handle.gen);
+  if ((base & RUDA__UNBACKED) && ruda__memory_back(&dev->memory, atomic_load(&slot->mem), base, fn, &base) != 0) {
+    ruda__handles_unpin(&dev->handles, b.handle.slot, NULL);
+    return ruda_error_code(ruda_last_error());
+  }
+  uint64_t want = b.size ? b.size : (b.offset <= size ? size - b.offset : 0);
+  if (b.offset > size || want > size - b.offset || want == 0) {
+    ruda__handles_unpin(&dev->handles, b.handle.slot, NULL);
+    return ruda__fail(RUDA_ERANGE,
+                      "%s: %s binding offset %llu + size %llu is outside buffer {slot %u} of %llu bytes",
+                      fn, ruda__binding_label(lb, sizeof lb, what, index), (unsigned long long)b.offset,
+                      (unsigned long long)want, b.handle.slot,
+                      (unsigned long long)size);
+  }
+  *addr = base + b.offset;
+  *len = want;
+  ruda__order_note(o, last, b.handle.gen, s->worker->index);
+  return 0;
+}
+
+/* Pushes cmd on s's worker, after whatever other streams' work o says it
+ * must follow, and records its buffer uses. */
+static inline __attribute__((always_inline)) int ruda__submit(ruda_device *dev, ruda__stream *s, ruda__cmd *cmd,
+                                                        ruda__order *o) {
+  cmd->stream = s;
+  cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
+  if (cmd->kind == RUDA__CMD_LAUNCH) { /* the backend names it in fault reports */
+    cmd->u.launch.stream = s->id;
+    cmd->u.launch.seq = cmd->seq;
+  }
+  ruda__worker *w = s->worker;
+  int rc;
+  if (__builtin_expect(!ruda__order_needed(o), 1)) {
+    if ((rc = ruda__queue_push(w, cmd)) != 0) return rc;
+  } else {
+    /* Admitted first, so a refused command leaves no MARK or WAIT. */
+    if ((rc = ruda__queue_admit(w, s->id)) != 0) return rc;
+    if ((rc = ruda__order_prepare(dev, o, s, cmd->seq)) != 0) {
+      ruda__queue_unadmit(w);
+      return rc;
+    }
+    ruda__queue_push_admitted(w, cmd);
+  }
+  ruda__order_publish(o, w);
+  return 0;
+}
+
+/* Pushes a control command (flush, sync, profile stamp) of kind on s,
+ * outside the queue bound, with a new future in *out; drains: waiting on
+ * it hands back the stream's errors. */
+int ruda__push_control(ruda_device *dev, ruda__stream *s, int kind, int drains, const char *fn,
+                       ruda_future **out);
+
+#endif /* RUDA_SCHEDULER_SUBMIT_H */
