@@ -2,7 +2,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "scheduler/device.h"
+#include "base/error.h"
+#include "memory/pool.h"
 
 #define LIVE (1ull << 32)
 #define REFS_MASK 0xffffffffull

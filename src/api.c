@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "memory/staging.h"
+#include "base/staging.h"
 #include "scheduler/graph.h"
 #include "scheduler/submit.h"
 #include "src/api.h"

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
-#include "memory/staging.h"
+#include "base/staging.h"
 
 typedef struct job {
   struct job *next;

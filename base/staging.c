@@ -1,7 +1,7 @@
 /* staging.c - the page-locked staging arena (see staging.h). */
-#include "memory/staging.h"
+#include "base/staging.h"
 
-#include "memory/jemalloc_private.h"
+#include "base/jemalloc_private.h"
 #include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
