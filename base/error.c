@@ -1,6 +1,8 @@
-/* error.c - error codes, names and the error object. */
+/* error.c - error codes, names, the error object, the thread's last
+ * error and last compile log. */
 
 #include <execinfo.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,4 +132,23 @@ void ruda_error_free(ruda_error *e) {
     free(e);
     e = next;
   }
+}
+
+/* ---- the calling thread's last compile log ---- */
+
+static pthread_key_t log_key;
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+
+static void log_key_make(void) { pthread_key_create(&log_key, free); }
+
+void ruda__set_compile_log(const char *log) {
+  pthread_once(&log_once, log_key_make);
+  free(pthread_getspecific(log_key));
+  pthread_setspecific(log_key, log ? strdup(log) : NULL);
+}
+
+const char *ruda_compile_log(void) {
+  pthread_once(&log_once, log_key_make);
+  const char *s = pthread_getspecific(log_key);
+  return s ? s : "";
 }

@@ -41,4 +41,8 @@ int ruda__fail_backend(int code, long backend_code, const char *fmt, ...)
  * the message and the code), frees it and returns its code. */
 int ruda__fail_with(ruda_error *err);
 
+/* Keeps a copy of log as the calling thread's last compile log
+ * (ruda_compile_log); NULL clears it. */
+void ruda__set_compile_log(const char *log);
+
 #endif /* RUDA_ERROR_INTERNAL_H */

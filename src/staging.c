@@ -1,5 +1,7 @@
-/* interop.c - staging buffers, native handles and device pointers for
- * code outside ruda (see ruda/cuda.h for the ordering rules). */
+/* staging.c - the public staging calls (page-locked buffers the caller
+ * fills and hands to ruda_write_staged), native handles and device
+ * pointers for code outside ruda (see ruda/cuda.h for the ordering
+ * rules). The arena itself is base/staging.c. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,25 +86,4 @@ int ruda_binding_device_ptr(ruda_device *dev, ruda_binding b, uint64_t *addr) {
                       (unsigned long long)size);
   *addr = base + b.offset;
   return 0;
-}
-
-/* ---- NVRTC logs ---- */
-
-static pthread_key_t log_key;
-static pthread_once_t log_once = PTHREAD_ONCE_INIT;
-
-static void log_key_make(void) { pthread_key_create(&log_key, free); }
-
-void ruda__set_compile_log(const char *log);
-
-void ruda__set_compile_log(const char *log) {
-  pthread_once(&log_once, log_key_make);
-  free(pthread_getspecific(log_key));
-  pthread_setspecific(log_key, log ? strdup(log) : NULL);
-}
-
-const char *ruda_compile_log(void) {
-  pthread_once(&log_once, log_key_make);
-  const char *s = pthread_getspecific(log_key);
-  return s ? s : "";
 }
