@@ -1,0 +1,650 @@
+#define _GNU_SOURCE
+/* bench_serve.c - an inference-server loop through ruda, beside the raw
+ * driver in the same process (issue 9, item 4).
+ *
+ *   bench_serve [-q] [-t threads[,threads...]] [-n requests] [-w workers] [-v variants]
+ *
+ * T client threads (default 1,4,16,64), each on its own ruda stream
+ * (explicit id = thread index). One request:
+ *   ruda_write of a 64 KiB input (128 rows x 128 floats),
+ *   layer:     y = x W            (128 rows, W 128x128 floats, 64 KiB)
+ *   bias_relu: y = max(y + b, 0)  (b: 128 floats)
+ *   softmax:   each row of y
+ *   ruda_read of 512 B (the first 128 floats of y) and ruda_future_wait.
+ * Variants (-v, comma-separated, default all):
+ *   1  weights (W and b) shared by all streams, 1 request in flight per thread
+ *   2  weights copied per thread,              1 in flight
+ *   3  weights shared,                         4 in flight (issue 4, then wait the oldest)
+ *   4  weights copied per thread,              4 in flight
+ * Results are checked against a CPU reference (double precision) for the
+ * first request of each thread and every 64th, tolerance 1e-3 relative;
+ * mismatches are counted and printed, and any makes the exit status 1.
+ *
+ * Latency of a request: from the start of its ruda_write to the return of
+ * its future wait (with 4 in flight: to the return of the wait on it as
+ * the oldest). Requests/s: all requests over the wall time from the start
+ * barrier to the last thread done. Each thread first runs a few untimed
+ * warm-up requests.
+ *
+ * The raw driver baseline (cuda backend only): one CUstream per thread,
+ * inputs and outputs page-locked (cuMemHostAlloc), cuMemcpyHtoDAsync, the
+ * same 3 kernels (the CUfunctions of the module ruda compiled from the same
+ * CUDA source) by cuLaunchKernel, cuMemcpyDtoHAsync, cuStreamSynchronize;
+ * with 4 in flight one event per request and cuEventSynchronize on the
+ * oldest. Device memory from cuMemAlloc. The raw driver is reached through
+ * ruda's own loader (the ruda__cu table), on ruda's primary context.
+ *
+ * On the host backend (no GPU) the kernels are C functions computing the
+ * same thing; only the ruda rows are printed, with -q a small case.
+ * Workers: the ruda default (RUDA_STREAMS, else 8) unless -w.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ruda/ruda.h"
+
+#ifdef RUDA_BENCH_CUDA
+#include "backends/cuda/cu_loader.h"
+#include "backends/cuda/cuda_internal.h"
+#include "src/api.h"
+#endif
+
+enum {
+  ROWS = 128,
+  COLS = 128,
+  IN_FLOATS = ROWS * COLS,
+  IN_BYTES = IN_FLOATS * 4, /* 64 KiB */
+  OUT_FLOATS = COLS,
+  OUT_BYTES = OUT_FLOATS * 4, /* 512 B */
+  NIN = 16,                   /* distinct inputs, rotated through */
+  MAXDEPTH = 4,
+  MAXT = 64,
+  WARMUP = 8,
+  CHECK_EVERY = 64
+};
+
+/* ---- clocks, statistics ---- */
+
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void die(const char *what, int rc) {
+  fprintf(stderr, "bench_serve: %s: %s: %s\n", what, ruda_err_name(rc), ruda_error_message(ruda_last_error()));
+  exit(1);
+}
+
+#define CHECK(call)                \
+  do {                             \
+    int rc_ = (call);              \
+    if (rc_ != 0) die(#call, rc_); \
+  } while (0)
+
+#ifdef RUDA_BENCH_CUDA
+#define CU(call)                                                                             \
+  do {                                                                                       \
+    CUresult r_ = (call);                                                                    \
+    if (r_ != CUDA_SUCCESS) {                                                                \
+      char d_[160];                                                                          \
+      fprintf(stderr, "bench_serve: %s: %s\n", #call, ruda__cu_describe(r_, d_, sizeof d_)); \
+      exit(1);                                                                               \
+    }                                                                                        \
+  } while (0)
+#endif
+
+/* ---- the model: inputs, weights, CPU reference ---- */
+
+static float *inputs;              /* NIN x IN_FLOATS */
+static float weights[IN_FLOATS];   /* W[k][c] */
+static float bias[COLS];
+static double refs[NIN][OUT_FLOATS]; /* softmax(relu(x[0] W + b)) of each input's row 0 */
+
+static float frand(uint64_t *s) {
+  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+  return (float)((double)(*s >> 40) / (double)(1ull << 24) * 2.0 - 1.0); /* [-1, 1) */
+}
+
+static void make_model(void) {
+  uint64_t s = 42;
+  inputs = malloc((size_t)NIN * IN_BYTES);
+  for (size_t i = 0; i < (size_t)NIN * IN_FLOATS; i++) inputs[i] = frand(&s);
+  for (int i = 0; i < IN_FLOATS; i++) weights[i] = frand(&s) * 0.25f;
+  for (int i = 0; i < COLS; i++) bias[i] = frand(&s) * 0.5f;
+  for (int n = 0; n < NIN; n++) {
+    const float *x = inputs + (size_t)n * IN_FLOATS; /* row 0 */
+    double y[COLS], mx = -INFINITY, sum = 0;
+    for (int c = 0; c < COLS; c++) {
+      double acc = 0;
+      for (int k = 0; k < COLS; k++) acc += (double)x[k] * weights[k * COLS + c];
+      acc += bias[c];
+      y[c] = acc > 0 ? acc : 0;
+      if (y[c] > mx) mx = y[c];
+    }
+    for (int c = 0; c < COLS; c++) sum += (y[c] = exp(y[c] - mx));
+    for (int c = 0; c < COLS; c++) refs[n][c] = y[c] / sum;
+  }
+}
+
+static int input_of(int thread, size_t req) { return (int)(((size_t)thread * 7 + req) % NIN); }
+
+static atomic_ulong mismatches, checks;
+
+/* Compares one output with its reference; prints the first few mismatches. */
+static void check_output(const char *who, int thread, size_t req, const float *out) {
+  const double *ref = refs[input_of(thread, req)];
+  atomic_fetch_add(&checks, 1);
+  for (int c = 0; c < OUT_FLOATS; c++) {
+    double d = fabs((double)out[c] - ref[c]);
+    if (!(d <= 1e-3 * fabs(ref[c]) + 1e-12)) {
+      unsigned long m = atomic_fetch_add(&mismatches, 1);
+      if (m < 10)
+        fprintf(stderr, "bench_serve: MISMATCH %s thread %d request %zu col %d: got %.9g, expected %.9g\n", who,
+                thread, req, c, (double)out[c], ref[c]);
+      return;
+    }
+  }
+}
+
+static int must_check(size_t req) { return req == 0 || req % CHECK_EVERY == 0; }
+
+/* ---- kernels ---- */
+
+static const char SRC_LAYER[] =
+    "extern \"C\" __global__ void serve_layer(const float *x, const float *w, float *y) {\n"
+    "  unsigned r = blockIdx.x, c = threadIdx.x;\n"
+    "  const float *xr = x + r * 128u;\n"
+    "  float acc = 0.0f;\n"
+    "  for (unsigned k = 0; k < 128u; k++) acc += xr[k] * w[k * 128u + c];\n"
+    "  y[r * 128u + c] = acc;\n"
+    "}\n";
+static const char SRC_BIAS_RELU[] =
+    "extern \"C\" __global__ void serve_bias_relu(float *y, const float *b) {\n"
+    "  unsigned i = blockIdx.x * 128u + threadIdx.x;\n"
+    "  float v = y[i] + b[threadIdx.x];\n"
+    "  y[i] = v > 0.0f ? v : 0.0f;\n"
+    "}\n";
+static const char SRC_SOFTMAX[] =
+    "extern \"C\" __global__ void serve_softmax(float *y) {\n"
+    "  __shared__ float s[128];\n"
+    "  unsigned c = threadIdx.x;\n"
+    "  float *row = y + blockIdx.x * 128u;\n"
+    "  float v = row[c];\n"
+    "  s[c] = v;\n"
+    "  __syncthreads();\n"
+    "  for (unsigned h = 64; h > 0; h >>= 1) {\n"
+    "    if (c < h) s[c] = fmaxf(s[c], s[c + h]);\n"
+    "    __syncthreads();\n"
+    "  }\n"
+    "  float mx = s[0];\n"
+    "  __syncthreads();\n"
+    "  float e = expf(v - mx);\n"
+    "  s[c] = e;\n"
+    "  __syncthreads();\n"
+    "  for (unsigned h = 64; h > 0; h >>= 1) {\n"
+    "    if (c < h) s[c] += s[c + h];\n"
+    "    __syncthreads();\n"
+    "  }\n"
+    "  row[c] = e / s[0];\n"
+    "}\n";
+
+/* Host backend: launched with block (1,1,1), one call per row. */
+static int host_layer(const ruda_host_ctx *ctx, void *const *args) {
+  const float *x = args[0], *w = args[1];
+  float *y = args[2];
+  unsigned r = ctx->block_idx.x;
+  for (int c = 0; c < COLS; c++) {
+    float acc = 0.0f;
+    for (int k = 0; k < COLS; k++) acc += x[r * COLS + k] * w[k * COLS + c];
+    y[r * COLS + c] = acc;
+  }
+  return 0;
+}
+
+static int host_bias_relu(const ruda_host_ctx *ctx, void *const *args) {
+  float *y = args[0];
+  const float *b = args[1];
+  unsigned r = ctx->block_idx.x;
+  for (int c = 0; c < COLS; c++) {
+    float v = y[r * COLS + c] + b[c];
+    y[r * COLS + c] = v > 0.0f ? v : 0.0f;
+  }
+  return 0;
+}
+
+static int host_softmax(const ruda_host_ctx *ctx, void *const *args) {
+  float *row = (float *)args[0] + ctx->block_idx.x * COLS;
+  float mx = row[0], sum = 0.0f;
+  for (int c = 1; c < COLS; c++) mx = row[c] > mx ? row[c] : mx;
+  for (int c = 0; c < COLS; c++) sum += (row[c] = expf(row[c] - mx));
+  for (int c = 0; c < COLS; c++) row[c] /= sum;
+  return 0;
+}
+
+static int on_cuda;
+
+static void register_kernels(ruda_device *dev) {
+  if (on_cuda) {
+    CHECK(ruda_kernel_source(dev, "serve_layer", SRC_LAYER, NULL));
+    CHECK(ruda_kernel_source(dev, "serve_bias_relu", SRC_BIAS_RELU, NULL));
+    CHECK(ruda_kernel_source(dev, "serve_softmax", SRC_SOFTMAX, NULL));
+  } else {
+    CHECK(ruda_host_kernel_register(dev, "serve_layer", host_layer));
+    CHECK(ruda_host_kernel_register(dev, "serve_bias_relu", host_bias_relu));
+    CHECK(ruda_host_kernel_register(dev, "serve_softmax", host_softmax));
+  }
+}
+
+/* ---- one run: T threads, one variant, ruda or raw ---- */
+
+typedef struct variant {
+  const char *name;
+  int shared; /* weights shared by all streams */
+  int depth;  /* requests in flight per thread */
+} variant;
+
+static const variant VARIANTS[4] = {
+    {"weights shared by all streams, 1 request in flight per thread", 1, 1},
+    {"weights copied per thread, 1 request in flight per thread", 0, 1},
+    {"weights shared by all streams, 4 requests in flight per thread", 1, 4},
+    {"weights copied per thread, 4 requests in flight per thread", 0, 4},
+};
+
+typedef struct run_ctx {
+  ruda_device *dev;
+  const variant *v;
+  int threads;
+  size_t n; /* timed requests per thread */
+  pthread_barrier_t go;
+  /* ruda: shared weights (when v->shared) */
+  ruda_handle w, b;
+#ifdef RUDA_BENCH_CUDA
+  CUcontext cuctx;
+  CUfunction f_layer, f_bias, f_softmax;
+  const void *pinned_inputs; /* NIN x IN_BYTES, page-locked */
+  CUdeviceptr dw, db;        /* raw shared weights */
+#endif
+} run_ctx;
+
+typedef struct thread_arg {
+  run_ctx *rc;
+  int index;
+  uint64_t *lat; /* n latencies, ns */
+  uint64_t done_ns;
+} thread_arg;
+
+static void upload(ruda_device *dev, ruda_stream_id s, ruda_handle h, const void *src, size_t len) {
+  ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(h));
+  CHECK(ruda_write(dev, s, &d, src, len));
+}
+
+static void make_weights(ruda_device *dev, ruda_stream_id s, ruda_handle *w, ruda_handle *b) {
+  CHECK(ruda_buffer_create(dev, s, IN_BYTES, w));
+  CHECK(ruda_buffer_create(dev, s, OUT_BYTES, b));
+  upload(dev, s, *w, weights, IN_BYTES);
+  upload(dev, s, *b, bias, OUT_BYTES);
+}
+
+static void *ruda_thread(void *p) {
+  thread_arg *a = p;
+  run_ctx *rc = a->rc;
+  ruda_device *dev = rc->dev;
+  ruda_stream_id s = (ruda_stream_id)a->index;
+  const int depth = rc->v->depth;
+  ruda_handle w = rc->w, b = rc->b, x, y;
+  if (!rc->v->shared) make_weights(dev, s, &w, &b);
+  CHECK(ruda_buffer_create(dev, s, IN_BYTES, &x));
+  CHECK(ruda_buffer_create(dev, s, IN_BYTES, &y));
+  ruda_copy_desc xd = ruda_copy_contiguous(ruda_bind(x));
+  ruda_copy_desc yd = ruda_copy_contiguous(ruda_bind_range(y, 0, OUT_BYTES));
+  ruda_arg a_layer[3] = {ruda_arg_buffer(ruda_bind(x)), ruda_arg_buffer(ruda_bind(w)), ruda_arg_buffer(ruda_bind(y))};
+  ruda_arg a_bias[2] = {ruda_arg_buffer(ruda_bind(y)), ruda_arg_buffer(ruda_bind(b))};
+  ruda_arg a_soft[1] = {ruda_arg_buffer(ruda_bind(y))};
+  ruda_dim3 grid = {ROWS, 1, 1}, block = {on_cuda ? COLS : 1, 1, 1};
+  ruda_launch_desc l_layer = {.kernel = "serve_layer", .grid = grid, .block = block, .args = a_layer, .nargs = 3};
+  ruda_launch_desc l_bias = {.kernel = "serve_bias_relu", .grid = grid, .block = block, .args = a_bias, .nargs = 2};
+  ruda_launch_desc l_soft = {.kernel = "serve_softmax", .grid = grid, .block = block, .args = a_soft, .nargs = 1};
+  float out[MAXDEPTH][OUT_FLOATS];
+  ruda_future *fut[MAXDEPTH] = {0};
+  uint64_t start[MAXDEPTH] = {0};
+  CHECK(ruda_sync(dev, s, NULL)); /* stream and buffers ready outside the timing */
+
+  /* WARMUP untimed requests, all waited for; then the start barrier and n
+   * timed ones. Request r (counted from 0 over both) uses slot r % depth. */
+  for (int phase = 0; phase < 2; phase++) {
+    const size_t first = phase ? WARMUP : 0, count = phase ? rc->n : WARMUP;
+    if (phase) pthread_barrier_wait(&rc->go);
+    for (size_t i = 0; i < count + (size_t)depth; i++) {
+      if (i >= (size_t)depth) { /* wait the oldest */
+        size_t o = first + i - (size_t)depth;
+        int slot = (int)(o % (size_t)depth);
+        ruda_error *err = NULL;
+        int wrc = ruda_future_wait(fut[slot], &err);
+        uint64_t t = mono_ns();
+        if (wrc != 0) {
+          fprintf(stderr, "bench_serve: ruda thread %d request %zu: %s: %s\n", a->index, o, ruda_err_name(wrc),
+                  ruda_error_message(err));
+          exit(1);
+        }
+        ruda_future_free(fut[slot]);
+        fut[slot] = NULL;
+        if (phase) a->lat[o - WARMUP] = t - start[slot];
+        if (o == 0 || (phase && must_check(o - WARMUP))) check_output("ruda", a->index, o, out[slot]);
+      }
+      if (i < count) {
+        size_t r = first + i;
+        int slot = (int)(r % (size_t)depth);
+        start[slot] = mono_ns();
+        CHECK(ruda_write(dev, s, &xd, inputs + (size_t)input_of(a->index, r) * IN_FLOATS, IN_BYTES));
+        CHECK(ruda_launch(dev, s, &l_layer));
+        CHECK(ruda_launch(dev, s, &l_bias));
+        CHECK(ruda_launch(dev, s, &l_soft));
+        CHECK(ruda_read(dev, s, &yd, out[slot], OUT_BYTES, &fut[slot]));
+      }
+    }
+  }
+  a->done_ns = mono_ns();
+  CHECK(ruda_buffer_free(dev, s, x));
+  CHECK(ruda_buffer_free(dev, s, y));
+  if (!rc->v->shared) {
+    CHECK(ruda_buffer_free(dev, s, w));
+    CHECK(ruda_buffer_free(dev, s, b));
+  }
+  CHECK(ruda_sync(dev, s, NULL));
+  return NULL;
+}
+
+#ifdef RUDA_BENCH_CUDA
+static void *raw_thread(void *p) {
+  thread_arg *a = p;
+  run_ctx *rc = a->rc;
+  const int depth = rc->v->depth;
+  CU(ruda__cu.cuCtxSetCurrent(rc->cuctx));
+  CUstream st;
+  CU(ruda__cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr w = rc->dw, b = rc->db, x, y;
+  if (!rc->v->shared) {
+    CU(ruda__cu.cuMemAlloc(&w, IN_BYTES));
+    CU(ruda__cu.cuMemAlloc(&b, OUT_BYTES));
+    CU(ruda__cu.cuMemcpyHtoD(w, weights, IN_BYTES));
+    CU(ruda__cu.cuMemcpyHtoD(b, bias, OUT_BYTES));
+  }
+  CU(ruda__cu.cuMemAlloc(&x, IN_BYTES));
+  CU(ruda__cu.cuMemAlloc(&y, IN_BYTES));
+  float *out;
+  CU(ruda__cu.cuMemHostAlloc((void **)&out, (size_t)MAXDEPTH * OUT_BYTES, 0));
+  CUevent ev[MAXDEPTH];
+  for (int i = 0; i < depth; i++) CU(ruda__cu.cuEventCreate(&ev[i], CU_EVENT_DISABLE_TIMING));
+  void *p_layer[3] = {&x, &w, &y}, *p_bias[2] = {&y, &b}, *p_soft[1] = {&y};
+  uint64_t start[MAXDEPTH] = {0};
+  const char *in = rc->pinned_inputs;
+
+  for (int phase = 0; phase < 2; phase++) { /* as in ruda_thread */
+    const size_t first = phase ? WARMUP : 0, count = phase ? rc->n : WARMUP;
+    if (phase) pthread_barrier_wait(&rc->go);
+    for (size_t i = 0; i < count + (size_t)depth; i++) {
+      if (i >= (size_t)depth) {
+        size_t o = first + i - (size_t)depth;
+        int slot = (int)(o % (size_t)depth);
+        if (depth == 1)
+          CU(ruda__cu.cuStreamSynchronize(st));
+        else
+          CU(ruda__cu.cuEventSynchronize(ev[slot]));
+        uint64_t t = mono_ns();
+        if (phase) a->lat[o - WARMUP] = t - start[slot];
+        if (o == 0 || (phase && must_check(o - WARMUP)))
+          check_output("raw", a->index, o, out + (size_t)slot * OUT_FLOATS);
+      }
+      if (i < count) {
+        size_t r = first + i;
+        int slot = (int)(r % (size_t)depth);
+        start[slot] = mono_ns();
+        CU(ruda__cu.cuMemcpyHtoDAsync(x, in + (size_t)input_of(a->index, r) * IN_BYTES, IN_BYTES, st));
+        CU(ruda__cu.cuLaunchKernel(rc->f_layer, ROWS, 1, 1, COLS, 1, 1, 0, st, p_layer, NULL));
+        CU(ruda__cu.cuLaunchKernel(rc->f_bias, ROWS, 1, 1, COLS, 1, 1, 0, st, p_bias, NULL));
+        CU(ruda__cu.cuLaunchKernel(rc->f_softmax, ROWS, 1, 1, COLS, 1, 1, 0, st, p_soft, NULL));
+        CU(ruda__cu.cuMemcpyDtoHAsync(out + (size_t)slot * OUT_FLOATS, y, OUT_BYTES, st));
+        if (depth > 1) CU(ruda__cu.cuEventRecord(ev[slot], st));
+      }
+    }
+  }
+  a->done_ns = mono_ns();
+  CU(ruda__cu.cuStreamSynchronize(st));
+  for (int i = 0; i < depth; i++) CU(ruda__cu.cuEventDestroy(ev[i]));
+  CU(ruda__cu.cuMemFreeHost(out));
+  CU(ruda__cu.cuMemFree(x));
+  CU(ruda__cu.cuMemFree(y));
+  if (!rc->v->shared) {
+    CU(ruda__cu.cuMemFree(w));
+    CU(ruda__cu.cuMemFree(b));
+  }
+  CU(ruda__cu.cuStreamDestroy(st));
+  return NULL;
+}
+
+static CUfunction raw_function(ruda_device *dev, const char *name) {
+  ruda__kernel *k = ruda__kernel_find(dev, name);
+  return ((ruda__cu_kernel *)k->impl)->fn;
+}
+#endif
+
+typedef struct result {
+  double rps, p50, p99, p999; /* requests/s, latencies in us */
+} result;
+
+static uint64_t *lat_all;
+
+static result run(ruda_device *dev, const variant *v, int threads, size_t n, int raw) {
+  run_ctx rc;
+  memset(&rc, 0, sizeof rc);
+  rc.dev = dev;
+  rc.v = v;
+  rc.threads = threads;
+  rc.n = n;
+  pthread_barrier_init(&rc.go, NULL, (unsigned)threads + 1);
+  thread_arg a[MAXT];
+  pthread_t t[MAXT];
+  void *(*fn)(void *) = ruda_thread;
+#ifdef RUDA_BENCH_CUDA
+  void *pinned = NULL;
+  if (raw) {
+    void *c = NULL;
+    CHECK(ruda_cuda_context(dev, &c));
+    rc.cuctx = (CUcontext)c;
+    CU(ruda__cu.cuCtxSetCurrent(rc.cuctx));
+    rc.f_layer = raw_function(dev, "serve_layer");
+    rc.f_bias = raw_function(dev, "serve_bias_relu");
+    rc.f_softmax = raw_function(dev, "serve_softmax");
+    CU(ruda__cu.cuMemHostAlloc(&pinned, (size_t)NIN * IN_BYTES, 0));
+    memcpy(pinned, inputs, (size_t)NIN * IN_BYTES);
+    rc.pinned_inputs = pinned;
+    if (v->shared) {
+      CU(ruda__cu.cuMemAlloc(&rc.dw, IN_BYTES));
+      CU(ruda__cu.cuMemAlloc(&rc.db, OUT_BYTES));
+      CU(ruda__cu.cuMemcpyHtoD(rc.dw, weights, IN_BYTES));
+      CU(ruda__cu.cuMemcpyHtoD(rc.db, bias, OUT_BYTES));
+    }
+    fn = raw_thread;
+  }
+#else
+  (void)raw;
+#endif
+  if (!raw && v->shared) {
+    make_weights(dev, 0, &rc.w, &rc.b);
+    CHECK(ruda_sync(dev, 0, NULL));
+  }
+  for (int i = 0; i < threads; i++) {
+    a[i] = (thread_arg){&rc, i, lat_all + (size_t)i * n, 0};
+    if (pthread_create(&t[i], NULL, fn, &a[i]) != 0) die("pthread_create", RUDA_EINVAL);
+  }
+  pthread_barrier_wait(&rc.go);
+  uint64_t t0 = mono_ns(), end = t0;
+  for (int i = 0; i < threads; i++) {
+    pthread_join(t[i], NULL);
+    if (a[i].done_ns > end) end = a[i].done_ns;
+  }
+  pthread_barrier_destroy(&rc.go);
+  if (!raw && v->shared) {
+    CHECK(ruda_buffer_free(dev, 0, rc.w));
+    CHECK(ruda_buffer_free(dev, 0, rc.b));
+    CHECK(ruda_sync(dev, 0, NULL));
+  }
+#ifdef RUDA_BENCH_CUDA
+  if (raw) {
+    if (v->shared) {
+      CU(ruda__cu.cuMemFree(rc.dw));
+      CU(ruda__cu.cuMemFree(rc.db));
+    }
+    CU(ruda__cu.cuMemFreeHost(pinned));
+  }
+#endif
+  size_t cnt = n * (size_t)threads;
+  qsort(lat_all, cnt, sizeof *lat_all, cmp_u64);
+  result r;
+  r.rps = (double)cnt / ((double)(end - t0) / 1e9);
+  r.p50 = lat_all[(size_t)(0.5 * (double)(cnt - 1))] / 1e3;
+  r.p99 = lat_all[(size_t)(0.99 * (double)(cnt - 1))] / 1e3;
+  r.p999 = lat_all[(size_t)(0.999 * (double)(cnt - 1))] / 1e3;
+  return r;
+}
+
+static void usage(void) {
+  fprintf(stderr,
+          "usage: bench_serve [-q] [-t threads[,threads...]] [-n requests] [-w workers] [-v variants]\n"
+          "  -q  quick: few requests per thread\n"
+          "  -t  client thread counts (1..%d; default 1,4,16,64)\n"
+          "  -n  timed requests per thread (default 4096; quick 256, host backend quick 65)\n"
+          "  -w  ruda workers (default: RUDA_STREAMS, else ruda's default)\n"
+          "  -v  variants, comma-separated (default 1,2,3,4):\n"
+          "      1 shared weights, 1 in flight   2 per-thread weights, 1 in flight\n"
+          "      3 shared weights, 4 in flight   4 per-thread weights, 4 in flight\n",
+          MAXT);
+}
+
+int main(int argc, char **argv) {
+  int quick = 0, opt, nt = 0, ts[16];
+  long nreq = 0;
+  uint32_t workers = 0;
+  int vrun[4] = {1, 1, 1, 1};
+  while ((opt = getopt(argc, argv, "qt:n:w:v:")) != -1) {
+    if (opt == 'q') {
+      quick = 1;
+    } else if (opt == 't') {
+      for (char *tok = strtok(optarg, ","); tok && nt < 16; tok = strtok(NULL, ",")) {
+        int v = atoi(tok);
+        if (v < 1 || v > MAXT) {
+          usage();
+          return 2;
+        }
+        ts[nt++] = v;
+      }
+    } else if (opt == 'n' && atol(optarg) > 0) {
+      nreq = atol(optarg);
+    } else if (opt == 'w' && atoi(optarg) > 0) {
+      workers = (uint32_t)atoi(optarg);
+    } else if (opt == 'v') {
+      memset(vrun, 0, sizeof vrun);
+      for (char *tok = strtok(optarg, ","); tok; tok = strtok(NULL, ","))
+        if (atoi(tok) >= 1 && atoi(tok) <= 4) vrun[atoi(tok) - 1] = 1;
+    } else {
+      usage();
+      return 2;
+    }
+  }
+  if (optind < argc) {
+    usage();
+    return 2;
+  }
+
+  ruda_config cfg;
+  ruda_config_init(&cfg);
+  if (workers) cfg.num_streams = workers;
+  if (cfg.log_level > RUDA_LOG_WARN) cfg.log_level = RUDA_LOG_WARN;
+  ruda_device *dev = NULL;
+  CHECK(ruda_device_open(&cfg, &dev));
+  on_cuda = strcmp(ruda_device_backend(dev), "cuda") == 0;
+  int have_raw = 0;
+#ifdef RUDA_BENCH_CUDA
+  have_raw = on_cuda;
+#endif
+  if (nt == 0) {
+    if (on_cuda)
+      ts[0] = 1, ts[1] = 4, ts[2] = 16, ts[3] = 64, nt = 4;
+    else
+      ts[0] = 1, ts[1] = 4, nt = 2;
+  }
+  size_t n = nreq ? (size_t)nreq : quick ? (on_cuda ? 256 : 65) : (on_cuda ? 4096 : 256);
+
+  ruda_device_props props;
+  CHECK(ruda_device_get_props(dev, &props));
+  char date[64];
+  time_t now = time(NULL);
+  strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S %Z", localtime(&now));
+  printf("bench_serve: machine %s, backend %s, %u ruda workers, %s%s\n", props.name, ruda_device_backend(dev),
+         ruda_device_num_streams(dev), date, quick ? ", quick run" : "");
+  printf("request: write 64 KiB, 3 kernels (128x128 layer over 128 rows, bias+ReLU, row softmax), read 512 B, wait;"
+         " %zu timed requests per thread after %d warm-up\n",
+         n, WARMUP);
+  if (!have_raw)
+    printf("raw driver baseline: needs a GPU (cuda backend%s); ruda rows only\n",
+#ifdef RUDA_BENCH_CUDA
+           ""
+#else
+           " and a build with CUDA"
+#endif
+    );
+
+  make_model();
+  register_kernels(dev);
+  int maxt = 1;
+  for (int i = 0; i < nt; i++) maxt = ts[i] > maxt ? ts[i] : maxt;
+  lat_all = malloc((size_t)maxt * n * sizeof *lat_all);
+
+  for (int vi = 0; vi < 4; vi++) {
+    if (!vrun[vi]) continue;
+    const variant *v = &VARIANTS[vi];
+    printf("\n%d. %s (latency in us)\n", vi + 1, v->name);
+    if (have_raw)
+      printf("   %3s | %12s %9s %9s %9s | %12s %9s %9s %9s | %8s %8s\n", "T", "ruda req/s", "p50", "p99", "p99.9",
+             "raw req/s", "p50", "p99", "p99.9", "req/s", "p50");
+    else
+      printf("   %3s | %12s %9s %9s %9s\n", "T", "ruda req/s", "p50", "p99", "p99.9");
+    if (have_raw)
+      printf("   %3s | %42s | %42s | %17s\n", "", "", "", "ruda/raw");
+    for (int i = 0; i < nt; i++) {
+      result r = run(dev, v, ts[i], n, 0);
+      if (have_raw) {
+        result b = run(dev, v, ts[i], n, 1);
+        printf("   %3d | %12.0f %9.1f %9.1f %9.1f | %12.0f %9.1f %9.1f %9.1f | %8.3f %8.3f\n", ts[i], r.rps, r.p50,
+               r.p99, r.p999, b.rps, b.p50, b.p99, b.p999, r.rps / b.rps, r.p50 / b.p50);
+      } else {
+        printf("   %3d | %12.0f %9.1f %9.1f %9.1f\n", ts[i], r.rps, r.p50, r.p99, r.p999);
+      }
+      fflush(stdout);
+    }
+  }
+
+  ruda_error *errs = NULL;
+  int crc = ruda_device_close(dev, &errs);
+  if (crc != 0) {
+    fprintf(stderr, "bench_serve: ruda_device_close: %s: %s\n", ruda_err_name(crc), ruda_error_message(errs));
+    return 1;
+  }
+  unsigned long mm = atomic_load(&mismatches), ck = atomic_load(&checks);
+  printf("\nchecked %lu results against the CPU reference (tolerance 1e-3 relative): %lu mismatches\n", ck, mm);
+  free(lat_all);
+  free(inputs);
+  return mm ? 1 : 0;
+}
