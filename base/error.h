@@ -1,4 +1,4 @@
-/* error_internal.h - building errors inside ruda. */
+/* error.h - building errors inside ruda (the public side is ruda/error.h). */
 #ifndef RUDA_ERROR_INTERNAL_H
 #define RUDA_ERROR_INTERNAL_H
 

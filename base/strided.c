@@ -1,4 +1,4 @@
-/* copy.c - strided <-> dense copies on the CPU.
+/* strided.c - strided <-> dense copies on the CPU.
  *
  * The innermost dimension is copied as one memcpy when its stride is 1;
  * outer dimensions are walked with an index odometer, so any rank up to

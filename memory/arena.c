@@ -1,4 +1,4 @@
-/* pool_arena.c - the device arena, backend pages, fences, lifecycle.
+/* arena.c - the device arena, backend pages, fences, lifecycle.
  *
  * The arena holds pages no stream's pools hold, in one shard per worker. A
  * page returned by a pool on worker W goes to W's shard; it may be taken
@@ -25,9 +25,9 @@
  * this much. Past it, the oldest pages whose fences passed are freed; the
  * arena is also brought down to it before any new backend allocation, so
  * what is reserved follows what is live instead of its history. The floor
- * is 0.1% of a 141 GiB device; with 64 MiB, 16 threads each keeping 32
- * mixed buffers live (~300 MiB) traded pages with the backend 19 times per
- * 1000 allocations on the H200, with 128 MiB 3 times (docs/memory.md). */
+ * is large enough that a few hundred MiB of mixed live buffers do not
+ * trade pages with the backend on every burst (docs/memory.md has the
+ * measurement behind it). */
 #define RETAIN_MIN (UINT64_C(128) << 20)
 #define RETAIN_SHARE 8
 /* Before a backend allocation that would set a new high-water mark of

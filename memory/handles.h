@@ -47,7 +47,7 @@ typedef struct ruda__slot {
    * its address went out (ruda_binding_device_ptr). Memory never touched
    * needs no fence before another stream reuses it. */
   _Atomic uint8_t used;
-  /* 1 once a graph recorded a command using it (scheduler/capture.c): a
+  /* 1 once a graph recorded a command using it (scheduler/graph.c): a
    * free then never returns the memory at once, the graph may still run. */
   _Atomic uint8_t held;
 } ruda__slot;

@@ -4,7 +4,7 @@
  * that stream's pool lock (uncontended unless several threads share an
  * explicit stream id) and touch only the stream's own pages: no global
  * lock, no command, no wait. Pages come from and go back to the shared
- * arena (pool_arena.c) only when a class runs out or a page falls empty.
+ * arena (arena.c) only when a class runs out or a page falls empty.
  */
 #include <sched.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* cmd_pool.c - command memory: per-thread caches with remote-free return.
+/* cmd_alloc.c - command memory: per-thread caches with remote-free return.
  *
  * A command is allocated by a client thread and freed by a worker thread,
  * so with plain malloc every free is a remote free: glibc takes the owning
@@ -171,10 +171,9 @@ static cache *adopt(void) {
 /* The block the next command will take was most likely last written by
  * a worker on another core (it ran and freed it): start moving the lines a
  * small command fills (header, command, a few arguments) to this core now,
- * so the next launch does not wait for them. On the H200 machine's Xeon
- * this halved the steady-state launch median (bench_gpu, 210 -> 115 ns);
- * prefetchw measured the same as this portable read prefetch. Prefetching
- * NULL (an empty list) is harmless. */
+ * so the next launch does not wait for them (it shows in bench_gpu's
+ * steady-state launch latency). Prefetching NULL (an empty list) is
+ * harmless. */
 static inline void prefetch_block(const blk *b) {
   const char *p = (const char *)b;
   __builtin_prefetch(p, 1, 3);

@@ -207,7 +207,7 @@ struct ruda__stream {
   ruda__worker *worker;
   _Atomic uint64_t seq;
   struct ruda__pools *_Atomic pools; /* memory/pool.h; made at first use (ruda__stream_pools) */
-  /* Graph capture (scheduler/capture.c). capturing is read by every launch
+  /* Graph capture (scheduler/graph.c). capturing is read by every launch
    * and copy; the recording itself is made at the first begin. */
   _Atomic int capturing;
   _Atomic int graph_prepared;

@@ -273,7 +273,7 @@ static ruda__cmd *cmd_alloc_retry(void) {
 
 void ruda__workers_stop(ruda_device *dev) {
   /* First let every worker run everything queued on it. A worker running
-   * a command may push onto another worker's queue (memory/pool_arena.c:
+   * a command may push onto another worker's queue (scheduler/fence.c:
    * a fence for a buffer retired by its last unpin); had that worker
    * already reached its STOP and exited, the pushed command would never
    * run and its memory would leak. Once every worker passed this FENCE,

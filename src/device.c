@@ -25,7 +25,7 @@ void ruda_config_init(ruda_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
   cfg->size = (uint32_t)sizeof *cfg;
   cfg->backend = RUDA_BACKEND_AUTO;
-  /* 8 submitting threads is where the driver peaks on an H200
+  /* 8 submitting threads is where the driver peaks
    * (docs/benchmarks.md); idle workers sleep and cost nothing. */
   cfg->num_streams = 8;
   cfg->queue_bound = 65536;

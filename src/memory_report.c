@@ -1,4 +1,4 @@
-/* report.c - memory usage, per-pool reports, cleanup.
+/* memory_report.c - memory usage, per-pool reports, cleanup.
  *
  * Reports read a stream's figures under its pool lock after polling its
  * retired buffers, so a buffer whose fences passed is counted as freed.

@@ -2,7 +2,9 @@
 # Runs on the lent GPU machine (see /work/.library/device): every test
 # binary and benchmark of a build made here with -DRUDA_STATIC_DEPS=ON and
 # carried as build-gpu. Logs go to $OUT; a summary table is printed last.
-#   tools/gpu_run.sh [tests|bench|all|comm]   (comm: the two-GPU collectives only)
+#   tools/gpu_run.sh [tests|bench|all|comm|ab]   (comm: the two-GPU collectives only;
+#   ab: bench_gpu and bench_enqueue of build-gpu-base, a build of an earlier
+#   commit, and build-gpu, alternated twice, to compare two trees in one run)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-all}"
@@ -39,12 +41,21 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
       *) run "$(basename "$t")" 240 "$t" ;;
     esac
   done
-  run stress_order 120 "$B/tests/stress_order" -p 8 -s 8 -w 8 -n 1000000
+  run stress_fifo 120 "$B/tests/stress_fifo" -p 8 -s 8 -w 8 -n 1000000
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   run bench_gpu 420 "$B/bench/bench_gpu" "$OUT/bench_gpu.csv"
   run bench_memory 120 "$B/bench/bench_memory"
   run bench_enqueue 120 "$B/bench/bench_enqueue"
+fi
+if [ "$what" = ab ]; then
+  for round in 1 2; do
+    for b in build-gpu-base "$B"; do
+      tag="$(basename "$b")"
+      run "bench_gpu_${tag}_$round" 300 "$b/bench/bench_gpu" -s 1,2,5 "$OUT/bench_gpu_${tag}_$round.csv"
+      run "bench_enqueue_${tag}_$round" 200 "$b/bench/bench_enqueue" -t 0.5 -r 3
+    done
+  done
 fi
 if [ "$what" = comm ] || { [ "$what" = all ] && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; }; then
   run gpu_comm 120 "$B/tests/gpu_comm"

@@ -166,7 +166,4 @@ void ruda__cu_modules_destroy(ruda__cu_backend *b);
 /* NVRTC compilations, disk-cache hits and in-memory hits of a cuda device. */
 void ruda__cu_cache_stats(void *state, uint64_t *compiles, uint64_t *disk_hits, uint64_t *mem_hits);
 
-/* interop.c: keeps this thread's last NVRTC log for ruda_compile_log(). */
-void ruda__set_compile_log(const char *log);
-
 #endif /* RUDA_CUDA_INTERNAL_H */
