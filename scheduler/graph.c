@@ -33,7 +33,7 @@ void ruda__capture_free(ruda__capture *c) {
 void ruda__capture_discard(ruda_device *dev, ruda__cmd **cmds, uint32_t n, void *wstate) {
   for (uint32_t i = 0; i < n; i++) {
     ruda__cmd *cmd = cmds[i];
-    for (uint32_t k = 0; k < cmd->npins; k++) ruda__handles_unpin(&dev->handles, cmd->pins[k], wstate);
+    for (uint32_t k = 0; k < cmd->npins; k++) ruda__handles_unpin(&dev->handles, ruda__pin_slot(cmd->pins[k]), wstate);
     ruda__cmd_free(cmd);
   }
 }

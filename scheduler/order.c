@@ -45,6 +45,31 @@ void ruda__order_note_slow(ruda__order *o, uint64_t seen, uint32_t gen, uint32_t
   if (w1 - 1 != worker) want(o, w1 - 1, (uint32_t)seen);
 }
 
+/* Takes the reader bits of a buffer this command writes, except keep (the
+ * writer's own worker, which its queue orders already). Cleared before the
+ * MARKs are pushed: a read whose bit was cleared had been pushed before,
+ * so a MARK pushed on its worker after the clear follows it; a read that
+ * publishes later sets its bit again for the next write. */
+void ruda__order_take_readers(ruda__order *o, _Atomic uint64_t *readers, uint64_t keep) {
+  uint64_t r = atomic_load_explicit(readers, memory_order_seq_cst);
+  while ((r & ~keep) != 0 &&
+         !atomic_compare_exchange_weak_explicit(readers, &r, r & keep, memory_order_seq_cst, memory_order_seq_cst)) {
+  }
+  uint64_t took = r & ~keep;
+  if (took == 0) return;
+  o->readers |= took;
+  o->need = 1;
+  o->cleared[o->ncleared].readers = readers;
+  o->cleared[o->ncleared].bits = took;
+  o->ncleared++;
+}
+
+void ruda__order_abandon(ruda__order *o) {
+  for (uint32_t i = 0; i < o->ncleared; i++)
+    atomic_fetch_or_explicit(o->cleared[i].readers, o->cleared[i].bits, memory_order_seq_cst);
+  o->ncleared = 0;
+}
+
 /* ---- client: has worker a passed ticket t? ---- */
 
 /* On a backend without device-side waits (host), work a worker ran is
@@ -121,17 +146,23 @@ int ruda__order_prepare(ruda_device *dev, ruda__order *o, ruda__stream *s, uint6
   ruda__dep **deps = stack;
   uint32_t n = 0, cap = RUDA__MAX_PINS;
   /* With o->all, every other worker at its current ticket: a MARK pushed
-   * now follows everything pushed there before. */
-  const uint32_t count = o->all ? dev->nworkers : o->nwait;
+   * now follows everything pushed there before. Reader workers likewise
+   * (their bits say they read the buffer, not at which ticket), after the
+   * listed waits. */
+  const uint32_t count = o->all ? dev->nworkers : o->nwait + (o->readers ? dev->nworkers : 0);
   int rc = 0;
   for (uint32_t i = 0; i < count && rc == 0; i++) {
     uint32_t a, t;
     if (o->all) {
       if ((a = i) == b->index) continue;
       t = ruda__queue_ticket(&dev->workers[a]);
-    } else {
+    } else if (i < o->nwait) {
       a = o->wait[i].worker;
       t = o->wait[i].ticket;
+    } else {
+      a = i - o->nwait;
+      if (a == b->index || !((o->readers >> (a & 63)) & 1)) continue;
+      t = ruda__queue_ticket(&dev->workers[a]);
     }
     if (passed(dev, a, t) || covered(b, a, t)) continue;
     if (n == cap) { /* only with o->all and many busy workers */

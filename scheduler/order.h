@@ -56,16 +56,31 @@ typedef struct ruda__dep {
 
 enum { RUDA__DEP_PENDING = 0, RUDA__DEP_SLEEPER = 1, RUDA__DEP_READY = 2 };
 
+/* How a command uses a buffer. Reads order after the buffer's last write
+ * only, so any number of streams read one buffer at once; writes order
+ * after the last write and every read since. */
+enum { RUDA__USE_READ = 0, RUDA__USE_WRITE = 1 };
+
 /* What one command needs, gathered on the client's stack while it pins
  * its buffers. */
 typedef struct ruda__order {
   uint32_t nuse, nwait;
-  uint32_t need; /* non-zero: a WAIT may be needed (nwait or all) */
+  uint32_t need; /* non-zero: a WAIT may be needed (nwait, readers or all) */
   int all;       /* a record could not be trusted: order after every worker */
+  /* Writes: reader bits taken off the buffers' records (handles.h,
+   * RUDA__USE_READERS), whose workers this command orders after; `cleared`
+   * goes back onto the records if the command is not pushed. */
+  uint64_t readers;
+  uint32_t ncleared;
+  struct {
+    _Atomic uint64_t *readers;
+    uint64_t bits;
+  } cleared[RUDA__MAX_PINS];
   struct {
     _Atomic uint64_t *last; /* the slot's record */
     uint64_t seen;          /* its value when pinned */
     uint64_t hi;            /* this use's record without the ticket */
+    uint32_t write;         /* RUDA__USE_WRITE or _READ */
   } use[RUDA__MAX_PINS];
   struct {
     uint32_t worker, ticket;
@@ -75,25 +90,39 @@ typedef struct ruda__order {
 static inline void ruda__order_init(ruda__order *o) {
   o->nuse = o->nwait = o->need = 0;
   o->all = 0;
+  o->readers = 0;
+  o->ncleared = 0;
 }
 
 void ruda__order_note_slow(ruda__order *o, uint64_t seen, uint32_t gen, uint32_t worker);
+void ruda__order_take_readers(ruda__order *o, _Atomic uint64_t *readers, uint64_t keep);
 
-/* Notes that the command being built for worker `worker` uses a buffer
- * (pinned, generation gen) whose last-use record is at last. Same worker
- * as the last use: one load and compare. */
-static inline void ruda__order_note(ruda__order *o, _Atomic uint64_t *last, uint32_t gen, uint32_t worker) {
+/* Notes that the command being built for worker w uses a buffer (pinned,
+ * generation gen) whose use record is at last, to read or write it. The
+ * common cases cost one or two loads: the last write on the same worker,
+ * and for a write no reader on another worker. */
+static inline void ruda__order_note(ruda__order *o, _Atomic uint64_t *last, uint32_t gen, const ruda__worker *w,
+                                    uint32_t write) {
   /* Acquire: a last use seen here was pushed before; a MARK pushed after
    * this load follows it on its worker's queue. */
   uint64_t seen = atomic_load_explicit(last, memory_order_acquire);
-  uint64_t hi = ruda__use_pack(worker, gen, 0);
+  uint64_t hi = ruda__use_pack(w->index, gen, 0);
   uint32_t i = o->nuse++;
   o->use[i].last = last;
   o->use[i].seen = seen;
   o->use[i].hi = hi;
+  o->use[i].write = write;
+  if (write) {
+    _Atomic uint64_t *rd = last + RUDA__USE_READERS;
+    uint64_t r = atomic_load_explicit(rd, memory_order_seq_cst);
+    if (__builtin_expect((r & ~w->own_bit) != 0, 0)) ruda__order_take_readers(o, rd, w->own_bit);
+  }
   if (__builtin_expect((seen >> 32) == (hi >> 32), 1)) return;
-  ruda__order_note_slow(o, seen, gen, worker);
+  ruda__order_note_slow(o, seen, gen, w->index);
 }
+
+/* The command was not pushed: the reader bits its writes took go back. */
+void ruda__order_abandon(ruda__order *o);
 
 static inline int ruda__order_needed(const ruda__order *o) { return o->need != 0; }
 
@@ -107,12 +136,23 @@ int ruda__order_prepare(struct ruda_device *dev, ruda__order *o, ruda__stream *s
 void ruda__order_publish_slow(_Atomic uint64_t *last, uint64_t cur, uint64_t want);
 
 /* Client, after the command was pushed on w (while it still holds its
- * pins): records this use as the buffers' last. The ticket read after the
- * push is at least the command's position in w's queue. */
+ * pins): records its writes as the buffers' last, its reads as w's bit.
+ * The ticket read after the push is at least the command's position in
+ * w's queue. */
 static inline void ruda__order_publish(ruda__order *o, ruda__worker *w) {
   if (o->nuse == 0) return;
   uint32_t t = ruda__queue_ticket(w);
   for (uint32_t i = 0; i < o->nuse; i++) {
+    if (!o->use[i].write) {
+      /* A read: the worker's bit, set once. Seq_cst pairs with a writer's
+       * clear (order.c): a read that finds its bit still set was pushed
+       * before the clear, so before the writer's MARK on this worker. */
+      _Atomic uint64_t *rd = o->use[i].last + RUDA__USE_READERS;
+      uint64_t bit = UINT64_C(1) << (w->index & 63);
+      if (!(atomic_load_explicit(rd, memory_order_seq_cst) & bit))
+        atomic_fetch_or_explicit(rd, bit, memory_order_seq_cst);
+      continue;
+    }
     uint64_t want = o->use[i].hi | t;
     uint64_t seen = o->use[i].seen;
     /* Release: whoever sees this record sees our push before it. A CAS,

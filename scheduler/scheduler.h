@@ -43,6 +43,12 @@ typedef enum ruda__cmd_kind {
 
 #define RUDA__MAX_PINS (RUDA_MAX_ARGS + 1)
 
+/* A command's pin: the buffer's slot, with RUDA__PIN_READ when the command
+ * only reads the buffer (a graph's replay orders each buffer by how its
+ * commands use it). Slots stay below 2^22 (handles.h). */
+#define RUDA__PIN_READ (UINT32_C(1) << 31)
+static inline uint32_t ruda__pin_slot(uint32_t pin) { return pin & ~RUDA__PIN_READ; }
+
 typedef struct ruda__cmd {
   struct cds_wfcq_node node; /* intrusive: the queue allocates nothing */
   uint8_t kind;
@@ -140,6 +146,9 @@ struct ruda__worker {
   ck_ec32_t wake;  /* bumped when a push finds the queue empty */
   ck_ec32_t space; /* bumped when the worker drained a batch */
   uint32_t index;
+  /* This worker's reader bit (order.h), or 0 when more than 64 workers
+   * share the bits: a writer then cannot skip its own bit. */
+  uint64_t own_bit;
   pthread_t thread;
   void *wstate;
   int start_code;

@@ -30,9 +30,11 @@ static inline const char *ruda__binding_label(char *buf, size_t n, const char *w
 }
 
 /* o gathers the ordering the command needs after other streams' uses of
- * the buffer (scheduler/order.h). */
-static inline int ruda__pin_binding(ruda_device *dev, ruda__stream *s, ruda_binding b, const char *fn, const char *what,
-                       int index, uint64_t *addr, uint64_t *len, ruda__order *o, int hold) {
+ * the buffer (scheduler/order.h); use says whether the command reads or
+ * writes it (RUDA__USE_READ, RUDA__USE_WRITE). */
+static inline int ruda__pin_binding(ruda_device *dev, ruda__stream *s, ruda_binding b, const char *fn,
+                                    const char *what, int index, uint64_t *addr, uint64_t *len, ruda__order *o,
+                                    int hold, uint32_t use) {
   uint64_t base, size;
   ruda__slot *slot;
   _Atomic uint64_t *last;
@@ -57,7 +59,7 @@ static inline int ruda__pin_binding(ruda_device *dev, ruda__stream *s, ruda_bind
   }
   *addr = base + b.offset;
   *len = want;
-  ruda__order_note(o, last, b.handle.gen, s->worker->index);
+  ruda__order_note(o, last, b.handle.gen, s->worker, use);
   return 0;
 }
 
@@ -77,9 +79,13 @@ static inline __attribute__((always_inline)) int ruda__submit(ruda_device *dev, 
     if ((rc = ruda__queue_push(w, cmd)) != 0) return rc;
   } else {
     /* Admitted first, so a refused command leaves no MARK or WAIT. */
-    if ((rc = ruda__queue_admit(w, s->id)) != 0) return rc;
+    if ((rc = ruda__queue_admit(w, s->id)) != 0) {
+      ruda__order_abandon(o);
+      return rc;
+    }
     if ((rc = ruda__order_prepare(dev, o, s, cmd->seq)) != 0) {
       ruda__queue_unadmit(w);
+      ruda__order_abandon(o);
       return rc;
     }
     ruda__queue_push_admitted(w, cmd);

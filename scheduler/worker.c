@@ -94,7 +94,7 @@ void ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
   }
   if (rc != 0) report(w, cmd, rc, err);
   for (uint32_t i = 0; i < cmd->npins; i++)
-    ruda__handles_unpin(&dev->handles, cmd->pins[i], w->wstate);
+    ruda__handles_unpin(&dev->handles, ruda__pin_slot(cmd->pins[i]), w->wstate);
   /* Counted run before its future completes, so a caller back from a
    * sync or read sees this worker past the command (scheduler/order.c). */
   uint64_t pos = atomic_load_explicit(&w->done, memory_order_relaxed) + 1;
@@ -221,6 +221,7 @@ int ruda__workers_start(ruda_device *dev) {
     ck_ec32_init(&w->wake, 0);
     ck_ec32_init(&w->space, 0);
     w->index = i;
+    w->own_bit = dev->nworkers <= 64 ? UINT64_C(1) << i : 0;
     w->dev = dev;
     w->wstate = NULL;
     start_arg *a = malloc(sizeof *a);

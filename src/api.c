@@ -17,7 +17,7 @@
 
 
 static void unpin_all(ruda_device *dev, const uint32_t *pins, uint32_t n) {
-  for (uint32_t i = 0; i < n; i++) ruda__handles_unpin(&dev->handles, pins[i], NULL);
+  for (uint32_t i = 0; i < n; i++) ruda__handles_unpin(&dev->handles, ruda__pin_slot(pins[i]), NULL);
 }
 
 static int mul_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }
@@ -181,7 +181,8 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
   uint64_t addr, blen;
   ruda__order o;
   ruda__order_init(&o);
-  if ((rc = ruda__pin_binding(dev, s, dst->binding, fn, "dst", -1, &addr, &blen, &o, 0)) != 0) return rc;
+  if ((rc = ruda__pin_binding(dev, s, dst->binding, fn, "dst", -1, &addr, &blen, &o, 0, RUDA__USE_WRITE)) != 0)
+    return rc;
   ruda__layout l;
   if ((rc = make_layout(dst, blen, fn, &l)) != 0 || (rc = check_layout(dev, &l, fn)) != 0) goto unpin;
   if (l.bytes != len) {
@@ -257,7 +258,8 @@ int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src
   uint64_t addr, blen;
   ruda__order o;
   ruda__order_init(&o);
-  if ((rc = ruda__pin_binding(dev, s, src->binding, fn, "src", -1, &addr, &blen, &o, 0)) != 0) return rc;
+  if ((rc = ruda__pin_binding(dev, s, src->binding, fn, "src", -1, &addr, &blen, &o, 0, RUDA__USE_READ)) != 0)
+    return rc;
   ruda__layout l;
   if ((rc = make_layout(src, blen, fn, &l)) != 0 || (rc = check_layout(dev, &l, fn)) != 0) goto unpin;
   if (l.bytes != len) {
@@ -302,19 +304,22 @@ int ruda_copy(ruda_device *dev, ruda_stream_id stream, ruda_binding dst, ruda_bi
   uint64_t da, dl, sa, sl;
   ruda__order o;
   ruda__order_init(&o);
-  if ((rc = ruda__pin_binding(dev, s, src, fn, "src", -1, &sa, &sl, &o, capturing)) != 0) return rc;
-  if ((rc = ruda__pin_binding(dev, s, dst, fn, "dst", -1, &da, &dl, &o, capturing)) != 0) {
+  if ((rc = ruda__pin_binding(dev, s, src, fn, "src", -1, &sa, &sl, &o, capturing, RUDA__USE_READ)) != 0) return rc;
+  if ((rc = ruda__pin_binding(dev, s, dst, fn, "dst", -1, &da, &dl, &o, capturing, RUDA__USE_WRITE)) != 0) {
+    ruda__order_abandon(&o);
     ruda__handles_unpin(&dev->handles, src.handle.slot, NULL);
     return rc;
   }
-  uint32_t pins[2] = {src.handle.slot, dst.handle.slot};
+  uint32_t pins[2] = {src.handle.slot | RUDA__PIN_READ, dst.handle.slot};
   if (sl > dl) {
+    ruda__order_abandon(&o);
     unpin_all(dev, pins, 2);
     return ruda__fail(RUDA_ERANGE, "ruda_copy: source of %llu bytes does not fit in destination of %llu",
                       (unsigned long long)sl, (unsigned long long)dl);
   }
   ruda__cmd *cmd = ruda__cmd_alloc(sizeof pins);
   if (cmd == NULL) {
+    ruda__order_abandon(&o);
     unpin_all(dev, pins, 2);
     return ruda__fail(RUDA_ENOMEM, "ruda_copy: out of host memory");
   }
@@ -326,6 +331,7 @@ int ruda_copy(ruda_device *dev, ruda_stream_id stream, ruda_binding dst, ruda_bi
   cmd->u.copy.src = sa;
   cmd->u.copy.size = sl;
   if (capturing && (rc = ruda__capture_record(s, cmd)) <= 0) {
+    ruda__order_abandon(&o); /* recorded, not pushed: replays order themselves */
     if (rc == 0) return 0;
     ruda__cmd_free(cmd);
     unpin_all(dev, pins, 2);
@@ -404,7 +410,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
         return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": scalar argument %u has %s", l->kernel, i,
                           a->data == NULL ? "NULL data" : "a size outside 1..256");
       scalar_bytes += (a->size + 7u) & ~7u;
-    } else if (a->kind == RUDA_ARG_BUFFER) {
+    } else if (a->kind == RUDA_ARG_BUFFER || a->kind == RUDA_ARG_BUFFER_IN || a->kind == RUDA_ARG_BUFFER_OUT) {
       nbuf++;
     } else {
       return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": argument %u has unknown kind %d", l->kernel, i,
@@ -437,9 +443,12 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
       bytes += (a->size + 7u) & ~7u;
     } else {
       uint64_t addr, len;
-      rc = ruda__pin_binding(dev, s, a->binding, fn, "argument", (int)i, &addr, &len, &o, capturing);
+      const int read = a->kind == RUDA_ARG_BUFFER_IN;
+      rc = ruda__pin_binding(dev, s, a->binding, fn, "argument", (int)i, &addr, &len, &o, capturing,
+                             read ? RUDA__USE_READ : RUDA__USE_WRITE);
       if (rc != 0) goto fail;
-      cmd->pins[pinned++] = a->binding.handle.slot;
+      cmd->pins[pinned++] = a->binding.handle.slot | (read ? RUDA__PIN_READ : 0);
+      kargs[i].kind = RUDA_ARG_BUFFER; /* backends see a buffer; the mode is for ordering */
       kargs[i].addr = addr;
       kargs[i].size = 0;
       kargs[i].bytes = NULL;
@@ -448,9 +457,10 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
   uint64_t indirect_addr = 0;
   if (indirect) {
     uint64_t len;
-    rc = ruda__pin_binding(dev, s, l->indirect_grid, fn, "indirect grid", -1, &indirect_addr, &len, &o, capturing);
+    rc = ruda__pin_binding(dev, s, l->indirect_grid, fn, "indirect grid", -1, &indirect_addr, &len, &o, capturing,
+                           RUDA__USE_READ);
     if (rc != 0) goto fail;
-    cmd->pins[pinned++] = l->indirect_grid.handle.slot;
+    cmd->pins[pinned++] = l->indirect_grid.handle.slot | RUDA__PIN_READ;
     if (len < 3 * sizeof(uint32_t)) {
       rc = ruda__fail(RUDA_ERANGE, "ruda_launch \"%s\": indirect grid binding holds %llu bytes, needs 12",
                       l->kernel, (unsigned long long)len);
@@ -458,6 +468,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
     }
   }
   if (l->flags & RUDA_LAUNCH_DRY_RUN) { /* validated; nothing to dispatch */
+    ruda__order_abandon(&o);
     unpin_all(dev, cmd->pins, pinned);
     ruda__cmd_free(cmd);
     return 0;
@@ -473,12 +484,14 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
                                      .indirect_addr = indirect_addr,
                                      .args = kargs};
   if (__builtin_expect(capturing, 0) && (rc = ruda__capture_record(s, cmd)) <= 0) {
+    ruda__order_abandon(&o); /* recorded, not pushed: replays order themselves */
     if (rc == 0) return 0;
     goto fail;
   }
   if ((rc = ruda__submit(dev, s, cmd, &o)) != 0) goto fail;
   return 0;
 fail:
+  ruda__order_abandon(&o);
   unpin_all(dev, cmd->pins, pinned);
   ruda__cmd_free(cmd);
   return rc;

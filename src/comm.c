@@ -178,20 +178,25 @@ int ruda_all_reduce(ruda_comm *c, ruda_device *dev, ruda_binding src, ruda_bindi
   ruda__order o;
   ruda__order_init(&o);
   uint64_t sa, sl, da, dl;
-  if ((rc = ruda__pin_binding(dev, s, src, fn, "src", -1, &sa, &sl, &o, 0)) != 0) return rc;
-  if ((rc = ruda__pin_binding(dev, s, dst, fn, "dst", -1, &da, &dl, &o, 0)) != 0) {
+  if ((rc = ruda__pin_binding(dev, s, src, fn, "src", -1, &sa, &sl, &o, 0, RUDA__USE_READ)) != 0) return rc;
+  if ((rc = ruda__pin_binding(dev, s, dst, fn, "dst", -1, &da, &dl, &o, 0, RUDA__USE_WRITE)) != 0) {
+    ruda__order_abandon(&o);
     ruda__handles_unpin(&dev->handles, src.handle.slot, NULL);
     return rc;
   }
   uint32_t pins[2] = {src.handle.slot, dst.handle.slot};
   const size_t es = dtype_size[dtype];
   if (sl % es != 0 || dl < sl) {
+    ruda__order_abandon(&o);
     unpin_all(dev, pins, 2);
     return ruda__fail(RUDA_EINVAL, "%s: src holds %llu bytes, %s", fn, (unsigned long long)sl,
                       sl % es ? "not a whole number of elements" : "more than dst");
   }
   ruda__coll k = {c->ranks[r], RUDA__COLL_ALL_REDUCE, r, r, (uint32_t)dtype, (uint32_t)op, sa, da, sl / es, dl};
-  if ((rc = issue(c, r, &k, pins, 2, &o, fn)) != 0) unpin_all(dev, pins, 2);
+  if ((rc = issue(c, r, &k, pins, 2, &o, fn)) != 0) {
+    ruda__order_abandon(&o);
+    unpin_all(dev, pins, 2);
+  }
   return rc;
 }
 
@@ -206,10 +211,15 @@ static int p2p(ruda_comm *c, ruda_device *dev, ruda_binding b, uint32_t peer, ui
   ruda__order_init(&o);
   uint64_t a, l;
   const char *what = kind == RUDA__COLL_SEND ? "src" : "dst";
-  if ((rc = ruda__pin_binding(dev, c->streams[r], b, fn, what, -1, &a, &l, &o, 0)) != 0) return rc;
+  if ((rc = ruda__pin_binding(dev, c->streams[r], b, fn, what, -1, &a, &l, &o, 0,
+                              kind == RUDA__COLL_SEND ? RUDA__USE_READ : RUDA__USE_WRITE)) != 0)
+    return rc;
   uint32_t slot = b.handle.slot;
   ruda__coll k = {c->ranks[r], kind, r, peer, 0, 0, kind == RUDA__COLL_SEND ? a : 0, kind == RUDA__COLL_RECV ? a : 0, l, l};
-  if ((rc = issue(c, r, &k, &slot, 1, &o, fn)) != 0) unpin_all(dev, &slot, 1);
+  if ((rc = issue(c, r, &k, &slot, 1, &o, fn)) != 0) {
+    ruda__order_abandon(&o);
+    unpin_all(dev, &slot, 1);
+  }
   return rc;
 }
 

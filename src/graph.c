@@ -88,8 +88,9 @@ int ruda_graph_begin_capture(ruda_device *dev, ruda_stream_id stream) {
   return 0;
 }
 
-static int cmp_u32(const void *a, const void *b) {
-  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+/* Pins by slot, the read flag aside. */
+static int cmp_pin(const void *a, const void *b) {
+  uint32_t x = ruda__pin_slot(*(const uint32_t *)a), y = ruda__pin_slot(*(const uint32_t *)b);
   return x < y ? -1 : x > y;
 }
 
@@ -114,14 +115,17 @@ int ruda_graph_end_capture(ruda_device *dev, ruda_stream_id stream, ruda_graph *
     free(cmds);
     return ruda__fail(RUDA_ENOMEM, "%s: out of host memory; the capture is discarded", fn);
   }
-  /* The buffers, once each: a replay orders and counts users by buffer. */
+  /* The buffers, once each: a replay orders and counts users by buffer.
+   * A buffer stays a read (RUDA__PIN_READ) only if every command reads it. */
   uint32_t k = 0;
   for (uint32_t i = 0; i < n; i++)
     for (uint32_t j = 0; j < cmds[i]->npins; j++) slots[k++] = cmds[i]->pins[j];
-  if (k > 1) qsort(slots, k, sizeof *slots, cmp_u32);
+  if (k > 1) qsort(slots, k, sizeof *slots, cmp_pin);
   uint32_t u = 0;
-  for (uint32_t i = 0; i < k; i++)
-    if (u == 0 || slots[u - 1] != slots[i]) slots[u++] = slots[i];
+  for (uint32_t i = 0; i < k; i++) {
+    if (u > 0 && ruda__pin_slot(slots[u - 1]) == ruda__pin_slot(slots[i])) slots[u - 1] &= slots[i] | ~RUDA__PIN_READ;
+    else slots[u++] = slots[i];
+  }
   g->dev = dev;
   g->cmds = cmds;
   g->n = n;
@@ -194,12 +198,14 @@ int ruda_graph_replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g) {
   ruda__order one, *o = ngroups <= 1 ? &one : malloc(ngroups * sizeof *o);
   if (o == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
   int needed = 0;
+  uint32_t ngiven = 0;
   for (uint32_t gi = 0; gi < ngroups; gi++) {
     ruda__order_init(&o[gi]);
     for (uint32_t i = gi * per; i < g->nslots && i < (gi + 1) * per; i++) {
-      uint32_t slot = g->slots[i];
+      uint32_t slot = ruda__pin_slot(g->slots[i]);
       ruda__handles_add_user(h, slot, w->index);
-      ruda__order_note(&o[gi], ruda__handles_last(h, slot), ruda__handles_gen(h, slot), w->index);
+      ruda__order_note(&o[gi], ruda__handles_last(h, slot), ruda__handles_gen(h, slot), w,
+                       (g->slots[i] & RUDA__PIN_READ) ? RUDA__USE_READ : RUDA__USE_WRITE);
     }
     needed |= ruda__order_needed(&o[gi]);
   }
@@ -226,8 +232,10 @@ int ruda_graph_replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g) {
     ruda__cmd_free(cmd);
     goto out;
   }
+  ngiven = ngroups; /* pushed: no reader bit goes back */
   for (uint32_t gi = 0; gi < ngroups; gi++) ruda__order_publish(&o[gi], w);
 out:
+  for (uint32_t gi = ngiven; gi < ngroups; gi++) ruda__order_abandon(&o[gi]);
   if (o != &one) free(o);
   return rc;
 }

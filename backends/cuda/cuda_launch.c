@@ -40,12 +40,12 @@ int ruda__cu_launch_check(void *state, const ruda__kernel *k, const ruda_launch_
                         l->kernel, l->nargs, ck->nparams);
     for (uint32_t i = 0; i < l->nargs; i++) {
       uint32_t want = ck->param_size[i];
-      uint32_t have = l->args[i].kind == RUDA_ARG_BUFFER ? (uint32_t)sizeof(CUdeviceptr) : l->args[i].size;
+      uint32_t have = l->args[i].kind != RUDA_ARG_SCALAR ? (uint32_t)sizeof(CUdeviceptr) : l->args[i].size;
       if (have != want)
         return ruda__fail(RUDA_EINVAL,
                           "ruda_launch \"%s\": argument %u is %s of %u bytes, the kernel's parameter "
                           "%u is %u bytes",
-                          l->kernel, i, l->args[i].kind == RUDA_ARG_BUFFER ? "a buffer pointer" : "a scalar",
+                          l->kernel, i, l->args[i].kind != RUDA_ARG_SCALAR ? "a buffer pointer" : "a scalar",
                           have, i, want);
     }
   }

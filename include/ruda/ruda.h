@@ -265,16 +265,29 @@ typedef struct ruda_dim3 {
   uint32_t x, y, z;
 } ruda_dim3;
 
-/* What a kernel argument is. */
+/* What a kernel argument is. A buffer argument also says how the kernel
+ * uses the buffer, which decides what other streams' work it waits for:
+ *   RUDA_ARG_BUFFER      read and written (the default): waits for every
+ *                        earlier use on other streams.
+ *   RUDA_ARG_BUFFER_IN   only read: waits for the last write only, so
+ *                        kernels of many streams that read one buffer (a
+ *                        model's weights) run at the same time.
+ *   RUDA_ARG_BUFFER_OUT  only written: ordered like RUDA_ARG_BUFFER.
+ * ruda_read and the source of ruda_copy read; ruda_write and a copy's
+ * destination write. Declaring a written buffer IN is a data race, as
+ * declaring a pointer const and writing through it would be. */
 typedef enum ruda_arg_kind {
-  RUDA_ARG_BUFFER = 0, /* a binding; the kernel sees a pointer to its first byte */
-  RUDA_ARG_SCALAR = 1  /* bytes copied at enqueue, passed by value */
+  RUDA_ARG_BUFFER = 0,     /* a binding; the kernel sees a pointer to its first byte */
+  RUDA_ARG_SCALAR = 1,     /* bytes copied at enqueue, passed by value */
+  RUDA_ARG_BUFFER_IN = 2,  /* a binding the kernel only reads */
+  RUDA_ARG_BUFFER_OUT = 3  /* a binding the kernel only writes */
 } ruda_arg_kind;
 
-/* One kernel argument; build it with ruda_arg_buffer or ruda_arg_scalar. */
+/* One kernel argument; build it with ruda_arg_buffer, ruda_arg_in,
+ * ruda_arg_out or ruda_arg_scalar. */
 typedef struct ruda_arg {
   ruda_arg_kind kind;
-  ruda_binding binding; /* RUDA_ARG_BUFFER */
+  ruda_binding binding; /* RUDA_ARG_BUFFER, _IN, _OUT */
   const void *data;     /* RUDA_ARG_SCALAR */
   uint32_t size;        /* RUDA_ARG_SCALAR, 1..RUDA_MAX_SCALAR_BYTES */
 } ruda_arg;
@@ -285,6 +298,18 @@ typedef struct ruda_arg {
 /* A buffer argument: the kernel gets a pointer to b's first byte. */
 static inline ruda_arg ruda_arg_buffer(ruda_binding b) {
   ruda_arg a = {RUDA_ARG_BUFFER, b, NULL, 0};
+  return a;
+}
+
+/* A buffer argument the kernel only reads (see ruda_arg_kind). */
+static inline ruda_arg ruda_arg_in(ruda_binding b) {
+  ruda_arg a = {RUDA_ARG_BUFFER_IN, b, NULL, 0};
+  return a;
+}
+
+/* A buffer argument the kernel only writes (see ruda_arg_kind). */
+static inline ruda_arg ruda_arg_out(ruda_binding b) {
+  ruda_arg a = {RUDA_ARG_BUFFER_OUT, b, NULL, 0};
   return a;
 }
 
