@@ -48,7 +48,7 @@ def main():
 
     threads_list = [int(t) for t in args.t.split(",") if t]
     n = args.n or (200 if args.q else 2000)
-    dev = torch.device("cuda")
+    dev = torch.device("cuda", 0)
     gen = torch.Generator().manual_seed(42)
     inputs = torch.rand(NIN, ROWS, COLS, generator=gen) * 2 - 1
     W = (torch.rand(COLS, COLS, generator=gen) * 2 - 1) * 0.25
@@ -76,7 +76,16 @@ def main():
                 if mismatches[0] <= 10:
                     print(f"serve_torch: MISMATCH thread {tid} request {req}", file=sys.stderr)
 
+    errors = []
+
     def client(tid, depth, barrier, lat, done):
+        try:
+            serve(tid, depth, barrier, lat, done)
+        except BaseException as e:  # never leave the others at the barrier
+            errors.append(f"thread {tid}: {e!r}")
+            barrier.abort()
+
+    def serve(tid, depth, barrier, lat, done):
         torch.cuda.set_device(dev)
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream):
@@ -127,10 +136,16 @@ def main():
         th = [threading.Thread(target=client, args=(i, args.d, barrier, lats[i], done)) for i in range(T)]
         for t in th:
             t.start()
-        barrier.wait()
+        try:
+            barrier.wait()
+        except threading.BrokenBarrierError:
+            pass
         t0 = time.perf_counter_ns()
         for t in th:
             t.join()
+        if errors:
+            print("serve_torch: " + "; ".join(errors[:3]), file=sys.stderr)
+            return 1
         wall = (max(done) - t0) / 1e9
         allv = sorted(v for l in lats for v in l)
         print(f"   {T:>3} | {T * n / wall:>10.0f} {pct(allv, 0.5):>9.1f} {pct(allv, 0.99):>9.1f} "
