@@ -16,6 +16,8 @@
  *   2  weights copied per thread,              1 in flight
  *   3  weights shared,                         4 in flight (issue 4, then wait the oldest)
  *   4  weights copied per thread,              4 in flight
+ * Launch arguments carry access modes: x, W and b are declared read-only
+ * (ruda_arg_in), so streams sharing W need not wait for one another.
  * Results are checked against a CPU reference (double precision) for the
  * first request of each thread and every 64th, tolerance 1e-3 relative;
  * mismatches are counted and printed, and any makes the exit status 1.
@@ -309,8 +311,10 @@ static void *ruda_thread(void *p) {
   CHECK(ruda_buffer_create(dev, s, IN_BYTES, &y));
   ruda_copy_desc xd = ruda_copy_contiguous(ruda_bind(x));
   ruda_copy_desc yd = ruda_copy_contiguous(ruda_bind_range(y, 0, OUT_BYTES));
-  ruda_arg a_layer[3] = {ruda_arg_buffer(ruda_bind(x)), ruda_arg_buffer(ruda_bind(w)), ruda_arg_buffer(ruda_bind(y))};
-  ruda_arg a_bias[2] = {ruda_arg_buffer(ruda_bind(y)), ruda_arg_buffer(ruda_bind(b))};
+  /* Access modes: x, W and b are only read, so streams sharing W need
+   * not order against each other; y is written, then read-modify-written. */
+  ruda_arg a_layer[3] = {ruda_arg_in(ruda_bind(x)), ruda_arg_in(ruda_bind(w)), ruda_arg_out(ruda_bind(y))};
+  ruda_arg a_bias[2] = {ruda_arg_buffer(ruda_bind(y)), ruda_arg_in(ruda_bind(b))};
   ruda_arg a_soft[1] = {ruda_arg_buffer(ruda_bind(y))};
   ruda_dim3 grid = {ROWS, 1, 1}, block = {on_cuda ? COLS : 1, 1, 1};
   ruda_launch_desc l_layer = {.kernel = "serve_layer", .grid = grid, .block = block, .args = a_layer, .nargs = 3};
