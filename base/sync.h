@@ -26,6 +26,22 @@ static inline uint64_t ruda__now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* Polls done(arg) for up to ns nanoseconds; 1 as soon as it holds, 0 at
+ * the deadline. For waits that usually end within microseconds, where a
+ * futex sleep and wake-up would cost more than the wait. */
+static inline void ruda__cpu_relax(void);
+static inline int ruda__spin(int (*done)(const void *), const void *arg, uint64_t ns) {
+  if (ns == 0) return done(arg);
+  uint64_t until = ruda__now_ns() + ns;
+  for (;;) {
+    for (int i = 0; i < 32; i++) {
+      if (done(arg)) return 1;
+      ruda__cpu_relax();
+    }
+    if (ruda__now_ns() >= until) return done(arg);
+  }
+}
+
 static inline void ruda__cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();

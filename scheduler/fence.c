@@ -29,7 +29,7 @@ static void *fence_issue(void *ctx, uint32_t w) {
 static int fence_reached(void *ctx, void *fence) {
   (void)ctx;
   struct ruda_future *f = fence;
-  return atomic_load_explicit(&f->state, memory_order_acquire) != RUDA__FUT_PENDING;
+  return atomic_load_explicit(&f->state, memory_order_acquire) == RUDA__FUT_SUBMITTED;
 }
 
 static int fence_done(void *ctx, void *fence) {

@@ -24,8 +24,13 @@ struct ruda_future *ruda__future_new(ruda_device *dev, ruda__stream *s, int drai
 
 void ruda__future_submitted(struct ruda_future *f, int code) {
   f->code = code;
-  atomic_store_explicit(&f->state, RUDA__FUT_SUBMITTED, memory_order_release);
-  ruda__futex_wake_all((const uint32_t *)&f->state);
+  if (atomic_exchange_explicit(&f->state, RUDA__FUT_SUBMITTED, memory_order_acq_rel) == RUDA__FUT_SLEEPING)
+    ruda__futex_wake_all((const uint32_t *)&f->state);
+}
+
+static int submitted(const void *p) {
+  const struct ruda_future *f = p;
+  return atomic_load_explicit(&f->state, memory_order_acquire) == RUDA__FUT_SUBMITTED;
 }
 
 static void release_event(struct ruda_future *f) {
@@ -74,8 +79,20 @@ int ruda_future_poll(ruda_future *f) {
 int ruda_future_wait(ruda_future *f, ruda_error **err) {
   if (err) *err = NULL;
   if (f == NULL) return ruda__fail(RUDA_EINVAL, "ruda_future_wait: future is NULL");
-  while (atomic_load_explicit(&f->state, memory_order_acquire) != RUDA__FUT_SUBMITTED)
-    ruda__futex_wait((const uint32_t *)&f->state, RUDA__FUT_PENDING);
+  /* Poll first: a short command's worker usually answers within
+   * microseconds, sooner than a sleep and a wake-up. Then sleep, saying
+   * so in the state word so the worker wakes us. */
+  if (!ruda__spin(submitted, f, (uint64_t)f->dev->cfg.spin_us * 1000)) {
+    for (;;) {
+      uint32_t st = atomic_load_explicit(&f->state, memory_order_acquire);
+      if (st == RUDA__FUT_SUBMITTED) break;
+      if (st == RUDA__FUT_PENDING &&
+          !atomic_compare_exchange_weak_explicit(&f->state, &st, RUDA__FUT_SLEEPING, memory_order_acq_rel,
+                                                 memory_order_acquire))
+        continue;
+      ruda__futex_wait((const uint32_t *)&f->state, RUDA__FUT_SLEEPING);
+    }
+  }
   if (!atomic_load_explicit(&f->finished, memory_order_relaxed)) {
     int rc = f->code;
     ruda_error *e = NULL;

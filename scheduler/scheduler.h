@@ -94,7 +94,10 @@ static inline unsigned char *ruda__cmd_extra(ruda__cmd *cmd) { return (unsigned 
 
 /* ---- futures ---- */
 
-enum { RUDA__FUT_PENDING = 0, RUDA__FUT_SUBMITTED = 1 };
+/* A future's state word: PENDING until the worker ran its command, then
+ * SUBMITTED; SLEEPING while a waiter sleeps on it (the worker then wakes
+ * it; without a sleeper it skips the system call). */
+enum { RUDA__FUT_PENDING = 0, RUDA__FUT_SUBMITTED = 1, RUDA__FUT_SLEEPING = 2 };
 
 struct ruda_future {
   _Atomic uint32_t state; /* futex word */
@@ -152,6 +155,7 @@ struct ruda__worker {
   pthread_t thread;
   void *wstate;
   int start_code;
+  uint64_t last_idle_ns; /* worker only: how long its last idle spell lasted */
   struct ruda_device *dev;
   /* Odd while the worker sleeps with every batch it took run; read by
    * scheduler/fence.c to tell memory, on a backend whose work completes when

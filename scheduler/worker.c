@@ -122,6 +122,11 @@ static void retire(ruda__worker *w, uint32_t *n) {
   ck_ec32_inc(&w->space, &ruda__ec_mp);
 }
 
+static int queue_nonempty(const void *p) {
+  ruda__worker *w = (ruda__worker *)p;
+  return !cds_wfcq_empty(&w->head, &w->tail);
+}
+
 static void *worker_main(void *arg) {
   ruda__worker *w = arg;
   ruda_device *dev = w->dev;
@@ -141,9 +146,21 @@ static void *worker_main(void *arg) {
         __cds_wfcq_splice_nonblocking(&batch_head, &batch_tail, &w->head, &w->tail);
     if (r == CDS_WFCQ_RET_SRC_EMPTY) {
       atomic_fetch_add_explicit(&w->idle_epoch, 1, memory_order_seq_cst); /* odd: idle */
+      const uint64_t idle_start = ruda__now_ns(), spin = (uint64_t)dev->cfg.spin_us * 1000;
+      const int retiring = dev->ops->progress != NULL && dev->ops->progress(w->wstate);
+      /* Poll before sleeping while work has been coming back within the
+       * spin time (a client waiting on a result is about to send the next
+       * request): the push then costs the client no wake-up system call,
+       * and the command no wake-up latency. A worker left idle longer
+       * sleeps at once next time. */
+      if (spin != 0 && w->last_idle_ns <= spin && ruda__spin(queue_nonempty, w, spin)) {
+        w->last_idle_ns = ruda__now_ns() - idle_start;
+        atomic_fetch_add_explicit(&w->idle_epoch, 1, memory_order_seq_cst);
+        continue;
+      }
       /* While device work is still retiring (write staging held until its
        * copy ran), sleep only briefly so it is returned promptly. */
-      if (dev->ops->progress != NULL && dev->ops->progress(w->wstate)) {
+      if (retiring) {
         struct timespec dl;
         clock_gettime(CLOCK_MONOTONIC, &dl);
         dl.tv_nsec += 100 * 1000;
@@ -152,6 +169,7 @@ static void *worker_main(void *arg) {
       } else {
         ck_ec32_wait(&w->wake, &ruda__ec_mp, seen, NULL);
       }
+      w->last_idle_ns = ruda__now_ns() - idle_start;
       atomic_fetch_add_explicit(&w->idle_epoch, 1, memory_order_seq_cst);
       continue;
     }

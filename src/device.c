@@ -62,6 +62,9 @@ void ruda_config_init(ruda_config *cfg) {
   }
   if (env_u32("RUDA_BOUNDS_CHECK", &u) > 0) cfg->bounds_checked = u != 0;
   if ((v = getenv("RUDA_CACHE_DIR")) != NULL) cfg->cache_dir = v;
+  cfg->spin_us = 50;
+  if (env_u32("RUDA_SPIN_US", &u) < 0) fprintf(stderr, "ruda: ignoring malformed RUDA_SPIN_US\n");
+  else if (getenv("RUDA_SPIN_US") && *getenv("RUDA_SPIN_US")) cfg->spin_us = u;
 }
 
 /* The backend's view of its device (base/backend.h). */
@@ -95,6 +98,8 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
                       (int)cfg.backpressure);
   if ((int)cfg.log_level < 0 || cfg.log_level > RUDA_LOG_DEBUG)
     return ruda__fail(RUDA_EINVAL, "ruda_device_open: log level %d outside 0..4", (int)cfg.log_level);
+  if (cfg.spin_us > 1000000)
+    return ruda__fail(RUDA_EINVAL, "ruda_device_open: spin_us %u above one second", cfg.spin_us);
 
   ruda_device *dev = calloc(1, sizeof *dev);
   if (dev == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");

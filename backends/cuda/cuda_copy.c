@@ -264,6 +264,19 @@ int ruda__cu_read(void *ws, void *dst, uint64_t src, const ruda__layout *l, ruda
     *err = ruda__error_new(RUDA_EUNSUPPORTEDSTRIDES, 0, "%s", why);
     return RUDA_EUNSUPPORTEDSTRIDES;
   }
+  /* A destination in page-locked memory of the staging arena (a block
+   * from ruda_staging_alloc) takes the copy itself: no bounce, no memcpy
+   * when the future is waited. */
+  const unsigned char *end = (const unsigned char *)dst + (l->bytes ? l->bytes - 1 : 0);
+  if (ruda__staging_pinned(w->b->staging, dst) && ruda__staging_pinned(w->b->staging, end)) {
+    CUresult r = copy_strided(w, &p, 0, dst, src);
+    ruda__cu_event *e = r == CUDA_SUCCESS ? ruda__cu_record(w, &r) : NULL;
+    if (e == NULL)
+      return ruda__cu_worker_fail(w, r, err, "download of %llu bytes from 0x%llx", (unsigned long long)l->bytes,
+                                  (unsigned long long)src);
+    c->event = e;
+    return 0;
+  }
   read_block *rb = ruda__staging_alloc(w->b->staging, READ_HDR + l->bytes);
   if (rb == NULL) {
     *err = ruda__error_new(RUDA_ENOMEM, 0, "no staging memory for a read of %llu bytes",

@@ -106,6 +106,11 @@ typedef struct ruda_config {
                                 RUDA_BOUNDS_CHECKED defined (cuda) */
   const char *cache_dir;     /* RUDA_CACHE_DIR: on-disk kernel cache; NULL
                                 selects $XDG_CACHE_HOME/ruda, "" disables */
+  uint32_t spin_us;          /* RUDA_SPIN_US: how long a worker that ran out of
+                                work, or a thread waiting on a future, polls
+                                before it sleeps (default 50; 0: sleeps at
+                                once). A worker polls only while work keeps
+                                coming back within that time. */
 } ruda_config;
 
 /* Sets cfg->size and fills cfg with defaults (auto backend, 8 streams,
@@ -231,8 +236,12 @@ RUDA_EXTERN int ruda_write(ruda_device *dev, ruda_stream_id stream, const ruda_c
 typedef struct ruda_future ruda_future;
 
 /* Enqueues a read of the region src into dst (len bytes, dense). dst must
- * stay valid until the future completes. *fut receives the future, owned
- * by the caller. Thread-safe, non-blocking. */
+ * stay valid until the future completes; its bytes are final once
+ * ruda_future_wait returns. A dst inside a block from ruda_staging_alloc
+ * (page-locked) receives the device's copy directly; any other dst is
+ * filled from a page-locked bounce buffer by the thread that waits.
+ * *fut receives the future, owned by the caller. Thread-safe,
+ * non-blocking. */
 RUDA_EXTERN int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src,
                           void *dst, size_t len, ruda_future **fut);
 
