@@ -299,6 +299,8 @@ static void make_weights(ruda_device *dev, ruda_stream_id s, ruda_handle *w, rud
   upload(dev, s, *b, bias, OUT_BYTES);
 }
 
+static int staged_io; /* -s */
+
 static void *ruda_thread(void *p) {
   thread_arg *a = p;
   run_ctx *rc = a->rc;
@@ -320,7 +322,14 @@ static void *ruda_thread(void *p) {
   ruda_launch_desc l_layer = {.kernel = "serve_layer", .grid = grid, .block = block, .args = a_layer, .nargs = 3};
   ruda_launch_desc l_bias = {.kernel = "serve_bias_relu", .grid = grid, .block = block, .args = a_bias, .nargs = 2};
   ruda_launch_desc l_soft = {.kernel = "serve_softmax", .grid = grid, .block = block, .args = a_soft, .nargs = 1};
-  float out[MAXDEPTH][OUT_FLOATS];
+  /* With -s the request's buffers are page-locked, as the raw driver's
+   * are: the input is received into a staging block handed over with
+   * ruda_write_staged, the output read into staging memory. */
+  float outbuf[MAXDEPTH][OUT_FLOATS], *out[MAXDEPTH];
+  for (int i = 0; i < MAXDEPTH; i++) {
+    out[i] = outbuf[i];
+    if (staged_io) CHECK(ruda_staging_alloc(dev, OUT_BYTES, (void **)&out[i]));
+  }
   ruda_future *fut[MAXDEPTH] = {0};
   uint64_t start[MAXDEPTH] = {0};
   CHECK(ruda_sync(dev, s, NULL)); /* stream and buffers ready outside the timing */
@@ -350,8 +359,17 @@ static void *ruda_thread(void *p) {
       if (i < count) {
         size_t r = first + i;
         int slot = (int)(r % (size_t)depth);
-        start[slot] = mono_ns();
-        CHECK(ruda_write(dev, s, &xd, inputs + (size_t)input_of(a->index, r) * IN_FLOATS, IN_BYTES));
+        const float *in = inputs + (size_t)input_of(a->index, r) * IN_FLOATS;
+        if (staged_io) {
+          void *blk = NULL; /* the request arrives in page-locked memory */
+          CHECK(ruda_staging_alloc(dev, IN_BYTES, &blk));
+          memcpy(blk, in, IN_BYTES);
+          start[slot] = mono_ns();
+          CHECK(ruda_write_staged(dev, s, &xd, blk, IN_BYTES));
+        } else {
+          start[slot] = mono_ns();
+          CHECK(ruda_write(dev, s, &xd, in, IN_BYTES));
+        }
         CHECK(ruda_launch(dev, s, &l_layer));
         CHECK(ruda_launch(dev, s, &l_bias));
         CHECK(ruda_launch(dev, s, &l_soft));
@@ -360,6 +378,8 @@ static void *ruda_thread(void *p) {
     }
   }
   a->done_ns = mono_ns();
+  if (staged_io)
+    for (int i = 0; i < MAXDEPTH; i++) CHECK(ruda_staging_free(dev, out[i]));
   CHECK(ruda_buffer_free(dev, s, x));
   CHECK(ruda_buffer_free(dev, s, y));
   if (!rc->v->shared) {
@@ -526,8 +546,10 @@ static result run(ruda_device *dev, const variant *v, int threads, size_t n, int
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: bench_serve [-q] [-t threads[,threads...]] [-n requests] [-w workers] [-v variants]\n"
+          "usage: bench_serve [-q] [-s] [-t threads[,threads...]] [-n requests] [-w workers] [-v variants]\n"
           "  -q  quick: few requests per thread\n"
+          "  -s  ruda's requests use page-locked buffers, as the raw driver's do: the input\n"
+          "      arrives in a staging block (ruda_write_staged), the output is read into one\n"
           "  -t  client thread counts (1..%d; default 1,4,16,64)\n"
           "  -n  timed requests per thread (default 4096; quick 256, host backend quick 65)\n"
           "  -w  ruda workers (default: RUDA_STREAMS, else ruda's default)\n"
@@ -542,9 +564,11 @@ int main(int argc, char **argv) {
   long nreq = 0;
   uint32_t workers = 0;
   int vrun[4] = {1, 1, 1, 1};
-  while ((opt = getopt(argc, argv, "qt:n:w:v:")) != -1) {
+  while ((opt = getopt(argc, argv, "qst:n:w:v:")) != -1) {
     if (opt == 'q') {
       quick = 1;
+    } else if (opt == 's') {
+      staged_io = 1;
     } else if (opt == 't') {
       for (char *tok = strtok(optarg, ","); tok && nt < 16; tok = strtok(NULL, ",")) {
         int v = atoi(tok);
@@ -596,8 +620,9 @@ int main(int argc, char **argv) {
   char date[64];
   time_t now = time(NULL);
   strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S %Z", localtime(&now));
-  printf("bench_serve: machine %s, backend %s, %u ruda workers, %s%s\n", props.name, ruda_device_backend(dev),
-         ruda_device_num_streams(dev), date, quick ? ", quick run" : "");
+  printf("bench_serve: machine %s, backend %s, %u ruda workers, %s%s; ruda's request buffers %s\n", props.name,
+         ruda_device_backend(dev), ruda_device_num_streams(dev), date, quick ? ", quick run" : "",
+         staged_io ? "page-locked (staging)" : "pageable (ruda_write, ruda_read into the caller's array)");
   printf("request: write 64 KiB, 3 kernels (128x128 layer over 128 rows, bias+ReLU, row softmax), read 512 B, wait;"
          " %zu timed requests per thread after %d warm-up\n",
          n, WARMUP);
