@@ -166,6 +166,18 @@ static const char *const SRC_ORDER =
     "    dst[i] = src[i] + k;\n"
     "}\n";
 
+/* Each block of every launch arrives at a shared counter, then waits (up
+ * to timeout cycles) until `want` have arrived: only launches running at
+ * the same time all meet. */
+static const char *const SRC_ACCESS =
+    "extern \"C\" __global__ void access_meet(int *counter, int want, long long timeout, int *met) {\n"
+    "  if (threadIdx.x != 0 || blockIdx.x != 0) return;\n"
+    "  atomicAdd(counter, 1);\n"
+    "  long long t0 = clock64();\n"
+    "  while (atomicAdd(counter, 0) < want && clock64() - t0 < timeout) {}\n"
+    "  met[0] = atomicAdd(counter, 0) >= want;\n"
+    "}\n";
+
 static const char *const SRC_EMPTY = "extern \"C\" __global__ void empty() {}\n";
 
 static const char *const SRC_STATIC_SMEM =

@@ -359,6 +359,17 @@ static void k_order_add(const unsigned g[3], const unsigned b[3], const unsigned
   for (unsigned i = 0; i < n; i++) dst[i] = src[i] + k;
 }
 
+static void k_access_meet(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
+  (void)g, (void)b;
+  _Atomic int *counter = PTR(_Atomic int, 0);
+  int want = P(int, 8);
+  long long timeout_us = P(long long, 16) / 2000;
+  int *met = PTR(int, 24);
+  atomic_fetch_add(counter, 1);
+  for (long long t = 0; atomic_load(counter) < want && t < timeout_us; t += 100) usleep(100);
+  met[0] = atomic_load(counter) >= want;
+}
+
 static void k_nop(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
   (void)g, (void)b, (void)params;
 }
@@ -377,6 +388,7 @@ static const mock_kernel kernels[] = {
     {"tma_copy", 4, {128, 8, 4, 4}, 1024, 4096 + 8, k_tma_copy},
     {"order_fill", 4, {4, 8, 4, 8}, 1024, 0, k_order_fill},
     {"order_add", 5, {4, 8, 8, 4, 8}, 1024, 0, k_order_add},
+    {"access_meet", 4, {8, 4, 8, 8}, 1024, 0, k_access_meet},
 };
 
 /* Parameters sit at their natural alignment, as in the CUDA ABI. */

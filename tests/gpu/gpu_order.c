@@ -45,6 +45,58 @@ static void add(ruda_device *dev, ruda_stream_id s, ruda_handle dst, ruda_handle
   launch(dev, s, "order_add", a, 5);
 }
 
+/* Four streams on four workers launch access_meet on one counter, as a
+ * reader (IN) or as a read-write use; returns how many met the others. */
+static int meeting(ruda_arg (*use)(ruda_binding)) {
+  ruda_device *dev = gpu_open();
+  assert_ok(ruda_kernel_source(dev, "access_meet", SRC_ACCESS, NULL));
+  ruda_handle counter, met[4];
+  int zero = 0, want = 4;
+  long long timeout = 400000000LL; /* ~200 ms */
+  assert_ok(ruda_buffer_create(dev, 0, sizeof zero, &counter));
+  test_write(dev, 0, ruda_bind(counter), &zero, sizeof zero);
+  assert_ok(ruda_sync(dev, 0, NULL));
+  for (int s = 0; s < 4; s++) {
+    assert_ok(ruda_buffer_create(dev, (ruda_stream_id)s, sizeof zero, &met[s]));
+    test_write(dev, (ruda_stream_id)s, ruda_bind(met[s]), &zero, sizeof zero);
+    assert_ok(ruda_sync(dev, (ruda_stream_id)s, NULL));
+  }
+  ruda_launch_desc l;
+  memset(&l, 0, sizeof l);
+  l.kernel = "access_meet";
+  l.grid = (ruda_dim3){1, 1, 1};
+  l.block = (ruda_dim3){32, 1, 1};
+  l.nargs = 4;
+  for (int s = 0; s < 4; s++) {
+    ruda_arg a[4] = {use(ruda_bind(counter)), ruda_arg_scalar(&want, sizeof want),
+                     ruda_arg_scalar(&timeout, sizeof timeout), ruda_arg_out(ruda_bind(met[s]))};
+    l.args = a;
+    assert_ok(ruda_launch(dev, (ruda_stream_id)s, &l));
+  }
+  int sum = 0;
+  for (int s = 0; s < 4; s++) {
+    int m = 0;
+    test_read(dev, (ruda_stream_id)s, ruda_bind(met[s]), &m, sizeof m);
+    sum += m;
+    assert_ok(ruda_buffer_free(dev, (ruda_stream_id)s, met[s]));
+  }
+  assert_ok(ruda_buffer_free(dev, 0, counter));
+  test_close(dev);
+  return sum;
+}
+
+/* Kernels that only read one buffer run at the same time on the device. */
+static void readers_of_one_buffer_run_at_once(void **state) {
+  (void)state;
+  assert_int_equal(meeting(ruda_arg_in), 4);
+}
+
+/* The control: as read-write uses they run one after another. */
+static void read_write_uses_run_one_after_another(void **state) {
+  (void)state;
+  assert_int_equal(meeting(ruda_arg_buffer), 1);
+}
+
 static void expect(ruda_device *dev, ruda_stream_id s, ruda_handle h, unsigned n, unsigned base, const char *what,
                    int round) {
   unsigned *got = malloc((size_t)n * 4);
@@ -173,6 +225,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(chain_across_three_streams),
       cmocka_unit_test(writer_waits_for_a_reader_on_another_stream),
       cmocka_unit_test(marks_only_where_needed),
+      cmocka_unit_test(readers_of_one_buffer_run_at_once),
+      cmocka_unit_test(read_write_uses_run_one_after_another),
   };
   return gpu_main("gpu_order", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
