@@ -39,6 +39,7 @@ static inline int ruda__pin_binding(ruda_device *dev, ruda__stream *s, ruda_bind
   ruda__slot *slot;
   _Atomic uint64_t *last;
   char lb[48];
+  *addr = *len = 0; /* set on every path: callers read them only on success */
   /* Pinned for s's worker: a worker other than the buffer's home is
    * recorded, so the buffer's memory waits for it after a free. */
   if (ruda__handles_pin_use(&dev->handles, b.handle, s->worker->index, hold, &base, &size, &slot, &last) != 0)

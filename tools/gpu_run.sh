@@ -4,7 +4,9 @@
 # carried as build-gpu. Logs go to $OUT; a summary table is printed last.
 #   tools/gpu_run.sh [tests|bench|all|comm|ab]   (comm: the two-GPU collectives only;
 #   ab: bench_gpu and bench_enqueue of build-gpu-base, a build of an earlier
-#   commit, and build-gpu, alternated twice, to compare two trees in one run)
+#   commit, and build-gpu, alternated twice, to compare two trees in one run;
+#   serve: bench_serve with pageable and page-locked request buffers, the
+#   PyTorch peer, and bench_gpu's empty-launch sections beside them)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-all}"
@@ -47,6 +49,13 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   run bench_gpu 420 "$B/bench/bench_gpu" "$OUT/bench_gpu.csv"
   run bench_memory 120 "$B/bench/bench_memory"
   run bench_enqueue 120 "$B/bench/bench_enqueue"
+fi
+if [ "$what" = serve ]; then
+  run bench_serve 400 "$B/bench/bench_serve" -n 2048
+  run bench_serve_staged 400 "$B/bench/bench_serve" -s -n 2048
+  run bench_serve_torch_shared 200 env PYTHONUNBUFFERED=1 python3 bench/peers/serve_torch.py -q
+  run bench_serve_torch_depth4 200 env PYTHONUNBUFFERED=1 python3 bench/peers/serve_torch.py -q -d 4 --per-thread-weights
+  run bench_gpu_launch 300 "$B/bench/bench_gpu" -q -s 1,2 "$OUT/bench_gpu_launch.csv"
 fi
 if [ "$what" = ab ]; then
   for round in 1 2; do
