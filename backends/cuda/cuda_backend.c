@@ -42,7 +42,10 @@ static ruda__cu_event *event_get(ruda__cu_backend *b, int timed, CUresult *r) {
   ruda__cu_event *e = *list;
   if (e != NULL) *list = e->next_free;
   pthread_mutex_unlock(&b->ev_lock);
-  if (e != NULL) return e;
+  if (e != NULL) {
+    atomic_store_explicit(&e->refs, 1, memory_order_relaxed);
+    return e;
+  }
   e = calloc(1, sizeof *e);
   if (e == NULL) {
     *r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -54,6 +57,7 @@ static ruda__cu_event *event_get(ruda__cu_backend *b, int timed, CUresult *r) {
     free(e);
     return NULL;
   }
+  atomic_init(&e->refs, 1);
   pthread_mutex_lock(&b->ev_lock);
   e->next_all = b->ev_all;
   b->ev_all = e;
@@ -64,6 +68,7 @@ static ruda__cu_event *event_get(ruda__cu_backend *b, int timed, CUresult *r) {
 ruda__cu_event *ruda__cu_event_get(ruda__cu_backend *b, CUresult *r) { return event_get(b, 0, r); }
 
 void ruda__cu_event_put(ruda__cu_backend *b, ruda__cu_event *e) {
+  if (e == NULL || atomic_fetch_sub_explicit(&e->refs, 1, memory_order_acq_rel) != 1) return;
   pthread_mutex_lock(&b->ev_lock);
   ruda__cu_event **list = e->timed ? &b->ev_free_timed : &b->ev_free;
   e->next_free = *list;
@@ -83,6 +88,18 @@ ruda__cu_event *ruda__cu_record(ruda__cu_worker *w, CUresult *r) {
   e->seq = w->last_seq;
   e->worker = w;
   e->writes = w->writes; /* worker-only counter: no lock needed to read */
+  /* Writes recorded no event of their own (ruda__cu_write): the newest
+   * pending one takes a reference to this one, which covers it and every
+   * write before it. */
+  pthread_mutex_lock(&w->plock);
+  if (w->count > 0) {
+    ruda__cu_pending *tail = &w->pending[(w->head + w->count - 1) % w->cap];
+    if (tail->ev == NULL) {
+      atomic_fetch_add_explicit(&e->refs, 1, memory_order_relaxed);
+      tail->ev = e;
+    }
+  }
+  pthread_mutex_unlock(&w->plock);
   return e;
 }
 
@@ -171,7 +188,8 @@ void ruda__cu_retire(ruda__cu_worker *w, ruda__cu_event *ev, void *staged) {
     if (p == NULL) {
       pthread_mutex_unlock(&w->plock);
       /* No room to remember it: wait here rather than leak or free early. */
-      ruda__cu.cuEventSynchronize(ev->ev);
+      if (ev != NULL) ruda__cu.cuEventSynchronize(ev->ev);
+      else ruda__cu.cuStreamSynchronize(w->stream);
       ruda__cu_event_put(w->b, ev);
       ruda__staging_free(w->b->staging, staged);
       return;
@@ -202,8 +220,11 @@ static void release_pending(ruda__cu_worker *w, ruda__cu_pending *p) {
 }
 
 /* Returns the staging of every write whose copy completed; non-zero while
- * some are still in flight. Only the oldest is queried: the stream runs
- * them in order. */
+ * some are still in flight. Worker only. A write records no event of its
+ * own: the first event recorded after it (a read's, a sync's, a MARK's)
+ * covers it, as the stream runs in order; only writes no event follows
+ * get one here, one for all of them. So only the oldest covering event is
+ * queried. */
 static int progress_writes(ruda__cu_worker *w) {
   for (;;) {
     pthread_mutex_lock(&w->plock);
@@ -211,13 +232,36 @@ static int progress_writes(ruda__cu_worker *w) {
       pthread_mutex_unlock(&w->plock);
       return 0;
     }
-    CUresult r = ruda__cu.cuEventQuery(w->pending[w->head].ev->ev);
-    ruda__cu_pending p;
-    /* Done, or the context died (no copy will touch the block again). */
-    int done = r != CUDA_ERROR_NOT_READY && pop_oldest(w, &p);
+    uint32_t k = 0;
+    while (k < w->count && w->pending[(w->head + k) % w->cap].ev == NULL) k++;
+    if (k == w->count) {
+      pthread_mutex_unlock(&w->plock);
+      CUresult r;
+      ruda__cu_event *e = ruda__cu_record(w, &r); /* covers them */
+      if (e == NULL) {
+        ruda__cu.cuStreamSynchronize(w->stream); /* cannot tell otherwise */
+        for (ruda__cu_pending p;;) {
+          pthread_mutex_lock(&w->plock);
+          int got = pop_oldest(w, &p);
+          pthread_mutex_unlock(&w->plock);
+          if (!got) return 0;
+          release_pending(w, &p);
+        }
+      }
+      ruda__cu_event_put(w->b, e); /* the pending write holds its own */
+      continue;
+    }
+    CUresult r = ruda__cu.cuEventQuery(w->pending[(w->head + k) % w->cap].ev->ev);
+    /* Done, or the context died (no copy will touch the blocks again). */
+    if (r == CUDA_ERROR_NOT_READY) {
+      pthread_mutex_unlock(&w->plock);
+      return 1;
+    }
+    ruda__cu_pending done[16];
+    uint32_t n = 0;
+    while (n <= k && n < 16 && pop_oldest(w, &done[n])) n++;
     pthread_mutex_unlock(&w->plock);
-    if (!done) return 1;
-    release_pending(w, &p);
+    for (uint32_t i = 0; i < n; i++) release_pending(w, &done[i]);
   }
 }
 

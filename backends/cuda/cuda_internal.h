@@ -35,6 +35,9 @@ typedef struct ruda__cu_event {
   struct ruda__cu_worker *worker;
   uint64_t writes;
   uint8_t timed; /* created with timing (profiling stamps); its own free list */
+  /* Holders: the recorder's future or dependency, and the pending writes
+   * it covers (cuda_backend.c); the last ruda__cu_event_put pools it. */
+  _Atomic uint32_t refs;
 } ruda__cu_event;
 
 typedef struct ruda__cu_backend {
@@ -62,7 +65,7 @@ typedef struct ruda__cu_backend {
 
 /* A write's staging block, returned once the event says its copy ran. */
 typedef struct ruda__cu_pending {
-  ruda__cu_event *ev;
+  ruda__cu_event *ev; /* NULL: covered by the next entry that has one */
   void *staged;
   uint64_t n; /* the worker's write number */
 } ruda__cu_pending;
