@@ -3,6 +3,7 @@
 #include "base/sync.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -57,3 +58,21 @@ const struct ck_ec_ops ruda__ec_ops = {
 };
 
 const struct ck_ec_mode ruda__ec_mp = {.ops = &ruda__ec_ops, .single_producer = false};
+
+static _Atomic uint32_t spinning;
+static _Atomic uint32_t spin_cap;
+
+int ruda__spin_bounded(int (*done)(const void *), const void *arg, uint64_t ns) {
+  if (ns == 0) return done(arg);
+  uint32_t cap = atomic_load_explicit(&spin_cap, memory_order_relaxed);
+  if (cap == 0) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    cap = n >= 8 ? (uint32_t)(n / 4) : 1;
+    atomic_store_explicit(&spin_cap, cap, memory_order_relaxed);
+  }
+  int r;
+  if (atomic_fetch_add_explicit(&spinning, 1, memory_order_relaxed) < cap) r = ruda__spin(done, arg, ns);
+  else r = done(arg);
+  atomic_fetch_sub_explicit(&spinning, 1, memory_order_relaxed);
+  return r;
+}

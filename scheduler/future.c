@@ -6,7 +6,6 @@
  * device, so one slow sync cannot stall a stream's other commands.
  */
 #include <stdlib.h>
-#include <unistd.h>
 
 #include "scheduler/device.h"
 #include "scheduler/order.h"
@@ -27,21 +26,6 @@ void ruda__future_submitted(struct ruda_future *f, int code) {
   f->code = code;
   if (atomic_exchange_explicit(&f->state, RUDA__FUT_SUBMITTED, memory_order_acq_rel) == RUDA__FUT_SLEEPING)
     ruda__futex_wake_all((const uint32_t *)&f->state);
-}
-
-/* Threads polling a future right now, and how many may: half the CPUs,
- * so that many waiters (a server's request threads) never crowd out the
- * workers they wait for. Past the cap a waiter sleeps at once. */
-static _Atomic uint32_t polling;
-static uint32_t poll_cap(void) {
-  static _Atomic uint32_t cap;
-  uint32_t c = atomic_load_explicit(&cap, memory_order_relaxed);
-  if (c == 0) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    c = n > 3 ? (uint32_t)(n / 2) : 1;
-    atomic_store_explicit(&cap, c, memory_order_relaxed);
-  }
-  return c;
 }
 
 static int submitted(const void *p) {
@@ -98,13 +82,7 @@ int ruda_future_wait(ruda_future *f, ruda_error **err) {
   /* Poll first: a short command's worker usually answers within
    * microseconds, sooner than a sleep and a wake-up. Then sleep, saying
    * so in the state word so the worker wakes us. */
-  int ready = 0;
-  if (f->dev->cfg.spin_us != 0) {
-    if (atomic_fetch_add_explicit(&polling, 1, memory_order_relaxed) < poll_cap())
-      ready = ruda__spin(submitted, f, (uint64_t)f->dev->cfg.spin_us * 1000);
-    atomic_fetch_sub_explicit(&polling, 1, memory_order_relaxed);
-  }
-  if (!ready) {
+  if (!ruda__spin_bounded(submitted, f, (uint64_t)f->dev->cfg.spin_us * 1000)) {
     for (;;) {
       uint32_t st = atomic_load_explicit(&f->state, memory_order_acquire);
       if (st == RUDA__FUT_SUBMITTED) break;

@@ -153,7 +153,7 @@ static void *worker_main(void *arg) {
        * request): the push then costs the client no wake-up system call,
        * and the command no wake-up latency. A worker left idle longer
        * sleeps at once next time. */
-      if (spin != 0 && w->last_idle_ns <= spin && ruda__spin(queue_nonempty, w, spin)) {
+      if (spin != 0 && w->last_idle_ns <= spin && ruda__spin_bounded(queue_nonempty, w, spin)) {
         w->last_idle_ns = ruda__now_ns() - idle_start;
         atomic_fetch_add_explicit(&w->idle_epoch, 1, memory_order_seq_cst);
         continue;
