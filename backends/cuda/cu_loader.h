@@ -34,8 +34,7 @@
 #define RUDA__CU_OPTIONAL(X)                                                                       \
   X(cuFuncGetParamInfo) X(cuTensorMapEncodeTiled) X(cuTensorMapEncodeIm2col) X(cuMemAllocAsync)    \
   X(cuMemFreeAsync) X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags)     \
-  X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuStreamWriteValue64)                 \
-  X(cuMemHostGetDevicePointer)
+  X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy)
 
 #define RUDA__NVRTC_FUNCS(X)                                                                       \
   X(nvrtcVersion) X(nvrtcGetErrorString) X(nvrtcCreateProgram) X(nvrtcDestroyProgram)              \

@@ -13,10 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "backends/cuda/cuda_internal.h"
-#include "base/sync.h"
 
 /* ---- context guard ---- */
 
@@ -71,15 +69,12 @@ ruda__cu_event *ruda__cu_event_get(ruda__cu_backend *b, CUresult *r) { return ev
 
 void ruda__cu_event_put(ruda__cu_backend *b, ruda__cu_event *e) {
   if (e == NULL || atomic_fetch_sub_explicit(&e->refs, 1, memory_order_acq_rel) != 1) return;
-  e->word = NULL;
   pthread_mutex_lock(&b->ev_lock);
   ruda__cu_event **list = e->timed ? &b->ev_free_timed : &b->ev_free;
   e->next_free = *list;
   *list = e;
   pthread_mutex_unlock(&b->ev_lock);
 }
-
-static void cover_writes(ruda__cu_worker *w, ruda__cu_event *e);
 
 ruda__cu_event *ruda__cu_record(ruda__cu_worker *w, CUresult *r) {
   ruda__cu_event *e = ruda__cu_event_get(w->b, r);
@@ -93,14 +88,9 @@ ruda__cu_event *ruda__cu_record(ruda__cu_worker *w, CUresult *r) {
   e->seq = w->last_seq;
   e->worker = w;
   e->writes = w->writes; /* worker-only counter: no lock needed to read */
-  cover_writes(w, e);
-  return e;
-}
-
-/* Writes record no event of their own (ruda__cu_write): the newest
- * pending one takes a reference to e, recorded after it, which covers it
- * and every write before it. */
-static void cover_writes(ruda__cu_worker *w, ruda__cu_event *e) {
+  /* Writes recorded no event of their own (ruda__cu_write): the newest
+   * pending one takes a reference to this one, which covers it and every
+   * write before it. */
   pthread_mutex_lock(&w->plock);
   if (w->count > 0) {
     ruda__cu_pending *tail = &w->pending[(w->head + w->count - 1) % w->cap];
@@ -110,70 +100,7 @@ static void cover_writes(ruda__cu_worker *w, ruda__cu_event *e) {
     }
   }
   pthread_mutex_unlock(&w->plock);
-}
-
-/* ---- completion words ----
- *
- * A read's waiter needs to know when the device finished the copy. An
- * event costs the worker a record and the waiter a driver call that polls
- * under the driver's locks; with many request threads those calls contend
- * with the workers' submissions. Instead the worker asks the stream to
- * write an increasing value to a page-locked word after the copy
- * (cuStreamWriteValue64, which fences the copy's data first), and the
- * waiter reads the word: no driver call while it waits. A device fault
- * stops the stream before the write, so a waiter also asks the stream now
- * and then (cuStreamQuery), which reports the context's sticky error. */
-
-static int word_reached(const ruda__cu_event *e) {
-  return atomic_load_explicit(e->word, memory_order_acquire) >= e->word_at;
-}
-
-static int word_reached_p(const void *e) { return word_reached(e); }
-
-ruda__cu_event *ruda__cu_complete(ruda__cu_worker *w, CUresult *r) {
-  if (w->word == NULL) return ruda__cu_record(w, r);
-  ruda__cu_event *e = ruda__cu_event_get(w->b, r);
-  if (e == NULL) return NULL;
-  uint64_t at = w->word_seq + 1;
-  if ((*r = ruda__cu.cuStreamWriteValue64(w->stream, w->word_dev, at, 0)) != CUDA_SUCCESS) {
-    ruda__cu_event_put(w->b, e);
-    return NULL;
-  }
-  w->word_seq = at;
-  e->word = w->word;
-  e->word_at = at;
-  e->kernel = w->last_kernel;
-  e->stream = w->last_stream;
-  e->seq = w->last_seq;
-  e->worker = w;
-  e->writes = w->writes;
-  cover_writes(w, e);
   return e;
-}
-
-/* 1 once e completed (or the context died: no copy touches the memory
- * again, and the waiter reports it), 0 while pending. */
-static int ev_done(ruda__cu_event *e) {
-  if (e->word != NULL) return word_reached(e);
-  return ruda__cu.cuEventQuery(e->ev) != CUDA_ERROR_NOT_READY;
-}
-
-/* Waits for e; the context must be current. */
-static CUresult ev_sync(ruda__cu_backend *b, ruda__cu_event *e) {
-  if (e->word == NULL) return ruda__cu.cuEventSynchronize(e->ev);
-  uint64_t start = ruda__now_ns(), check = start + 1000000;
-  if (ruda__spin_bounded(word_reached_p, e, b->spin_ns)) return CUDA_SUCCESS;
-  for (;;) {
-    if (word_reached(e)) return CUDA_SUCCESS;
-    uint64_t now = ruda__now_ns();
-    if (now >= check) { /* a fault stops the stream before the word */
-      CUresult r = ruda__cu.cuStreamQuery(e->worker->stream);
-      if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) return r;
-      check = now + 1000000;
-    }
-    struct timespec ts = {0, now - start < 1000000 ? 2000 : 50000};
-    nanosleep(&ts, NULL);
-  }
 }
 
 /* A fault poisons the whole context: every stream must report it, so the
@@ -261,7 +188,8 @@ void ruda__cu_retire(ruda__cu_worker *w, ruda__cu_event *ev, void *staged) {
     if (p == NULL) {
       pthread_mutex_unlock(&w->plock);
       /* No room to remember it: wait here rather than leak or free early. */
-      ruda__cu.cuStreamSynchronize(w->stream);
+      if (ev != NULL) ruda__cu.cuEventSynchronize(ev->ev);
+      else ruda__cu.cuStreamSynchronize(w->stream);
       ruda__cu_event_put(w->b, ev);
       ruda__staging_free(w->b->staging, staged);
       return;
@@ -323,8 +251,9 @@ static int progress_writes(ruda__cu_worker *w) {
       ruda__cu_event_put(w->b, e); /* the pending write holds its own */
       continue;
     }
+    CUresult r = ruda__cu.cuEventQuery(w->pending[(w->head + k) % w->cap].ev->ev);
     /* Done, or the context died (no copy will touch the blocks again). */
-    if (!ev_done(w->pending[(w->head + k) % w->cap].ev)) {
+    if (r == CUDA_ERROR_NOT_READY) {
       pthread_mutex_unlock(&w->plock);
       return 1;
     }
@@ -345,7 +274,7 @@ static int progress_detached(ruda__cu_worker *w, int wait) {
   pthread_mutex_lock(&w->plock);
   for (pp = &w->detached; *pp != NULL;) {
     ruda__cu_detached *d = *pp;
-    if (!wait && !ev_done(d->ev)) {
+    if (!wait && ruda__cu.cuEventQuery(d->ev->ev) == CUDA_ERROR_NOT_READY) {
       pp = &d->next;
       continue;
     }
@@ -358,7 +287,7 @@ static int progress_detached(ruda__cu_worker *w, int wait) {
   while (done != NULL) {
     ruda__cu_detached *d = done;
     done = d->next;
-    if (wait) ev_sync(w->b, d->ev);
+    if (wait) ruda__cu.cuEventSynchronize(d->ev->ev);
     d->fn(w->b, d->arg);
     ruda__cu_event_put(w->b, d->ev);
     free(d);
@@ -505,16 +434,6 @@ static int cu_open(const ruda__backend_env *env, void **state, ruda__limits *lim
   if ((rc = ruda__staging_create(&pops, chunk, limit, &b->staging)) != 0) goto fail;
   b->cache_dir = ruda__cu_cache_dir(cfg);
   b->limits = *lim;
-  b->spin_ns = (uint64_t)cfg->spin_us * 1000;
-  /* Completion words need 64-bit stream memory operations;
-   * RUDA_COMPLETION_WORDS=0 keeps events (to compare). */
-  int memops = 0;
-  const char *cw = getenv("RUDA_COMPLETION_WORDS");
-  if ((cw == NULL || strcmp(cw, "0") != 0) && ruda__cu.cuStreamWriteValue64 != NULL &&
-      ruda__cu.cuMemHostGetDevicePointer != NULL &&
-      ruda__cu.cuDeviceGetAttribute(&memops, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, b->cudev) ==
-          CUDA_SUCCESS)
-    b->words = memops != 0;
   *state = b;
   return 0;
 fail:
@@ -571,18 +490,6 @@ static int cu_worker_start(void *state, uint32_t index, void **wstate) {
     free(w);
     return ruda__fail(RUDA_ENOMEM, "ruda_device_open: worker %u: out of host memory", index);
   }
-  if (b->words) { /* a cache line of its own, page-locked, device-visible */
-    _Atomic uint64_t *word = ruda__staging_alloc(b->staging, 64);
-    CUdeviceptr dev = 0;
-    if (word != NULL && ruda__staging_pinned(b->staging, word) &&
-        ruda__cu.cuMemHostGetDevicePointer(&dev, (void *)word, 0) == CUDA_SUCCESS) {
-      atomic_store_explicit(word, 0, memory_order_relaxed);
-      w->word = word;
-      w->word_dev = dev;
-    } else {
-      ruda__staging_free(b->staging, word);
-    }
-  }
   *wstate = w;
   return 0;
 }
@@ -598,7 +505,6 @@ static void cu_worker_stop(void *state, void *ws) {
   progress_detached(w, 1); /* none left after the synchronize; be sure */
   free(w->pending);
   ruda__staging_free(w->b->staging, w->indirect);
-  ruda__staging_free(w->b->staging, (void *)w->word);
   ruda__cu.cuStreamDestroy(w->stream);
   pthread_mutex_destroy(&w->plock);
   free(w);
@@ -664,7 +570,7 @@ static int cu_event_wait(void *state, void *event, ruda_error **err) {
                                     ruda_last_error()->msg);
     return ruda_last_error()->code;
   }
-  CUresult r = ev_sync(b, e);
+  CUresult r = ruda__cu.cuEventSynchronize(e->ev);
   ruda__cu_leave(&g);
   if (r == CUDA_SUCCESS) {
     /* The uploads before this point are done: their staging can serve the
@@ -686,7 +592,7 @@ static int cu_event_wait(void *state, void *event, ruda_error **err) {
       fault_device(b, x);
     }
   } else {
-    x = ruda__cu_error(r, e->word != NULL ? "cuStreamQuery (waiting for a read)" : "cuEventSynchronize");
+    x = ruda__cu_error(r, "cuEventSynchronize");
   }
   int code = ruda__cu_code(r);
   if (err) *err = x;
@@ -697,14 +603,8 @@ static int cu_event_wait(void *state, void *event, ruda_error **err) {
 static int cu_event_query(void *state, void *event) {
   ruda__cu_backend *b = state;
   ruda__cu_guard g;
-  ruda__cu_event *e = event;
-  if (e->word != NULL) {
-    if (!word_reached(e)) return 0;
-    ruda__cu_retire_upto(e);
-    return 1;
-  }
   if (ruda__cu_enter(b, &g) != 0) return 1; /* the wait will report it */
-  CUresult r = ruda__cu.cuEventQuery(e->ev);
+  CUresult r = ruda__cu.cuEventQuery(((ruda__cu_event *)event)->ev);
   ruda__cu_leave(&g);
   if (r == CUDA_SUCCESS) ruda__cu_retire_upto(event);
   return r != CUDA_ERROR_NOT_READY;

@@ -264,7 +264,7 @@ int ruda__cu_read(void *ws, void *dst, uint64_t src, const ruda__layout *l, ruda
   const unsigned char *end = (const unsigned char *)dst + (l->bytes ? l->bytes - 1 : 0);
   if (ruda__staging_pinned(w->b->staging, dst) && ruda__staging_pinned(w->b->staging, end)) {
     CUresult r = copy_strided(w, &p, 0, dst, src);
-    ruda__cu_event *e = r == CUDA_SUCCESS ? ruda__cu_complete(w, &r) : NULL;
+    ruda__cu_event *e = r == CUDA_SUCCESS ? ruda__cu_record(w, &r) : NULL;
     if (e == NULL)
       return ruda__cu_worker_fail(w, r, err, "download of %llu bytes from 0x%llx", (unsigned long long)l->bytes,
                                   (unsigned long long)src);
@@ -281,7 +281,7 @@ int ruda__cu_read(void *ws, void *dst, uint64_t src, const ruda__layout *l, ruda
   rb->dst = dst;
   rb->bytes = l->bytes;
   CUresult r = copy_strided(w, &p, 0, (unsigned char *)rb + READ_HDR, src);
-  ruda__cu_event *e = r == CUDA_SUCCESS ? ruda__cu_complete(w, &r) : NULL;
+  ruda__cu_event *e = r == CUDA_SUCCESS ? ruda__cu_record(w, &r) : NULL;
   if (e == NULL) {
     ruda__staging_free(w->b->staging, rb);
     return ruda__cu_worker_fail(w, r, err, "download of %llu bytes from 0x%llx", (unsigned long long)l->bytes,

@@ -38,17 +38,11 @@ typedef struct ruda__cu_event {
   /* Holders: the recorder's future or dependency, and the pending writes
    * it covers (cuda_backend.c); the last ruda__cu_event_put pools it. */
   _Atomic uint32_t refs;
-  /* A completion word instead of the CUevent (cuda_backend.c): complete
-   * once *word reaches word_at. NULL: the CUevent. */
-  const _Atomic uint64_t *word;
-  uint64_t word_at;
 } ruda__cu_event;
 
 typedef struct ruda__cu_backend {
   ruda__backend_env env; /* the device's callbacks (env.cfg is not kept) */
   ruda_log_level log_level;
-  uint64_t spin_ns;  /* ruda_config.spin_us: how long a waiter polls a word */
-  int words;         /* reads complete through completion words */
   ruda__limits limits; /* as open reported them */
   CUdevice cudev;
   CUcontext ctx; /* the device's primary context, retained */
@@ -101,12 +95,6 @@ typedef struct ruda__cu_worker {
    * not cover them. */
   struct ruda__cu_detached *detached;
   uint32_t *indirect; /* 16 page-locked bytes for indirect grid reads */
-  /* Completion word: page-locked, written by the device after each read
-   * (cuStreamWriteValue64, in stream order), read by waiters with no
-   * driver call. NULL where the device has no stream memory operations. */
-  _Atomic uint64_t *word;
-  CUdeviceptr word_dev;
-  uint64_t word_seq; /* worker only: the last value it asked for */
   /* The last launch submitted, for fault reports. */
   const char *last_kernel;
   uint64_t last_stream, last_seq;
@@ -152,9 +140,6 @@ void ruda__cu_retire(ruda__cu_worker *w, ruda__cu_event *ev, void *staged);
 /* Any thread: e completed, so every write its worker queued before it did:
  * return their staging now. */
 void ruda__cu_retire_upto(ruda__cu_event *e);
-/* A read's completion: a completion word where the worker has one, else
- * an event (ruda__cu_record). NULL with *r on failure. Worker only. */
-ruda__cu_event *ruda__cu_complete(ruda__cu_worker *w, CUresult *r);
 
 /* cuda_copy.c */
 int ruda__cu_layout_check(void *state, const ruda__layout *l, const char *fn);

@@ -458,7 +458,6 @@ static CUresult m_cuDeviceGetAttribute(int *pi, CUdevice_attribute a, CUdevice d
     case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: *pi = 49152; break;
     case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: *pi = 232448; break;
     case CU_DEVICE_ATTRIBUTE_MAX_PITCH: *pi = 2147483647; break;
-    case CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS: *pi = 1; break;
     default: return CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_SUCCESS;
@@ -1073,25 +1072,6 @@ static CUresult m_cuGetErrorString(CUresult r, const char **s) {
   return CUDA_SUCCESS;
 }
 
-/* Stream memory operations: the value lands when the stream reaches it. */
-static void run_write_value(op *o) {
-  if (!POISONED()) atomic_store_explicit((_Atomic uint64_t *)o->u.copy.dst, (uint64_t)o->u.copy.n, memory_order_release);
-}
-static CUresult m_cuStreamWriteValue64(CUstream s, CUdeviceptr addr, cuuint64_t value, unsigned int flags) {
-  (void)flags;
-  if (POISONED()) return atomic_load(&sticky);
-  op *o = op_new(run_write_value);
-  o->u.copy.dst = (void *)(uintptr_t)addr;
-  o->u.copy.n = (size_t)value;
-  enqueue(s, o);
-  return CUDA_SUCCESS;
-}
-static CUresult m_cuMemHostGetDevicePointer(CUdeviceptr *d, void *p, unsigned int flags) {
-  (void)flags;
-  *d = (CUdeviceptr)(uintptr_t)p; /* one address space, as with UVA */
-  return CUDA_SUCCESS;
-}
-
 /* ---- cuGetProcAddress ---- */
 
 /* Each entry is checked against the declaration in <cuda.h> at compile
@@ -1108,8 +1088,7 @@ static CUresult m_cuMemHostGetDevicePointer(CUdeviceptr *d, void *p, unsigned in
   X(cuModuleGetFunction) X(cuFuncGetAttribute) X(cuFuncSetAttribute) X(cuLaunchKernel)             \
   X(cuGetErrorName) X(cuGetErrorString) X(cuFuncGetParamInfo) X(cuTensorMapEncodeTiled)           \
   X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuStreamBeginCapture) X(cuStreamEndCapture)              \
-  X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy)          \
-  X(cuStreamWriteValue64) X(cuMemHostGetDevicePointer)
+  X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy)
 
 #define MOCK_ENTRY(name) {#name, (void *)(__typeof__(&name))m_##name},
 static const struct {
