@@ -285,7 +285,10 @@ typedef struct thread_arg {
   int index;
   uint64_t *lat; /* n latencies, ns */
   uint64_t done_ns;
+  uint64_t phase_ns[4]; /* -b, ruda: in ruda_write, the launches, ruda_read, ruda_future_wait */
 } thread_arg;
+
+static int breakdown; /* -b */
 
 static void upload(ruda_device *dev, ruda_stream_id s, ruda_handle h, const void *src, size_t len) {
   ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(h));
@@ -344,8 +347,10 @@ static void *ruda_thread(void *p) {
         size_t o = first + i - (size_t)depth;
         int slot = (int)(o % (size_t)depth);
         ruda_error *err = NULL;
+        uint64_t tw = mono_ns();
         int wrc = ruda_future_wait(fut[slot], &err);
         uint64_t t = mono_ns();
+        if (phase) a->phase_ns[3] += t - tw;
         if (wrc != 0) {
           fprintf(stderr, "bench_serve: ruda thread %d request %zu: %s: %s\n", a->index, o, ruda_err_name(wrc),
                   ruda_error_message(err));
@@ -370,10 +375,17 @@ static void *ruda_thread(void *p) {
           start[slot] = mono_ns();
           CHECK(ruda_write(dev, s, &xd, in, IN_BYTES));
         }
+        uint64_t t1 = mono_ns();
         CHECK(ruda_launch(dev, s, &l_layer));
         CHECK(ruda_launch(dev, s, &l_bias));
         CHECK(ruda_launch(dev, s, &l_soft));
+        uint64_t t2 = mono_ns();
         CHECK(ruda_read(dev, s, &yd, out[slot], OUT_BYTES, &fut[slot]));
+        if (phase) {
+          a->phase_ns[0] += t1 - start[slot];
+          a->phase_ns[1] += t2 - t1;
+          a->phase_ns[2] += mono_ns() - t2;
+        }
       }
     }
   }
@@ -510,7 +522,7 @@ static result run(ruda_device *dev, const variant *v, int threads, size_t n, int
     CHECK(ruda_sync(dev, 0, NULL));
   }
   for (int i = 0; i < threads; i++) {
-    a[i] = (thread_arg){&rc, i, lat_all + (size_t)i * n, 0};
+    a[i] = (thread_arg){.rc = &rc, .index = i, .lat = lat_all + (size_t)i * n};
     if (pthread_create(&t[i], NULL, fn, &a[i]) != 0) die("pthread_create", RUDA_EINVAL);
   }
   pthread_barrier_wait(&rc.go);
@@ -535,6 +547,14 @@ static result run(ruda_device *dev, const variant *v, int threads, size_t n, int
   }
 #endif
   size_t cnt = n * (size_t)threads;
+  if (breakdown && !raw) {
+    double ph[4] = {0, 0, 0, 0};
+    for (int i = 0; i < threads; i++)
+      for (int k = 0; k < 4; k++) ph[k] += (double)a[i].phase_ns[k];
+    printf("       T=%d: mean us per request in ruda_write %.2f, 3 launches %.2f, ruda_read %.2f, "
+           "ruda_future_wait %.2f\n",
+           threads, ph[0] / cnt / 1e3, ph[1] / cnt / 1e3, ph[2] / cnt / 1e3, ph[3] / cnt / 1e3);
+  }
   qsort(lat_all, cnt, sizeof *lat_all, cmp_u64);
   result r;
   r.rps = (double)cnt / ((double)(end - t0) / 1e9);
@@ -548,6 +568,7 @@ static void usage(void) {
   fprintf(stderr,
           "usage: bench_serve [-q] [-s] [-t threads[,threads...]] [-n requests] [-w workers] [-v variants]\n"
           "  -q  quick: few requests per thread\n"
+          "  -b  print where a ruda request's client time goes (each call, the wait)\n"
           "  -s  ruda's requests use page-locked buffers, as the raw driver's do: the input\n"
           "      arrives in a staging block (ruda_write_staged), the output is read into one\n"
           "  -t  client thread counts (1..%d; default 1,4,16,64)\n"
@@ -564,8 +585,10 @@ int main(int argc, char **argv) {
   long nreq = 0;
   uint32_t workers = 0;
   int vrun[4] = {1, 1, 1, 1};
-  while ((opt = getopt(argc, argv, "qst:n:w:v:")) != -1) {
-    if (opt == 'q') {
+  while ((opt = getopt(argc, argv, "bqst:n:w:v:")) != -1) {
+    if (opt == 'b') {
+      breakdown = 1;
+    } else if (opt == 'q') {
       quick = 1;
     } else if (opt == 's') {
       staged_io = 1;

@@ -156,6 +156,12 @@ struct ruda__worker {
   void *wstate;
   int start_code;
   uint64_t last_idle_ns; /* worker only: how long its last idle spell lasted */
+  /* With RUDA_WORKER_STATS=1: time spent running each kind of command,
+   * polling and asleep (worker only; printed when the device closes). */
+  struct {
+    uint64_t ns[RUDA__CMD_COLL + 1], n[RUDA__CMD_COLL + 1];
+    uint64_t poll_ns, sleep_ns;
+  } stats;
   struct ruda_device *dev;
   /* Odd while the worker sleeps with every batch it took run; read by
    * scheduler/fence.c to tell memory, on a backend whose work completes when

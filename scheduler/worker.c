@@ -133,6 +133,8 @@ static void *worker_main(void *arg) {
   char name[16];
   snprintf(name, sizeof name, "ruda-w%u", w->index);
   pthread_setname_np(pthread_self(), name);
+  const char *sv = getenv("RUDA_WORKER_STATS");
+  const int stats = sv != NULL && *sv != '\0' && *sv != '0';
 
   int stop = 0;
   while (!stop) {
@@ -155,6 +157,7 @@ static void *worker_main(void *arg) {
        * sleeps at once next time. */
       if (spin != 0 && w->last_idle_ns <= spin && ruda__spin_bounded(queue_nonempty, w, spin)) {
         w->last_idle_ns = ruda__now_ns() - idle_start;
+        w->stats.poll_ns += w->last_idle_ns;
         atomic_fetch_add_explicit(&w->idle_epoch, 1, memory_order_seq_cst);
         continue;
       }
@@ -170,6 +173,7 @@ static void *worker_main(void *arg) {
         ck_ec32_wait(&w->wake, &ruda__ec_mp, seen, NULL);
       }
       w->last_idle_ns = ruda__now_ns() - idle_start;
+      w->stats.sleep_ns += w->last_idle_ns;
       atomic_fetch_add_explicit(&w->idle_epoch, 1, memory_order_seq_cst);
       continue;
     }
@@ -189,6 +193,15 @@ static void *worker_main(void *arg) {
        * every RETIRE_EVERY commands, so a producer blocked on a full queue
        * waits for a slice of a long batch, not all of it. */
       if (cmd->future != NULL || unretired == RETIRE_EVERY) retire(w, &unretired);
+      if (__builtin_expect(stats, 0)) {
+        uint64_t t0 = ruda__now_ns();
+        const uint8_t kind = cmd->kind;
+        ruda__execute(w, cmd);
+        w->stats.ns[kind] += ruda__now_ns() - t0;
+        w->stats.n[kind]++;
+        ruda__cmd_free(cmd);
+        continue;
+      }
       ruda__execute(w, cmd);
       ruda__cmd_free(cmd);
     }
@@ -283,6 +296,26 @@ int ruda__workers_start(ruda_device *dev) {
   return 0;
 }
 
+/* RUDA_WORKER_STATS=1: where each worker's time went, on stderr at close:
+ * milliseconds and commands per kind, then polling and asleep. */
+static void print_stats(ruda_device *dev) {
+  const char *sv = getenv("RUDA_WORKER_STATS");
+  if (sv == NULL || *sv == '\0' || *sv == '0') return;
+  for (uint32_t i = 0; i < dev->nworkers; i++) {
+    ruda__worker *w = &dev->workers[i];
+    char line[1024];
+    int at = snprintf(line, sizeof line, "ruda: worker %u:", i);
+    for (int k = 0; k <= RUDA__CMD_COLL && at < (int)sizeof line; k++)
+      if (w->stats.n[k] != 0)
+        at += snprintf(line + at, sizeof line - (size_t)at, " %s %.1f ms/%llu", cmd_name(k), w->stats.ns[k] / 1e6,
+                       (unsigned long long)w->stats.n[k]);
+    if (at < (int)sizeof line)
+      snprintf(line + at, sizeof line - (size_t)at, "; polling %.1f ms, asleep %.1f ms", w->stats.poll_ns / 1e6,
+               w->stats.sleep_ns / 1e6);
+    fprintf(stderr, "%s\n", line);
+  }
+}
+
 /* Allocates a command, retrying: close cannot leave a worker running. */
 static ruda__cmd *cmd_alloc_retry(void) {
   ruda__cmd *cmd;
@@ -326,5 +359,6 @@ void ruda__workers_stop(ruda_device *dev) {
     ruda__queue_push_unbounded(w, stop);
   }
   for (uint32_t i = 0; i < dev->nworkers; i++) pthread_join(dev->workers[i].thread, NULL);
+  print_stats(dev);
   for (uint32_t i = 0; i < dev->nworkers; i++) ruda__order_worker_fini(dev, &dev->workers[i]);
 }
