@@ -27,13 +27,14 @@ static ruda__slot *slot_at(ruda__handles *h, uint32_t index) {
   return chunk ? &chunk[index % RUDA__SLOTS_PER_CHUNK] : NULL;
 }
 
-/* A chunk: RUDA__SLOTS_PER_CHUNK slots, then as many last-use records. */
-#define CHUNK_BYTES (RUDA__SLOTS_PER_CHUNK * (sizeof(ruda__slot) + sizeof(uint64_t)))
+/* A chunk: RUDA__SLOTS_PER_CHUNK slots, then as many use records (two
+ * words each: the last write, the readers since; handles.h). */
+#define CHUNK_BYTES (RUDA__SLOTS_PER_CHUNK * (sizeof(ruda__slot) + 2 * sizeof(uint64_t)))
 
 /* The record of slot s, which is the slot at index. */
 static _Atomic uint64_t *last_of(ruda__slot *s, uint32_t index) {
   uint32_t i = index % RUDA__SLOTS_PER_CHUNK;
-  return (_Atomic uint64_t *)(s - i + RUDA__SLOTS_PER_CHUNK) + i;
+  return (_Atomic uint64_t *)(s - i + RUDA__SLOTS_PER_CHUNK) + 2 * i;
 }
 
 ruda__slot *ruda__handles_slot(ruda__handles *h, uint32_t index) { return slot_at(h, index); }
@@ -127,6 +128,7 @@ void ruda__handles_publish(ruda__handles *h, uint32_t index, uint64_t addr, uint
   if (home != UINT32_MAX && h->mem != NULL)
     last = ruda__use_pack(home, gen, ruda__progress_ticket(&h->mem->progress, home));
   atomic_store_explicit(last_of(s, index), last, memory_order_relaxed);
+  atomic_store_explicit(last_of(s, index) + RUDA__USE_READERS, 0, memory_order_relaxed);
   /* Release: a pinner that sees the new generation sees all of the above. */
   atomic_store_explicit(&s->state, ((uint64_t)gen << GEN_SHIFT) | LIVE | 1, memory_order_release);
   out->slot = index;
@@ -141,13 +143,19 @@ int ruda__handles_insert(ruda__handles *h, uint64_t addr, uint64_t size, ruda_ha
   return 0;
 }
 
-static int pin(ruda__handles *h, ruda_handle handle, uint32_t worker, int use, int hold, uint64_t *addr,
-               uint64_t *size, ruda__slot **slot, _Atomic uint64_t **last) {
+static int pin(ruda__handles *h, ruda_handle handle, uint32_t worker, int use, int hold, int pending,
+               uint64_t *addr, uint64_t *size, ruda__slot **slot, _Atomic uint64_t **last) {
   ruda__slot *s = slot_at(h, handle.slot);
   if (s == NULL || handle.gen == 0) goto not_found;
+  /* Counted before the pin takes effect: a free whose kill sees the pin
+   * (the compare-and-swap below, released; the kill acquires) sees this. */
+  if (pending) atomic_fetch_add_explicit(&s->pending, 1, memory_order_relaxed);
   uint64_t st = atomic_load_explicit(&s->state, memory_order_acquire);
   for (;;) {
-    if (gen_of(st) != handle.gen || !(st & LIVE)) goto not_found;
+    if (gen_of(st) != handle.gen || !(st & LIVE)) {
+      if (pending) ruda__handles_settle(s);
+      goto not_found;
+    }
     /* Record a foreign user before the pin takes effect: a free that
      * kills the handle after this pin then sees the bit (its kill reads
      * this pin's increment). A pin that fails leaves a stray bit, which
@@ -182,11 +190,11 @@ not_found:
 
 int ruda__handles_pin_use(ruda__handles *h, ruda_handle handle, uint32_t worker, int hold, uint64_t *addr,
                           uint64_t *size, ruda__slot **slot, _Atomic uint64_t **last) {
-  return pin(h, handle, worker, 1, hold, addr, size, slot, last);
+  return pin(h, handle, worker, 1, hold, 1, addr, size, slot, last);
 }
 
 int ruda__handles_pin(ruda__handles *h, ruda_handle handle, uint64_t *addr, uint64_t *size) {
-  return pin(h, handle, UINT32_MAX, 1, 0, addr, size, NULL, NULL);
+  return pin(h, handle, UINT32_MAX, 1, 0, 0, addr, size, NULL, NULL);
 }
 
 void ruda__handles_add_user(ruda__handles *h, uint32_t slot, uint32_t worker) {
@@ -203,7 +211,7 @@ uint32_t ruda__handles_gen(ruda__handles *h, uint32_t slot) {
 
 int ruda__handles_size(ruda__handles *h, ruda_handle handle, uint64_t *size) {
   uint64_t addr;
-  int rc = pin(h, handle, UINT32_MAX, 0, 0, &addr, size, NULL, NULL); /* a look, not a use */
+  int rc = pin(h, handle, UINT32_MAX, 0, 0, 0, &addr, size, NULL, NULL); /* a look, not a use */
   if (rc != 0) return rc;
   /* If the owner freed the buffer meanwhile, this pin may be the last
    * reference, which must release like any other. */
@@ -212,7 +220,7 @@ int ruda__handles_size(ruda__handles *h, ruda_handle handle, uint64_t *size) {
   return 0;
 }
 
-int ruda__handles_kill(ruda__handles *h, ruda_handle handle) {
+int ruda__handles_kill(ruda__handles *h, ruda_handle handle, uint32_t *refs) {
   ruda__slot *s = slot_at(h, handle.slot);
   if (s == NULL || handle.gen == 0)
     return ruda__fail(RUDA_ENOTFOUND, "ruda_buffer_free: handle {slot %u, gen %u} never existed",
@@ -231,8 +239,10 @@ int ruda__handles_kill(ruda__handles *h, ruda_handle handle) {
                         handle.slot, handle.gen, older ? "already freed" : "unknown", g);
     }
     if (atomic_compare_exchange_weak_explicit(&s->state, &st, st & ~LIVE, memory_order_acq_rel,
-                                              memory_order_acquire))
+                                              memory_order_acquire)) {
+      if (refs != NULL) *refs = (uint32_t)(st & REFS_MASK);
       return 0;
+    }
   }
 }
 

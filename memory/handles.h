@@ -50,6 +50,13 @@ typedef struct ruda__slot {
   /* 1 once a graph recorded a command using it (scheduler/graph.c): a
    * free then never returns the memory at once, the graph may still run. */
   _Atomic uint8_t held;
+  /* Pins taken by calls that have not queued their command yet
+   * (ruda__handles_pin_use, then ruda__handles_settle once queued or
+   * given up). A free must not hand the memory out again while one is
+   * pending: that command would run after the reuse. Balanced, never
+   * reset: a settle may land after the slot was reused, which only makes
+   * one free of the new buffer take the slower path. */
+  _Atomic uint32_t pending;
 } ruda__slot;
 
 typedef struct ruda__handles {
@@ -68,6 +75,13 @@ typedef struct ruda__handles {
  * 16 bits of the handle's generation (a record written late for a freed
  * buffer is recognised as stale), bits 0..31 the worker's ticket. */
 #define RUDA__USE_MIXED 0xffffu
+/* The record's second word (ruda__handles_last(h, slot)[RUDA__USE_READERS]):
+ * the workers that read the buffer since its last write, bit w % 64 for
+ * worker w. A read orders after the last write only and sets its bit; a
+ * write orders after the last write and every reader's worker, then
+ * clears the bits it saw. Bits are only ever too many (a reader that
+ * raced a write keeps its bit for the next write), never too few. */
+#define RUDA__USE_READERS 1
 
 static inline uint64_t ruda__use_pack(uint32_t worker, uint32_t gen, uint32_t ticket) {
   return ((uint64_t)((worker + 1) & 0xffffu) << 48) | ((uint64_t)(gen & 0xffffu) << 32) | ticket;
@@ -99,16 +113,23 @@ ruda__slot *ruda__handles_slot(ruda__handles *h, uint32_t slot);
 int ruda__handles_pin(ruda__handles *h, ruda_handle handle, uint64_t *addr, uint64_t *size);
 /* The same for a command of worker `worker`: a worker other than the
  * buffer's home is recorded in users before the pin takes effect, as is
- * `used`, and with hold the graph's `held`. *slot and *last receive the
+ * `used`, and with hold the graph's `held`. The pin is pending until the
+ * caller settles it (ruda__handles_settle). *slot and *last receive the
  * pinned slot and its last-use record. */
 int ruda__handles_pin_use(ruda__handles *h, ruda_handle handle, uint32_t worker, int hold, uint64_t *addr,
                           uint64_t *size, ruda__slot **slot, _Atomic uint64_t **last);
+/* The command of a ruda__handles_pin_use is queued, or given up. */
+static inline void ruda__handles_settle(ruda__slot *s) {
+  atomic_fetch_sub_explicit(&s->pending, 1, memory_order_release);
+}
+
 /* Counts worker as a user of a pinned slot, as a pin from it would. */
 void ruda__handles_add_user(ruda__handles *h, uint32_t slot, uint32_t worker);
 /* The generation of a pinned slot. */
 uint32_t ruda__handles_gen(ruda__handles *h, uint32_t slot);
 
-/* The last-use record of a slot known to exist. */
+/* The use record of a slot known to exist (two words: see
+ * RUDA__USE_READERS). */
 _Atomic uint64_t *ruda__handles_last(ruda__handles *h, uint32_t slot);
 
 /* Drops one reference; the last one gives back the memory (to its pool,
@@ -121,10 +142,12 @@ void ruda__handles_unpin(ruda__handles *h, uint32_t slot, void *wstate);
  * (to reuse, or return with ruda__handles_put). */
 int ruda__handles_drop(ruda__handles *h, uint32_t slot);
 
-/* Marks a live handle dead. RUDA_EFREE if already freed, RUDA_ENOTFOUND if
- * it never existed. The owner's reference stays until the caller drops it
+/* Marks a live handle dead; *refs (if not NULL) receives the references
+ * it held then: 1 is the owner's alone, more are pins of commands (queued,
+ * running, or pinned by a call that has not queued yet). RUDA_EFREE if
+ * already freed, RUDA_ENOTFOUND if it never existed. The owner's reference stays until the caller drops it
  * with ruda__handles_unpin (in stream order). */
-int ruda__handles_kill(ruda__handles *h, ruda_handle handle);
+int ruda__handles_kill(ruda__handles *h, ruda_handle handle, uint32_t *refs);
 
 /* Buffers whose slot is still held (live, or freed with uses queued) and
  * their bytes. A scan of the table, for tests and diagnostics: shared

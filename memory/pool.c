@@ -466,7 +466,8 @@ int ruda__memory_alloc(ruda__pools *p, uint64_t size, ruda_handle *out) {
 }
 
 int ruda__memory_free(ruda__memory *mem, ruda_handle h) {
-  int rc = ruda__handles_kill(mem->handles, h);
+  uint32_t refs = 0;
+  int rc = ruda__handles_kill(mem->handles, h, &refs);
   if (rc != 0) return rc;
   ruda__slot *slot = ruda__handles_slot(mem->handles, h.slot);
   ruda__page *pg = atomic_load_explicit(&slot->mem, memory_order_relaxed);
@@ -474,15 +475,18 @@ int ruda__memory_free(ruda__memory *mem, ruda_handle h) {
    * other worker that pinned the buffer has its bit in users by now. */
   uint64_t users = atomic_load_explicit(&slot->users, memory_order_acquire);
   const int used = atomic_load_explicit(&slot->used, memory_order_relaxed);
-  if (pg == NULL || users != 0 || atomic_load_explicit(&slot->held, memory_order_relaxed)) {
-    /* Raw memory, used on other workers, or kept by a graph: the last
-     * reference decides (ruda__memory_retire waits for those workers'
-     * fences). */
+  if (pg == NULL || users != 0 || (refs != 1 && atomic_load_explicit(&slot->pending, memory_order_acquire) != 0) ||
+      atomic_load_explicit(&slot->held, memory_order_relaxed)) {
+    /* Raw memory, used on other workers, kept by a graph, or pinned by a
+     * call that has not queued its command yet (which would then run
+     * after a reuse queued meanwhile): the last reference decides
+     * (ruda__memory_retire waits for other workers' fences). */
     ruda__handles_unpin(mem->handles, h.slot, NULL);
     return 0;
   }
-  /* Only the home worker ever used it: every later command of the home
-   * stream runs after those uses, so the memory is reusable at once. */
+  /* Only the home worker ever used it and every command that holds it is
+   * queued there: every later command of the home stream runs after
+   * them, so the memory is reusable at once. */
   ruda__pools *p = pg->pool->owner;
   uint64_t addr = slot->addr, size = slot->size;
   pthread_mutex_lock(&p->lock);

@@ -68,6 +68,8 @@ void ruda__order_abandon(ruda__order *o) {
   for (uint32_t i = 0; i < o->ncleared; i++)
     atomic_fetch_or_explicit(o->cleared[i].readers, o->cleared[i].bits, memory_order_seq_cst);
   o->ncleared = 0;
+  for (uint32_t i = 0; i < o->npend; i++) ruda__handles_settle(o->pend[i]);
+  o->npend = 0;
 }
 
 /* ---- client: has worker a passed ticket t? ---- */

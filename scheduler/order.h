@@ -71,7 +71,8 @@ typedef struct ruda__order {
    * RUDA__USE_READERS), whose workers this command orders after; `cleared`
    * goes back onto the records if the command is not pushed. */
   uint64_t readers;
-  uint32_t ncleared;
+  uint32_t ncleared, npend;
+  ruda__slot *pend[RUDA__MAX_PINS]; /* pins to settle once queued (handles.h) */
   struct {
     _Atomic uint64_t *readers;
     uint64_t bits;
@@ -92,6 +93,7 @@ static inline void ruda__order_init(ruda__order *o) {
   o->all = 0;
   o->readers = 0;
   o->ncleared = 0;
+  o->npend = 0;
 }
 
 void ruda__order_note_slow(ruda__order *o, uint64_t seen, uint32_t gen, uint32_t worker);
@@ -121,7 +123,8 @@ static inline void ruda__order_note(ruda__order *o, _Atomic uint64_t *last, uint
   ruda__order_note_slow(o, seen, gen, w->index);
 }
 
-/* The command was not pushed: the reader bits its writes took go back. */
+/* The command was not pushed: the reader bits its writes took go back,
+ * its pins are settled. Idempotent; a no-op after ruda__order_publish. */
 void ruda__order_abandon(ruda__order *o);
 
 static inline int ruda__order_needed(const ruda__order *o) { return o->need != 0; }
@@ -140,7 +143,7 @@ void ruda__order_publish_slow(_Atomic uint64_t *last, uint64_t cur, uint64_t wan
  * The ticket read after the push is at least the command's position in
  * w's queue. */
 static inline void ruda__order_publish(ruda__order *o, ruda__worker *w) {
-  if (o->nuse == 0) return;
+  if (o->nuse == 0) return; /* nothing noted, nothing pinned */
   uint32_t t = ruda__queue_ticket(w);
   for (uint32_t i = 0; i < o->nuse; i++) {
     if (!o->use[i].write) {
@@ -162,6 +165,10 @@ static inline void ruda__order_publish(ruda__order *o, ruda__worker *w) {
                                                  memory_order_relaxed))
       ruda__order_publish_slow(o->use[i].last, seen, want);
   }
+  /* Queued: the pins stop being pending, the reader bits stay taken. */
+  for (uint32_t i = 0; i < o->npend; i++) ruda__handles_settle(o->pend[i]);
+  o->npend = 0;
+  o->ncleared = 0;
 }
 
 /* Worker side (worker.c). MARK: record and publish; WAIT: wait for every

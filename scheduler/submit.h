@@ -46,11 +46,13 @@ static inline int ruda__pin_binding(ruda_device *dev, ruda__stream *s, ruda_bind
     return ruda__fail(RUDA_ENOTFOUND, "%s: %s handle {slot %u, gen %u} names no live buffer", fn,
                       ruda__binding_label(lb, sizeof lb, what, index), b.handle.slot, b.handle.gen);
   if ((base & RUDA__UNBACKED) && ruda__memory_back(&dev->memory, atomic_load(&slot->mem), base, fn, &base) != 0) {
+    ruda__handles_settle(slot);
     ruda__handles_unpin(&dev->handles, b.handle.slot, NULL);
     return ruda_error_code(ruda_last_error());
   }
   uint64_t want = b.size ? b.size : (b.offset <= size ? size - b.offset : 0);
   if (b.offset > size || want > size - b.offset || want == 0) {
+    ruda__handles_settle(slot);
     ruda__handles_unpin(&dev->handles, b.handle.slot, NULL);
     return ruda__fail(RUDA_ERANGE,
                       "%s: %s binding offset %llu + size %llu is outside buffer {slot %u} of %llu bytes",
@@ -60,6 +62,7 @@ static inline int ruda__pin_binding(ruda_device *dev, ruda__stream *s, ruda_bind
   }
   *addr = base + b.offset;
   *len = want;
+  o->pend[o->npend++] = slot;
   ruda__order_note(o, last, b.handle.gen, s->worker, use);
   return 0;
 }

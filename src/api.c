@@ -228,6 +228,7 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
   }
   return 0;
 unpin:
+  ruda__order_abandon(&o); /* a no-op once published */
   ruda__handles_unpin(&dev->handles, dst->binding.handle.slot, NULL);
   return rc;
 }
@@ -290,6 +291,7 @@ int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src
   *fut = f;
   return 0;
 unpin:
+  ruda__order_abandon(&o); /* a no-op once published */
   ruda__handles_unpin(&dev->handles, src->binding.handle.slot, NULL);
   return rc;
 }

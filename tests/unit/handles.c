@@ -67,9 +67,9 @@ static void generations_and_reuse(void **state) {
   ruda__handles_unpin(&dev->handles, b.slot, NULL);
   assert_int_equal(REFS(state_of(dev, b)), 1);
   /* kill: dead at once, memory kept by the owner's reference. */
-  assert_ok(ruda__handles_kill(&dev->handles, b));
+  assert_ok(ruda__handles_kill(&dev->handles, b, NULL));
   assert_false(state_of(dev, b) & LIVE_BIT);
-  assert_rc(ruda__handles_kill(&dev->handles, b), RUDA_EFREE);
+  assert_rc(ruda__handles_kill(&dev->handles, b, NULL), RUDA_EFREE);
   assert_rc(ruda__handles_pin(&dev->handles, b, &addr, &size), RUDA_ENOTFOUND);
   assert_int_equal(ruda__handles_live_count(&dev->handles), 1);
   ruda__handles_unpin(&dev->handles, b.slot, NULL);
