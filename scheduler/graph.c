@@ -75,6 +75,7 @@ static void graph_free(ruda_graph *g, void *wstate) {
   free(g->cmds);
   free(g->slots);
   pthread_mutex_destroy(&g->exec_lock);
+  pthread_mutex_destroy(&g->issue_lock);
   free(g);
 }
 

@@ -45,6 +45,13 @@ struct ruda_graph {
   pthread_mutex_t exec_lock; /* the backend's graph is made at first replay */
   void *exec;
   ruda_stream_id stream; /* captured on, for messages */
+  /* A use record of the graph itself (memory/handles.h's two words),
+   * which every replay writes: replays of one graph are ordered one after
+   * another like writes of one buffer, whatever streams issue them. The
+   * lock makes each replay's issue (note, queue, publish) whole, so two
+   * threads replaying at once still see each other. */
+  _Atomic uint64_t replays[2];
+  pthread_mutex_t issue_lock;
 };
 
 /* The stream's recording, made at first use (NULL without memory). */

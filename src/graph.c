@@ -134,6 +134,7 @@ int ruda_graph_end_capture(ruda_device *dev, ruda_stream_id stream, ruda_graph *
   g->stream = s->id;
   atomic_init(&g->refs, 1);
   pthread_mutex_init(&g->exec_lock, NULL);
+  pthread_mutex_init(&g->issue_lock, NULL);
   pthread_mutex_lock(&dev->graph_lock);
   g->next = dev->graphs;
   if (g->next) g->next->prev = g;
@@ -194,11 +195,13 @@ int ruda_graph_replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g) {
    * a user of each (a free then waits for it), and the replay is ordered
    * after other workers' earlier uses. The graph's pins keep the slots. */
   const uint32_t per = RUDA__MAX_PINS;
-  uint32_t ngroups = g->nslots ? (g->nslots + per - 1) / per : 1;
-  ruda__order one, *o = ngroups <= 1 ? &one : malloc(ngroups * sizeof *o);
+  /* The buffers in groups of at most per, then the graph's own record. */
+  uint32_t ngroups = (g->nslots + per - 1) / per + 1;
+  ruda__order two[2], *o = ngroups <= 2 ? two : malloc(ngroups * sizeof *o);
   if (o == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
   int needed = 0;
   uint32_t ngiven = 0;
+  pthread_mutex_lock(&g->issue_lock);
   for (uint32_t gi = 0; gi < ngroups; gi++) {
     ruda__order_init(&o[gi]);
     for (uint32_t i = gi * per; i < g->nslots && i < (gi + 1) * per; i++) {
@@ -207,6 +210,7 @@ int ruda_graph_replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g) {
       ruda__order_note(&o[gi], ruda__handles_last(h, slot), ruda__handles_gen(h, slot), w,
                        (g->slots[i] & RUDA__PIN_READ) ? RUDA__USE_READ : RUDA__USE_WRITE);
     }
+    if (gi == ngroups - 1) ruda__order_note(&o[gi], g->replays, 0, w, RUDA__USE_WRITE);
     needed |= ruda__order_needed(&o[gi]);
   }
   ruda__cmd *cmd = ruda__cmd_alloc(0);
@@ -235,7 +239,8 @@ int ruda_graph_replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g) {
   ngiven = ngroups; /* pushed: no reader bit goes back */
   for (uint32_t gi = 0; gi < ngroups; gi++) ruda__order_publish(&o[gi], w);
 out:
+  pthread_mutex_unlock(&g->issue_lock);
   for (uint32_t gi = ngiven; gi < ngroups; gi++) ruda__order_abandon(&o[gi]);
-  if (o != &one) free(o);
+  if (o != two) free(o);
   return rc;
 }

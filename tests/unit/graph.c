@@ -381,6 +381,60 @@ static void replays_race_from_threads(void **state) {
   test_close(dev);
 }
 
+/* A kernel that bumps a counter outside any buffer, not atomically: two
+ * runs at once lose an update. */
+static uint64_t bumps;
+static int k_bump(const ruda_host_ctx *c, void *const *args) {
+  (void)c, (void)args;
+  uint64_t v = bumps;
+  usleep(20);
+  bumps = v + 1;
+  return 0;
+}
+
+typedef struct bumper {
+  ruda_device *dev;
+  ruda_graph *g;
+  ruda_stream_id s;
+} bumper;
+
+static void *replay_bumps(void *p) {
+  bumper *b = p;
+  for (int i = 0; i < 100; i++)
+    if (ruda_graph_replay(b->dev, b->s, b->g) != 0) return (void *)1;
+  return NULL;
+}
+
+/* Replays of one graph run one after another, whatever streams they are
+ * issued on, even when nothing they touch orders them (the graph only
+ * reads its buffer). */
+static void replays_of_one_graph_never_overlap(void **state) {
+  (void)state;
+  ruda_device *dev = open_graphs(3);
+  assert_ok(ruda_host_kernel_register(dev, "bump", k_bump));
+  ruda_handle x = buffer_of(dev, 0, 0);
+  assert_ok(ruda_sync(dev, 0, NULL));
+  ruda_graph *g;
+  assert_ok(ruda_graph_begin_capture(dev, 0));
+  ruda_arg a = ruda_arg_in(ruda_bind(x));
+  assert_ok(test_launch(dev, 0, "bump", &a, 1));
+  assert_ok(ruda_graph_end_capture(dev, 0, &g));
+  bumps = 0;
+  pthread_t t[2];
+  bumper b[2] = {{dev, g, 1}, {dev, g, 2}};
+  for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, replay_bumps, &b[i]);
+  for (int i = 0; i < 2; i++) {
+    void *rc;
+    pthread_join(t[i], &rc);
+    assert_null(rc);
+  }
+  for (ruda_stream_id s = 0; s < 3; s++) assert_ok(ruda_sync(dev, s, NULL));
+  assert_int_equal(bumps, 200);
+  assert_ok(ruda_graph_destroy(dev, g));
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  test_close(dev);
+}
+
 static void prepare_routes_to_the_persistent_pool(void **state) {
   (void)state;
   ruda_device *dev = open_graphs(1);
@@ -445,6 +499,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(destroy_with_replays_queued),
       cmocka_unit_test(close_frees_captures_and_graphs),
       cmocka_unit_test(replays_race_from_threads),
+      cmocka_unit_test(replays_of_one_graph_never_overlap),
       cmocka_unit_test(prepare_routes_to_the_persistent_pool),
       cmocka_unit_test(prepare_on_the_current_stream),
   };
