@@ -270,7 +270,8 @@ void ruda__stream_private_free(struct ruda_device *dev, ruda__stream *s, const c
 
 
 /* The stream a public call names, created at first use: RUDA_EINVAL for a
- * reserved id, RUDA_ENOMEM (both recorded naming fn) in *rc, NULL then. */
+ * reserved id that names no existing stream, RUDA_ENOMEM (both recorded
+ * naming fn) in *rc, NULL then. */
 ruda__stream *ruda__stream_for(struct ruda_device *dev, ruda_stream_id id, const char *fn, int *rc);
 /* Calls fn for every stream. */
 void ruda__streams_each(ruda__stream_table *t, void (*fn)(ruda__stream *, void *), void *arg);

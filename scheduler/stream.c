@@ -166,8 +166,15 @@ size_t ruda__streams_list(ruda__stream_table *t, ruda_stream_id *ids, size_t cap
 
 ruda__stream *ruda__stream_for(ruda_device *dev, ruda_stream_id id, const char *fn, int *rc) {
   if (id != RUDA_STREAM_CURRENT && id > RUDA_STREAM_EXPLICIT_MAX) {
-    *rc = ruda__fail(RUDA_EINVAL, "%s: stream id %llu is reserved (explicit ids are below 2^63)", fn,
-                     (unsigned long long)id);
+    /* A thread's own stream that exists (ruda_stream_ids lists it) may be
+     * named by its id, from any thread: how errors left on the stream of a
+     * thread that exited are drained. Unknown reserved ids are refused. */
+    ruda__stream *st = find(atomic_load_explicit(&dev->streams.current, memory_order_acquire), id);
+    if (st != NULL) return st;
+    *rc = ruda__fail(RUDA_EINVAL,
+                     "%s: stream id %llu is reserved (explicit ids are below 2^63; a thread's own stream "
+                     "is named by RUDA_STREAM_CURRENT, or by its id once ruda_stream_ids lists it)",
+                     fn, (unsigned long long)id);
     return NULL;
   }
   ruda__stream *s = ruda__stream_get(dev, id);

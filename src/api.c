@@ -543,3 +543,59 @@ int ruda_sync(ruda_device *dev, ruda_stream_id stream, ruda_error **errors) {
   ruda_future_free(f);
   return rc;
 }
+
+/* ---- the whole device ---- */
+
+typedef struct stream_list {
+  ruda__stream **s;
+  size_t n, cap;
+  int nomem;
+} stream_list;
+
+static void collect_stream(ruda__stream *s, void *arg) {
+  stream_list *l = arg;
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? 2 * l->cap : 16;
+    ruda__stream **p = realloc(l->s, cap * sizeof *p);
+    if (p == NULL) {
+      l->nomem = 1;
+      return;
+    }
+    l->s = p;
+    l->cap = cap;
+  }
+  l->s[l->n++] = s;
+}
+
+int ruda_device_sync(ruda_device *dev, ruda_error **errors) {
+  static const char fn[] = "ruda_device_sync";
+  if (errors) *errors = NULL;
+  RUDA__CHECK_DEV(dev, fn);
+  stream_list l = {NULL, 0, 0, 0};
+  ruda__streams_each(&dev->streams, collect_stream, &l);
+  ruda_future **f = l.n ? calloc(l.n, sizeof *f) : NULL;
+  if (l.nomem || (l.n && f == NULL)) {
+    free(l.s);
+    free(f);
+    return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
+  }
+  /* All syncs first, then the waits: the workers run them side by side. */
+  int rc = 0;
+  for (size_t i = 0; i < l.n && rc == 0; i++) rc = ruda__push_control(dev, l.s[i], RUDA__CMD_SYNC, 1, fn, &f[i]);
+  ruda_error *head = NULL, **tail = &head;
+  int unhealthy = 0;
+  for (size_t i = 0; i < l.n; i++) {
+    if (f[i] == NULL) continue;
+    ruda_error *e = NULL;
+    if (ruda_future_wait(f[i], &e) != 0) unhealthy = 1;
+    ruda_future_free(f[i]);
+    *tail = e;
+    while (*tail != NULL) tail = &(*tail)->next;
+  }
+  free(f);
+  free(l.s);
+  if (errors) *errors = head;
+  else ruda_error_free(head);
+  if (rc != 0) return rc;
+  return unhealthy ? RUDA_EUNHEALTHY : 0;
+}

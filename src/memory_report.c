@@ -2,8 +2,9 @@
  *
  * Reports read a stream's figures under its pool lock after polling its
  * retired buffers, so a buffer whose fences passed is counted as freed.
- * They refuse while the stream holds errors: figures of a stream whose
- * commands failed would describe a state the caller has not seen yet.
+ * They report whatever the streams' health: errors stay queued for the
+ * stream's next flush or sync, and a program that watches its memory
+ * while something failed needs the figures most.
  */
 #include <string.h>
 
@@ -11,27 +12,11 @@
 #include "scheduler/device.h"
 #include "src/api.h"
 
-static int unhealthy(ruda_device *dev, ruda__stream *s, const char *fn) {
-  if (atomic_load_explicit(&dev->faulted, memory_order_acquire))
-    return ruda__fail(RUDA_EUNHEALTHY, "%s: the device is faulted", fn);
-  uint32_t n = atomic_load_explicit(&s->nerr, memory_order_acquire);
-  if (n > 0)
-    return ruda__fail(RUDA_EUNHEALTHY,
-                      "%s: stream %llu holds %u unreported error%s; drain them with ruda_flush or "
-                      "ruda_sync first",
-                      fn, (unsigned long long)s->id, n, n == 1 ? "" : "s");
-  return 0;
-}
-
-static int stream_pools(ruda_device *dev, ruda_stream_id id, const char *fn, int check,
-                        ruda__stream **sp, ruda__pools **pp) {
-  if (id != RUDA_STREAM_CURRENT && id > RUDA_STREAM_EXPLICIT_MAX)
-    return ruda__fail(RUDA_EINVAL, "%s: stream id %llu is reserved (explicit ids are below 2^63)", fn,
-                      (unsigned long long)id);
-  ruda__stream *s = ruda__stream_get(dev, id);
-  if (s == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
-  int rc = check ? unhealthy(dev, s, fn) : 0;
-  if (rc != 0) return rc;
+static int stream_pools(ruda_device *dev, ruda_stream_id id, const char *fn, ruda__stream **sp,
+                        ruda__pools **pp) {
+  int rc = 0;
+  ruda__stream *s = ruda__stream_for(dev, id, fn, &rc);
+  if (s == NULL) return rc;
   ruda__pools *p = ruda__stream_pools(dev, s);
   if (p == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
   *sp = s;
@@ -62,7 +47,7 @@ int ruda_memory_usage(ruda_device *dev, ruda_stream_id stream, ruda_memory_stats
   if (out == NULL) return ruda__fail(RUDA_EINVAL, "%s: out is NULL", fn);
   ruda__stream *s = NULL;
   ruda__pools *p = NULL;
-  int rc = stream_pools(dev, stream, fn, 1, &s, &p);
+  int rc = stream_pools(dev, stream, fn, &s, &p);
   if (rc != 0) return rc;
   memset(out, 0, sizeof *out);
   pthread_mutex_lock(&p->lock);
@@ -71,30 +56,10 @@ int ruda_memory_usage(ruda_device *dev, ruda_stream_id stream, ruda_memory_stats
   return 0;
 }
 
-typedef struct health {
-  int bad;
-  ruda_stream_id id;
-} health;
-
-static void check_one(ruda__stream *s, void *arg) {
-  health *h = arg;
-  if (!h->bad && atomic_load_explicit(&s->nerr, memory_order_acquire) > 0) {
-    h->bad = 1;
-    h->id = s->id;
-  }
-}
-
 int ruda_memory_device_usage(ruda_device *dev, ruda_memory_stats *out) {
   static const char fn[] = "ruda_memory_device_usage";
   RUDA__CHECK_DEV(dev, fn);
   if (out == NULL) return ruda__fail(RUDA_EINVAL, "%s: out is NULL", fn);
-  if (atomic_load_explicit(&dev->faulted, memory_order_acquire))
-    return ruda__fail(RUDA_EUNHEALTHY, "%s: the device is faulted", fn);
-  health h = {0, 0};
-  ruda__streams_each(&dev->streams, check_one, &h);
-  if (h.bad)
-    return ruda__fail(RUDA_EUNHEALTHY, "%s: stream %llu holds unreported errors; drain them first", fn,
-                      (unsigned long long)h.id);
   memset(out, 0, sizeof *out);
   pthread_mutex_lock(&dev->memory.all_lock);
   ruda__pools *q = dev->memory.all; /* grows at its head only; never shrinks before close */
@@ -140,7 +105,7 @@ int ruda_memory_report(ruda_device *dev, ruda_stream_id stream, ruda_pool_report
   if (pools == NULL && cap > 0) return ruda__fail(RUDA_EINVAL, "%s: pools is NULL with cap %u", fn, cap);
   ruda__stream *s = NULL;
   ruda__pools *p = NULL;
-  int rc = stream_pools(dev, stream, fn, 1, &s, &p);
+  int rc = stream_pools(dev, stream, fn, &s, &p);
   if (rc != 0) return rc;
   pthread_mutex_lock(&p->lock);
   ruda__pools_poll_retired(p);
@@ -160,7 +125,7 @@ int ruda_memory_cleanup(ruda_device *dev, ruda_stream_id stream) {
   RUDA__CHECK_DEV(dev, fn);
   ruda__stream *s = NULL;
   ruda__pools *p = NULL;
-  int rc = stream_pools(dev, stream, fn, 0, &s, &p);
+  int rc = stream_pools(dev, stream, fn, &s, &p);
   if (rc != 0) return rc;
   pthread_mutex_lock(&p->lock);
   ruda__pools_poll_retired(p);

@@ -400,6 +400,14 @@ RUDA_EXTERN int ruda_flush(ruda_device *dev, ruda_stream_id stream, ruda_error *
  * work. Thread-safe; blocks. */
 RUDA_EXTERN int ruda_sync(ruda_device *dev, ruda_stream_id stream, ruda_error **errors);
 
+/* ruda_sync for every stream of the device, explicit ones and every
+ * thread's own (also of threads that have exited): returns once the
+ * device finished all work enqueued before the call, with every stream's
+ * errors in *errors (owned by the caller; NULL to discard) and
+ * RUDA_EUNHEALTHY when there were any. A thread's own stream can also be
+ * synced alone by the id ruda_stream_ids lists. Thread-safe; blocks. */
+RUDA_EXTERN int ruda_device_sync(ruda_device *dev, ruda_error **errors);
+
 /* The asynchronous form of ruda_sync: *fut completes when the work
  * enqueued before the call finished; its wait returns the stream's errors.
  * Thread-safe, non-blocking. */

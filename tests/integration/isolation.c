@@ -269,6 +269,75 @@ static void kernel_error_names_the_thread(void **state) {
   test_close(dev);
 }
 
+/* A thread fails a launch on its own stream and exits without draining. */
+typedef struct leaver {
+  ruda_device *dev;
+  int code;
+  ruda_stream_id id;
+} leaver;
+
+static void *fail_and_leave(void *p) {
+  leaver *l = p;
+  launch_code(l->dev, RUDA_STREAM_CURRENT, l->code);
+  l->id = ruda_stream_current();
+  return NULL;
+}
+
+/* Errors left on an exited thread's stream are drained by the id
+ * ruda_stream_ids lists; memory figures meanwhile keep working. */
+static void exited_threads_errors_drain_by_id(void **state) {
+  (void)state;
+  ruda_device *dev = open_with_kernel(2);
+  leaver l = {dev, RUDA_ELAUNCH, 0};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, fail_and_leave, &l), 0);
+  pthread_join(t, NULL);
+  ruda_stream_id ids[8];
+  size_t n = ruda_stream_ids(dev, ids, 8);
+  int listed = 0;
+  for (size_t i = 0; i < n && i < 8; i++) listed |= ids[i] == l.id;
+  assert_true(listed);
+  ruda_memory_stats u;
+  assert_ok(ruda_memory_device_usage(dev, &u));
+  ruda_error *err = NULL;
+  assert_int_equal(ruda_sync(dev, l.id, &err), RUDA_EUNHEALTHY);
+  check_single(err, l.id, RUDA_ELAUNCH);
+  ruda_error_free(err);
+  assert_ok(ruda_sync(dev, l.id, NULL)); /* drained */
+  test_close(dev);
+}
+
+/* ruda_device_sync hands back every stream's errors: explicit streams and
+ * the streams of threads that exited. */
+static void device_sync_collects_every_stream(void **state) {
+  (void)state;
+  ruda_device *dev = open_with_kernel(3);
+  leaver l[3] = {{dev, RUDA_ELAUNCH, 0}, {dev, RUDA_EINVAL, 0}, {dev, RUDA_ENOMEM, 0}};
+  pthread_t t[3];
+  for (int i = 0; i < 3; i++) assert_int_equal(pthread_create(&t[i], NULL, fail_and_leave, &l[i]), 0);
+  for (int i = 0; i < 3; i++) pthread_join(t[i], NULL);
+  launch_code(dev, 5, RUDA_ERANGE);
+  launch_code(dev, 6, 0);
+  ruda_error *err = NULL;
+  assert_int_equal(ruda_device_sync(dev, &err), RUDA_EUNHEALTHY);
+  int seen[4] = {0, 0, 0, 0};
+  size_t summaries = 0;
+  for (const ruda_error *e = err; e != NULL; e = ruda_error_next(e)) {
+    summaries++;
+    const ruda_error *c = ruda_error_cause(e);
+    assert_non_null(c);
+    for (int i = 0; i < 3; i++)
+      if (ruda_error_stream(e) == l[i].id) seen[i] = ruda_error_code(c) == l[i].code;
+    if (ruda_error_stream(e) == 5) seen[3] = ruda_error_code(c) == RUDA_ERANGE;
+  }
+  assert_int_equal(summaries, 4);
+  for (int i = 0; i < 4; i++) assert_true(seen[i]);
+  ruda_error_free(err);
+  assert_int_equal(atomic_load(&ok_runs), 1);
+  assert_ok(ruda_device_sync(dev, NULL)); /* all drained */
+  test_close(dev);
+}
+
 typedef struct failer {
   ruda_device *dev;
   ruda_stream_id stream;
@@ -372,6 +441,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(read_future_reports_stream_errors),
       cmocka_unit_test(kernel_error_names_the_thread),
       cmocka_unit_test(flushes_racing_failures_lose_nothing),
+      cmocka_unit_test(exited_threads_errors_drain_by_id),
+      cmocka_unit_test(device_sync_collects_every_stream),
   };
   return test_main("integration_isolation", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
