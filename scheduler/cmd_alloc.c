@@ -172,9 +172,9 @@ static cache *adopt(void) {
  * a worker on another core (it ran and freed it): start moving the lines a
  * small command fills (header, command, a few arguments) to this core now,
  * so the next launch does not wait for them (it shows in bench_gpu's
- * steady-state launch latency). Prefetching NULL (an empty list) is
- * harmless. */
+ * steady-state launch latency). */
 static inline void prefetch_block(const blk *b) {
+  if (b == NULL) return; /* no arithmetic on a null pointer */
   const char *p = (const char *)b;
   __builtin_prefetch(p, 1, 3);
   __builtin_prefetch(p + 64, 1, 3);

@@ -192,6 +192,12 @@ int ruda_all_reduce(ruda_comm *c, ruda_device *dev, ruda_binding src, ruda_bindi
     return ruda__fail(RUDA_EINVAL, "%s: src holds %llu bytes, %s", fn, (unsigned long long)sl,
                       sl % es ? "not a whole number of elements" : "more than dst");
   }
+  if (sa % es != 0 || da % es != 0) { /* elements are loaded as their type */
+    ruda__order_abandon(&o);
+    unpin_all(dev, pins, 2);
+    return ruda__fail(RUDA_EINVAL, "%s: the %s binding starts at offset %llu, not a multiple of the %zu-byte element",
+                      fn, sa % es ? "src" : "dst", (unsigned long long)(sa % es ? src.offset : dst.offset), es);
+  }
   ruda__coll k = {c->ranks[r], RUDA__COLL_ALL_REDUCE, r, r, (uint32_t)dtype, (uint32_t)op, sa, da, sl / es, dl};
   if ((rc = issue(c, r, &k, pins, 2, &o, fn)) != 0) {
     ruda__order_abandon(&o);

@@ -43,7 +43,9 @@ void ruda_config_init(ruda_config *cfg) {
     else fprintf(stderr, "ruda: ignoring RUDA_BACKEND=%s (auto|cuda|host)\n", v);
   }
   uint32_t u = 0;
-  if (env_u32("RUDA_DEVICE", &u) > 0) cfg->device_ordinal = (int)u;
+  int dv = env_u32("RUDA_DEVICE", &u);
+  if (dv < 0 || (dv > 0 && u > INT32_MAX)) fprintf(stderr, "ruda: ignoring malformed RUDA_DEVICE (a GPU ordinal: 0, 1, ...)\n");
+  else if (dv > 0) cfg->device_ordinal = (int)u;
   if (env_u32("RUDA_STREAMS", &u) < 0) fprintf(stderr, "ruda: ignoring malformed RUDA_STREAMS\n");
   else if (getenv("RUDA_STREAMS") && *getenv("RUDA_STREAMS")) cfg->num_streams = u;
   if (env_u32("RUDA_QUEUE_BOUND", &u) < 0) fprintf(stderr, "ruda: ignoring malformed RUDA_QUEUE_BOUND\n");

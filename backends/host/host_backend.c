@@ -1,6 +1,8 @@
 /* host_backend.c - the CPU backend: host memory, memcpy copies, kernels as
  * C functions run on the worker thread. Everything a worker submits has
  * also finished when the call returns, so completions carry no event. */
+#include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,9 +15,26 @@
 #define HOST_MAX_GRID_X ((uint32_t)INT32_MAX)
 #define HOST_MAX_GRID_YZ 65535u
 
+/* Staging blocks carry a header that links them into the device's list,
+ * so the ones an application never gave back die with the device. */
+typedef struct stage_hdr {
+  struct stage_hdr *next, *prev;
+  size_t size;
+  uint64_t pad; /* keeps the payload 32-byte aligned */
+} stage_hdr;
+
+typedef struct host_state {
+  pthread_mutex_t lock;
+  stage_hdr head; /* a ring */
+} host_state;
+
 static int host_open(const ruda__backend_env *env, void **state, ruda__limits *lim) {
   (void)env;
-  *state = NULL;
+  host_state *h = calloc(1, sizeof *h);
+  if (h == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
+  pthread_mutex_init(&h->lock, NULL);
+  h->head.next = h->head.prev = &h->head;
+  *state = h;
   memset(lim, 0, sizeof *lim);
   strcpy(lim->name, "host CPU");
   lim->sm_count = 1;
@@ -33,7 +52,17 @@ static int host_open(const ruda__backend_env *env, void **state, ruda__limits *l
   return 0;
 }
 
-static void host_close(void *state) { (void)state; }
+static void host_close(void *state) {
+  host_state *h = state;
+  if (h == NULL) return;
+  for (stage_hdr *b = h->head.next; b != &h->head;) {
+    stage_hdr *n = b->next;
+    free(b);
+    b = n;
+  }
+  pthread_mutex_destroy(&h->lock);
+  free(h);
+}
 
 static int host_mem_alloc(void *state, uint64_t size, uint64_t *addr) {
   (void)state;
@@ -53,29 +82,69 @@ static void host_mem_free(void *state, uint64_t addr, void *wstate) {
 }
 
 static void *host_stage_alloc(void *state, size_t size) {
-  (void)state;
-  return malloc(size ? size : 1);
+  host_state *h = state;
+  if (size > SIZE_MAX - sizeof(stage_hdr)) return NULL;
+  stage_hdr *b = malloc(sizeof *b + (size ? size : 1));
+  if (b == NULL) return NULL;
+  b->size = size;
+  pthread_mutex_lock(&h->lock);
+  b->next = h->head.next;
+  b->prev = &h->head;
+  b->next->prev = b;
+  h->head.next = b;
+  pthread_mutex_unlock(&h->lock);
+  return b + 1;
 }
 
 static void host_stage_free(void *state, void *p) {
-  (void)state;
-  free(p);
+  host_state *h = state;
+  if (p == NULL) return;
+  stage_hdr *b = (stage_hdr *)p - 1;
+  pthread_mutex_lock(&h->lock);
+  b->prev->next = b->next;
+  b->next->prev = b->prev;
+  pthread_mutex_unlock(&h->lock);
+  free(b);
 }
 
 static int host_write(void *ws, uint64_t dst, const ruda__layout *l, void *staged, ruda_error **err) {
-  (void)ws;
   (void)err;
   ruda__copy_to_strided((unsigned char *)(uintptr_t)dst, l, staged);
-  free(staged);
+  host_stage_free(ws, staged);
   return 0;
 }
 
+/* A read lands where cuda's does for an ordinary destination: in a bounce
+ * block when the worker runs it, in dst only when the future is waited
+ * (never, if it is freed unwaited). So code that forgets to wait fails
+ * here as it would on a GPU. */
+typedef struct read_bounce {
+  void *dst;
+  size_t bytes;
+} read_bounce;
+
+static void read_finish(void *state, void *arg) {
+  read_bounce *r = arg;
+  memcpy(r->dst, r + 1, r->bytes);
+  host_stage_free(state, r);
+}
+
+static void read_discard(void *state, void *arg) { host_stage_free(state, arg); }
+
 static int host_read(void *ws, void *dst, uint64_t src, const ruda__layout *l, ruda__completion *c,
                      ruda_error **err) {
-  (void)ws;
-  (void)err;
-  ruda__copy_from_strided(dst, l, (const unsigned char *)(uintptr_t)src);
+  read_bounce *r = host_stage_alloc(ws, sizeof *r + l->bytes);
   c->event = NULL;
+  if (r == NULL) {
+    *err = ruda__error_new(RUDA_ENOMEM, 0, "no host memory for a read of %llu bytes", (unsigned long long)l->bytes);
+    return RUDA_ENOMEM;
+  }
+  r->dst = dst;
+  r->bytes = l->bytes;
+  ruda__copy_from_strided((unsigned char *)(r + 1), l, (const unsigned char *)(uintptr_t)src);
+  c->finish = read_finish;
+  c->discard = read_discard;
+  c->arg = r;
   return 0;
 }
 
@@ -123,6 +192,15 @@ static int host_launch(void *ws, const ruda__launch_cmd *cmd, ruda_error **err) 
           for (ctx.thread_idx.y = 0; ctx.thread_idx.y < cmd->block.y; ctx.thread_idx.y++)
             for (ctx.thread_idx.x = 0; ctx.thread_idx.x < cmd->block.x; ctx.thread_idx.x++) {
               rc = fn(&ctx, argv);
+              if (rc > 0) { /* not a ruda code: say so rather than guess */
+                *err = ruda__error_new(RUDA_EINVAL, 0,
+                                       "kernel returned %d at block (%u,%u,%u) thread (%u,%u,%u); host kernels "
+                                       "return 0 or a negative RUDA_E* code",
+                                       rc, ctx.block_idx.x, ctx.block_idx.y, ctx.block_idx.z, ctx.thread_idx.x,
+                                       ctx.thread_idx.y, ctx.thread_idx.z);
+                rc = RUDA_EINVAL;
+                goto out;
+              }
               if (rc != 0) {
                 *err = ruda__error_new(rc, 0,
                                        "kernel returned %s at block (%u,%u,%u) thread (%u,%u,%u)",
@@ -135,6 +213,13 @@ static int host_launch(void *ws, const ruda__launch_cmd *cmd, ruda_error **err) 
 out:
   free(shared);
   return rc;
+}
+
+/* A worker's state is the device's: what it needs is the staging list. */
+static int host_worker_start(void *state, uint32_t index, void **wstate) {
+  (void)index;
+  *wstate = state;
+  return 0;
 }
 
 static int host_record(void *ws, ruda__completion *c, ruda_error **err) {
@@ -156,6 +241,7 @@ const ruda__backend_ops ruda__host_backend = {
     .name = "host",
     .open = host_open,
     .close = host_close,
+    .worker_start = host_worker_start,
     .mem_alloc = host_mem_alloc,
     .mem_free = host_mem_free,
     .stage_alloc = host_stage_alloc,

@@ -99,7 +99,8 @@ typedef struct ruda_config {
   ruda_backend_kind backend; /* RUDA_BACKEND */
   int device_ordinal;        /* RUDA_DEVICE: GPU ordinal for cuda */
   uint32_t num_streams;      /* RUDA_STREAMS: worker threads (1..1024) */
-  uint32_t queue_bound;      /* RUDA_QUEUE_BOUND: commands per stream queue */
+  uint32_t queue_bound;      /* RUDA_QUEUE_BOUND: commands a worker holds, queued
+                                or running (the command it runs counts) */
   ruda_backpressure backpressure; /* RUDA_BACKPRESSURE: block|error */
   ruda_log_level log_level;  /* RUDA_LOG: off|error|warn|info|debug */
   int bounds_checked;        /* RUDA_BOUNDS_CHECK: kernels built with
@@ -237,7 +238,8 @@ typedef struct ruda_future ruda_future;
 
 /* Enqueues a read of the region src into dst (len bytes, dense). dst must
  * stay valid until the future completes; its bytes are final once
- * ruda_future_wait returns. A dst inside a block from ruda_staging_alloc
+ * ruda_future_wait returns and unspecified before (on every backend: the
+ * host backend, too, fills dst only at the wait). A dst inside a block from ruda_staging_alloc
  * (page-locked) receives the device's copy directly; any other dst is
  * filled from a page-locked bounce buffer by the thread that waits.
  * *fut receives the future, owned by the caller. Thread-safe,
@@ -261,8 +263,10 @@ RUDA_EXTERN int ruda_future_poll(ruda_future *fut);
  * yields RUDA_EUNHEALTHY as for ruda_flush. */
 RUDA_EXTERN int ruda_future_wait(ruda_future *fut, ruda_error **err);
 
-/* Frees a future. A future not yet complete is detached: the work still
- * runs and its result is dropped. NULL is a no-op. */
+/* Frees a future. A future not yet waited is detached: the work still
+ * runs and its result is dropped (a read's dst is then never written,
+ * except a dst in staging memory, which the device may already have
+ * filled). NULL is a no-op. */
 RUDA_EXTERN void ruda_future_free(ruda_future *fut);
 
 /* ------------------------------------------------------------------ */
@@ -332,7 +336,11 @@ static inline ruda_arg ruda_arg_scalar(const void *data, uint32_t size) {
 
 /* Launch flags. */
 #define RUDA_LAUNCH_DRY_RUN 0x1u  /* validate (and compile), dispatch nothing */
-#define RUDA_LAUNCH_INDIRECT 0x2u /* grid read from indirect_grid (u32[3]) */
+#define RUDA_LAUNCH_INDIRECT 0x2u /* grid read from indirect_grid (u32[3]) when the
+                                     launch runs; a zero in it dispatches nothing
+                                     (the count comes from the device, as with
+                                     indirect dispatch elsewhere), while a direct
+                                     grid with a zero is refused at the call */
 
 /* A kernel launch. Build it with a designated initializer, so that the
  * fields left out (reserved above all) are zero. */

@@ -129,6 +129,19 @@ static void close_right_after_open(void **state) {
   }
 }
 
+/* Staging buffers the application never gave back die with the device
+ * (the sanitizer run's leak check fails otherwise). */
+static void close_frees_unreturned_staging(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(2, 1024, RUDA_BACKPRESSURE_BLOCK);
+  void *p = NULL, *q = NULL;
+  assert_ok(ruda_staging_alloc(dev, 1 << 20, &p));
+  assert_ok(ruda_staging_alloc(dev, 4096, &q));
+  memset(p, 1, 1 << 20);
+  assert_ok(ruda_staging_free(dev, q));
+  test_close(dev);
+}
+
 static void close_with_many_live_buffers(void **state) {
   (void)state;
   /* Live buffers, freed buffers, and buffers freed on one stream while
@@ -164,6 +177,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(close_without_error_list),
       cmocka_unit_test(close_right_after_open),
       cmocka_unit_test(close_with_many_live_buffers),
+      cmocka_unit_test(close_frees_unreturned_staging),
   };
   return test_main("integration_close", tests, sizeof tests / sizeof tests[0], argc, argv);
 }

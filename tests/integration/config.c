@@ -5,7 +5,8 @@
 #include "common.h"
 
 static const char *const vars[] = {"RUDA_BACKEND",   "RUDA_DEVICE", "RUDA_STREAMS",      "RUDA_QUEUE_BOUND",
-                                   "RUDA_BACKPRESSURE", "RUDA_LOG", "RUDA_BOUNDS_CHECK", "RUDA_CACHE_DIR"};
+                                   "RUDA_BACKPRESSURE", "RUDA_LOG", "RUDA_BOUNDS_CHECK", "RUDA_CACHE_DIR",
+                                   "RUDA_SPIN_US"};
 
 static int clear_env(void **state) {
   (void)state;
@@ -97,6 +98,43 @@ static void malformed_environment_is_ignored(void **state) {
   setenv("RUDA_STREAMS", "99999999999", 1); /* past 32 bits */
   ruda_config_init(&cfg);
   assert_int_equal(cfg.num_streams, 8);
+}
+
+/* What ruda_config_init says on stderr. */
+static void init_capturing_stderr(ruda_config *cfg, char *out, size_t len) {
+  fflush(stderr);
+  int saved = dup(2);
+  FILE *tmp = tmpfile();
+  assert_non_null(tmp);
+  dup2(fileno(tmp), 2);
+  ruda_config_init(cfg);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  rewind(tmp);
+  size_t n = fread(out, 1, len - 1, tmp);
+  out[n] = '\0';
+  fclose(tmp);
+}
+
+/* Every malformed variable is reported, RUDA_DEVICE too. */
+static void malformed_device_is_reported(void **state) {
+  (void)state;
+  const char *bad[] = {"-5", "zz", "99999999999"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("RUDA_DEVICE", bad[i], 1);
+    ruda_config cfg;
+    char said[512];
+    init_capturing_stderr(&cfg, said, sizeof said);
+    assert_int_equal(cfg.device_ordinal, 0);
+    assert_contains(said, "ignoring malformed RUDA_DEVICE");
+  }
+  setenv("RUDA_SPIN_US", "fast", 1);
+  ruda_config cfg;
+  char said[512];
+  init_capturing_stderr(&cfg, said, sizeof said);
+  assert_contains(said, "RUDA_SPIN_US");
+  assert_int_equal(cfg.spin_us, 50);
 }
 
 static void open_uses_the_environment(void **state) {
@@ -279,6 +317,7 @@ static void stream_ids_lists_streams_used(void **state) {
 
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(malformed_device_is_reported, clear_env, clear_env),
       cmocka_unit_test_setup_teardown(defaults, clear_env, clear_env),
       cmocka_unit_test_setup_teardown(environment_applies, clear_env, clear_env),
       cmocka_unit_test_setup_teardown(malformed_environment_is_ignored, clear_env, clear_env),

@@ -549,6 +549,25 @@ static void launch_arguments(void **state) {
   assert_int_equal(atomic_load(&runs), 2);
 }
 
+/* A host kernel's positive return is not a ruda code: reported as
+ * RUDA_EINVAL saying what was returned, not as an unknown code. */
+static int returns_seven(const ruda_host_ctx *c, void *const *args) {
+  (void)c, (void)args;
+  return 7;
+}
+
+static void positive_kernel_return(void **state) {
+  fixture *fx = *state;
+  assert_ok(ruda_host_kernel_register(fx->dev, "seven", returns_seven));
+  assert_ok(test_launch(fx->dev, 0, "seven", NULL, 0));
+  ruda_error *err = NULL;
+  assert_int_equal(ruda_sync(fx->dev, 0, &err), RUDA_EUNHEALTHY);
+  const ruda_error *cause = ruda_error_cause(err);
+  assert_int_equal(ruda_error_code(cause), RUDA_EINVAL);
+  assert_contains(ruda_error_message(cause), "kernel returned 7");
+  ruda_error_free(err);
+}
+
 static void bad_stream_ids(void **state) {
   fixture *fx = *state;
   ruda_device *dev = fx->dev;
@@ -596,6 +615,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(copy_ranges, setup, teardown),
       cmocka_unit_test_setup_teardown(stale_and_freed_handles, setup, teardown),
       cmocka_unit_test_setup_teardown(unknown_kernel, setup, teardown),
+      cmocka_unit_test_setup_teardown(positive_kernel_return, setup, teardown),
       cmocka_unit_test_setup_teardown(launch_limits, setup, teardown),
       cmocka_unit_test_setup_teardown(launch_arguments, setup, teardown),
       cmocka_unit_test_setup_teardown(bad_stream_ids, setup, teardown),

@@ -61,7 +61,7 @@ static void fake_event_release(void *state, void *ev) {
 static int fake_write(void *ws, uint64_t dst, const ruda__layout *l, void *staged, ruda_error **err) {
   int code = atomic_load(&write_fail_code);
   if (code != 0) {
-    free(staged); /* the backend owns the staged bytes */
+    ruda__host_backend.stage_free(ws, staged); /* the backend owns the staged bytes */
     *err = ruda__error_new(code, 42, "injected write failure");
     return code;
   }

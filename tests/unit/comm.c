@@ -198,6 +198,11 @@ static void bad_inputs(void **state) {
             RUDA_EINVAL);
   assert_rc(ruda_all_reduce(r.comm, r.dev[0], ruda_bind_range(x, 60, 8), ruda_bind(x), RUDA_DTYPE_F32,
                             RUDA_REDUCE_SUM), RUDA_ERANGE);
+  /* Elements are loaded as their type: a binding off their alignment is
+   * refused, not read misaligned. */
+  assert_rc(ruda_all_reduce(r.comm, r.dev[0], ruda_bind_range(x, 2, 8), ruda_bind(x), RUDA_DTYPE_F32,
+                            RUDA_REDUCE_SUM), RUDA_EINVAL);
+  assert_last_error_contains("not a multiple of the 4-byte element");
   ruda_handle stale = x;
   stale.gen++;
   assert_rc(ruda_send(r.comm, r.dev[0], ruda_bind(stale), 1), RUDA_ENOTFOUND);
