@@ -152,3 +152,17 @@ const char *ruda_compile_log(void) {
   const char *s = pthread_getspecific(log_key);
   return s ? s : "";
 }
+
+/* Thread streams are 2^63 | n (scheduler/stream.c); memory's fence streams
+ * UINT64_MAX - 1 - worker; collective streams sit 2^32 below those. */
+const char *ruda__stream_name(uint64_t id, char *buf) {
+  const uint64_t top = UINT64_C(1) << 63;
+  if (id < top) snprintf(buf, RUDA__STREAM_NAME_MAX, "stream %llu", (unsigned long long)id);
+  else if (id >= UINT64_MAX - (UINT64_C(1) << 20))
+    snprintf(buf, RUDA__STREAM_NAME_MAX, "internal stream (memory fences, worker %llu)",
+             (unsigned long long)(UINT64_MAX - 1 - id));
+  else if (id >= UINT64_MAX - (UINT64_C(1) << 33))
+    snprintf(buf, RUDA__STREAM_NAME_MAX, "internal stream (collectives)");
+  else snprintf(buf, RUDA__STREAM_NAME_MAX, "thread stream #%llu", (unsigned long long)(id - top));
+  return buf;
+}

@@ -41,6 +41,15 @@ int ruda__fail_backend(int code, long backend_code, const char *fmt, ...)
  * the message and the code), frees it and returns its code. */
 int ruda__fail_with(ruda_error *err);
 
+/* A stream id as messages name it: "stream 5" (explicit ids), "thread
+ * stream #3" (a thread's own, RUDA_STREAM_CURRENT), "internal stream
+ * (memory fences, worker 2)" and "internal stream (collectives)" for the
+ * library's private ones. buf holds RUDA__STREAM_NAME_MAX bytes; returns
+ * buf. RUDA__SNAME gives one in a temporary buffer for a message. */
+#define RUDA__STREAM_NAME_MAX 64
+const char *ruda__stream_name(uint64_t id, char *buf);
+#define RUDA__SNAME(id) ruda__stream_name((id), (char[RUDA__STREAM_NAME_MAX]){0})
+
 /* Keeps a copy of log as the calling thread's last compile log
  * (ruda_compile_log); NULL clears it. */
 void ruda__set_compile_log(const char *log);

@@ -243,10 +243,10 @@ static int cap_check(ruda__pool *pool, uint64_t need, uint64_t request, const ch
   if (pool->reserved + need <= cap) return 0;
   ruda__pools *p = pool->owner;
   return ruda__fail(RUDA_EPOOLCAPACITY,
-                    "%s: %s pool (up to %llu bytes) of stream %llu is capped at %llu bytes: a %llu-byte "
+                    "%s: %s pool (up to %llu bytes) of %s is capped at %llu bytes: a %llu-byte "
                     "buffer needs a %llu-byte page; %llu bytes in use, %llu reserved",
                     fn, kind_name(pool->cfg.kind), (unsigned long long)pool->cfg.max_alloc,
-                    (unsigned long long)p->stream_id, (unsigned long long)cap,
+                    RUDA__SNAME(p->stream_id), (unsigned long long)cap,
                     (unsigned long long)request, (unsigned long long)need,
                     (unsigned long long)pool->in_use, (unsigned long long)pool->reserved);
 }
@@ -439,9 +439,9 @@ int ruda__memory_alloc(ruda__pools *p, uint64_t size, ruda_handle *out) {
     uint64_t max = p->npools ? p->pools[p->npools - 1].cfg.max_alloc : 0;
     pthread_mutex_unlock(&p->lock);
     return ruda__fail(RUDA_EBUFFERTOOBIG,
-                      "ruda_buffer_create: %llu bytes can never fit: the largest pool of stream %llu "
+                      "ruda_buffer_create: %llu bytes can never fit: the largest pool of %s "
                       "takes %llu bytes",
-                      (unsigned long long)size, (unsigned long long)p->stream_id, (unsigned long long)max);
+                      (unsigned long long)size, RUDA__SNAME(p->stream_id), (unsigned long long)max);
   }
   if (p->nslots == 0) {
     p->nslots = ruda__handles_take(mem->handles, p->slots, RUDA__SLOT_BATCH);
@@ -635,9 +635,9 @@ int ruda__pools_install(ruda__pools *p, const ruda_pool_config *pools, uint32_t 
   if (live > 0) {
     pthread_mutex_unlock(&p->lock);
     return ruda__fail(RUDA_EPOOLSINUSE,
-                      "%s: stream %llu kept its old layout: %llu buffers (%llu bytes) are live in its "
+                      "%s: %s kept its old layout: %llu buffers (%llu bytes) are live in its "
                       "pools; the new layout applies to streams created from now on",
-                      fn, (unsigned long long)p->stream_id, (unsigned long long)live, (unsigned long long)bytes);
+                      fn, RUDA__SNAME(p->stream_id), (unsigned long long)live, (unsigned long long)bytes);
   }
   /* Same layout already? Keep the pages. */
   int same = p->npools == n;

@@ -51,8 +51,8 @@ int ruda__capture_record(ruda__stream *s, ruda__cmd *cmd) {
     ruda__cmd **grown = realloc(c->cmds, cap * sizeof *grown);
     if (grown == NULL) {
       pthread_mutex_unlock(&c->lock);
-      return ruda__fail(RUDA_ENOMEM, "recording a command of stream %llu: out of host memory",
-                        (unsigned long long)s->id);
+      return ruda__fail(RUDA_ENOMEM, "recording a command of %s: out of host memory",
+                        RUDA__SNAME(s->id));
     }
     c->cmds = grown;
     c->cap = cap;
@@ -124,8 +124,8 @@ int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err) {
   if (rc != 0 && r.failed && *err != NULL) {
     ruda__cmd *bad = g->cmds[r.failed - 1];
     char msg[RUDA__MSG_MAX];
-    snprintf(msg, sizeof msg, "graph of %u commands captured on stream %llu, command %u (%s%.64s): %.300s", g->n,
-             (unsigned long long)g->stream, r.failed, bad->kind == RUDA__CMD_LAUNCH ? "launch of " : "copy",
+    snprintf(msg, sizeof msg, "graph of %u commands captured on %s, command %u (%s%.64s): %.300s", g->n,
+             RUDA__SNAME(g->stream), r.failed, bad->kind == RUDA__CMD_LAUNCH ? "launch of " : "copy",
              bad->kind == RUDA__CMD_LAUNCH ? bad->u.launch.kernel->name : "", (*err)->msg);
     memcpy((*err)->msg, msg, sizeof msg);
   }

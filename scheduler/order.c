@@ -204,8 +204,8 @@ int ruda__order_prepare(ruda_device *dev, ruda__order *o, ruda__stream *s, uint6
   for (uint32_t i = 0; i < n; i++) dep_unref(dev, deps[i]);
   if (deps != stack) free(deps);
   if (rc != 0)
-    return ruda__fail(RUDA_ENOMEM, "stream %llu: out of host memory ordering a command after other streams",
-                      (unsigned long long)s->id);
+    return ruda__fail(RUDA_ENOMEM, "%s: out of host memory ordering a command after other streams",
+                      RUDA__SNAME(s->id));
   return 0;
 }
 

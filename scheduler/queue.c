@@ -40,8 +40,8 @@ int ruda__queue_admit(ruda__worker *w, ruda_stream_id stream) {
     if (d < cfg->queue_bound) return 0;
     atomic_fetch_sub_explicit(&w->depth, 1, memory_order_relaxed);
     if (cfg->backpressure == RUDA_BACKPRESSURE_ERROR)
-      return ruda__fail(RUDA_EQUEUEFULL, "stream %llu: queue of worker %u holds %u commands (bound %u)",
-                        (unsigned long long)stream, w->index, d, cfg->queue_bound);
+      return ruda__fail(RUDA_EQUEUEFULL, "%s: queue of worker %u holds %u commands (bound %u)",
+                        RUDA__SNAME(stream), w->index, d, cfg->queue_bound);
     /* Sleep until the worker retires a batch. Reading the count before
      * re-checking depth closes the window where the worker drains between
      * our check and our sleep. */

@@ -251,23 +251,23 @@ int ruda__stream_drain(ruda_device *dev, ruda__stream *s, ruda_error **out) {
   if (n == 0 && !faulted) return 0;
 
   /* The thread's last error says it too, as for any failed call. */
-  ruda__fail(RUDA_EUNHEALTHY, "stream %llu is unhealthy: %u error%s%s%s (first: %.200s)",
-             (unsigned long long)s->id, n, n == 1 ? "" : "s", faulted ? "; the device is faulted: " : "",
+  ruda__fail(RUDA_EUNHEALTHY, "%s is unhealthy: %u error%s%s%s (first: %.200s)",
+             RUDA__SNAME(s->id), n, n == 1 ? "" : "s", faulted ? "; the device is faulted: " : "",
              faulted && dev->fault ? dev->fault->msg : "", list ? list->msg : "not recorded");
   if (out == NULL) {
     ruda_error_free(list);
     return RUDA_EUNHEALTHY;
   }
   ruda_error *sum = ruda__error_new(
-      RUDA_EUNHEALTHY, 0, "stream %llu is unhealthy: %u error%s%s%s", (unsigned long long)s->id,
+      RUDA_EUNHEALTHY, 0, "%s is unhealthy: %u error%s%s%s", RUDA__SNAME(s->id),
       n, n == 1 ? "" : "s", faulted ? "; the device is faulted: " : "",
       faulted && dev->fault ? dev->fault->msg : "");
   ruda_error *l = NULL;
   if (sum != NULL && lost > 0)
     l = ruda__error_new(RUDA_ENOMEM, 0,
-                        "%llu further error%s on stream %llu could not be recorded "
+                        "%llu further error%s on %s could not be recorded "
                         "(host memory exhausted)",
-                        (unsigned long long)lost, lost == 1 ? "" : "s", (unsigned long long)s->id);
+                        (unsigned long long)lost, lost == 1 ? "" : "s", RUDA__SNAME(s->id));
   if (lost > 0 && l == NULL) {
     /* Nothing to tell the losses with now: they stay counted, for the
      * next drain, rather than vanish with this one. */

@@ -37,8 +37,8 @@ static void report(ruda__worker *w, ruda__cmd *cmd, int code, ruda_error *err) {
   if (err != NULL) {
     char ctx[RUDA__MSG_MAX];
     const char *what = cmd->kind == RUDA__CMD_LAUNCH ? cmd->u.launch.kernel->name : "";
-    snprintf(ctx, sizeof ctx, "ruda_%s%s%.64s%s (stream %llu, command #%llu): %.380s", cmd_name(cmd->kind),
-             *what ? " \"" : "", what, *what ? "\"" : "", (unsigned long long)s->id,
+    snprintf(ctx, sizeof ctx, "ruda_%s%s%.64s%s (%s, command #%llu): %.380s", cmd_name(cmd->kind),
+             *what ? " \"" : "", what, *what ? "\"" : "", RUDA__SNAME(s->id),
              (unsigned long long)cmd->seq, err->msg);
     memcpy(err->msg, ctx, sizeof err->msg);
     err->stream = s->id;

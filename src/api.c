@@ -66,7 +66,7 @@ static int make_layout(const ruda_copy_desc *d, uint64_t binding_len, const char
 
 /* What a capture cannot record is refused at the call (ruda/graph.h). */
 static int refuse_capturing(ruda__stream *s, const char *fn, const char *why) {
-  return ruda__fail(RUDA_EGRAPHSTATE, "%s: stream %llu is capturing a graph, and %s", fn, (unsigned long long)s->id,
+  return ruda__fail(RUDA_EGRAPHSTATE, "%s: %s is capturing a graph, and %s", fn, RUDA__SNAME(s->id),
                     why);
 }
 

@@ -42,8 +42,8 @@ static int take(ruda_device *dev, ruda_stream_id stream, const char *fn, ruda__s
     pthread_mutex_unlock(&c->lock);
   }
   if (!open)
-    return ruda__fail(RUDA_EGRAPHSTATE, "%s: stream %llu is not capturing (call ruda_graph_begin_capture first)",
-                      fn, (unsigned long long)s->id);
+    return ruda__fail(RUDA_EGRAPHSTATE, "%s: %s is not capturing (call ruda_graph_begin_capture first)",
+                      fn, RUDA__SNAME(s->id));
   unprepare(dev, s, stream);
   return 0;
 }
@@ -55,9 +55,9 @@ int ruda_graph_prepare(ruda_device *dev, ruda_stream_id stream) {
   ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
   if (atomic_load_explicit(&s->capturing, memory_order_acquire))
-    return ruda__fail(RUDA_EGRAPHSTATE, "%s: stream %llu is capturing already", fn, (unsigned long long)s->id);
+    return ruda__fail(RUDA_EGRAPHSTATE, "%s: %s is capturing already", fn, RUDA__SNAME(s->id));
   if (atomic_exchange_explicit(&s->graph_prepared, 1, memory_order_acq_rel))
-    return ruda__fail(RUDA_EGRAPHSTATE, "%s: stream %llu is prepared already", fn, (unsigned long long)s->id);
+    return ruda__fail(RUDA_EGRAPHSTATE, "%s: %s is prepared already", fn, RUDA__SNAME(s->id));
   if ((rc = ruda_memory_mode_push(dev, stream, RUDA_ALLOC_PERSISTENT)) != 0) /* not s->id: see unprepare */
     atomic_store_explicit(&s->graph_prepared, 0, memory_order_release);
   return rc;
@@ -72,15 +72,15 @@ int ruda_graph_begin_capture(ruda_device *dev, ruda_stream_id stream) {
   uint32_t nerr = atomic_load_explicit(&s->nerr, memory_order_acquire);
   if (nerr > 0 || atomic_load_explicit(&dev->faulted, memory_order_acquire))
     return ruda__fail(RUDA_EUNHEALTHY,
-                      "%s: stream %llu holds %u unreported error(s)%s; drain them with ruda_flush first", fn,
-                      (unsigned long long)s->id, nerr,
+                      "%s: %s holds %u unreported error(s)%s; drain them with ruda_flush first", fn,
+                      RUDA__SNAME(s->id), nerr,
                       atomic_load(&dev->faulted) ? " and the device is faulted" : "");
   ruda__capture *c = ruda__capture_get(s);
   if (c == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
   pthread_mutex_lock(&c->lock);
   if (c->open) {
     pthread_mutex_unlock(&c->lock);
-    return ruda__fail(RUDA_EGRAPHSTATE, "%s: stream %llu is capturing already", fn, (unsigned long long)s->id);
+    return ruda__fail(RUDA_EGRAPHSTATE, "%s: %s is capturing already", fn, RUDA__SNAME(s->id));
   }
   c->open = 1;
   atomic_store_explicit(&s->capturing, 1, memory_order_release);
@@ -187,8 +187,8 @@ int ruda_graph_replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g) {
   ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
   if (atomic_load_explicit(&s->capturing, memory_order_acquire))
-    return ruda__fail(RUDA_EGRAPHSTATE, "%s: stream %llu is capturing; graphs are not recorded into graphs", fn,
-                      (unsigned long long)s->id);
+    return ruda__fail(RUDA_EGRAPHSTATE, "%s: %s is capturing; graphs are not recorded into graphs", fn,
+                      RUDA__SNAME(s->id));
   ruda__worker *w = s->worker;
   ruda__handles *h = &dev->handles;
   /* Like a launch that uses every buffer of the graph: this worker becomes

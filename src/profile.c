@@ -21,8 +21,8 @@ static _Atomic uint64_t next_token = 1;
 
 static int usable(ruda__stream *s, const char *fn) {
   if (atomic_load_explicit(&s->capturing, memory_order_acquire))
-    return ruda__fail(RUDA_EGRAPHSTATE, "%s: stream %llu is capturing a graph; nothing runs to be timed", fn,
-                      (unsigned long long)s->id);
+    return ruda__fail(RUDA_EGRAPHSTATE, "%s: %s is capturing a graph; nothing runs to be timed", fn,
+                      RUDA__SNAME(s->id));
   return 0;
 }
 
@@ -37,8 +37,8 @@ int ruda_profile_begin(ruda_device *dev, ruda_stream_id stream, ruda_profile_tok
   if ((rc = usable(s, fn)) != 0) return rc;
   uint32_t nerr = atomic_load_explicit(&s->nerr, memory_order_acquire);
   if (nerr > 0 || atomic_load_explicit(&dev->faulted, memory_order_acquire))
-    return ruda__fail(RUDA_EUNHEALTHY, "%s: stream %llu holds %u unreported error(s); drain them with ruda_flush",
-                      fn, (unsigned long long)s->id, nerr);
+    return ruda__fail(RUDA_EUNHEALTHY, "%s: %s holds %u unreported error(s); drain them with ruda_flush",
+                      fn, RUDA__SNAME(s->id), nerr);
   ruda__profile *p = malloc(sizeof *p);
   if (p == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
   if ((rc = ruda__push_control(dev, s, RUDA__CMD_STAMP, 0, fn, &p->start)) != 0) {
@@ -72,8 +72,8 @@ int ruda_profile_end(ruda_device *dev, ruda_stream_id stream, ruda_profile_token
   if (p != NULL) *link = p->next;
   pthread_mutex_unlock(&s->err_lock);
   if (p == NULL)
-    return ruda__fail(RUDA_EPROFILETOKEN, "%s: token %llu was not handed out by stream %llu, or was ended already",
-                      fn, (unsigned long long)token.id, (unsigned long long)s->id);
+    return ruda__fail(RUDA_EPROFILETOKEN, "%s: token %llu was not handed out by %s, or was ended already",
+                      fn, (unsigned long long)token.id, RUDA__SNAME(s->id));
   ruda_future *end = NULL;
   if ((rc = ruda__push_control(dev, s, RUDA__CMD_STAMP, 1, fn, &end)) != 0) {
     ruda_future_free(p->start);
@@ -93,8 +93,8 @@ int ruda_profile_end(ruda_device *dev, ruda_stream_id stream, ruda_profile_token
       *ns = end->stamp_ns - p->start->stamp_ns;
     }
   } else {
-    rc = ruda__fail(RUDA_EPROFILE, "%s: stream %llu failed while profiled (%s); its errors are in *errors", fn,
-                    (unsigned long long)s->id, ruda_err_name(wrc != 0 ? wrc : src));
+    rc = ruda__fail(RUDA_EPROFILE, "%s: %s failed while profiled (%s); its errors are in *errors", fn,
+                    RUDA__SNAME(s->id), ruda_err_name(wrc != 0 ? wrc : src));
   }
   if (errors) *errors = errs;
   else ruda_error_free(errs);

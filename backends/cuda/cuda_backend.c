@@ -114,8 +114,8 @@ static void fault_device(ruda__cu_backend *b, const ruda_error *e) {
 
 static void describe_last(char *out, size_t len, const char *kernel, uint64_t stream, uint64_t seq) {
   if (kernel != NULL)
-    snprintf(out, len, "last launch submitted on this CUDA stream: kernel \"%.64s\" (stream %llu, command #%llu)",
-             kernel, (unsigned long long)stream, (unsigned long long)seq);
+    snprintf(out, len, "last launch submitted on this CUDA stream: kernel \"%.64s\" (%s, command #%llu)",
+             kernel, RUDA__SNAME(stream), (unsigned long long)seq);
   else
     snprintf(out, len, "no launch was submitted on this CUDA stream before it");
 }

@@ -31,18 +31,22 @@ static void launch_code(ruda_device *dev, ruda_stream_id s, int code) {
 /* err is the RUDA_EUNHEALTHY summary of stream s holding one error of
  * code, raised by the kernel "fail". */
 static void check_single(const ruda_error *err, ruda_stream_id s, int code) {
-  char want[64];
+  char want[128];
   assert_non_null(err);
   assert_int_equal(ruda_error_code(err), RUDA_EUNHEALTHY);
   assert_int_equal(ruda_error_stream(err), s);
-  snprintf(want, sizeof want, "stream %llu is unhealthy: 1 error", (unsigned long long)s);
+  /* Messages name a thread's own stream "thread stream #n". */
+  char name[48];
+  if (s <= RUDA_STREAM_EXPLICIT_MAX) snprintf(name, sizeof name, "stream %llu", (unsigned long long)s);
+  else snprintf(name, sizeof name, "thread stream #%llu", (unsigned long long)(s - (UINT64_C(1) << 63)));
+  snprintf(want, sizeof want, "%s is unhealthy: 1 error", name);
   assert_contains(ruda_error_message(err), want);
   const ruda_error *cause = ruda_error_cause(err);
   assert_non_null(cause);
   assert_int_equal(ruda_error_code(cause), code);
   assert_int_equal(ruda_error_stream(cause), s);
   assert_contains(ruda_error_message(cause), "ruda_launch \"fail\"");
-  snprintf(want, sizeof want, "(stream %llu, command #", (unsigned long long)s);
+  snprintf(want, sizeof want, "(%s, command #", name);
   assert_contains(ruda_error_message(cause), want);
   assert_contains(ruda_error_message(cause), ruda_err_name(code));
   assert_null(ruda_error_next(cause));
@@ -362,7 +366,7 @@ static int drained(const ruda_error *err) {
     if (ruda_error_code(e) != RUDA_EVALIDATION) fail_msg("unexpected %s", ruda_error_message(e));
     n++;
   }
-  char want[64];
+  char want[128];
   snprintf(want, sizeof want, ": %d error%s", n, n == 1 ? "" : "s");
   if (n == 0 || strstr(ruda_error_message(err), want) == NULL)
     fail_msg("summary \"%s\" but %d errors in its list", ruda_error_message(err), n);
@@ -386,7 +390,7 @@ static void *drain_loop(void *p) {
     if (rc == RUDA_EUNHEALTHY) {
       int n = 0;
       for (const ruda_error *e = ruda_error_cause(err); e != NULL; e = ruda_error_next(e)) n++;
-      char want[64];
+      char want[128];
       snprintf(want, sizeof want, ": %d error%s", n, n == 1 ? "" : "s");
       if (n == 0 || strstr(ruda_error_message(err), want) == NULL)
         snprintf(d->failure, sizeof d->failure, "summary \"%.150s\" but %d errors in its list",

@@ -127,11 +127,27 @@ static void queue_depth_accounting(void **state) {
   test_close(dev);
 }
 
+/* Messages name streams so a person can tell them apart. */
+static void stream_names_are_readable(void **state) {
+  (void)state;
+  char b[RUDA__STREAM_NAME_MAX];
+  assert_string_equal(ruda__stream_name(5, b), "stream 5");
+  assert_string_equal(ruda__stream_name((UINT64_C(1) << 63) | 3, b), "thread stream #3");
+  assert_string_equal(ruda__stream_name(UINT64_MAX - 1 - 2, b), "internal stream (memory fences, worker 2)");
+  assert_string_equal(ruda__stream_name(UINT64_MAX - (UINT64_C(1) << 32) - 7, b), "internal stream (collectives)");
+  /* And the error of a thread's own stream says so. */
+  ruda_device *dev = test_open(1, 64, RUDA_BACKPRESSURE_BLOCK);
+  assert_rc(ruda_graph_end_capture(dev, RUDA_STREAM_CURRENT, &(ruda_graph *){NULL}), RUDA_EGRAPHSTATE);
+  assert_last_error_contains("thread stream #");
+  test_close(dev);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(ids_map_to_workers),
       cmocka_unit_test(caches_are_per_device),
       cmocka_unit_test(concurrent_first_use),
+      cmocka_unit_test(stream_names_are_readable),
       cmocka_unit_test(queue_depth_accounting),
   };
   return test_main("unit_streams", tests, sizeof tests / sizeof tests[0], argc, argv);
