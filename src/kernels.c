@@ -5,6 +5,8 @@
  * kernel swaps the entry's pointer; the old kernel stays allocated until
  * close because commands already queued may still name it.
  */
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -126,11 +128,16 @@ ruda__kernel *ruda__kernel_find(ruda_device *dev, const char *name) {
   return kcache_miss(dev, name);
 }
 
+static void free_list(char **v) {
+  for (char **o = v; o && *o; o++) free(*o);
+  free(v);
+}
+
 static void kernel_free(ruda_device *dev, ruda__kernel *k) {
-  if (dev->ops->kernel_release) dev->ops->kernel_release(dev->bstate, k);
-  if (k->options)
-    for (char **o = k->options; *o; o++) free(*o);
-  free(k->options);
+  if (dev->ops->kernel_release && k->impl) dev->ops->kernel_release(dev->bstate, k);
+  free_list(k->options);
+  free_list(k->module_names);
+  free((void *)k->file_name);
   free(k->source);
   free((void *)k->name);
   free(k);
@@ -244,30 +251,161 @@ int ruda_host_kernel_register(ruda_device *dev, const char *name, ruda_host_kern
   return rc;
 }
 
+/* A NULL-terminated copy of v[0..n) (n < 0: v is NULL-terminated). */
+static char **copy_list(const char *const *v, long n, int *ok) {
+  if (n < 0)
+    for (n = 0; v && v[n]; n++) {
+    }
+  char **c = calloc((size_t)n + 1, sizeof *c);
+  *ok = c != NULL;
+  for (long i = 0; *ok && i < n; i++) *ok = (c[i] = strdup(v[i])) != NULL;
+  return c;
+}
+
+/* A kernel of a CUDA source (or an image) for the backend to prepare. */
+static ruda__kernel *cuda_kernel(const char *name, const char *source, const char *file_name,
+                                 const char *const *options, const char *const *module_names, uint32_t nmodule) {
+  ruda__kernel *k = calloc(1, sizeof *k);
+  if (k == NULL) return NULL;
+  int ok = (k->name = strdup(name)) != NULL;
+  if (ok && source != NULL) ok = (k->source = strdup(source)) != NULL;
+  if (ok && file_name != NULL) ok = (k->file_name = strdup(file_name)) != NULL;
+  if (ok) k->options = copy_list(options, -1, &ok);
+  if (ok && module_names != NULL) k->module_names = copy_list(module_names, (long)nmodule, &ok);
+  if (!ok) {
+    free_list(k->options);
+    free_list(k->module_names);
+    free((void *)k->file_name);
+    free(k->source);
+    free((void *)k->name);
+    free(k);
+    return NULL;
+  }
+  return k;
+}
+
+static int refuse_host(ruda_device *dev, const char *fn) {
+  if (dev->ops != &ruda__host_backend) return 0;
+  return ruda__fail(RUDA_ENOBACKEND,
+                    "%s: the host backend cannot run CUDA C; register a C function with ruda_host_kernel_register",
+                    fn);
+}
+
+/* Prepares every kernel, then adds them all: none is registered unless
+ * all are. Consumes ks[0..n). */
+static int add_all(ruda_device *dev, ruda__kernel **ks, uint32_t n, const char *fn) {
+  int rc = 0;
+  uint32_t i = 0;
+  for (; i < n && rc == 0; i++) {
+    if (ks[i] == NULL) rc = ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
+    else if (dev->ops->kernel_prepare) rc = dev->ops->kernel_prepare(dev->bstate, ks[i]);
+  }
+  for (uint32_t j = 0; rc == 0 && j < n; j++) {
+    ks[j]->image = NULL; /* only prepare reads it */
+    rc = ruda__kernel_add(dev, ks[j]);
+    ks[j] = NULL;
+  }
+  for (uint32_t j = 0; j < n; j++)
+    if (ks[j] != NULL) kernel_free(dev, ks[j]);
+  return rc;
+}
+
+static int check_names(const char *const *names, uint32_t n, const char *fn) {
+  if (names == NULL || n == 0) return ruda__fail(RUDA_EINVAL, "%s: no kernel names", fn);
+  if (n > 4096) return ruda__fail(RUDA_EINVAL, "%s: %u names, at most 4096", fn, n);
+  for (uint32_t i = 0; i < n; i++)
+    if (names[i] == NULL || *names[i] == '\0') return ruda__fail(RUDA_EINVAL, "%s: name %u is NULL or empty", fn, i);
+  return 0;
+}
+
+int ruda_module_source(ruda_device *dev, const char *file_name, const char *source, const char *const *names,
+                       uint32_t n, const char *const *options) {
+  static const char fn[] = "ruda_module_source";
+  RUDA__CHECK_DEV(dev, fn);
+  int rc = check_names(names, n, fn);
+  if (rc == 0 && (source == NULL || *source == '\0')) rc = ruda__fail(RUDA_EINVAL, "%s: source is NULL or empty", fn);
+  if (rc == 0) rc = refuse_host(dev, fn);
+  if (rc != 0) return rc;
+  ruda__kernel **ks = calloc(n, sizeof *ks);
+  if (ks == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
+  for (uint32_t i = 0; i < n; i++)
+    ks[i] = cuda_kernel(names[i], source, file_name ? file_name : "module.cu", options, names, n);
+  rc = add_all(dev, ks, n, fn);
+  free(ks);
+  return rc;
+}
+
+int ruda_module_image(ruda_device *dev, const void *image, size_t size, const char *const *names, uint32_t n) {
+  static const char fn[] = "ruda_module_image";
+  RUDA__CHECK_DEV(dev, fn);
+  int rc = check_names(names, n, fn);
+  if (rc == 0 && (image == NULL || size == 0)) rc = ruda__fail(RUDA_EINVAL, "%s: image is NULL or empty", fn);
+  if (rc == 0) rc = refuse_host(dev, fn);
+  if (rc != 0) return rc;
+  ruda__kernel **ks = calloc(n, sizeof *ks);
+  if (ks == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
+  for (uint32_t i = 0; i < n; i++)
+    if ((ks[i] = cuda_kernel(names[i], NULL, NULL, NULL, NULL, 0)) != NULL) {
+      ks[i]->image = image;
+      ks[i]->image_size = size;
+    }
+  rc = add_all(dev, ks, n, fn);
+  free(ks);
+  return rc;
+}
+
+int ruda_module_file(ruda_device *dev, const char *path, const char *const *names, uint32_t n,
+                     const char *const *options) {
+  static const char fn[] = "ruda_module_file";
+  RUDA__CHECK_DEV(dev, fn);
+  if (path == NULL) return ruda__fail(RUDA_EINVAL, "%s: path is NULL", fn);
+  FILE *f = fopen(path, "rb");
+  if (f == NULL) return ruda__fail(RUDA_EINVAL, "%s: cannot open %s: %s", fn, path, strerror(errno));
+  char *buf = NULL;
+  size_t len = 0, cap = 0;
+  for (;;) {
+    if (len + 4096 + 1 > cap) {
+      cap = cap ? 2 * cap : 65536;
+      char *p = realloc(buf, cap);
+      if (p == NULL) {
+        free(buf);
+        fclose(f);
+        return ruda__fail(RUDA_ENOMEM, "%s: out of host memory reading %s", fn, path);
+      }
+      buf = p;
+    }
+    size_t got = fread(buf + len, 1, cap - len - 1, f);
+    len += got;
+    if (got == 0) break;
+  }
+  int err = ferror(f);
+  fclose(f);
+  if (err || len == 0) {
+    free(buf);
+    return ruda__fail(RUDA_EINVAL, "%s: %s is %s", fn, path, err ? "unreadable" : "empty");
+  }
+  buf[len] = '\0'; /* PTX is text: the driver wants it terminated */
+  size_t pl = strlen(path);
+  int rc;
+  if (pl > 3 && strcmp(path + pl - 3, ".cu") == 0) {
+    const char *base = strrchr(path, '/');
+    rc = ruda_module_source(dev, base ? base + 1 : path, buf, names, n, options);
+  } else {
+    rc = ruda_module_image(dev, buf, len + 1, names, n);
+  }
+  free(buf);
+  return rc;
+}
+
 int ruda_kernel_source(ruda_device *dev, const char *name, const char *source,
                        const char *const *options) {
-  RUDA__CHECK_DEV(dev, "ruda_kernel_source");
-  if (name == NULL || *name == '\0')
-    return ruda__fail(RUDA_EINVAL, "ruda_kernel_source: name is NULL or empty");
+  static const char fn[] = "ruda_kernel_source";
+  RUDA__CHECK_DEV(dev, fn);
+  if (name == NULL || *name == '\0') return ruda__fail(RUDA_EINVAL, "%s: name is NULL or empty", fn);
   if (source == NULL || *source == '\0')
-    return ruda__fail(RUDA_EINVAL, "ruda_kernel_source: kernel \"%s\": source is NULL or empty", name);
-  if (dev->ops == &ruda__host_backend)
-    return ruda__fail(RUDA_ENOBACKEND,
-                      "ruda_kernel_source: kernel \"%s\": the host backend cannot run CUDA C; "
-                      "register a C function with ruda_host_kernel_register",
-                      name);
-  size_t nopt = 0;
-  while (options && options[nopt]) nopt++;
-  ruda__kernel *k = calloc(1, sizeof *k);
-  if (k == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_kernel_source: out of host memory");
-  k->name = strdup(name);
-  k->source = strdup(source);
-  k->options = calloc(nopt + 1, sizeof(char *));
-  int ok = k->name && k->source && k->options;
-  for (size_t i = 0; ok && i < nopt; i++) ok = (k->options[i] = strdup(options[i])) != NULL;
-  int rc = ok ? 0 : ruda__fail(RUDA_ENOMEM, "ruda_kernel_source: out of host memory");
-  if (rc == 0 && dev->ops->kernel_prepare) rc = dev->ops->kernel_prepare(dev->bstate, k);
-  if (rc == 0) rc = ruda__kernel_add(dev, k);
-  if (rc != 0) kernel_free(dev, k);
-  return rc;
+    return ruda__fail(RUDA_EINVAL, "%s: kernel \"%s\": source is NULL or empty", fn, name);
+  int rc = refuse_host(dev, fn);
+  if (rc != 0) return rc;
+  ruda__kernel *k = cuda_kernel(name, source, NULL, options, NULL, 0);
+  return add_all(dev, &k, 1, fn);
 }

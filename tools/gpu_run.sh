@@ -34,6 +34,11 @@ run() { # name timeout cmd...
 }
 
 if [ "$what" = tests ] || [ "$what" = all ]; then
+  # A module built ahead of time, for gpu_kernels' precompiled_images_run.
+  if command -v nvcc >/dev/null && nvcc -cubin -arch=sm_90 tests/gpu/precompiled.cu -o /tmp/ruda-precompiled.cubin \
+      >>"$OUT/tests.log" 2>&1; then
+    export RUDA_TEST_CUBIN=/tmp/ruda-precompiled.cubin
+  fi
   run demo 60 "$B/examples/ruda_demo"
   for t in "$B"/tests/gpu_* "$B"/tests/unit_* "$B"/tests/integration_*; do
     [ -x "$t" ] && [ -f "$t" ] || continue

@@ -34,12 +34,13 @@
 #define RUDA__CU_OPTIONAL(X)                                                                       \
   X(cuFuncGetParamInfo) X(cuTensorMapEncodeTiled) X(cuTensorMapEncodeIm2col) X(cuMemAllocAsync)    \
   X(cuMemFreeAsync) X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags)     \
-  X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy)
+  X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuModuleGetFunctionCount)              \
+  X(cuModuleEnumerateFunctions) X(cuFuncGetName)
 
 #define RUDA__NVRTC_FUNCS(X)                                                                       \
   X(nvrtcVersion) X(nvrtcGetErrorString) X(nvrtcCreateProgram) X(nvrtcDestroyProgram)              \
   X(nvrtcCompileProgram) X(nvrtcGetProgramLogSize) X(nvrtcGetProgramLog) X(nvrtcGetCUBINSize)      \
-  X(nvrtcGetCUBIN) X(nvrtcGetPTXSize) X(nvrtcGetPTX)
+  X(nvrtcGetCUBIN) X(nvrtcGetPTXSize) X(nvrtcGetPTX) X(nvrtcAddNameExpression) X(nvrtcGetLoweredName)
 
 typedef struct ruda__cu_api {
 #define RUDA__CU_FIELD(name) __typeof__(&name) name;

@@ -33,6 +33,10 @@ struct ruda__cu_module {
   uint64_t key[2];
   int ready;
   CUmodule mod;
+  /* The lowered (mangled) symbol of each name expression it was compiled
+   * with, in the order of the expressions; none for a plain source. */
+  char **lowered;
+  int nlowered;
 };
 
 /* ---- key ---- */
@@ -65,22 +69,76 @@ static uint64_t fmix(uint64_t x) {
   return x ^ (x >> 33);
 }
 
+/* exprs: the name expressions compiled with the source (NULL: none). An
+ * image is keyed by its bytes alone. */
 static void make_key(const ruda__cu_backend *b, const ruda__kernel *k, const char *const *opts, int nopts,
-                     uint64_t key[2]) {
+                     const char *const *exprs, uint64_t key[2]) {
   hasher h = {0xcbf29ce484222325ull, 0x6a09e667f3bcc909ull};
-  h_str(&h, "ruda-cubin-1");
-  h_str(&h, b->arch);
-  int v[3] = {ruda__nvrtc.major, ruda__nvrtc.minor, ruda__cu.driver_version};
-  h_bytes(&h, v, sizeof v);
-  for (int i = 0; i < nopts; i++) h_str(&h, opts[i]);
-  h_str(&h, k->source);
+  if (k->image != NULL) {
+    h_str(&h, "ruda-image-1");
+    h_bytes(&h, k->image, k->image_size);
+  } else {
+    h_str(&h, "ruda-cubin-2");
+    h_str(&h, b->arch);
+    int v[3] = {ruda__nvrtc.major, ruda__nvrtc.minor, ruda__cu.driver_version};
+    h_bytes(&h, v, sizeof v);
+    for (int i = 0; i < nopts; i++) h_str(&h, opts[i]);
+    for (; exprs && *exprs; exprs++) h_str(&h, *exprs);
+    h_str(&h, "--");
+    h_str(&h, k->source);
+  }
   key[0] = fmix(h.a);
   key[1] = fmix(h.b ^ h.a);
 }
 
+/* The disk cache keeps a module's lowered names in front of its cubin:
+ * u32 count, then the names, each NUL-terminated. */
+static void *pack_names(char *const *names, int n, const void *img, size_t size, size_t *out) {
+  size_t len = 4;
+  for (int i = 0; i < n; i++) len += strlen(names[i]) + 1;
+  unsigned char *p = malloc(len + size);
+  if (p == NULL) return NULL;
+  uint32_t c = (uint32_t)n;
+  memcpy(p, &c, 4);
+  size_t at = 4;
+  for (int i = 0; i < n; i++) {
+    size_t l = strlen(names[i]) + 1;
+    memcpy(p + at, names[i], l);
+    at += l;
+  }
+  memcpy(p + at, img, size);
+  *out = len + size;
+  return p;
+}
+
+/* The inverse: *names (malloc'd copies) and where the image starts. -1 on
+ * a malformed payload. */
+static int unpack_names(const unsigned char *p, size_t size, char ***names, int *n, size_t *img_at) {
+  uint32_t c;
+  if (size < 4) return -1;
+  memcpy(&c, p, 4);
+  if (c > RUDA_MAX_ARGS * 64u) return -1;
+  char **v = c ? calloc(c, sizeof *v) : NULL;
+  if (c && v == NULL) return -1;
+  size_t at = 4;
+  for (uint32_t i = 0; i < c; i++) {
+    const unsigned char *end = memchr(p + at, 0, size - at);
+    if (end == NULL || (v[i] = strdup((const char *)p + at)) == NULL) {
+      for (uint32_t j = 0; j < i; j++) free(v[j]);
+      free(v);
+      return -1;
+    }
+    at = (size_t)(end - p) + 1;
+  }
+  *names = v;
+  *n = (int)c;
+  *img_at = at;
+  return 0;
+}
+
 /* ---- disk cache ---- */
 
-#define DISK_MAGIC "RUDACBN1"
+#define DISK_MAGIC "RUDACBN2"
 
 typedef struct disk_header {
   char magic[8];
@@ -178,17 +236,36 @@ fail:
 
 /* ---- NVRTC ---- */
 
+/* What a compile is named in messages: the file name the caller gave a
+ * module, else the kernel's. */
+static const char *what_of(const ruda__kernel *k, char *buf, size_t len) {
+  if (k->file_name != NULL) snprintf(buf, len, "source \"%s\"", k->file_name);
+  else snprintf(buf, len, "kernel \"%s\"", k->name);
+  return buf;
+}
+
+/* Compiles k's source with the name expressions exprs (NULL: none); fills
+ * *lowered with the mangled symbol of each. */
 static int nvrtc_build(ruda__cu_backend *b, const ruda__kernel *k, const char *const *opts, int nopts,
-                       void **image, size_t *size, int *is_cubin) {
+                       const char *const *exprs, void **image, size_t *size, int *is_cubin, char ***lowered,
+                       int *nlowered) {
   const ruda__nvrtc_api *nv = &ruda__nvrtc;
   nvrtcProgram prog;
-  char fname[96];
-  snprintf(fname, sizeof fname, "%.80s.cu", k->name);
+  char fname[128], what[160];
+  if (k->file_name != NULL) snprintf(fname, sizeof fname, "%.120s", k->file_name);
+  else snprintf(fname, sizeof fname, "%.80s.cu", k->name);
+  what_of(k, what, sizeof what);
   nvrtcResult res = nv->nvrtcCreateProgram(&prog, k->source, fname, 0, NULL, NULL);
   if (res != NVRTC_SUCCESS)
     return ruda__fail_backend(res == NVRTC_ERROR_OUT_OF_MEMORY ? RUDA_ENOMEM : RUDA_ECOMPILE, res,
-                              "ruda_kernel_source: kernel \"%s\": nvrtcCreateProgram: %s", k->name,
-                              nv->nvrtcGetErrorString(res));
+                              "ruda_kernel_source: %s: nvrtcCreateProgram: %s", what, nv->nvrtcGetErrorString(res));
+  int nexpr = 0;
+  for (; exprs && exprs[nexpr]; nexpr++)
+    if ((res = nv->nvrtcAddNameExpression(prog, exprs[nexpr])) != NVRTC_SUCCESS) {
+      nv->nvrtcDestroyProgram(&prog);
+      return ruda__fail_backend(RUDA_ECOMPILE, res, "ruda_kernel_source: %s: name \"%s\": %s", what, exprs[nexpr],
+                                nv->nvrtcGetErrorString(res));
+    }
   res = nv->nvrtcCompileProgram(prog, nopts, opts);
   size_t log_size = 0;
   char *log = NULL;
@@ -198,66 +275,98 @@ static int nvrtc_build(ruda__cu_backend *b, const ruda__kernel *k, const char *c
   if (res != NVRTC_SUCCESS) {
     ruda__set_compile_log(log ? log : "");
     int rc = ruda__fail_backend(RUDA_ECOMPILE, res,
-                                "ruda_kernel_source: kernel \"%s\": NVRTC %d.%d compiling for %s failed "
-                                "(%s); log (full text: ruda_compile_log()):\n%s",
-                                k->name, nv->major, nv->minor, b->arch, nv->nvrtcGetErrorString(res),
+                                "ruda_kernel_source: %s: NVRTC %d.%d compiling %s for %s failed (%s); log (full "
+                                "text: ruda_compile_log()):\n%s",
+                                what, nv->major, nv->minor, fname, b->arch, nv->nvrtcGetErrorString(res),
                                 log ? log : "(empty)");
     free(log);
     nv->nvrtcDestroyProgram(&prog);
     return rc;
   }
-  if (log != NULL && log[0] != '\0')
-    ruda__log(b->log_level, RUDA_LOG_DEBUG, "kernel \"%s\": NVRTC log:\n%s", k->name, log);
+  if (log != NULL && log[0] != '\0') ruda__log(b->log_level, RUDA_LOG_DEBUG, "%s: NVRTC log:\n%s", what, log);
   free(log);
+  char **low = nexpr ? calloc((size_t)nexpr, sizeof *low) : NULL;
+  int rc = nexpr && low == NULL ? ruda__fail(RUDA_ENOMEM, "ruda_kernel_source: out of host memory") : 0;
+  for (int i = 0; rc == 0 && i < nexpr; i++) {
+    const char *name = NULL;
+    if ((res = nv->nvrtcGetLoweredName(prog, exprs[i], &name)) != NVRTC_SUCCESS || name == NULL)
+      rc = ruda__fail_backend(RUDA_EKERNEL, res, "ruda_kernel_source: %s: \"%s\" names no __global__ function (%s)",
+                              what, exprs[i], nv->nvrtcGetErrorString(res));
+    else if ((low[i] = strdup(name)) == NULL)
+      rc = ruda__fail(RUDA_ENOMEM, "ruda_kernel_source: out of host memory");
+  }
   /* A cubin when the options target a real arch (ours do); PTX when the
    * caller asked for a virtual one, which the driver then JIT-compiles. */
   size_t n = 0;
-  *is_cubin = nv->nvrtcGetCUBINSize(prog, &n) == NVRTC_SUCCESS && n > 0;
-  if (!*is_cubin && (nv->nvrtcGetPTXSize(prog, &n) != NVRTC_SUCCESS || n == 0)) {
-    nv->nvrtcDestroyProgram(&prog);
-    return ruda__fail(RUDA_ECOMPILE, "ruda_kernel_source: kernel \"%s\": NVRTC produced neither cubin nor PTX",
-                      k->name);
+  void *img = NULL;
+  if (rc == 0) {
+    *is_cubin = nv->nvrtcGetCUBINSize(prog, &n) == NVRTC_SUCCESS && n > 0;
+    if (!*is_cubin && (nv->nvrtcGetPTXSize(prog, &n) != NVRTC_SUCCESS || n == 0))
+      rc = ruda__fail(RUDA_ECOMPILE, "ruda_kernel_source: %s: NVRTC produced neither cubin nor PTX", what);
   }
-  void *img = malloc(n);
-  if (img == NULL) {
-    nv->nvrtcDestroyProgram(&prog);
-    return ruda__fail(RUDA_ENOMEM, "ruda_kernel_source: kernel \"%s\": out of host memory", k->name);
-  }
-  res = *is_cubin ? nv->nvrtcGetCUBIN(prog, img) : nv->nvrtcGetPTX(prog, img);
+  if (rc == 0 && (img = malloc(n)) == NULL) rc = ruda__fail(RUDA_ENOMEM, "ruda_kernel_source: out of host memory");
+  if (rc == 0 && (res = *is_cubin ? nv->nvrtcGetCUBIN(prog, img) : nv->nvrtcGetPTX(prog, img)) != NVRTC_SUCCESS)
+    rc = ruda__fail_backend(RUDA_ECOMPILE, res, "ruda_kernel_source: %s: reading NVRTC output: %s", what,
+                            nv->nvrtcGetErrorString(res));
   nv->nvrtcDestroyProgram(&prog);
-  if (res != NVRTC_SUCCESS) {
+  if (rc != 0) {
     free(img);
-    return ruda__fail_backend(RUDA_ECOMPILE, res, "ruda_kernel_source: kernel \"%s\": reading NVRTC output: %s",
-                              k->name, nv->nvrtcGetErrorString(res));
+    for (int i = 0; low && i < nexpr; i++) free(low[i]);
+    free(low);
+    return rc;
   }
   *image = img;
   *size = n;
+  *lowered = low;
+  *nlowered = nexpr;
   return 0;
 }
 
-/* Disk, else NVRTC (then store on disk); then load into the context. */
+/* Disk, else NVRTC (then store on disk); then load into the context. An
+ * image is loaded as it is. */
 static int build_module(ruda__cu_backend *b, ruda__cu_module *m, const ruda__kernel *k,
-                        const char *const *opts, int nopts) {
+                        const char *const *opts, int nopts, const char *const *exprs) {
+  char what[160];
+  what_of(k, what, sizeof what);
+  if (k->image != NULL) {
+    CUresult r = ruda__cu.cuModuleLoadData(&m->mod, k->image);
+    if (r != CUDA_SUCCESS)
+      return ruda__cu_fail(r, "ruda_module_image: cuModuleLoadData of a %zu-byte image (cubin, PTX or fatbin "
+                              "for %s expected)", k->image_size, b->arch);
+    return 0;
+  }
   size_t size = 0;
-  void *img = b->cache_dir ? disk_load(b, m->key, &size) : NULL;
-  if (img != NULL) {
-    CUresult r = ruda__cu.cuModuleLoadData(&m->mod, img);
-    free(img);
+  unsigned char *payload = b->cache_dir ? disk_load(b, m->key, &size) : NULL;
+  size_t at = 0;
+  if (payload != NULL && unpack_names(payload, size, &m->lowered, &m->nlowered, &at) == 0) {
+    CUresult r = ruda__cu.cuModuleLoadData(&m->mod, payload + at);
+    free(payload);
     if (r == CUDA_SUCCESS) {
       atomic_fetch_add_explicit(&b->disk_hits, 1, memory_order_relaxed);
       return 0;
     }
-    ruda__log(b->log_level, RUDA_LOG_INFO, "kernel \"%s\": cached cubin did not load; recompiling", k->name);
+    for (int i = 0; i < m->nlowered; i++) free(m->lowered[i]);
+    free(m->lowered);
+    m->lowered = NULL;
+    m->nlowered = 0;
+    ruda__log(b->log_level, RUDA_LOG_INFO, "%s: cached cubin did not load; recompiling", what);
+  } else {
+    free(payload);
   }
   int is_cubin = 0;
-  int rc = nvrtc_build(b, k, opts, nopts, &img, &size, &is_cubin);
+  void *img = NULL;
+  int rc = nvrtc_build(b, k, opts, nopts, exprs, &img, &size, &is_cubin, &m->lowered, &m->nlowered);
   if (rc != 0) return rc;
   atomic_fetch_add_explicit(&b->compiles, 1, memory_order_relaxed);
   CUresult r = ruda__cu.cuModuleLoadData(&m->mod, img);
-  if (r == CUDA_SUCCESS && is_cubin && b->cache_dir) disk_store(b, m->key, img, size);
+  if (r == CUDA_SUCCESS && is_cubin && b->cache_dir) {
+    size_t psize = 0;
+    void *p = pack_names(m->lowered, m->nlowered, img, size, &psize);
+    if (p != NULL) disk_store(b, m->key, p, psize);
+    free(p);
+  }
   free(img);
-  if (r != CUDA_SUCCESS)
-    return ruda__cu_fail(r, "ruda_kernel_source: kernel \"%s\": cuModuleLoadData", k->name);
+  if (r != CUDA_SUCCESS) return ruda__cu_fail(r, "ruda_kernel_source: %s: cuModuleLoadData", what);
   return 0;
 }
 
@@ -267,10 +376,16 @@ static ruda__cu_module *find(ruda__cu_backend *b, const uint64_t key[2]) {
   return NULL;
 }
 
+static void module_free(ruda__cu_module *m) {
+  for (int i = 0; i < m->nlowered; i++) free(m->lowered[i]);
+  free(m->lowered);
+  free(m);
+}
+
 static int module_get(ruda__cu_backend *b, const ruda__kernel *k, const char *const *opts, int nopts,
-                      ruda__cu_module **out) {
+                      const char *const *exprs, ruda__cu_module **out) {
   uint64_t key[2];
-  make_key(b, k, opts, nopts, key);
+  make_key(b, k, opts, nopts, exprs, key);
   pthread_mutex_lock(&b->mod_lock);
   ruda__cu_module *m;
   while ((m = find(b, key)) != NULL && !m->ready) pthread_cond_wait(&b->mod_cond, &b->mod_lock);
@@ -291,14 +406,14 @@ static int module_get(ruda__cu_backend *b, const ruda__kernel *k, const char *co
   b->modules = m; /* others now wait for it instead of compiling too */
   pthread_mutex_unlock(&b->mod_lock);
 
-  int rc = build_module(b, m, k, opts, nopts);
+  int rc = build_module(b, m, k, opts, nopts, exprs);
 
   pthread_mutex_lock(&b->mod_lock);
   if (rc != 0) {
     ruda__cu_module **pp = &b->modules;
     while (*pp != m) pp = &(*pp)->next;
     *pp = m->next;
-    free(m);
+    module_free(m);
     m = NULL;
   } else {
     m->ready = 1;
@@ -313,10 +428,35 @@ void ruda__cu_modules_destroy(ruda__cu_backend *b) {
   for (ruda__cu_module *m = b->modules; m != NULL;) {
     ruda__cu_module *n = m->next;
     ruda__cu.cuModuleUnload(m->mod);
-    free(m);
+    module_free(m);
     m = n;
   }
   b->modules = NULL;
+}
+
+/* The kernels a module defines, for a message: "a, b, c" (mangled names
+ * for C++ functions), or why they cannot be listed. */
+static void list_functions(CUmodule mod, char *out, size_t len) {
+  unsigned count = 0;
+  if (ruda__cu.cuModuleGetFunctionCount == NULL || ruda__cu.cuModuleEnumerateFunctions == NULL ||
+      ruda__cu.cuFuncGetName == NULL || ruda__cu.cuModuleGetFunctionCount(&count, mod) != CUDA_SUCCESS) {
+    snprintf(out, len, "(this driver cannot list a module's functions)");
+    return;
+  }
+  CUfunction fns[64];
+  unsigned n = count < 64 ? count : 64;
+  if (n == 0 || ruda__cu.cuModuleEnumerateFunctions(fns, n, mod) != CUDA_SUCCESS) {
+    snprintf(out, len, n == 0 ? "none" : "(the driver did not list them)");
+    return;
+  }
+  size_t at = 0;
+  out[0] = '\0';
+  for (unsigned i = 0; i < n && at + 8 < len; i++) {
+    const char *name = NULL;
+    if (ruda__cu.cuFuncGetName(&name, fns[i]) != CUDA_SUCCESS || name == NULL) continue;
+    at += (size_t)snprintf(out + at, len - at, "%s%s", at ? ", " : "", name);
+  }
+  if (count > n && at + 8 < len) snprintf(out + at, len - at, ", ... (%u in all)", count);
 }
 
 /* ---- registration ---- */
@@ -330,13 +470,15 @@ static int has_arch_option(const char *const *opts) {
 /* The function's own limits, read once; the dynamic shared memory cap is
  * raised to everything the device allows here, once per function, so no
  * launch ever has to set it. */
-static int setup_function(ruda__cu_backend *b, const ruda__kernel *k, ruda__cu_kernel *ck) {
-  CUresult r = ruda__cu.cuModuleGetFunction(&ck->fn, ck->module->mod, k->name);
-  if (r == CUDA_ERROR_NOT_FOUND)
+static int setup_function(ruda__cu_backend *b, const ruda__kernel *k, ruda__cu_kernel *ck, const char *symbol) {
+  CUresult r = ruda__cu.cuModuleGetFunction(&ck->fn, ck->module->mod, symbol);
+  if (r == CUDA_ERROR_NOT_FOUND) {
+    char defined[1024];
+    list_functions(ck->module->mod, defined, sizeof defined);
     return ruda__fail_backend(RUDA_EKERNEL, r,
-                              "ruda_kernel_source: the source defines no extern \"C\" __global__ function "
-                              "named \"%s\"",
-                              k->name);
+                              "ruda_kernel_source: the %s defines no __global__ function \"%s\"; it defines: %s",
+                              k->image ? "image" : "source", k->name, defined);
+  }
   if (r != CUDA_SUCCESS) return ruda__cu_fail(r, "ruda_kernel_source: kernel \"%s\": cuModuleGetFunction", k->name);
   int threads = 0, st = 0;
   if ((r = ruda__cu.cuFuncGetAttribute(&threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, ck->fn)) ||
@@ -366,12 +508,55 @@ static int setup_function(ruda__cu_backend *b, const ruda__kernel *k, ruda__cu_k
   return 0;
 }
 
+/* Whether the last build failed on a name expression, not on the source:
+ * NVRTC reports names it cannot resolve from its own "__nv_name_map"; an
+ * instance that does not compile (a static_assert) is a compile error. */
+static int name_failed(void) {
+  int code = ruda_error_code(ruda_last_error());
+  if (code == RUDA_EKERNEL) return 1;
+  return code == RUDA_ECOMPILE && strstr(ruda_compile_log(), "Error in parsing name expression") != NULL;
+}
+
+/* The toolkit's headers (and CCCL's, which cooperative_groups and
+ * cuda/std need), searched by default as CuPy does: $CUDA_HOME,
+ * $CUDA_PATH, the toolkit ruda was built with, /usr/local/cuda, and the
+ * tree the loaded NVRTC came from. The first root holding cuda_runtime.h
+ * wins. Writes up to two -I options into inc (each 4096 bytes). */
+static int default_includes(char inc[2][4096]) {
+  char roots[5][4096];
+  int n = 0;
+  const char *env;
+  if ((env = getenv("CUDA_HOME")) != NULL && *env) snprintf(roots[n++], 4096, "%s", env);
+  if ((env = getenv("CUDA_PATH")) != NULL && *env) snprintf(roots[n++], 4096, "%s", env);
+#ifdef RUDA_CUDA_ROOT_DIR
+  snprintf(roots[n++], 4096, "%s", RUDA_CUDA_ROOT_DIR);
+#endif
+  snprintf(roots[n++], 4096, "/usr/local/cuda");
+  const char *lib = ruda__nvrtc.path, *slash = strrchr(lib, '/');
+  if (slash != NULL) snprintf(roots[n++], 4096, "%.*s/..", (int)(slash - lib), lib);
+  for (int i = 0; i < n; i++) {
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%.4000s/include/cuda_runtime.h", roots[i]);
+    if (access(probe, R_OK) != 0) continue;
+    int k = 0;
+    snprintf(inc[k++], 4096, "-I%.4000s/include", roots[i]);
+    snprintf(probe, sizeof probe, "%.4000s/include/cccl/cuda/std/type_traits", roots[i]);
+    if (access(probe, R_OK) == 0) snprintf(inc[k++], 4096, "-I%.4000s/include/cccl", roots[i]);
+    return k;
+  }
+  return 0;
+}
+
+static char inc_dirs[2][4096];
+static int ninc_dirs;
+static void init_inc(void) { ninc_dirs = default_includes(inc_dirs); }
+
 int ruda__cu_kernel_prepare(void *state, ruda__kernel *k) {
   ruda__cu_backend *b = state;
-  if (k->source == NULL)
+  if (k->source == NULL && k->image == NULL)
     return ruda__fail(RUDA_ENOBACKEND, "kernel \"%s\": the cuda backend runs CUDA C sources (ruda_kernel_source)",
                       k->name);
-  int rc = ruda__nvrtc_load();
+  int rc = k->image != NULL ? 0 : ruda__nvrtc_load();
   if (rc != 0) {
     char why[RUDA__MSG_MAX];
     snprintf(why, sizeof why, "%s", ruda_last_error()->msg);
@@ -379,9 +564,10 @@ int ruda__cu_kernel_prepare(void *state, ruda__kernel *k) {
   }
   int nuser = 0;
   while (k->options && k->options[nuser]) nuser++;
-  const char **opts = calloc((size_t)nuser + 3, sizeof *opts);
+  const char **opts = calloc((size_t)nuser + 5, sizeof *opts);
   ruda__cu_kernel *ck = calloc(1, sizeof *ck);
   char arch[64];
+  static pthread_once_t inc_once = PTHREAD_ONCE_INIT; /* the include directories, once */
   if (opts == NULL || ck == NULL) {
     free(opts);
     free(ck);
@@ -389,16 +575,68 @@ int ruda__cu_kernel_prepare(void *state, ruda__kernel *k) {
   }
   int n = 0;
   for (int i = 0; i < nuser; i++) opts[n++] = k->options[i];
-  if (!has_arch_option((const char *const *)k->options)) {
-    snprintf(arch, sizeof arch, "--gpu-architecture=%s", b->arch);
-    opts[n++] = arch;
+  if (k->image == NULL) {
+    if (!has_arch_option((const char *const *)k->options)) {
+      snprintf(arch, sizeof arch, "--gpu-architecture=%s", b->arch);
+      opts[n++] = arch;
+    }
+    if (b->bounds_checked) opts[n++] = "-DRUDA_BOUNDS_CHECKED";
+    /* After the caller's: their -I directories are searched first. */
+    pthread_once(&inc_once, init_inc);
+    for (int i = 0; i < ninc_dirs; i++) opts[n++] = inc_dirs[i];
   }
-  if (b->bounds_checked) opts[n++] = "-DRUDA_BOUNDS_CHECKED";
 
   ruda__cu_guard g;
   if ((rc = ruda__cu_enter(b, &g)) == 0) {
-    rc = module_get(b, k, opts, n, &ck->module);
-    if (rc == 0) rc = setup_function(b, k, ck);
+    const char *symbol = k->name;
+    if (k->module_names != NULL) {
+      /* A module: one compile for all its names, each a name expression. */
+      rc = module_get(b, k, opts, n, (const char *const *)k->module_names, &ck->module);
+      if (rc != 0 && name_failed()) {
+        /* Does the source compile without the names? Then one of them is
+         * what the source does not define. */
+        char why[RUDA__MSG_MAX];
+        snprintf(why, sizeof why, "%s", ruda_last_error()->msg);
+        ruda__cu_module *plain = NULL;
+        if (module_get(b, k, opts, n, NULL, &plain) == 0) {
+          char defined[1024];
+          list_functions(plain->mod, defined, sizeof defined);
+          rc = ruda__fail(RUDA_EKERNEL,
+                          "ruda_module_source: source \"%s\": a name it was given is no __global__ function it "
+                          "defines; it defines: %s; NVRTC on the names: %.200s",
+                          k->file_name ? k->file_name : "module.cu", defined, strstr(why, "log") ? strstr(why, "log") : why);
+        } else {
+          ruda__fail(RUDA_ECOMPILE, "%s", why);
+        }
+      }
+      for (int i = 0; rc == 0 && k->module_names[i]; i++)
+        if (strcmp(k->module_names[i], k->name) == 0 && i < ck->module->nlowered) symbol = ck->module->lowered[i];
+    } else if (k->image != NULL) {
+      rc = module_get(b, k, opts, n, NULL, &ck->module);
+    } else {
+      /* An extern "C" name is found as it is; anything else (a C++ name,
+       * a template instance) is compiled again as a name expression. */
+      rc = module_get(b, k, opts, n, NULL, &ck->module);
+      CUfunction f;
+      if (rc == 0 && ruda__cu.cuModuleGetFunction(&f, ck->module->mod, k->name) == CUDA_ERROR_NOT_FOUND) {
+        ruda__cu_module *plain = ck->module;
+        const char *one[2] = {k->name, NULL};
+        rc = module_get(b, k, opts, n, one, &ck->module);
+        if (rc == 0 && ck->module->nlowered == 1) {
+          symbol = ck->module->lowered[0];
+        } else if (rc != 0 && name_failed()) {
+          /* The source compiles alone and NVRTC could not parse the name. */
+          char defined[1024];
+          list_functions(plain->mod, defined, sizeof defined);
+          rc = ruda__fail(RUDA_EKERNEL,
+                          "ruda_kernel_source: the source defines no __global__ function \"%s\" (extern \"C\" "
+                          "names, C++ names as the source spells them such as \"ns::f<float, 4>\", or mangled "
+                          "names); it defines: %s (NVRTC's view: ruda_compile_log())",
+                          k->name, defined);
+        }
+      }
+    }
+    if (rc == 0) rc = setup_function(b, k, ck, symbol);
     ruda__cu_leave(&g);
   }
   free(opts);

@@ -383,14 +383,48 @@ typedef int (*ruda_host_kernel_fn)(const ruda_host_ctx *ctx, void *const *args);
 RUDA_EXTERN int ruda_host_kernel_register(ruda_device *dev, const char *name,
                                           ruda_host_kernel_fn fn);
 
-/* Registers (or replaces) a CUDA C kernel given as source. The source must
- * define `extern "C" __global__ void <name>(...)`; options is a
- * NULL-terminated list of extra NVRTC options, or NULL. The cuda backend
- * compiles it for the device (once, cached in memory and on disk) and
- * reports compile errors with the NVRTC log as RUDA_ECOMPILE.
- * RUDA_ENOBACKEND on a host device. Thread-safe; may block compiling. */
+/* Registers (or replaces) a CUDA C++ kernel given as source, launched
+ * afterwards by name. name is the kernel as the source spells it: an
+ * extern "C" function ("scale"), a C++ function ("vectorAdd",
+ * "ns::saxpy"), a template instance ("MatrixMulCUDA<32>",
+ * "ns::kernel<float, 4>"), or a mangled name. options is a
+ * NULL-terminated list of extra NVRTC options, or NULL; the toolkit's
+ * include directory and its CCCL directory are searched after them, so
+ * cooperative_groups.h, cuda/std/..., cuda_fp16.h and cuda_bf16.h work
+ * without options. The cuda backend compiles for the device (once per
+ * source and options, cached in memory and on disk) and reports compile
+ * errors with the NVRTC log as RUDA_ECOMPILE (full log:
+ * ruda_compile_log), a name the source does not define as RUDA_EKERNEL
+ * listing the kernels it does. Several kernels of one source: see
+ * ruda_module_source. RUDA_ENOBACKEND on a host device. Thread-safe; may
+ * block compiling. */
 RUDA_EXTERN int ruda_kernel_source(ruda_device *dev, const char *name, const char *source,
                                    const char *const *options);
+
+/* Registers every kernel in names[0..n) from one CUDA C++ source, compiled
+ * once: names as for ruda_kernel_source, each registered (and launched)
+ * under the text given. file_name names the source in compile messages
+ * (NULL: "module.cu"); options as for ruda_kernel_source. All or nothing:
+ * on failure none is registered. RUDA_ENOBACKEND on a host device.
+ * Thread-safe; may block compiling. */
+RUDA_EXTERN int ruda_module_source(ruda_device *dev, const char *file_name, const char *source,
+                                   const char *const *names, uint32_t n, const char *const *options);
+
+/* Registers the kernels names[0..n) of a precompiled image: a cubin for
+ * the device, PTX (which the driver compiles), or a fatbin, as nvcc
+ * writes them (-cubin, -ptx, -fatbin). Names are extern "C" or mangled
+ * (an image carries no C++ names); the launch checks are the same as for
+ * sources. The image is copied; the caller may free it on return. All or
+ * nothing. RUDA_ENOBACKEND on a host device. Thread-safe. */
+RUDA_EXTERN int ruda_module_image(ruda_device *dev, const void *image, size_t size, const char *const *names,
+                                  uint32_t n);
+
+/* ruda_module_image of a file (.cubin, .ptx, .fatbin), or, for a .cu
+ * file, ruda_module_source of its text named after the file. Thread-safe;
+ * reads the file. */
+RUDA_EXTERN int ruda_module_file(ruda_device *dev, const char *path, const char *const *names, uint32_t n,
+                                 const char *const *options);
+
 
 /* ------------------------------------------------------------------ */
 /* Flush and sync                                                      */

@@ -178,6 +178,59 @@ static const char *const SRC_ACCESS =
     "  met[0] = atomicAdd(counter, 0) >= want;\n"
     "}\n";
 
+/* CUDA C++ as users bring it: no extern "C", a template, a namespaced
+ * template with a non-type parameter, cooperative groups, cuda/std,
+ * half and bfloat16 types; nothing but the default include paths. The
+ * mock emulates the first four by their mangled names. */
+static const char *const SRC_CXX =
+    "#include <cooperative_groups.h>\n"
+    "#include <cuda/std/type_traits>\n"
+    "#include <cuda_fp16.h>\n"
+    "#include <cuda_bf16.h>\n"
+    "namespace cg = cooperative_groups;\n"
+    "\n"
+    "__global__ void vectorAdd(const float *a, const float *b, float *c, int n) {\n"
+    "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "  if (i < n) c[i] = a[i] + b[i];\n"
+    "}\n"
+    "\n"
+    "template <typename T>\n"
+    "__global__ void scale(T *x, T a, int n) {\n"
+    "  static_assert(cuda::std::is_floating_point<T>::value, \"floating point only\");\n"
+    "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "  if (i < n) x[i] = x[i] * a;\n"
+    "}\n"
+    "\n"
+    "namespace ns {\n"
+    "template <typename T, int U>\n"
+    "__global__ void axpy(const T *x, T *y, T a, int n) {\n"
+    "  cg::thread_block block = cg::this_thread_block();\n"
+    "  int i = (blockIdx.x * block.size() + block.thread_rank()) * U;\n"
+    "  for (int k = 0; k < U; k++)\n"
+    "    if (i + k < n) y[i + k] = a * x[i + k] + y[i + k];\n"
+    "}\n"
+    "}  // namespace ns\n"
+    "\n"
+    "/* A cooperative-groups block reduction: out[blockIdx.x] = sum of its block's x. */\n"
+    "__global__ void block_sum(const float *x, float *out, int n) {\n"
+    "  extern __shared__ float s[];\n"
+    "  cg::thread_block block = cg::this_thread_block();\n"
+    "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "  s[threadIdx.x] = i < n ? x[i] : 0.0f;\n"
+    "  block.sync();\n"
+    "  for (unsigned w = blockDim.x / 2; w > 0; w /= 2) {\n"
+    "    if (threadIdx.x < w) s[threadIdx.x] += s[threadIdx.x + w];\n"
+    "    block.sync();\n"
+    "  }\n"
+    "  if (threadIdx.x == 0) out[blockIdx.x] = s[0];\n"
+    "}\n"
+    "\n"
+    "__global__ void halves(const __half *h, const __nv_bfloat16 *b, float *out, int n) {\n"
+    "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "  if (i < n) out[i] = __half2float(h[i]) + __bfloat162float(b[i]);\n"
+    "}\n"
+;
+
 static const char *const SRC_EMPTY = "extern \"C\" __global__ void empty() {}\n";
 
 static const char *const SRC_STATIC_SMEM =

@@ -488,11 +488,187 @@ static void nvrtc_missing_is_clear(void **state) {
   test_close(dev);
 }
 
+/* ---- CUDA C++ as users write it ---- */
+
+static void launch1d(ruda_device *dev, const char *kernel, unsigned n, unsigned per_thread, uint32_t shared,
+                     const ruda_arg *args, uint32_t nargs) {
+  ruda_launch_desc l;
+  memset(&l, 0, sizeof l);
+  l.kernel = kernel;
+  l.block = (ruda_dim3){128, 1, 1};
+  l.grid = (ruda_dim3){(n / per_thread + 127) / 128 + 1, 1, 1};
+  l.shared_mem = shared;
+  l.args = args;
+  l.nargs = nargs;
+  assert_ok(ruda_launch(dev, 0, &l));
+}
+
+/* Kernels registered by their C++ names, no extern "C" and no options:
+ * a plain function, a template instance, a mangled name; results against
+ * the CPU. An unknown name lists what the source defines. */
+static void cxx_names_register_and_run(void **state) {
+  (void)state;
+  ruda_device *dev = gpu_open();
+  uint64_t seed = gpu_seed();
+  const int n = 5000 + (int)(gpu_rand(&seed) % 5000);
+  float *a = malloc(n * 4), *b = malloc(n * 4), *c = malloc(n * 4);
+  gpu_fill(a, (size_t)n, &seed);
+  gpu_fill(b, (size_t)n, &seed);
+  assert_ok(ruda_kernel_source(dev, "vectorAdd", SRC_CXX, NULL));
+  assert_ok(ruda_kernel_source(dev, "scale<float>", SRC_CXX, NULL));
+  assert_ok(ruda_kernel_source(dev, "_Z9block_sumPKfPfi", SRC_CXX, NULL)); /* a mangled name works too */
+  assert_rc(ruda_kernel_source(dev, "vectorSub", SRC_CXX, NULL), RUDA_EKERNEL);
+  assert_last_error_contains("defines no __global__ function \"vectorSub\"");
+  assert_rc(ruda_kernel_source(dev, "scale<int>", SRC_CXX, NULL), RUDA_ECOMPILE); /* its static_assert */
+  ruda_handle ha = buffer_with(dev, a, n * 4), hb = buffer_with(dev, b, n * 4), hc = buffer_with(dev, NULL, n * 4);
+  ruda_arg va[4] = {ruda_arg_in(ruda_bind(ha)), ruda_arg_in(ruda_bind(hb)), ruda_arg_out(ruda_bind(hc)),
+                    ruda_arg_scalar(&n, 4)};
+  launch1d(dev, "vectorAdd", (unsigned)n, 1, 0, va, 4);
+  const float k = 0.5f + gpu_randf(&seed);
+  ruda_arg sa[3] = {ruda_arg_buffer(ruda_bind(hc)), ruda_arg_scalar(&k, 4), ruda_arg_scalar(&n, 4)};
+  launch1d(dev, "scale<float>", (unsigned)n, 1, 0, sa, 3);
+  test_read(dev, 0, ruda_bind(hc), c, n * 4);
+  for (int i = 0; i < n; i++)
+    if (fabsf(c[i] - (a[i] + b[i]) * k) > 1e-5f * (fabsf(a[i]) + fabsf(b[i]) + 1) * fabsf(k))
+      fail_msg("c[%d] = %g, expected %g", i, c[i], (a[i] + b[i]) * k);
+  /* Launch checks come from the compiled function, as for extern "C". */
+  ruda_arg bad[2] = {ruda_arg_in(ruda_bind(ha)), ruda_arg_in(ruda_bind(hb))};
+  ruda_launch_desc l = {.kernel = "vectorAdd", .grid = {1, 1, 1}, .block = {1, 1, 1}, .args = bad, .nargs = 2};
+  assert_rc(ruda_launch(dev, 0, &l), RUDA_EINVAL);
+  assert_ok(ruda_buffer_free(dev, 0, ha));
+  assert_ok(ruda_buffer_free(dev, 0, hb));
+  assert_ok(ruda_buffer_free(dev, 0, hc));
+  free(a), free(b), free(c);
+  test_close(dev);
+}
+
+/* One source, several kernels, one compile: names as the source spells
+ * them, a namespaced template with a non-type parameter, cooperative
+ * groups; a broken source is named by its file name. */
+static void module_compiles_once_for_all_its_kernels(void **state) {
+  (void)state;
+  ruda_device *dev = gpu_open();
+  uint64_t seed = gpu_seed(), compiles0, compiles, disk, mem;
+  ruda__cu_cache_stats(dev->bstate, &compiles0, &disk, &mem);
+  const char *names[] = {"vectorAdd", "ns::axpy<float, 4>", "block_sum", "halves"};
+  assert_ok(ruda_module_source(dev, "samples.cu", SRC_CXX, names, 4, NULL));
+  ruda__cu_cache_stats(dev->bstate, &compiles, &disk, &mem);
+  assert_int_equal(compiles - compiles0, 1);
+  const int n = 4096 + (int)(gpu_rand(&seed) % 4096);
+  float *x = malloc(n * 4), *y = malloc(n * 4), *got = malloc(n * 4);
+  gpu_fill(x, (size_t)n, &seed);
+  gpu_fill(y, (size_t)n, &seed);
+  ruda_handle hx = buffer_with(dev, x, n * 4), hy = buffer_with(dev, y, n * 4);
+  const float a = gpu_randf(&seed);
+  ruda_arg aa[4] = {ruda_arg_in(ruda_bind(hx)), ruda_arg_buffer(ruda_bind(hy)), ruda_arg_scalar(&a, 4),
+                    ruda_arg_scalar(&n, 4)};
+  launch1d(dev, "ns::axpy<float, 4>", (unsigned)n, 4, 0, aa, 4);
+  test_read(dev, 0, ruda_bind(hy), got, n * 4);
+  for (int i = 0; i < n; i++)
+    if (fabsf(got[i] - (a * x[i] + y[i])) > 1e-5f * (fabsf(a * x[i]) + fabsf(y[i]) + 1))
+      fail_msg("y[%d] = %g, expected %g", i, got[i], a * x[i] + y[i]);
+  /* The cooperative-groups block sum: one partial sum per block of 128. */
+  const unsigned blocks = ((unsigned)n + 127) / 128;
+  ruda_handle hs = buffer_with(dev, NULL, blocks * 4);
+  ruda_arg ba[3] = {ruda_arg_in(ruda_bind(hx)), ruda_arg_out(ruda_bind(hs)), ruda_arg_scalar(&n, 4)};
+  ruda_launch_desc l = {.kernel = "block_sum", .grid = {blocks, 1, 1}, .block = {128, 1, 1}, .shared_mem = 128 * 4,
+                        .args = ba, .nargs = 3};
+  assert_ok(ruda_launch(dev, 0, &l));
+  test_read(dev, 0, ruda_bind(hs), got, blocks * 4);
+  for (unsigned blk = 0; blk < blocks; blk++) {
+    double ref = 0, mag = 0;
+    for (int i = (int)blk * 128; i < n && i < (int)blk * 128 + 128; i++) ref += x[i], mag += fabs(x[i]);
+    if (fabs(got[blk] - ref) > 1e-5 * mag + 1e-6) fail_msg("block %u sum %g, expected %g", blk, got[blk], ref);
+  }
+  /* Errors: a broken source is named by its file; an unknown name lists
+   * the kernels; either way nothing is registered. */
+  assert_rc(ruda_module_source(dev, "broken.cu", "__global__ void f( {", names, 1, NULL), RUDA_ECOMPILE);
+  assert_last_error_contains("broken.cu");
+  const char *mixed[] = {"scale<double>", "nope<int>"};
+  assert_rc(ruda_module_source(dev, "mixed.cu", SRC_CXX, mixed, 2, NULL), RUDA_EKERNEL);
+  ruda_arg one = ruda_arg_scalar(&n, 4);
+  ruda_launch_desc ld = {.kernel = "scale<double>", .grid = {1, 1, 1}, .block = {1, 1, 1}, .args = &one, .nargs = 1};
+  assert_rc(ruda_launch(dev, 0, &ld), RUDA_EKERNEL); /* all or nothing */
+  assert_ok(ruda_buffer_free(dev, 0, hx));
+  assert_ok(ruda_buffer_free(dev, 0, hy));
+  assert_ok(ruda_buffer_free(dev, 0, hs));
+  free(x), free(y), free(got);
+  test_close(dev);
+}
+
+/* A precompiled module: PTX from NVRTC as an image in memory and as a
+ * .ptx file, and a cubin built by nvcc when RUDA_TEST_CUBIN names one
+ * (tools/gpu_run.sh builds it on the GPU machine). */
+static void precompiled_images_run(void **state) {
+  (void)state;
+  ruda_device *dev = gpu_open();
+  if (ruda__nvrtc_load() != 0) gpu_skip("no NVRTC to make the PTX: %s", ruda_error_message(ruda_last_error()));
+  nvrtcProgram prog;
+  assert_int_equal(ruda__nvrtc.nvrtcCreateProgram(&prog, SRC_CXX, "pre.cu", 0, NULL, NULL), NVRTC_SUCCESS);
+  assert_int_equal(ruda__nvrtc.nvrtcAddNameExpression(prog, "scale<float>"), NVRTC_SUCCESS); /* instantiate it */
+  char inc[2][300];
+  snprintf(inc[0], sizeof inc[0], "-I%s/include", "/usr/local/cuda");
+  snprintf(inc[1], sizeof inc[1], "-I%s/include/cccl", "/usr/local/cuda");
+  const char *opts[] = {"--gpu-architecture=compute_90", inc[0], inc[1]};
+  if (ruda__nvrtc.nvrtcCompileProgram(prog, 3, opts) != NVRTC_SUCCESS) {
+    ruda__nvrtc.nvrtcDestroyProgram(&prog);
+    gpu_skip("the toolkit headers are not at /usr/local/cuda");
+  }
+  size_t n = 0;
+  assert_int_equal(ruda__nvrtc.nvrtcGetPTXSize(prog, &n), NVRTC_SUCCESS);
+  char *ptx = malloc(n);
+  assert_int_equal(ruda__nvrtc.nvrtcGetPTX(prog, ptx), NVRTC_SUCCESS);
+  ruda__nvrtc.nvrtcDestroyProgram(&prog);
+  const char *mangled[] = {"_Z9vectorAddPKfS0_Pfi"};
+  assert_ok(ruda_module_image(dev, ptx, n, mangled, 1));
+  char path[] = "/tmp/ruda-ptx-XXXXXX.ptx";
+  int fd = mkstemps(path, 4);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, ptx, n - 1), (ssize_t)(n - 1));
+  close(fd);
+  const char *scaled[] = {"_Z5scaleIfEvPT_S0_i"};
+  assert_ok(ruda_module_file(dev, path, scaled, 1, NULL));
+  unlink(path);
+  const char *absent[] = {"not_in_the_image"};
+  assert_rc(ruda_module_image(dev, ptx, n, absent, 1), RUDA_EKERNEL);
+  assert_last_error_contains("not_in_the_image");
+  free(ptx);
+  const int cnt = 1000;
+  float a[1000], b[1000], c[1000];
+  for (int i = 0; i < cnt; i++) a[i] = (float)i, b[i] = (float)(2 * i);
+  ruda_handle ha = buffer_with(dev, a, sizeof a), hb = buffer_with(dev, b, sizeof b), hc = buffer_with(dev, NULL, sizeof c);
+  ruda_arg va[4] = {ruda_arg_in(ruda_bind(ha)), ruda_arg_in(ruda_bind(hb)), ruda_arg_out(ruda_bind(hc)),
+                    ruda_arg_scalar(&cnt, 4)};
+  launch1d(dev, "_Z9vectorAddPKfS0_Pfi", cnt, 1, 0, va, 4);
+  const float two = 2.0f;
+  ruda_arg sa[3] = {ruda_arg_buffer(ruda_bind(hc)), ruda_arg_scalar(&two, 4), ruda_arg_scalar(&cnt, 4)};
+  launch1d(dev, "_Z5scaleIfEvPT_S0_i", cnt, 1, 0, sa, 3);
+  test_read(dev, 0, ruda_bind(hc), c, sizeof c);
+  for (int i = 0; i < cnt; i++) assert_true(c[i] == 6.0f * (float)i);
+  const char *cubin = getenv("RUDA_TEST_CUBIN");
+  if (cubin != NULL && *cubin) {
+    const char *names[] = {"_Z9vectorAddPKfS0_Pfi"};
+    ruda_config cfg;
+    (void)cfg;
+    assert_ok(ruda_module_file(dev, cubin, names, 1, NULL)); /* replaces the PTX one */
+    launch1d(dev, "_Z9vectorAddPKfS0_Pfi", cnt, 1, 0, va, 4);
+    test_read(dev, 0, ruda_bind(hc), c, sizeof c);
+    for (int i = 0; i < cnt; i++) assert_true(c[i] == 3.0f * (float)i);
+  }
+  assert_ok(ruda_buffer_free(dev, 0, ha));
+  assert_ok(ruda_buffer_free(dev, 0, hb));
+  assert_ok(ruda_buffer_free(dev, 0, hc));
+  test_close(dev);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(axpy_matches_float64),
       cmocka_unit_test(reduction_matches_float64),
       cmocka_unit_test(matmul_matches_float64),
+      cmocka_unit_test(cxx_names_register_and_run),
+      cmocka_unit_test(module_compiles_once_for_all_its_kernels),
+      cmocka_unit_test(precompiled_images_run),
       cmocka_unit_test(compile_error_carries_log),
       cmocka_unit_test(missing_function_is_ekernel),
       cmocka_unit_test(resource_limits_fail_at_the_call),

@@ -370,6 +370,41 @@ static void k_access_meet(const unsigned g[3], const unsigned b[3], const unsign
   met[0] = atomic_load(counter) >= want;
 }
 
+/* SRC_CXX's kernels, under their mangled names. */
+static void k_vector_add(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
+  (void)g, (void)b;
+  const float *x = PTR(const float, 0), *y = PTR(const float, 8);
+  float *z = PTR(float, 16);
+  int n = P(int, 24);
+  for (int i = 0; i < n; i++) z[i] = x[i] + y[i];
+}
+static void k_scale_f(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
+  (void)g, (void)b;
+  float *x = PTR(float, 0), a = P(float, 8);
+  int n = P(int, 12);
+  for (int i = 0; i < n; i++) x[i] *= a;
+}
+static void k_ns_axpy4(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
+  (void)g, (void)b;
+  const float *x = PTR(const float, 0);
+  float *y = PTR(float, 8), a = P(float, 16);
+  int n = P(int, 20);
+  for (int i = 0; i < n; i++) y[i] = a * x[i] + y[i];
+}
+static void k_block_sum(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
+  const float *x = PTR(const float, 0);
+  float *out = PTR(float, 8);
+  int n = P(int, 16);
+  for (unsigned blk = 0; blk < g[0]; blk++) {
+    float s = 0;
+    for (unsigned t = 0; t < b[0]; t++) {
+      long i = (long)blk * b[0] + t;
+      if (i < n) s += x[i];
+    }
+    out[blk] = s;
+  }
+}
+
 static void k_nop(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
   (void)g, (void)b, (void)params;
 }
@@ -389,6 +424,10 @@ static const mock_kernel kernels[] = {
     {"order_fill", 4, {4, 8, 4, 8}, 1024, 0, k_order_fill},
     {"order_add", 5, {4, 8, 8, 4, 8}, 1024, 0, k_order_add},
     {"access_meet", 4, {8, 4, 8, 8}, 1024, 0, k_access_meet},
+    {"_Z9vectorAddPKfS0_Pfi", 4, {8, 8, 8, 4}, 1024, 0, k_vector_add},
+    {"_Z5scaleIfEvPT_S0_i", 3, {8, 4, 4}, 1024, 0, k_scale_f},
+    {"_ZN2ns4axpyIfLi4EEEvPKT_PS1_S1_i", 4, {8, 8, 4, 4}, 1024, 0, k_ns_axpy4},
+    {"_Z9block_sumPKfPfi", 3, {8, 8, 4}, 1024, 0, k_block_sum},
 };
 
 /* Parameters sit at their natural alignment, as in the CUDA ABI. */
@@ -868,11 +907,15 @@ static CUresult m_cuModuleUnload(CUmodule m) {
   return CUDA_SUCCESS;
 }
 static CUresult m_cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
-  /* An ELF symbol name sits between NULs in the string table. */
+  /* An ELF symbol name sits between NULs in the string table; PTX text
+   * declares ".entry <name>(". */
   size_t n = strlen(name);
   int found = 0;
   for (size_t i = 0; i + n + 1 < m->size && !found; i++)
     found = m->image[i] == 0 && memcmp(m->image + i + 1, name, n) == 0 && m->image[i + n + 1] == 0;
+  for (size_t i = 0; !found && i + 7 + n + 1 < m->size; i++)
+    found = memcmp(m->image + i, ".entry ", 7) == 0 && memcmp(m->image + i + 7, name, n) == 0 &&
+            m->image[i + 7 + n] == '(';
   if (!found) return CUDA_ERROR_NOT_FOUND;
   struct CUfunc_st *fn = calloc(1, sizeof *fn);
   snprintf(fn->name, sizeof fn->name, "%s", name);
