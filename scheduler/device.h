@@ -45,6 +45,9 @@ struct ruda_device {
   struct {
     _Atomic uint64_t marks, shared, waits;
   } order;
+  /* Live communicators this device is a rank of (src/comm.c): close is
+   * refused while any is. */
+  _Atomic uint32_t comms;
   /* Graphs not destroyed yet (scheduler/graph.c), freed at close. */
   pthread_mutex_t graph_lock;
   struct ruda_graph *graphs;

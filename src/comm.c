@@ -24,6 +24,7 @@ struct ruda_comm {
   ruda_device **devs;
   ruda__stream **streams; /* each rank's collective stream */
   void **ranks;           /* the backend's handle of each rank */
+  int live;               /* counted in each device's comms */
 };
 
 static const size_t dtype_size[] = {4, 8, 4, 8};
@@ -38,11 +39,15 @@ static int check_dtype(ruda_dtype t, ruda_reduce_op op, const char *fn) {
 
 /* ---- communicators ---- */
 
+/* Frees what comm_init made, however far it got (any field may be NULL). */
 static void comm_free(ruda_comm *c) {
-  for (uint32_t r = 0; r < c->n; r++) {
-    if (c->ranks != NULL && c->ranks[r] != NULL && c->devs[r]->ops->comm_destroy != NULL)
-      c->devs[r]->ops->comm_destroy(c->devs[r]->bstate, c->ranks[r]);
-    if (c->streams != NULL) ruda__stream_private_free(c->devs[r], c->streams[r], "collective, never reported,");
+  for (uint32_t r = 0; c->devs != NULL && r < c->n; r++) {
+    ruda_device *dev = c->devs[r];
+    if (dev == NULL) continue;
+    if (c->ranks != NULL && c->ranks[r] != NULL && dev->ops->comm_destroy != NULL)
+      dev->ops->comm_destroy(dev->bstate, c->ranks[r]);
+    if (c->streams != NULL) ruda__stream_private_free(dev, c->streams[r], "collective, never reported,");
+    if (c->live) atomic_fetch_sub(&dev->comms, 1);
   }
   free(c->ranks);
   free(c->streams);
@@ -92,6 +97,8 @@ int ruda_comm_init(ruda_device *const *devices, uint32_t n, ruda_comm **out) {
     comm_free(c);
     return rc;
   }
+  for (uint32_t r = 0; r < n; r++) atomic_fetch_add(&devices[r]->comms, 1);
+  c->live = 1; /* the devices refuse to close until it is destroyed */
   *out = c;
   return 0;
 nomem:

@@ -191,6 +191,12 @@ static void collect(ruda__stream *s, void *p) {
 int ruda_device_close(ruda_device *dev, ruda_error **errors) {
   if (errors) *errors = NULL;
   if (dev == NULL) return ruda__fail(RUDA_EINVAL, "ruda_device_close: device is NULL");
+  uint32_t comms = atomic_load(&dev->comms);
+  if (comms != 0 && !atomic_load(&dev->closed))
+    return ruda__fail(RUDA_EBUSY,
+                      "ruda_device_close: the device is a rank of %u live communicator%s; ruda_comm_destroy %s "
+                      "first (the device stays open)",
+                      comms, comms == 1 ? "" : "s", comms == 1 ? "it" : "them");
   if (atomic_exchange(&dev->closed, 1))
     return ruda__fail(RUDA_ECLOSED, "ruda_device_close: device already closed");
   ruda__workers_stop(dev);

@@ -6,9 +6,13 @@
  * result out and the last to leave opens the next round; a send waits in
  * its pair's mailbox until the receiver copied. A worker blocks here as a
  * GPU stream waits in an NCCL kernel for its peers. One lock per
- * communicator; every wait is on its condition variable.
+ * communicator; every wait is on its condition variable, bounded by
+ * RUDA_COMM_TIMEOUT: a rank that never comes breaks the communicator
+ * with an error naming it, instead of hanging its peers for ever.
  */
+#include <errno.h>
 #include <pthread.h>
+#include <time.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,19 +30,28 @@ typedef struct mailbox {
 
 typedef struct host_exchange {
   pthread_mutex_t lock;
-  pthread_cond_t cond;
+  pthread_cond_t cond; /* CLOCK_MONOTONIC */
   uint32_t n;         /* ranks */
   uint32_t refs;      /* rank handles not destroyed yet, under lock */
   uint64_t round;     /* all-reduces finished */
   uint32_t arrived, left;
   int leaving; /* every rank arrived: copying the result out */
   const void **src; /* per rank, this round */
+  uint8_t *here;    /* per rank: arrived this round */
+  struct {
+    uint64_t count;
+    uint32_t dtype, op;
+  } *asked; /* per rank, this round: what it brought */
   void *scratch;
   size_t scratch_bytes;
   uint64_t count;
   uint32_t dtype, op;
   int mismatch; /* ranks disagreed on count, type or op */
   mailbox *box; /* n x n: box[from * n + to] */
+  uint64_t timeout_ns; /* RUDA_COMM_TIMEOUT; 0: wait for ever */
+  /* Set once a wait timed out: the ranks are out of step for good, so
+   * every waiter and every later collective fails with this message. */
+  char *broken;
 } host_exchange;
 
 /* A rank's handle: its exchange. */
@@ -52,10 +65,58 @@ static const size_t dtype_size[] = {4, 8, 4, 8};
 static void exchange_free(host_exchange *h) {
   pthread_mutex_destroy(&h->lock);
   pthread_cond_destroy(&h->cond);
+  free(h->broken);
+  free(h->here);
+  free(h->asked);
   free(h->src);
   free(h->scratch);
   free(h->box);
   free(h);
+}
+
+/* RUDA_COMM_TIMEOUT: milliseconds a rank waits for its peers in one
+ * collective (default 60000; 0 waits for ever). */
+static uint64_t comm_timeout_ns(void) {
+  const char *v = getenv("RUDA_COMM_TIMEOUT");
+  char *end;
+  if (v == NULL || *v == '\0') return UINT64_C(60000) * 1000000;
+  unsigned long long ms = strtoull(v, &end, 10);
+  if (*end != '\0') return UINT64_C(60000) * 1000000;
+  return (uint64_t)ms * 1000000;
+}
+
+static const char *const dtype_name[] = {"f32", "f64", "i32", "i64"};
+static const char *const op_name[] = {"sum", "mean", "min", "max"};
+
+/* Waits on the exchange until ready(h, arg) holds, the exchange broke, or
+ * the deadline passed (then breaks it with a message from why). Lock
+ * held. 0, or RUDA_ETIMEDOUT with *err. */
+static int wait_for(host_exchange *h, int (*ready)(host_exchange *, const void *), const void *arg,
+                    const struct timespec *deadline, void (*why)(host_exchange *, const void *, char *, size_t),
+                    ruda_error **err) {
+  while (!ready(h, arg)) {
+    if (h->broken == NULL) {
+      int r = deadline ? pthread_cond_timedwait(&h->cond, &h->lock, deadline) : pthread_cond_wait(&h->cond, &h->lock);
+      if (r != ETIMEDOUT || ready(h, arg)) continue;
+      char msg[400];
+      why(h, arg, msg, sizeof msg);
+      h->broken = strdup(msg);
+      pthread_cond_broadcast(&h->cond);
+    }
+    *err = ruda__error_new(RUDA_ETIMEDOUT, 0, "%s%s", h->broken ? h->broken : "timed out",
+                           "; the communicator is broken: destroy it");
+    return RUDA_ETIMEDOUT;
+  }
+  return 0;
+}
+
+static struct timespec *deadline_of(const host_exchange *h, struct timespec *ts) {
+  if (h->timeout_ns == 0) return NULL;
+  clock_gettime(CLOCK_MONOTONIC, ts);
+  uint64_t ns = (uint64_t)ts->tv_nsec + h->timeout_ns % 1000000000u;
+  ts->tv_sec += (time_t)(h->timeout_ns / 1000000000u + ns / 1000000000u);
+  ts->tv_nsec = (long)(ns % 1000000000u);
+  return ts;
 }
 
 int ruda__host_comm_init(void *const *states, uint32_t n, void **ranks) {
@@ -63,12 +124,19 @@ int ruda__host_comm_init(void *const *states, uint32_t n, void **ranks) {
   host_exchange *h = calloc(1, sizeof *h);
   if (h == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_comm_init: out of host memory");
   pthread_mutex_init(&h->lock, NULL);
-  pthread_cond_init(&h->cond, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&h->cond, &ca);
+  pthread_condattr_destroy(&ca);
   h->n = n;
+  h->timeout_ns = comm_timeout_ns();
   h->src = calloc(n, sizeof *h->src);
+  h->here = calloc(n, sizeof *h->here);
+  h->asked = calloc(n, sizeof *h->asked);
   h->box = calloc((size_t)n * n, sizeof *h->box);
   uint32_t made = 0;
-  if (h->src != NULL && h->box != NULL) {
+  if (h->src != NULL && h->box != NULL && h->here != NULL && h->asked != NULL) {
     for (; made < n; made++) {
       host_rank *r = malloc(sizeof *r);
       if (r == NULL) break;
@@ -136,23 +204,78 @@ static void host_reduce(host_exchange *h, uint32_t n) {
   }
 }
 
+/* A broken communicator refuses every collective at once. */
+static int refuse_broken(host_exchange *h, ruda_error **err) {
+  if (h->broken == NULL) return 0;
+  *err = ruda__error_new(RUDA_ETIMEDOUT, 0, "%s; the communicator is broken: destroy it", h->broken);
+  return RUDA_ETIMEDOUT;
+}
+
+static int not_leaving(host_exchange *h, const void *arg) {
+  (void)arg;
+  return !h->leaving;
+}
+
+static int all_here(host_exchange *h, const void *arg) {
+  (void)arg;
+  return h->leaving;
+}
+
+/* Which ranks the round is still waiting for. */
+static void missing_ranks(host_exchange *h, const void *arg, char *out, size_t len) {
+  const ruda__coll *k = arg;
+  int at = snprintf(out, len, "all-reduce #%llu timed out after %llu ms on rank %u: rank%s ",
+                    (unsigned long long)h->round + 1, (unsigned long long)(h->timeout_ns / 1000000), k->rank,
+                    h->n - h->arrived == 1 ? "" : "s");
+  int first = 1;
+  for (uint32_t r = 0; r < h->n && at > 0 && (size_t)at < len; r++)
+    if (!h->here[r]) {
+      at += snprintf(out + at, len - (size_t)at, "%s%u", first ? "" : ", ", r);
+      first = 0;
+    }
+  if (at > 0 && (size_t)at < len) snprintf(out + at, len - (size_t)at, " did not arrive");
+}
+
+static void previous_round(host_exchange *h, const void *arg, char *out, size_t len) {
+  const ruda__coll *k = arg;
+  snprintf(out, len, "all-reduce #%llu on rank %u: ranks still leaving the previous round after %llu ms",
+           (unsigned long long)h->round + 1, k->rank, (unsigned long long)(h->timeout_ns / 1000000));
+}
+
+/* What each rank brought, for the mismatch message. */
+static void describe_round(host_exchange *h, char *out, size_t len) {
+  int at = 0;
+  for (uint32_t r = 0; r < h->n && at >= 0 && (size_t)at < len; r++)
+    at += snprintf(out + at, len - (size_t)at, "%srank %u: %llu x %s %s", r ? ", " : "", r,
+                   (unsigned long long)h->asked[r].count,
+                   h->asked[r].dtype < 4 ? dtype_name[h->asked[r].dtype] : "?",
+                   h->asked[r].op < 4 ? op_name[h->asked[r].op] : "?");
+}
+
 static int host_all_reduce(host_exchange *h, const ruda__coll *k, ruda_error **err) {
   const size_t es = dtype_size[k->dtype];
   int rc = 0;
+  struct timespec ts, *dl = deadline_of(h, &ts);
   pthread_mutex_lock(&h->lock);
+  if ((rc = refuse_broken(h, err)) != 0) goto out;
   /* Two phases per round: gather until every rank arrived, then leave
    * until every rank copied the result out. A rank back for the next
    * round waits for the last one to leave this one. */
-  while (h->leaving) pthread_cond_wait(&h->cond, &h->lock);
+  if ((rc = wait_for(h, not_leaving, k, dl, previous_round, err)) != 0) goto out;
   if (h->arrived == 0) {
     h->count = k->count;
     h->dtype = k->dtype;
     h->op = k->op;
     h->mismatch = 0;
+    memset(h->here, 0, h->n);
   } else if (h->count != k->count || h->dtype != k->dtype || h->op != k->op) {
     h->mismatch = 1;
   }
   h->src[k->rank] = (const void *)(uintptr_t)k->src;
+  h->here[k->rank] = 1;
+  h->asked[k->rank].count = k->count;
+  h->asked[k->rank].dtype = k->dtype;
+  h->asked[k->rank].op = k->op;
   if (++h->arrived == h->n) {
     size_t bytes = (size_t)h->count * es;
     if (!h->mismatch && bytes > h->scratch_bytes) {
@@ -164,14 +287,19 @@ static int host_all_reduce(host_exchange *h, const ruda__coll *k, ruda_error **e
     h->leaving = 1;
     pthread_cond_broadcast(&h->cond);
   }
-  while (!h->leaving) pthread_cond_wait(&h->cond, &h->lock);
+  if ((rc = wait_for(h, all_here, k, dl, missing_ranks, err)) != 0) goto out;
   if (h->mismatch == 0) {
     memcpy((void *)(uintptr_t)k->dst, h->scratch, (size_t)h->count * es);
+  } else if (h->mismatch == 2) {
+    rc = RUDA_ENOMEM;
+    *err = ruda__error_new(rc, 0, "all-reduce #%llu on rank %u: no host memory for the reduction",
+                           (unsigned long long)h->round + 1, k->rank);
   } else {
-    rc = h->mismatch == 2 ? RUDA_ENOMEM : RUDA_EINVAL;
-    *err = ruda__error_new(rc, 0, "all-reduce round %llu on rank %u: %s", (unsigned long long)h->round, k->rank,
-                           rc == RUDA_ENOMEM ? "no host memory for the reduction"
-                                             : "ranks disagree on element count, type or reduction");
+    char what[300];
+    describe_round(h, what, sizeof what);
+    rc = RUDA_EINVAL;
+    *err = ruda__error_new(rc, 0, "all-reduce #%llu on rank %u: ranks disagree (%s)",
+                           (unsigned long long)h->round + 1, k->rank, what);
   }
   if (++h->left == h->n) {
     h->left = h->arrived = 0;
@@ -179,38 +307,72 @@ static int host_all_reduce(host_exchange *h, const ruda__coll *k, ruda_error **e
     h->round++;
     pthread_cond_broadcast(&h->cond);
   }
+out:
   pthread_mutex_unlock(&h->lock);
   return rc;
 }
 
+typedef struct box_wait {
+  mailbox *m;
+  const ruda__coll *k;
+} box_wait;
+
+static int box_empty(host_exchange *h, const void *arg) {
+  (void)h;
+  return !((const box_wait *)arg)->m->full;
+}
+static int box_taken(host_exchange *h, const void *arg) {
+  (void)h;
+  return ((const box_wait *)arg)->m->taken;
+}
+static int box_full(host_exchange *h, const void *arg) {
+  (void)h;
+  const mailbox *m = ((const box_wait *)arg)->m;
+  return m->full && !m->taken;
+}
+static void send_late(host_exchange *h, const void *arg, char *out, size_t len) {
+  const ruda__coll *k = ((const box_wait *)arg)->k;
+  snprintf(out, len, "send from rank %u to rank %u timed out after %llu ms: rank %u did not receive", k->rank,
+           k->peer, (unsigned long long)(h->timeout_ns / 1000000), k->peer);
+}
+static void recv_late(host_exchange *h, const void *arg, char *out, size_t len) {
+  const ruda__coll *k = ((const box_wait *)arg)->k;
+  snprintf(out, len, "recv on rank %u from rank %u timed out after %llu ms: rank %u did not send", k->rank, k->peer,
+           (unsigned long long)(h->timeout_ns / 1000000), k->peer);
+}
+
 static int host_p2p(host_exchange *h, const ruda__coll *k, ruda_error **err) {
   int rc = 0;
+  struct timespec ts, *dl = deadline_of(h, &ts);
   pthread_mutex_lock(&h->lock);
+  if ((rc = refuse_broken(h, err)) != 0) goto out;
   if (k->kind == RUDA__COLL_SEND) {
-    mailbox *m = &h->box[(size_t)k->rank * h->n + k->peer];
-    while (m->full) pthread_cond_wait(&h->cond, &h->lock); /* an earlier send not taken yet */
+    box_wait bw = {&h->box[(size_t)k->rank * h->n + k->peer], k};
+    mailbox *m = bw.m;
+    if ((rc = wait_for(h, box_empty, &bw, dl, send_late, err)) != 0) goto out; /* an earlier send not taken yet */
     m->src = (const void *)(uintptr_t)k->src;
     m->bytes = k->count;
     m->full = 1;
     m->taken = 0;
     pthread_cond_broadcast(&h->cond);
-    while (!m->taken) pthread_cond_wait(&h->cond, &h->lock);
+    if ((rc = wait_for(h, box_taken, &bw, dl, send_late, err)) != 0) goto out;
     m->full = 0;
     pthread_cond_broadcast(&h->cond);
   } else {
-    mailbox *m = &h->box[(size_t)k->peer * h->n + k->rank];
-    while (!m->full || m->taken) pthread_cond_wait(&h->cond, &h->lock);
+    box_wait bw = {&h->box[(size_t)k->peer * h->n + k->rank], k};
+    mailbox *m = bw.m;
+    if ((rc = wait_for(h, box_full, &bw, dl, recv_late, err)) != 0) goto out;
     if (m->bytes != k->dst_bytes) { /* NCCL needs the counts to match */
       rc = RUDA_ERANGE;
       *err = ruda__error_new(rc, 0, "recv on rank %u from rank %u: %llu bytes sent, the recv binding holds %llu",
-                             k->rank, k->peer,
-                             (unsigned long long)m->bytes, (unsigned long long)k->dst_bytes);
+                             k->rank, k->peer, (unsigned long long)m->bytes, (unsigned long long)k->dst_bytes);
     } else {
       memcpy((void *)(uintptr_t)k->dst, m->src, m->bytes);
     }
     m->taken = 1;
     pthread_cond_broadcast(&h->cond);
   }
+out:
   pthread_mutex_unlock(&h->lock);
   return rc;
 }

@@ -49,7 +49,14 @@ typedef enum ruda_reduce_op {
 
 /* Joins devices[0..n) as ranks 0..n-1. n >= 1, each device once, all on
  * one backend. RUDA_ENOBACKEND when the cuda backend cannot load NCCL;
- * RUDA_ECUDA with NCCL's message when it refuses. Blocking. */
+ * RUDA_ECUDA with NCCL's message when it refuses. While the communicator
+ * lives its devices refuse ruda_device_close (RUDA_EBUSY). On the host
+ * backend a rank waits for its peers at most RUDA_COMM_TIMEOUT
+ * milliseconds per collective (default 60000, 0: for ever); past it the
+ * collective fails with RUDA_ETIMEDOUT naming the ranks that did not come
+ * and the communicator is broken (every later collective fails; destroy
+ * it). Ranks that disagree on a collective's count, type or reduction get
+ * RUDA_EINVAL listing what each brought. Blocking. */
 RUDA_EXTERN int ruda_comm_init(struct ruda_device *const *devices, uint32_t n, ruda_comm **out);
 
 /* Waits for every rank's collectives, then frees the communicator. */

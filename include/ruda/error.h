@@ -37,6 +37,7 @@ extern "C" {
   XX(ENONVRTC, -10, "NVRTC is not available")                                     \
   XX(ECUDA, -11, "CUDA driver call failed")                                       \
   XX(EFAULTED, -12, "device context is faulted")                                  \
+  XX(EBUSY, -13, "still in use")                                                  \
   /* kernel launch */                                                             \
   XX(ECOMPILE, -20, "kernel compilation failed")                                  \
   XX(EKERNEL, -21, "unknown kernel name")                                         \

@@ -316,6 +316,101 @@ static void integer_sums_wrap(void **state) {
   close_ranks(&r);
 }
 
+/* The error of a collective that failed on rank r's collective stream. */
+static const ruda_error *rank_error(ranks *r, uint32_t k, ruda_error **owned) {
+  *owned = NULL;
+  assert_int_equal(ruda_comm_sync(r->comm, r->dev[k], owned), RUDA_EUNHEALTHY);
+  const ruda_error *cause = ruda_error_cause(*owned);
+  assert_non_null(cause);
+  return cause;
+}
+
+/* A rank that never joins does not hang its peers: after RUDA_COMM_TIMEOUT
+ * the waiting rank's collective fails naming who did not arrive, the
+ * communicator is broken for later collectives, destroy still works. */
+static void absent_rank_times_out(void **state) {
+  (void)state;
+  setenv("RUDA_COMM_TIMEOUT", "200", 1);
+  ranks r;
+  open_ranks(&r, 3);
+  unsetenv("RUDA_COMM_TIMEOUT");
+  ruda_handle x[3];
+  for (uint32_t k = 0; k < 3; k++) assert_ok(ruda_buffer_create(r.dev[k], 0, 64, &x[k]));
+  /* Ranks 0 and 1 join, rank 2 never does. */
+  for (uint32_t k = 0; k < 2; k++)
+    assert_ok(ruda_all_reduce(r.comm, r.dev[k], ruda_bind(x[k]), ruda_bind(x[k]), RUDA_DTYPE_F32, RUDA_REDUCE_SUM));
+  ruda_error *owned;
+  const ruda_error *cause = rank_error(&r, 0, &owned);
+  assert_int_equal(ruda_error_code(cause), RUDA_ETIMEDOUT);
+  assert_contains(ruda_error_message(cause), "all-reduce #1 timed out after 200 ms");
+  assert_contains(ruda_error_message(cause), "rank 2 did not arrive");
+  ruda_error_free(owned);
+  cause = rank_error(&r, 1, &owned);
+  assert_int_equal(ruda_error_code(cause), RUDA_ETIMEDOUT);
+  ruda_error_free(owned);
+  /* Broken for good: the next round fails at once, on every rank. */
+  assert_ok(ruda_all_reduce(r.comm, r.dev[2], ruda_bind(x[2]), ruda_bind(x[2]), RUDA_DTYPE_F32, RUDA_REDUCE_SUM));
+  cause = rank_error(&r, 2, &owned);
+  assert_contains(ruda_error_message(cause), "the communicator is broken");
+  ruda_error_free(owned);
+  /* A recv whose sender never sends times out as well, naming it. */
+  for (uint32_t k = 0; k < 3; k++) assert_ok(ruda_buffer_free(r.dev[k], 0, x[k]));
+  close_ranks(&r);
+}
+
+static void recv_without_send_times_out(void **state) {
+  (void)state;
+  setenv("RUDA_COMM_TIMEOUT", "100", 1);
+  ranks r;
+  open_ranks(&r, 2);
+  unsetenv("RUDA_COMM_TIMEOUT");
+  ruda_handle x;
+  assert_ok(ruda_buffer_create(r.dev[1], 0, 64, &x));
+  assert_ok(ruda_recv(r.comm, r.dev[1], ruda_bind(x), 0));
+  ruda_error *owned;
+  const ruda_error *cause = rank_error(&r, 1, &owned);
+  assert_int_equal(ruda_error_code(cause), RUDA_ETIMEDOUT);
+  assert_contains(ruda_error_message(cause), "recv on rank 1 from rank 0 timed out after 100 ms: rank 0 did not send");
+  ruda_error_free(owned);
+  assert_ok(ruda_buffer_free(r.dev[1], 0, x));
+  close_ranks(&r);
+}
+
+/* Ranks that disagree are told what each brought. */
+static void mismatch_names_the_values(void **state) {
+  (void)state;
+  ranks r;
+  open_ranks(&r, 2);
+  ruda_handle a, b;
+  assert_ok(ruda_buffer_create(r.dev[0], 0, 1024, &a));
+  assert_ok(ruda_buffer_create(r.dev[1], 0, 512, &b));
+  assert_ok(ruda_all_reduce(r.comm, r.dev[0], ruda_bind(a), ruda_bind(a), RUDA_DTYPE_F32, RUDA_REDUCE_SUM));
+  assert_ok(ruda_all_reduce(r.comm, r.dev[1], ruda_bind(b), ruda_bind(b), RUDA_DTYPE_F64, RUDA_REDUCE_MAX));
+  ruda_error *owned;
+  const ruda_error *cause = rank_error(&r, 0, &owned);
+  assert_int_equal(ruda_error_code(cause), RUDA_EINVAL);
+  assert_contains(ruda_error_message(cause), "rank 0: 256 x f32 sum, rank 1: 64 x f64 max");
+  ruda_error_free(owned);
+  cause = rank_error(&r, 1, &owned);
+  ruda_error_free(owned);
+  assert_ok(ruda_buffer_free(r.dev[0], 0, a));
+  assert_ok(ruda_buffer_free(r.dev[1], 0, b));
+  close_ranks(&r);
+}
+
+/* A device that is a rank of a live communicator is not closed. */
+static void close_is_refused_while_a_rank(void **state) {
+  (void)state;
+  ranks r;
+  open_ranks(&r, 2);
+  assert_rc(ruda_device_close(r.dev[0], NULL), RUDA_EBUSY);
+  assert_last_error_contains("ruda_comm_destroy it first");
+  ruda_handle x; /* still open and working */
+  assert_ok(ruda_buffer_create(r.dev[0], 0, 64, &x));
+  assert_ok(ruda_buffer_free(r.dev[0], 0, x));
+  close_ranks(&r); /* destroy, then close succeeds */
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(every_type_and_reduction),
@@ -325,6 +420,10 @@ int main(int argc, char **argv) {
       cmocka_unit_test(failures_reach_the_ranks),
       cmocka_unit_test(destroy_waits_for_queued_rounds),
       cmocka_unit_test(integer_sums_wrap),
+      cmocka_unit_test(absent_rank_times_out),
+      cmocka_unit_test(recv_without_send_times_out),
+      cmocka_unit_test(mismatch_names_the_values),
+      cmocka_unit_test(close_is_refused_while_a_rank),
   };
   return test_main("unit_comm", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
