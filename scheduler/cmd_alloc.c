@@ -251,11 +251,13 @@ ruda__cmd *ruda__cmd_alloc(size_t extra) {
   cmd->npins = 0;
   cmd->pins = NULL;
   cmd->future = NULL;
+  cmd->origin = NULL;
   return cmd;
 }
 
 void ruda__cmd_free(ruda__cmd *cmd) {
   if (cmd == NULL) return;
+  if (__builtin_expect(cmd->origin != NULL, 0)) free(cmd->origin);
   blk *b = (blk *)cmd - 1;
   if (b->cls == CLASS_MALLOC) {
     free(b);

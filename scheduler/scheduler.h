@@ -57,6 +57,8 @@ typedef struct ruda__cmd {
   uint64_t seq; /* per-stream number, quoted in error messages */
   struct ruda_future *future;
   uint32_t *pins; /* slots pinned by this command, unpinned after it ran */
+  /* RUDA_LAUNCH_BLOCKING only: where the client enqueued it. */
+  struct ruda__origin *origin;
   union {
     struct {
       uint64_t dst;
@@ -85,6 +87,13 @@ typedef struct ruda__cmd {
     ruda__coll coll;
   } u;
 } ruda__cmd;
+
+/* The call stack of a client's enqueue, kept with its command in
+ * RUDA_LAUNCH_BLOCKING mode so a failure shows where the work came from. */
+typedef struct ruda__origin {
+  int nframes;
+  void *frames[24];
+} ruda__origin;
 
 /* Allocates a command with extra trailing bytes (pins, args, scalars). */
 ruda__cmd *ruda__cmd_alloc(size_t extra);

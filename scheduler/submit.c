@@ -1,6 +1,8 @@
 /* submit.c - control commands (scheduler/submit.h). */
 #include "scheduler/submit.h"
 
+#include <execinfo.h>
+
 int ruda__push_control(ruda_device *dev, ruda__stream *s, int kind, int drains, const char *fn, ruda_future **out) {
   *out = NULL;
   ruda__cmd *cmd = ruda__cmd_alloc(0);
@@ -18,4 +20,11 @@ int ruda__push_control(ruda_device *dev, ruda__stream *s, int kind, int drains, 
   ruda__queue_push_unbounded(s->worker, cmd);
   *out = f;
   return 0;
+}
+
+void ruda__origin_capture(ruda__cmd *cmd) {
+  ruda__origin *o = malloc(sizeof *o);
+  if (o == NULL) return; /* a debugging aid: the command runs without it */
+  o->nframes = backtrace(o->frames, 24);
+  cmd->origin = o;
 }

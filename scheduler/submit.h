@@ -67,12 +67,16 @@ static inline int ruda__pin_binding(ruda_device *dev, ruda__stream *s, ruda_bind
   return 0;
 }
 
+/* RUDA_LAUNCH_BLOCKING: remembers the caller's stack in cmd (submit.c). */
+void ruda__origin_capture(ruda__cmd *cmd);
+
 /* Pushes cmd on s's worker, after whatever other streams' work o says it
  * must follow, and records its buffer uses. */
 static inline __attribute__((always_inline)) int ruda__submit(ruda_device *dev, ruda__stream *s, ruda__cmd *cmd,
                                                         ruda__order *o) {
   cmd->stream = s;
   cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
+  if (__builtin_expect(dev->cfg.launch_blocking, 0)) ruda__origin_capture(cmd);
   if (cmd->kind == RUDA__CMD_LAUNCH) { /* the backend names it in fault reports */
     cmd->u.launch.stream = s->id;
     cmd->u.launch.seq = cmd->seq;

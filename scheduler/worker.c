@@ -42,9 +42,26 @@ static void report(ruda__worker *w, ruda__cmd *cmd, int code, ruda_error *err) {
              (unsigned long long)cmd->seq, err->msg);
     memcpy(err->msg, ctx, sizeof err->msg);
     err->stream = s->id;
+    if (cmd->origin != NULL) { /* blocking mode: where the client enqueued it */
+      memcpy(err->frames, cmd->origin->frames, sizeof cmd->origin->frames);
+      err->nframes = cmd->origin->nframes;
+    }
   }
   ruda__log(w->dev->cfg.log_level, RUDA_LOG_DEBUG, "worker %u: %s", w->index, err ? err->msg : "error lost");
   ruda__stream_push_error(s, err);
+}
+
+/* RUDA_LAUNCH_BLOCKING: waits until the device ran what this worker
+ * submitted, so a failure is reported on the command that caused it. */
+static int wait_for_device(ruda__worker *w, ruda_error **err) {
+  const ruda__backend_ops *ops = w->dev->ops;
+  ruda__completion c = {0};
+  int rc = ops->record(w->wstate, &c, err);
+  if (rc == 0 && c.event != NULL) {
+    rc = ops->event_wait(w->dev->bstate, c.event, err);
+    if (ops->event_release != NULL) ops->event_release(w->dev->bstate, c.event);
+  }
+  return rc;
 }
 
 void ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
@@ -92,6 +109,9 @@ void ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
     case RUDA__CMD_STOP:
       break;
   }
+  if (__builtin_expect(dev->cfg.launch_blocking, 0) && rc == 0 && cmd->kind != RUDA__CMD_MARK &&
+      cmd->kind != RUDA__CMD_WAIT && cmd->kind != RUDA__CMD_STOP && cmd->kind != RUDA__CMD_FENCE)
+    rc = wait_for_device(w, &err);
   if (rc != 0) report(w, cmd, rc, err);
   for (uint32_t i = 0; i < cmd->npins; i++)
     ruda__handles_unpin(&dev->handles, ruda__pin_slot(cmd->pins[i]), w->wstate);

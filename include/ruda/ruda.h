@@ -107,6 +107,11 @@ typedef struct ruda_config {
                                 RUDA_BOUNDS_CHECKED defined (cuda) */
   const char *cache_dir;     /* RUDA_CACHE_DIR: on-disk kernel cache; NULL
                                 selects $XDG_CACHE_HOME/ruda, "" disables */
+  int launch_blocking;       /* RUDA_LAUNCH_BLOCKING: debugging: each worker waits
+                                for the device after every command, so a failure
+                                (a fault above all) is reported on the command
+                                that caused it, with the backtrace of the call
+                                that enqueued it. Slow; 0 by default. */
   uint32_t spin_us;          /* RUDA_SPIN_US: how long a worker that ran out of
                                 work, or a thread waiting on a future, polls
                                 before it sleeps (default 50; 0: sleeps at

@@ -4,6 +4,8 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include <execinfo.h>
+
 #include "common.h"
 
 static _Atomic uint64_t ok_runs;
@@ -342,6 +344,44 @@ static void device_sync_collects_every_stream(void **state) {
   test_close(dev);
 }
 
+/* How many of the caller frames of here[] the error's backtrace shares. */
+static int shared_frames(const ruda_error *e, void *const *here, int nhere) {
+  size_t nf = 0;
+  void *const *frames = ruda_error_backtrace(e, &nf);
+  int shared = 0;
+  for (size_t i = 0; i < nf; i++)
+    for (int j = 1; j < nhere; j++) shared += frames[i] == here[j];
+  return shared;
+}
+
+/* RUDA_LAUNCH_BLOCKING: a failure's backtrace is the enqueuing call's
+ * (it shares the caller's frames); otherwise it is the worker's. */
+static void blocking_mode_keeps_the_enqueue_backtrace(void **state) {
+  (void)state;
+  for (int blocking = 0; blocking < 2; blocking++) {
+    ruda_config cfg;
+    ruda_config_init(&cfg);
+    cfg.backend = RUDA_BACKEND_HOST;
+    cfg.num_streams = 2;
+    cfg.log_level = RUDA_LOG_ERROR;
+    cfg.launch_blocking = blocking;
+    ruda_device *dev = NULL;
+    assert_ok(ruda_device_open(&cfg, &dev));
+    assert_ok(ruda_host_kernel_register(dev, "fail", fail_kernel));
+    void *here[24];
+    int nhere = backtrace(here, 24);
+    launch_code(dev, 3, RUDA_ELAUNCH);
+    ruda_error *err = NULL;
+    assert_int_equal(ruda_sync(dev, 3, &err), RUDA_EUNHEALTHY);
+    const ruda_error *cause = ruda_error_cause(err);
+    assert_contains(ruda_error_message(cause), "ruda_launch \"fail\" (stream 3, command #1)");
+    if (blocking) assert_true(shared_frames(cause, here, nhere) >= 1);
+    else assert_int_equal(shared_frames(cause, here, nhere), 0);
+    ruda_error_free(err);
+    test_close(dev);
+  }
+}
+
 typedef struct failer {
   ruda_device *dev;
   ruda_stream_id stream;
@@ -446,6 +486,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(kernel_error_names_the_thread),
       cmocka_unit_test(flushes_racing_failures_lose_nothing),
       cmocka_unit_test(exited_threads_errors_drain_by_id),
+      cmocka_unit_test(blocking_mode_keeps_the_enqueue_backtrace),
       cmocka_unit_test(device_sync_collects_every_stream),
   };
   return test_main("integration_isolation", tests, sizeof tests / sizeof tests[0], argc, argv);
