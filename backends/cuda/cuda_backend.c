@@ -83,9 +83,9 @@ ruda__cu_event *ruda__cu_record(ruda__cu_worker *w, CUresult *r) {
     ruda__cu_event_put(w->b, e);
     return NULL;
   }
-  e->kernel = w->last_kernel;
-  e->stream = w->last_stream;
-  e->seq = w->last_seq;
+  e->kernel = atomic_load_explicit(&w->last_kernel, memory_order_relaxed);
+  e->stream = atomic_load_explicit(&w->last_stream, memory_order_relaxed);
+  e->seq = atomic_load_explicit(&w->last_seq, memory_order_relaxed);
   e->worker = w;
   e->writes = w->writes; /* worker-only counter: no lock needed to read */
   /* Writes recorded no event of their own (ruda__cu_write): the newest
@@ -112,12 +112,26 @@ static void fault_device(ruda__cu_backend *b, const ruda_error *e) {
   b->env.fault(b->env.ctx, copy);
 }
 
-static void describe_last(char *out, size_t len, const char *kernel, uint64_t stream, uint64_t seq) {
-  if (kernel != NULL)
-    snprintf(out, len, "last launch submitted on this CUDA stream: kernel \"%.64s\" (%s, command #%llu)",
-             kernel, RUDA__SNAME(stream), (unsigned long long)seq);
-  else
-    snprintf(out, len, "no launch was submitted on this CUDA stream before it");
+/* A sticky fault poisons the whole context: any launch in flight on any
+ * worker's stream may have caused it. Lists each worker's last launch
+ * without blaming one; RUDA_LAUNCH_BLOCKING narrows it to the culprit. */
+static void describe_in_flight(ruda__cu_backend *b, char *out, size_t len) {
+  int at = snprintf(out, len, "the latest launch of each worker then:");
+  int any = 0;
+  for (uint32_t i = 0; i < 1024 && at > 0 && (size_t)at < len; i++) {
+    ruda__cu_worker *w = atomic_load_explicit(&b->workers[i], memory_order_acquire);
+    if (w == NULL) continue;
+    const char *k = atomic_load_explicit(&w->last_kernel, memory_order_relaxed);
+    if (k == NULL) continue;
+    at += snprintf(out + at, len - (size_t)at, "%s kernel \"%.64s\" (%s, command #%llu)", any ? "," : "", k,
+                   RUDA__SNAME(atomic_load_explicit(&w->last_stream, memory_order_relaxed)),
+                   (unsigned long long)atomic_load_explicit(&w->last_seq, memory_order_relaxed));
+    any = 1;
+  }
+  if (!any) snprintf(out, len, "no launch was submitted before it");
+  else if (at > 0 && (size_t)at < len)
+    snprintf(out + at, len - (size_t)at, "; the faulting one is among these or launched before them "
+                                         "(RUDA_LAUNCH_BLOCKING=1 names it)");
 }
 
 int ruda__cu_worker_fail(ruda__cu_worker *w, CUresult r, ruda_error **err, const char *fmt, ...) {
@@ -128,8 +142,8 @@ int ruda__cu_worker_fail(ruda__cu_worker *w, CUresult r, ruda_error **err, const
   va_end(ap);
   ruda_error *e;
   if (ruda__cu_sticky(r)) {
-    char last[200];
-    describe_last(last, sizeof last, w->last_kernel, w->last_stream, w->last_seq);
+    char last[400];
+    describe_in_flight(w->b, last, sizeof last);
     e = ruda__cu_error(r, "%s: the CUDA context is faulted (%s)", what, last);
     if (e != NULL) fault_device(w->b, e);
   } else {
@@ -490,14 +504,16 @@ static int cu_worker_start(void *state, uint32_t index, void **wstate) {
     free(w);
     return ruda__fail(RUDA_ENOMEM, "ruda_device_open: worker %u: out of host memory", index);
   }
+  if (index < 1024) atomic_store_explicit(&b->workers[index], w, memory_order_release);
   *wstate = w;
   return 0;
 }
 
 static void cu_worker_stop(void *state, void *ws) {
-  (void)state;
+  ruda__cu_backend *b = state;
   ruda__cu_worker *w = ws;
   if (w == NULL) return;
+  if (w->index < 1024) atomic_store_explicit(&b->workers[w->index], NULL, memory_order_release);
   /* Everything this worker submitted must finish before its staging
    * blocks are returned and the stream goes away. */
   ruda__cu.cuStreamSynchronize(w->stream);
@@ -580,13 +596,13 @@ static int cu_event_wait(void *state, void *event, ruda_error **err) {
   }
   ruda_error *x;
   if (ruda__cu_sticky(r)) {
-    char last[200];
-    describe_last(last, sizeof last, e->kernel, e->stream, e->seq);
+    char last[400];
+    describe_in_flight(b, last, sizeof last);
     int first = !b->env.faulted(b->env.ctx);
-    /* The first stream to see the fault names what it had in flight;
-     * later ones say the device was already faulted. */
-    x = ruda__cu_error(r, "device fault detected while waiting for the stream%s; %s",
-                       first ? "" : " (the device was already faulted)", last);
+    /* The first stream to see the fault lists what was in flight; later
+     * ones say the device was already faulted. */
+    x = ruda__cu_error(r, "device fault (every stream of the device fails from now on) seen while waiting for %s%s; %s",
+                       RUDA__SNAME(e->stream), first ? "" : " (the device was already faulted)", last);
     if (x != NULL) {
       x->stream = e->stream;
       fault_device(b, x);
@@ -638,9 +654,9 @@ static int cu_stamp(void *ws, ruda__completion *c, ruda_error **err) {
     ruda__cu_event_put(w->b, e);
     return ruda__cu_worker_fail(w, r, err, "cuEventRecord (timing)");
   }
-  e->kernel = w->last_kernel;
-  e->stream = w->last_stream;
-  e->seq = w->last_seq;
+  e->kernel = atomic_load_explicit(&w->last_kernel, memory_order_relaxed);
+  e->stream = atomic_load_explicit(&w->last_stream, memory_order_relaxed);
+  e->seq = atomic_load_explicit(&w->last_seq, memory_order_relaxed);
   e->worker = w;
   e->writes = w->writes;
   c->event = e;

@@ -7,7 +7,8 @@
  *
  * Three levels, cheapest first:
  *  1. the in-memory module cache, one module per hash of (source, NVRTC
- *     options, target arch, NVRTC version, driver version). Concurrent
+ *     options, the name expressions compiled with it, target arch, NVRTC
+ *     version, driver version), or of an image's bytes. Concurrent
  *     registrations of one source wait for the first one's build, so it
  *     compiles once; if that build fails, each waiter builds (and fails)
  *     itself, getting its own log.

@@ -42,6 +42,9 @@ typedef struct ruda__cu_event {
 
 typedef struct ruda__cu_backend {
   ruda__backend_env env; /* the device's callbacks (env.cfg is not kept) */
+  /* Every running worker by index (set at worker_start, cleared at stop):
+   * a fault report lists what each had in flight. */
+  struct ruda__cu_worker *_Atomic workers[1024];
   ruda_log_level log_level;
   ruda__limits limits; /* as open reported them */
   CUdevice cudev;
@@ -96,8 +99,10 @@ typedef struct ruda__cu_worker {
   struct ruda__cu_detached *detached;
   uint32_t *indirect; /* 16 page-locked bytes for indirect grid reads */
   /* The last launch submitted, for fault reports. */
-  const char *last_kernel;
-  uint64_t last_stream, last_seq;
+  /* Written by the worker at each launch; read by a thread that finds the
+   * device faulted, to list what every worker had in flight. */
+  _Atomic(const char *) last_kernel;
+  _Atomic uint64_t last_stream, last_seq;
 } ruda__cu_worker;
 
 /* The cuda form of a registered kernel (ruda__kernel.impl). */

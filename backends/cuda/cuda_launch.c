@@ -84,9 +84,9 @@ int ruda__cu_launch(void *ws, const ruda__launch_cmd *cmd, ruda_error **err) {
     params[i] = cmd->args[i].kind == RUDA_ARG_BUFFER ? (void *)&cmd->args[i].addr
                                                      : (void *)(uintptr_t)cmd->args[i].bytes;
   /* Remember what went in flight, so a fault found later can name it. */
-  w->last_kernel = cmd->kernel->name;
-  w->last_stream = cmd->stream;
-  w->last_seq = cmd->seq;
+  atomic_store_explicit(&w->last_kernel, cmd->kernel->name, memory_order_relaxed);
+  atomic_store_explicit(&w->last_stream, cmd->stream, memory_order_relaxed);
+  atomic_store_explicit(&w->last_seq, cmd->seq, memory_order_relaxed);
   CUresult r = ruda__cu.cuLaunchKernel(ck->fn, g.x, g.y, g.z, cmd->block.x, cmd->block.y, cmd->block.z,
                                        cmd->shared_mem, w->stream, params, NULL);
   if (r != CUDA_SUCCESS)

@@ -117,14 +117,14 @@ typedef struct ruda_memory_stats {
   uint64_t reserved[4];    /* zero */
 } ruda_memory_stats;
 
-/* Usage of the stream's pools. RUDA_EUNHEALTHY while the stream holds
- * errors not yet drained by flush or sync (or the device is faulted). */
+/* Usage of the stream's pools. Reports also while the stream holds errors
+ * (they stay queued for its flush or sync). */
 RUDA_EXTERN int ruda_memory_usage(struct ruda_device *dev, ruda_stream_id stream,
                                   ruda_memory_stats *out);
 
 /* The device as a whole: every stream's pools plus the pages cached in the
- * arena. RUDA_EUNHEALTHY when any stream holds errors. Blocks briefly on
- * each stream's pool lock. */
+ * arena, whatever the streams' health. Blocks briefly on each stream's
+ * pool lock. */
 RUDA_EXTERN int ruda_memory_device_usage(struct ruda_device *dev, ruda_memory_stats *out);
 
 /* One pool's layout and figures (filled by ruda_memory_report). */
@@ -142,7 +142,7 @@ typedef struct ruda_pool_report {
 
 /* Per-pool report of the stream's pools in allocation-routing order, then
  * the persistent pool. Writes up to cap entries, sets *npools to how many
- * there are. RUDA_EUNHEALTHY as for ruda_memory_usage. */
+ * there are. */
 RUDA_EXTERN int ruda_memory_report(struct ruda_device *dev, ruda_stream_id stream,
                                    ruda_pool_report *pools, uint32_t cap, uint32_t *npools);
 
