@@ -6,6 +6,7 @@
  * stream's next flush or sync, and a program that watches its memory
  * while something failed needs the figures most.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "memory/pool.h"
@@ -133,4 +134,85 @@ int ruda_memory_cleanup(ruda_device *dev, ruda_stream_id stream) {
   pthread_mutex_unlock(&p->lock);
   ruda__arena_trim(&dev->memory, 0, CLEANUP_WAIT_NS);
   return 0;
+}
+
+/* ---- a printed summary ---- */
+
+/* Bytes as a person reads them: "512 B", "64.0 KiB", "3.2 GiB". */
+static const char *human(uint64_t b, char *buf, size_t len) {
+  static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)b;
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, u++;
+  if (u == 0) snprintf(buf, len, "%llu B", (unsigned long long)b);
+  else snprintf(buf, len, "%.1f %s", v, unit[u]);
+  return buf;
+}
+
+/* The largest request the pool could serve now without a new page: a free
+ * slot's size (sliced), the largest cached page (exclusive). Lock held. */
+static uint64_t largest_free(const ruda__pool *pool) {
+  uint64_t best = 0;
+  if (pool->cfg.kind == RUDA_POOL_SLICED) {
+    for (uint32_t c = 0; c < pool->nclasses; c++)
+      if (pool->classes[c].nonfull != NULL && pool->classes[c].size > best) best = pool->classes[c].size;
+    for (const ruda__page *e = pool->empty; e != NULL; e = e->next)
+      if (e->size > best) best = e->size;
+  } else {
+    for (const ruda__page *e = pool->cache; e != NULL; e = e->next)
+      if (e->size > best) best = e->size;
+  }
+  return best;
+}
+
+static const char *pool_name(const ruda__pool *pool, char *buf, size_t len) {
+  char h[32];
+  if (pool->cfg.kind == RUDA_POOL_PERSISTENT) snprintf(buf, len, "persistent");
+  else if (pool->cfg.max_alloc == UINT64_MAX) snprintf(buf, len, "%s", pool->cfg.kind == RUDA_POOL_SLICED ? "sliced, any" : "exclusive, any");
+  else snprintf(buf, len, "%s <= %s", pool->cfg.kind == RUDA_POOL_SLICED ? "sliced" : "exclusive",
+                human(pool->cfg.max_alloc, h, sizeof h));
+  return buf;
+}
+
+int ruda_memory_summary(ruda_device *dev, FILE *out) {
+  static const char fn[] = "ruda_memory_summary";
+  RUDA__CHECK_DEV(dev, fn);
+  if (out == NULL) return ruda__fail(RUDA_EINVAL, "%s: out is NULL", fn);
+  ruda_memory_stats d;
+  int rc = ruda_memory_device_usage(dev, &d);
+  if (rc != 0) return rc;
+  const ruda__arena *a = &dev->memory.arena;
+  char h1[32], h2[32], h3[32], h4[32], h5[32];
+  fprintf(out, "ruda memory summary: %s (%s backend), %u workers\n", dev->limits.name, dev->ops->name,
+          dev->nworkers);
+  fprintf(out, "  device: %llu buffers, %s in use, %s reserved (%.1f%% of it in use), peaks %s in use, %s reserved\n",
+          (unsigned long long)d.nallocs, human(d.bytes_in_use, h1, sizeof h1), human(d.bytes_reserved, h2, sizeof h2),
+          d.bytes_reserved ? 100.0 * (double)d.bytes_in_use / (double)d.bytes_reserved : 100.0,
+          human(d.peak_in_use, h3, sizeof h3), human(d.peak_reserved, h4, sizeof h4));
+  fprintf(out, "  arena: %s of free pages cached; from the backend: %s backed (peak %s), %llu allocations, %llu frees\n",
+          human(atomic_load(&a->free_bytes), h1, sizeof h1), human(atomic_load(&a->backed), h2, sizeof h2),
+          human(atomic_load(&a->peak_backed), h3, sizeof h3), (unsigned long long)atomic_load(&a->backend_allocs),
+          (unsigned long long)atomic_load(&a->backend_frees));
+  fprintf(out, "  %-22s %-20s %8s %11s %11s %11s %7s %11s %11s\n", "stream", "pool", "buffers", "in use", "padding",
+          "reserved", "frag", "peak use", "largest free");
+  pthread_mutex_lock(&dev->memory.all_lock);
+  ruda__pools *q = dev->memory.all; /* grows at its head only; never shrinks before close */
+  pthread_mutex_unlock(&dev->memory.all_lock);
+  for (; q != NULL; q = q->all_next) {
+    pthread_mutex_lock(&q->lock);
+    ruda__pools_poll_retired(q);
+    char sname[RUDA__STREAM_NAME_MAX], pname[48];
+    ruda__stream_name(q->stream_id, sname);
+    for (uint32_t i = 0; i <= q->npools; i++) {
+      const ruda__pool *pool = i < q->npools ? &q->pools[i] : &q->persistent;
+      if (pool->reserved == 0 && pool->nallocs == 0 && pool->peak_in_use == 0) continue;
+      double frag = pool->reserved ? 100.0 * (1.0 - (double)pool->in_use / (double)pool->reserved) : 0.0;
+      fprintf(out, "  %-22s %-20s %8llu %11s %11s %11s %6.1f%% %11s %11s\n", sname, pool_name(pool, pname, sizeof pname),
+              (unsigned long long)pool->nallocs, human(pool->in_use, h1, sizeof h1), human(pool->padding, h2, sizeof h2),
+              human(pool->reserved, h3, sizeof h3), frag, human(pool->peak_in_use, h4, sizeof h4),
+              human(largest_free(pool), h5, sizeof h5));
+    }
+    pthread_mutex_unlock(&q->lock);
+  }
+  return ferror(out) ? ruda__fail(RUDA_EIO, "%s: writing the summary failed", fn) : 0;
 }

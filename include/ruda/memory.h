@@ -31,6 +31,7 @@
 #define RUDA_MEMORY_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "ruda/export.h"
 #include "ruda/types.h"
@@ -145,6 +146,14 @@ typedef struct ruda_pool_report {
  * there are. */
 RUDA_EXTERN int ruda_memory_report(struct ruda_device *dev, ruda_stream_id stream,
                                    ruda_pool_report *pools, uint32_t cap, uint32_t *npools);
+
+/* Prints a table a person reads (as torch.cuda.memory_summary): the
+ * device's totals, the arena, then for every stream and pool its buffers,
+ * bytes in use, padding, reserved, fragmentation (share of reserved not in
+ * use), peak use and the largest request it could serve without a new
+ * page. Reports whatever the streams' health. RUDA_EIO when out fails.
+ * Thread-safe; blocks briefly on each stream's pool lock. */
+RUDA_EXTERN int ruda_memory_summary(struct ruda_device *dev, FILE *out);
 
 /* Returns unused pages to the backend: the stream's empty and cached
  * pages, and every page cached in the arena. A page still in use by

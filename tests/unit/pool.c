@@ -597,6 +597,37 @@ static void new_peak_trims_first(void **state) {
   test_close(dev);
 }
 
+/* The printed summary shows every stream's pools with their figures. */
+static void summary_prints_every_stream(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(2, 1024, RUDA_BACKPRESSURE_BLOCK);
+  ruda_handle a, b, c;
+  assert_ok(ruda_buffer_create(dev, 0, 3000, &a));
+  assert_ok(ruda_buffer_create(dev, 1, 100 * KiB, &b));
+  assert_ok(ruda_buffer_create(dev, 1, 5 * MiB, &c));
+  FILE *f = tmpfile();
+  assert_non_null(f);
+  assert_ok(ruda_memory_summary(dev, f));
+  rewind(f);
+  char text[8192];
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  text[n] = '\0';
+  fclose(f);
+  assert_contains(text, "ruda memory summary: host CPU (host backend), 2 workers");
+  assert_contains(text, "device: 3 buffers");
+  assert_contains(text, "stream 0");
+  assert_contains(text, "stream 1");
+  assert_contains(text, "sliced <= 8.0 KiB");
+  assert_contains(text, "exclusive, any");
+  assert_contains(text, "5.1 MiB");
+  assert_contains(text, "largest free");
+  assert_rc(ruda_memory_summary(dev, NULL), RUDA_EINVAL);
+  assert_ok(ruda_buffer_free(dev, 0, a));
+  assert_ok(ruda_buffer_free(dev, 1, b));
+  assert_ok(ruda_buffer_free(dev, 1, c));
+  test_close(dev);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(size_classes),
@@ -609,6 +640,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(out_of_memory_retry),
       cmocka_unit_test(cleanup_returns_pages),
       cmocka_unit_test(reports_work_while_errors_wait),
+      cmocka_unit_test(summary_prints_every_stream),
       cmocka_unit_test(dry_run_backs_later),
       cmocka_unit_test(threads_share_a_stream),
       cmocka_unit_test(trims_keep_every_size_in_stock),
