@@ -88,15 +88,22 @@ static int pool_build(ruda__pools *p, ruda__pool *pool, const ruda_pool_config *
   return 0;
 }
 
-static void build_layout(ruda__pools *p, const ruda_pool_config *layout, uint32_t n) {
+/* Builds every pool of the layout, or none: RUDA_ENOMEM with p left
+ * without pools (a stream that could never allocate would be worse). */
+static int build_layout(ruda__pools *p, const ruda_pool_config *layout, uint32_t n) {
   uint64_t lo = 0;
   p->npools = 0;
   for (uint32_t i = 0; i < n; i++) {
-    if (pool_build(p, &p->pools[i], &layout[i], lo) != 0) break; /* no memory: fewer pools */
+    if (pool_build(p, &p->pools[i], &layout[i], lo) != 0) {
+      for (uint32_t j = 0; j < p->npools; j++) free(p->pools[j].classes);
+      p->npools = 0;
+      return RUDA_ENOMEM;
+    }
     p->npools++;
     lo = layout[i].max_alloc;
   }
   p->peak_in_use = p->peak_reserved = 0;
+  return 0;
 }
 
 uint32_t ruda_memory_default_pools(ruda_pool_config *pools, uint32_t cap) {
@@ -129,8 +136,12 @@ ruda__pools *ruda__pools_of(ruda__memory *mem, ruda__pools *_Atomic *slot, uint3
   uint32_t n = mem->nlayout;
   memcpy(layout, mem->layout, n * sizeof layout[0]);
   pthread_mutex_unlock(&mem->layout_lock);
-  build_layout(p, layout, n);
   ruda_pool_config pers = {.kind = RUDA_POOL_PERSISTENT, .max_alloc = UINT64_MAX};
+  if (build_layout(p, layout, n) != 0) {
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+    return NULL;
+  }
   pool_build(p, &p->persistent, &pers, 0);
   ruda__pools *expected = NULL;
   if (!atomic_compare_exchange_strong_explicit(slot, &expected, p, memory_order_acq_rel,
@@ -517,9 +528,15 @@ void ruda__memory_retire(ruda__memory *mem, void *page, uint64_t addr, uint64_t 
     pthread_mutex_unlock(&p->lock);
     return;
   }
-  ruda__retired *r;
-  /* Losing this record would leak the memory for the device's life. */
-  while ((r = malloc(sizeof *r + n * sizeof r->wait[0])) == NULL) sched_yield();
+  ruda__retired *r = NULL;
+  for (int tries = 0; tries < 64 && (r = malloc(sizeof *r + n * sizeof r->wait[0])) == NULL; tries++) sched_yield();
+  if (r == NULL) {
+    /* No memory to note what the reuse must wait for: the bytes stay with
+     * their page, still counted in use, until the device closes and frees
+     * every page. Never a hang, never an early reuse. */
+    atomic_fetch_add_explicit(&mem->stranded, 1, memory_order_relaxed);
+    return;
+  }
   r->page = pg;
   r->addr = addr;
   r->size = size;
@@ -648,7 +665,11 @@ int ruda__pools_install(ruda__pools *p, const ruda_pool_config *pools, uint32_t 
       pool_release_unused(&p->pools[i]);
       free(p->pools[i].classes);
     }
-    build_layout(p, pools, n);
+    if (build_layout(p, pools, n) != 0) {
+      pthread_mutex_unlock(&p->lock);
+      return ruda__fail(RUDA_ENOMEM, "%s: out of host memory; the stream has no pools until a layout is installed",
+                        fn);
+    }
   }
   pthread_mutex_unlock(&p->lock);
   return 0;

@@ -188,6 +188,9 @@ typedef struct ruda__memory {
   uint32_t nworkers;
   pthread_mutex_t all_lock;
   ruda__pools *all;
+  /* Freed buffers whose memory stayed with its page for want of host
+   * memory to track it (ruda__memory_retire); back at close. */
+  _Atomic uint64_t stranded;
 } ruda__memory;
 
 /* Device lifecycle. init with ops, bstate, handles and progress set,

@@ -165,6 +165,10 @@ struct ruda__worker {
   void *wstate;
   int start_code;
   uint64_t last_idle_ns; /* worker only: how long its last idle spell lasted */
+  /* Made at start for stopping the worker, so close never needs memory it
+   * may not get: the last FENCE, its future, the STOP. */
+  ruda__cmd *reserve_fence, *reserve_stop;
+  struct ruda_future *reserve_future;
   /* With RUDA_WORKER_STATS=1: time spent running each kind of command,
    * polling and asleep (worker only; printed when the device closes). */
   struct {

@@ -256,7 +256,16 @@ static void *worker_boot(void *p) {
   return worker_main(w);
 }
 
-static ruda__cmd *cmd_alloc_retry(void);
+static void release_reserve(ruda__worker *w) {
+  ruda__cmd_free(w->reserve_fence);
+  ruda__cmd_free(w->reserve_stop);
+  if (w->reserve_future != NULL) {
+    ruda__future_unref(w->reserve_future); /* both references: never queued */
+    ruda__future_unref(w->reserve_future);
+  }
+  w->reserve_fence = w->reserve_stop = NULL;
+  w->reserve_future = NULL;
+}
 
 int ruda__workers_start(ruda_device *dev) {
   uint32_t n = dev->nworkers;
@@ -275,8 +284,13 @@ int ruda__workers_start(ruda_device *dev) {
     w->own_bit = dev->nworkers <= 64 ? UINT64_C(1) << i : 0;
     w->dev = dev;
     w->wstate = NULL;
+    w->reserve_fence = ruda__cmd_alloc(0);
+    w->reserve_stop = ruda__cmd_alloc(0);
+    w->reserve_future = ruda__future_new(dev, NULL, 0);
     start_arg *a = malloc(sizeof *a);
-    if (a == NULL) {
+    if (a == NULL || w->reserve_fence == NULL || w->reserve_stop == NULL || w->reserve_future == NULL) {
+      free(a);
+      release_reserve(w);
       rc = ruda__fail(RUDA_ENOMEM, "ruda_device_open: no memory for worker %u", i);
       break;
     }
@@ -286,6 +300,7 @@ int ruda__workers_start(ruda_device *dev) {
     pthread_mutex_unlock(&lock);
     if (pthread_create(&w->thread, NULL, worker_boot, a) != 0) {
       free(a);
+      release_reserve(w);
       pthread_mutex_lock(&lock);
       pending--;
       pthread_mutex_unlock(&lock);
@@ -304,12 +319,15 @@ int ruda__workers_start(ruda_device *dev) {
     for (uint32_t i = 0; i < started; i++) {
       ruda__worker *w = &dev->workers[i];
       if (w->start_code == 0) {
-        ruda__cmd *stop = cmd_alloc_retry(); /* skipping it would hang the join */
+        ruda__cmd *stop = w->reserve_stop; /* skipping it would hang the join */
+        w->reserve_stop = NULL;
         stop->kind = RUDA__CMD_STOP;
         stop->stream = NULL;
+        stop->seq = 0;
         ruda__queue_push_unbounded(w, stop);
       }
       pthread_join(w->thread, NULL);
+      release_reserve(w);
     }
     return rc;
   }
@@ -336,13 +354,6 @@ static void print_stats(ruda_device *dev) {
   }
 }
 
-/* Allocates a command, retrying: close cannot leave a worker running. */
-static ruda__cmd *cmd_alloc_retry(void) {
-  ruda__cmd *cmd;
-  while ((cmd = ruda__cmd_alloc(0)) == NULL) sched_yield();
-  return cmd;
-}
-
 void ruda__workers_stop(ruda_device *dev) {
   /* First let every worker run everything queued on it. A worker running
    * a command may push onto another worker's queue (scheduler/fence.c:
@@ -350,29 +361,28 @@ void ruda__workers_stop(ruda_device *dev) {
    * already reached its STOP and exited, the pushed command would never
    * run and its memory would leak. Once every worker passed this FENCE,
    * no client command is left to run, so no worker pushes any more. */
-  ruda_future **quiet = calloc(dev->nworkers, sizeof *quiet);
-  for (uint32_t i = 0; quiet != NULL && i < dev->nworkers; i++) {
+  for (uint32_t i = 0; i < dev->nworkers; i++) {
     ruda__worker *w = &dev->workers[i];
-    ruda_future *f;
-    while ((f = ruda__future_new(dev, NULL, 0)) == NULL) sched_yield();
-    ruda__cmd *fence = cmd_alloc_retry();
+    ruda__cmd *fence = w->reserve_fence;
     fence->kind = RUDA__CMD_FENCE;
     fence->stream = NULL;
     fence->seq = 0;
-    fence->future = f;
-    quiet[i] = f;
+    fence->future = w->reserve_future;
+    w->reserve_fence = NULL;
     ruda__queue_push_unbounded(w, fence);
   }
-  for (uint32_t i = 0; quiet != NULL && i < dev->nworkers; i++) {
-    ruda_future_wait(quiet[i], NULL);
-    ruda_future_free(quiet[i]);
+  for (uint32_t i = 0; i < dev->nworkers; i++) {
+    ruda__worker *w = &dev->workers[i];
+    ruda_future_wait(w->reserve_future, NULL);
+    ruda_future_free(w->reserve_future);
+    w->reserve_future = NULL;
   }
-  free(quiet);
   /* Each STOP goes behind everything already queued, so every enqueued
    * command runs (and reports) before its worker exits. */
   for (uint32_t i = 0; i < dev->nworkers; i++) {
     ruda__worker *w = &dev->workers[i];
-    ruda__cmd *stop = cmd_alloc_retry();
+    ruda__cmd *stop = w->reserve_stop;
+    w->reserve_stop = NULL;
     stop->kind = RUDA__CMD_STOP;
     stop->stream = NULL;
     stop->seq = 0;
