@@ -43,8 +43,18 @@ typedef struct ruda__limits {
 typedef struct ruda__kernel {
   const char *name;
   ruda_host_kernel_fn host_fn; /* host backend */
+  ruda_host_param *host_params; /* host backend: the signature, or NULL (unchecked) */
+  uint32_t host_nparams;
   char *source;                /* cuda backend: CUDA C source */
   char **options;              /* NULL-terminated NVRTC options, or NULL */
+  /* cuda: every name compiled with this source (a module: each is a name
+   * expression, so C++ names resolve), NULL-terminated, or NULL. */
+  char **module_names;
+  const char *file_name;       /* cuda: the source's name in logs, or NULL */
+  /* cuda: a precompiled image (cubin, PTX, fatbin) instead of a source;
+   * valid during kernel_prepare only. */
+  const void *image;
+  size_t image_size;
   void *impl;                  /* backend's compiled form (cuda) */
 } ruda__kernel;
 

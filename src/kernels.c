@@ -137,6 +137,7 @@ static void kernel_free(ruda_device *dev, ruda__kernel *k) {
   if (dev->ops->kernel_release && k->impl) dev->ops->kernel_release(dev->bstate, k);
   free_list(k->options);
   free_list(k->module_names);
+  free(k->host_params);
   free((void *)k->file_name);
   free(k->source);
   free((void *)k->name);
@@ -225,7 +226,8 @@ void ruda__kernels_destroy(ruda_device *dev) {
   dev->kernels = NULL;
 }
 
-int ruda_host_kernel_register(ruda_device *dev, const char *name, ruda_host_kernel_fn fn) {
+static int host_register(ruda_device *dev, const char *name, ruda_host_kernel_fn fn, const ruda_host_param *params,
+                         uint32_t n, int typed) {
   RUDA__CHECK_DEV(dev, "ruda_host_kernel_register");
   if (name == NULL || *name == '\0')
     return ruda__fail(RUDA_EINVAL, "ruda_host_kernel_register: name is NULL or empty");
@@ -245,10 +247,40 @@ int ruda_host_kernel_register(ruda_device *dev, const char *name, ruda_host_kern
   }
   k->name = copy;
   k->host_fn = fn;
+  if (typed) {
+    k->host_params = calloc(n ? n : 1, sizeof *k->host_params);
+    if (k->host_params == NULL) {
+      kernel_free(dev, k);
+      return ruda__fail(RUDA_ENOMEM, "ruda_host_kernel_register: out of host memory");
+    }
+    if (n) memcpy(k->host_params, params, n * sizeof *params);
+    k->host_nparams = n;
+  }
   int rc = dev->ops->kernel_prepare ? dev->ops->kernel_prepare(dev->bstate, k) : 0;
   if (rc == 0) rc = ruda__kernel_add(dev, k);
   if (rc != 0) kernel_free(dev, k);
   return rc;
+}
+
+int ruda_host_kernel_register(ruda_device *dev, const char *name, ruda_host_kernel_fn fn) {
+  return host_register(dev, name, fn, NULL, 0, 0);
+}
+
+int ruda_host_kernel_register_typed(ruda_device *dev, const char *name, ruda_host_kernel_fn fn,
+                                    const ruda_host_param *params, uint32_t n) {
+  static const char fn_name[] = "ruda_host_kernel_register_typed";
+  RUDA__CHECK_DEV(dev, fn_name);
+  if (n > RUDA_MAX_ARGS) return ruda__fail(RUDA_EINVAL, "%s: %u parameters, at most %d", fn_name, n, RUDA_MAX_ARGS);
+  if (n > 0 && params == NULL) return ruda__fail(RUDA_EINVAL, "%s: params is NULL", fn_name);
+  for (uint32_t i = 0; i < n; i++) {
+    if (params[i].kind == RUDA_ARG_SCALAR && (params[i].size == 0 || params[i].size > RUDA_MAX_SCALAR_BYTES))
+      return ruda__fail(RUDA_EINVAL, "%s: scalar parameter %u has %u bytes, not 1..%d", fn_name, i, params[i].size,
+                        RUDA_MAX_SCALAR_BYTES);
+    if (params[i].kind != RUDA_ARG_SCALAR && params[i].kind != RUDA_ARG_BUFFER)
+      return ruda__fail(RUDA_EINVAL, "%s: parameter %u has kind %d, not RUDA_ARG_BUFFER or RUDA_ARG_SCALAR", fn_name,
+                        i, (int)params[i].kind);
+  }
+  return host_register(dev, name, fn, params, n, 1);
 }
 
 /* A NULL-terminated copy of v[0..n) (n < 0: v is NULL-terminated). */

@@ -182,7 +182,7 @@ static int host_launch(void *ws, const ruda__launch_cmd *cmd, ruda_error **err) 
                            cmd->shared_mem);
     return RUDA_ENOMEM;
   }
-  ruda_host_ctx ctx = {.grid_dim = grid, .block_dim = cmd->block, .shared = shared};
+  ruda_host_ctx ctx = {.grid_dim = grid, .block_dim = cmd->block, .shared = shared, .nargs = cmd->nargs};
   ruda_host_kernel_fn fn = cmd->kernel->host_fn;
   int rc = 0;
   for (ctx.block_idx.z = 0; ctx.block_idx.z < grid.z; ctx.block_idx.z++)
@@ -229,6 +229,27 @@ static int host_record(void *ws, ruda__completion *c, ruda_error **err) {
   return 0;
 }
 
+/* Typed kernels: the checks the cuda backend makes from the compiled
+ * function, with its messages. */
+static int host_launch_check(void *state, const ruda__kernel *k, const ruda_launch_desc *l) {
+  (void)state;
+  if (k->host_params == NULL) return 0;
+  if (l->nargs != k->host_nparams)
+    return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": %u arguments given, the kernel takes %u", l->kernel, l->nargs,
+                      k->host_nparams);
+  for (uint32_t i = 0; i < l->nargs; i++) {
+    const int is_buf = l->args[i].kind != RUDA_ARG_SCALAR, want_buf = k->host_params[i].kind != RUDA_ARG_SCALAR;
+    uint32_t have = is_buf ? 8u : l->args[i].size, want = want_buf ? 8u : k->host_params[i].size;
+    if (is_buf != want_buf || have != want)
+      return ruda__fail(RUDA_EINVAL,
+                        "ruda_launch \"%s\": argument %u is %s of %u bytes, the kernel's parameter %u is %s of %u "
+                        "bytes",
+                        l->kernel, i, is_buf ? "a buffer pointer" : "a scalar", have, i,
+                        want_buf ? "a buffer pointer" : "a scalar", want);
+  }
+  return 0;
+}
+
 static int host_kernel_prepare(void *state, ruda__kernel *k) {
   (void)state;
   if (k->host_fn == NULL)
@@ -252,6 +273,7 @@ const ruda__backend_ops ruda__host_backend = {
     .launch = host_launch,
     .record = host_record,
     .kernel_prepare = host_kernel_prepare,
+    .launch_check = host_launch_check,
     .comm_init = ruda__host_comm_init,
     .comm_destroy = ruda__host_comm_destroy,
     .collective = ruda__host_collective,

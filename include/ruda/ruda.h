@@ -377,16 +377,33 @@ RUDA_EXTERN int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_
  * RUDA_BACKPRESSURE_BLOCK): if that worker is its own, it deadlocks. */
 typedef struct ruda_host_ctx {
   ruda_dim3 grid_dim, block_dim, block_idx, thread_idx;
-  void *shared; /* shared_mem bytes, per block */
+  void *shared;   /* shared_mem bytes, per block */
+  uint32_t nargs; /* entries in args */
 } ruda_host_ctx;
 
 /* A host kernel: one call per thread; 0 or a negative RUDA_E* code. */
 typedef int (*ruda_host_kernel_fn)(const ruda_host_ctx *ctx, void *const *args);
 
 /* Registers (or replaces) a host kernel. RUDA_ENOBACKEND on a cuda device.
+ * Launches of it are not checked against a signature (see
+ * ruda_host_kernel_register_typed, which a CUDA kernel always has).
  * Thread-safe. */
 RUDA_EXTERN int ruda_host_kernel_register(ruda_device *dev, const char *name,
                                           ruda_host_kernel_fn fn);
+
+/* A host kernel's parameter: RUDA_ARG_BUFFER (a pointer; any access mode
+ * may be passed) or RUDA_ARG_SCALAR of size bytes. */
+typedef struct ruda_host_param {
+  ruda_arg_kind kind;
+  uint32_t size; /* RUDA_ARG_SCALAR: bytes */
+} ruda_host_param;
+
+/* Registers (or replaces) a host kernel with its signature, params[0..n):
+ * every launch is checked as on the cuda backend (argument count, buffer
+ * or scalar, scalar sizes) and refused at the call with the same
+ * RUDA_EINVAL messages. RUDA_ENOBACKEND on a cuda device. Thread-safe. */
+RUDA_EXTERN int ruda_host_kernel_register_typed(ruda_device *dev, const char *name, ruda_host_kernel_fn fn,
+                                                const ruda_host_param *params, uint32_t n);
 
 /* Registers (or replaces) a CUDA C++ kernel given as source, launched
  * afterwards by name. name is the kernel as the source spells it: an

@@ -549,6 +549,37 @@ static void launch_arguments(void **state) {
   assert_int_equal(atomic_load(&runs), 2);
 }
 
+/* A typed host kernel is checked at the call as a CUDA kernel is. */
+static _Atomic int typed_runs;
+static int typed_kernel(const ruda_host_ctx *c, void *const *args) {
+  if (c->nargs != 2) return RUDA_EINVAL;
+  ((unsigned char *)args[0])[0] = (unsigned char)*(const uint32_t *)args[1];
+  atomic_fetch_add(&typed_runs, 1);
+  return 0;
+}
+
+static void typed_host_kernels_are_checked(void **state) {
+  fixture *fx = *state;
+  const ruda_host_param sig[2] = {{RUDA_ARG_BUFFER, 0}, {RUDA_ARG_SCALAR, 4}};
+  assert_ok(ruda_host_kernel_register_typed(fx->dev, "typed", typed_kernel, sig, 2));
+  const ruda_host_param bad_sig[1] = {{RUDA_ARG_SCALAR, 0}};
+  assert_rc(ruda_host_kernel_register_typed(fx->dev, "bad", typed_kernel, bad_sig, 1), RUDA_EINVAL);
+  uint32_t v = 7;
+  uint64_t w = 7;
+  ruda_arg good[2] = {ruda_arg_out(ruda_bind(fx->buf)), ruda_arg_scalar(&v, 4)};
+  ruda_arg swapped[2] = {ruda_arg_scalar(&v, 4), ruda_arg_buffer(ruda_bind(fx->buf))};
+  ruda_arg wide[2] = {ruda_arg_buffer(ruda_bind(fx->buf)), ruda_arg_scalar(&w, 8)};
+  assert_rc(test_launch(fx->dev, 0, "typed", good, 1), RUDA_EINVAL);
+  assert_last_error_contains("1 arguments given, the kernel takes 2");
+  assert_rc(test_launch(fx->dev, 0, "typed", swapped, 2), RUDA_EINVAL);
+  assert_last_error_contains("argument 0 is a scalar of 4 bytes, the kernel's parameter 0 is a buffer pointer");
+  assert_rc(test_launch(fx->dev, 0, "typed", wide, 2), RUDA_EINVAL);
+  assert_last_error_contains("argument 1 is a scalar of 8 bytes, the kernel's parameter 1 is a scalar of 4 bytes");
+  assert_ok(test_launch(fx->dev, 0, "typed", good, 2));
+  assert_ok(ruda_sync(fx->dev, 0, NULL));
+  assert_int_equal(atomic_load(&typed_runs), 1);
+}
+
 /* A host kernel's positive return is not a ruda code: reported as
  * RUDA_EINVAL saying what was returned, not as an unknown code. */
 static int returns_seven(const ruda_host_ctx *c, void *const *args) {
@@ -616,6 +647,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(stale_and_freed_handles, setup, teardown),
       cmocka_unit_test_setup_teardown(unknown_kernel, setup, teardown),
       cmocka_unit_test_setup_teardown(positive_kernel_return, setup, teardown),
+      cmocka_unit_test_setup_teardown(typed_host_kernels_are_checked, setup, teardown),
       cmocka_unit_test_setup_teardown(launch_limits, setup, teardown),
       cmocka_unit_test_setup_teardown(launch_arguments, setup, teardown),
       cmocka_unit_test_setup_teardown(bad_stream_ids, setup, teardown),
