@@ -1,0 +1,348 @@
+/* fuzz_api.c - call sequences over the public API, decoded from bytes,
+ * checked against a shadow model (host backend).
+ *
+ * Every input opens a device, runs the decoded calls from one thread on
+ * four streams (three workers), and checks as it goes:
+ *   - refusals that must happen (a freed or never-made handle, a range
+ *     past the buffer, a capture refusing reads) happen with their code;
+ *   - data: every read, waited at once or later, equals the model's bytes
+ *     at the moment it was issued, whatever streams the writers used, so
+ *     cross-stream ordering (access modes included) is exact;
+ *   - errors: each flush or sync of a stream hands back exactly the
+ *     kernel failures the model counted on it, none lost, none elsewhere;
+ *   - at the end every live buffer equals the model and close is clean.
+ * A violation aborts (the fuzzer reports it with the input).
+ *
+ * Built two ways: with RUDA_LIBFUZZER, the LLVMFuzzerTestOneInput target
+ * (tools/fuzz.sh); without, a driver that runs -n inputs from a seeded
+ * generator, or the files named on the command line (ctest: fuzz_api.*). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ruda/ruda.h"
+
+#define NSTREAMS 4
+#define NBUF 8
+#define MAXB 192
+
+typedef struct model_buf {
+  ruda_handle h;
+  int live, made;
+  uint32_t size;
+  unsigned char data[MAXB];
+} model_buf;
+
+typedef struct pending_read {
+  ruda_future *f;
+  ruda_stream_id s;
+  unsigned char got[MAXB], want[MAXB];
+  uint32_t len;
+} pending_read;
+
+typedef struct fuzz {
+  ruda_device *dev;
+  model_buf b[NBUF];
+  int errors[NSTREAMS]; /* kernel failures queued on each stream */
+  pending_read pend[4];
+  int npend;
+  const uint8_t *in;
+  size_t n, at;
+} fuzz;
+
+#define CHECK(cond, ...)                                                  \
+  do {                                                                    \
+    if (!(cond)) {                                                        \
+      fprintf(stderr, "fuzz_api: violated at byte %zu: ", z->at);         \
+      fprintf(stderr, __VA_ARGS__);                                       \
+      fprintf(stderr, " (last error: %s)\n", ruda_error_message(ruda_last_error())); \
+      abort();                                                            \
+    }                                                                     \
+  } while (0)
+
+static uint8_t next(fuzz *z) { return z->at < z->n ? z->in[z->at++] : 0; }
+
+/* Kernels, typed so launches are checked as on cuda. */
+static int k_fill(const ruda_host_ctx *c, void *const *a) {
+  (void)c;
+  memset(a[0], (int)*(const uint32_t *)a[1], *(const uint32_t *)a[2]);
+  return 0;
+}
+static int k_add(const ruda_host_ctx *c, void *const *a) {
+  (void)c;
+  unsigned char *p = a[0];
+  for (uint32_t i = 0; i < *(const uint32_t *)a[2]; i++) p[i] = (unsigned char)(p[i] + *(const uint32_t *)a[1]);
+  return 0;
+}
+static int k_copy(const ruda_host_ctx *c, void *const *a) {
+  (void)c;
+  memcpy(a[1], a[0], *(const uint32_t *)a[2]);
+  return 0;
+}
+static int k_fail(const ruda_host_ctx *c, void *const *a) {
+  (void)c;
+  return *(const int32_t *)a[0];
+}
+
+/* Errors handed back by a flush or sync: the causes under the summary. */
+static int count_errors(const ruda_error *e) {
+  int n = 0;
+  for (const ruda_error *c = ruda_error_cause(e); c != NULL; c = ruda_error_next(c)) n++;
+  return n;
+}
+
+static void drain(fuzz *z, ruda_stream_id s, int sync) {
+  ruda_error *err = NULL;
+  int rc = sync ? ruda_sync(z->dev, s, &err) : ruda_flush(z->dev, s, &err);
+  if (z->errors[s] == 0) CHECK(rc == 0 && err == NULL, "%s of a healthy stream %llu returned %s", sync ? "sync" : "flush",
+                               (unsigned long long)s, ruda_err_name(rc));
+  else CHECK(rc == RUDA_EUNHEALTHY && count_errors(err) == z->errors[s], "stream %llu: %d errors handed back, %d failed",
+             (unsigned long long)s, count_errors(err), z->errors[s]);
+  ruda_error_free(err);
+  z->errors[s] = 0;
+}
+
+/* Waits a read. It hands back its stream's errors recorded by then: some
+ * of the failures the model counted there, never more. */
+static void finish_read(fuzz *z, pending_read *p) {
+  ruda_error *err = NULL;
+  int rc = ruda_future_wait(p->f, &err);
+  int n = count_errors(err);
+  if (rc == RUDA_EUNHEALTHY) CHECK(n > 0, "unhealthy read without errors");
+  else CHECK(rc == 0 && n == 0, "read failed: %s", ruda_err_name(rc));
+  CHECK(n <= z->errors[p->s], "a read on stream %llu handed back %d errors, %d failed there", (unsigned long long)p->s,
+        n, z->errors[p->s]);
+  z->errors[p->s] -= n;
+  ruda_error_free(err);
+  ruda_future_free(p->f);
+  CHECK(memcmp(p->got, p->want, p->len) == 0, "a read saw other bytes than the model had when it was issued");
+}
+
+static model_buf *pick(fuzz *z) { return &z->b[next(z) % NBUF]; }
+
+static uint32_t launch(fuzz *z, ruda_stream_id s, const char *k, ruda_arg *a, uint32_t n) {
+  ruda_launch_desc l = {.kernel = k, .grid = {1, 1, 1}, .block = {1, 1, 1}, .args = a, .nargs = n};
+  return (uint32_t)ruda_launch(z->dev, s, &l);
+}
+
+static void step(fuzz *z) {
+  const uint8_t op = next(z) % 12;
+  const ruda_stream_id s = next(z) % NSTREAMS;
+  model_buf *b = pick(z);
+  ruda_copy_desc d;
+  int rc;
+  switch (op) {
+    case 0: { /* create (replacing a dead slot) */
+      if (b->live) break;
+      uint32_t size = 1 + next(z) % MAXB;
+      rc = ruda_buffer_create(z->dev, s, size, &b->h);
+      CHECK(rc == 0, "create %u bytes: %s", size, ruda_err_name(rc));
+      b->live = b->made = 1;
+      b->size = size;
+      memset(b->data, 0, sizeof b->data);
+      d = ruda_copy_contiguous(ruda_bind(b->h));
+      rc = ruda_write(z->dev, s, &d, b->data, size); /* fresh memory is not zero: make it so */
+      CHECK(rc == 0, "first write: %s", ruda_err_name(rc));
+      break;
+    }
+    case 1: /* free: live, or already freed */
+      if (!b->made) break;
+      rc = ruda_buffer_free(z->dev, s, b->h);
+      CHECK(rc == (b->live ? 0 : RUDA_EFREE), "free of a %s buffer returned %s", b->live ? "live" : "freed",
+            ruda_err_name(rc));
+      b->live = 0;
+      break;
+    case 2: { /* write a range */
+      uint32_t off = next(z) % MAXB, len = 1 + next(z) % MAXB;
+      unsigned char v = next(z), src[2 * MAXB];
+      memset(src, v, sizeof src);
+      if (!b->made) break;
+      d = ruda_copy_contiguous(ruda_bind_range(b->h, off, len));
+      rc = ruda_write(z->dev, s, &d, src, len);
+      if (!b->live) CHECK(rc == RUDA_ENOTFOUND, "write to a freed buffer returned %s", ruda_err_name(rc));
+      else if (off + len > b->size) CHECK(rc == RUDA_ERANGE, "write past the end returned %s", ruda_err_name(rc));
+      else {
+        CHECK(rc == 0, "write: %s", ruda_err_name(rc));
+        memset(b->data + off, v, len);
+      }
+      break;
+    }
+    case 3: { /* read, waited now or later */
+      if (!b->live) break;
+      if (z->npend == 4) {
+        for (int i = 0; i < z->npend; i++) finish_read(z, &z->pend[i]);
+        z->npend = 0;
+      }
+      pending_read *p = &z->pend[z->npend++];
+      p->s = s;
+      p->len = b->size;
+      memcpy(p->want, b->data, b->size);
+      d = ruda_copy_contiguous(ruda_bind(b->h));
+      rc = ruda_read(z->dev, s, &d, p->got, b->size, &p->f);
+      CHECK(rc == 0, "read: %s", ruda_err_name(rc));
+      if (next(z) & 1) { /* wait now */
+        finish_read(z, p);
+        z->npend--;
+      }
+      break;
+    }
+    case 4: { /* fill, write-only */
+      if (!b->live) break;
+      uint32_t v = next(z), len = b->size;
+      ruda_arg a[3] = {ruda_arg_out(ruda_bind(b->h)), ruda_arg_scalar(&v, 4), ruda_arg_scalar(&len, 4)};
+      CHECK(launch(z, s, "fill", a, 3) == 0, "fill launch");
+      memset(b->data, (int)(v & 0xff), len);
+      break;
+    }
+    case 5: { /* add, read-write */
+      if (!b->live) break;
+      uint32_t v = next(z), len = b->size;
+      ruda_arg a[3] = {ruda_arg_buffer(ruda_bind(b->h)), ruda_arg_scalar(&v, 4), ruda_arg_scalar(&len, 4)};
+      CHECK(launch(z, s, "add", a, 3) == 0, "add launch");
+      for (uint32_t i = 0; i < len; i++) b->data[i] = (unsigned char)(b->data[i] + v);
+      break;
+    }
+    case 6: { /* copy kernel: src read-only, dst write-only */
+      model_buf *dst = pick(z);
+      if (!b->live || !dst->live || dst == b) break;
+      uint32_t len = b->size < dst->size ? b->size : dst->size;
+      ruda_arg a[3] = {ruda_arg_in(ruda_bind(b->h)), ruda_arg_out(ruda_bind(dst->h)), ruda_arg_scalar(&len, 4)};
+      CHECK(launch(z, s, "copy", a, 3) == 0, "copy launch");
+      memcpy(dst->data, b->data, len);
+      break;
+    }
+    case 7: { /* ruda_copy */
+      model_buf *dst = pick(z);
+      if (!b->live || !dst->live || dst == b) break;
+      rc = ruda_copy(z->dev, s, ruda_bind(dst->h), ruda_bind(b->h));
+      if (b->size > dst->size) {
+        CHECK(rc == RUDA_ERANGE, "oversized copy returned %s", ruda_err_name(rc));
+      } else {
+        CHECK(rc == 0, "copy: %s", ruda_err_name(rc));
+        memcpy(dst->data, b->data, b->size);
+      }
+      break;
+    }
+    case 8: { /* a kernel that fails */
+      int32_t code = (next(z) & 1) ? RUDA_ELAUNCH : RUDA_EINVAL;
+      ruda_arg a = ruda_arg_scalar(&code, 4);
+      CHECK(launch(z, s, "fail", &a, 1) == 0, "fail launch");
+      z->errors[s]++;
+      break;
+    }
+    case 9:
+      drain(z, s, 0);
+      break;
+    case 10:
+      drain(z, s, 1);
+      break;
+    case 11: { /* a graph of one add, replayed on other streams, destroyed */
+      if (!b->live) break;
+      uint32_t v = next(z), len = b->size, times = 1 + next(z) % 3;
+      drain(z, s, 1); /* a capture is refused on a stream holding errors */
+      CHECK(ruda_graph_begin_capture(z->dev, s) == 0, "begin capture");
+      d = ruda_copy_contiguous(ruda_bind(b->h));
+      unsigned char tmp[MAXB];
+      CHECK(ruda_write(z->dev, s, &d, tmp, len) == RUDA_EGRAPHSTATE, "a write during capture was not refused");
+      ruda_arg a[3] = {ruda_arg_buffer(ruda_bind(b->h)), ruda_arg_scalar(&v, 4), ruda_arg_scalar(&len, 4)};
+      CHECK(launch(z, s, "add", a, 3) == 0, "captured launch");
+      ruda_graph *g = NULL;
+      CHECK(ruda_graph_end_capture(z->dev, s, &g) == 0, "end capture");
+      for (uint32_t t = 0; t < times; t++) {
+        CHECK(ruda_graph_replay(z->dev, (s + 1 + t) % NSTREAMS, g) == 0, "replay");
+        for (uint32_t i = 0; i < len; i++) b->data[i] = (unsigned char)(b->data[i] + v);
+      }
+      CHECK(ruda_graph_destroy(z->dev, g) == 0, "destroy");
+      break;
+    }
+  }
+}
+
+int ruda_fuzz_one(const uint8_t *data, size_t size) {
+  fuzz z0, *z = &z0;
+  memset(z, 0, sizeof *z);
+  z->in = data;
+  z->n = size;
+  ruda_config cfg;
+  ruda_config_init(&cfg);
+  cfg.backend = RUDA_BACKEND_HOST;
+  cfg.num_streams = 3;
+  cfg.log_level = RUDA_LOG_OFF;
+  cfg.spin_us = 0;
+  CHECK(ruda_device_open(&cfg, &z->dev) == 0, "open");
+  const ruda_host_param p3[3] = {{RUDA_ARG_BUFFER, 0}, {RUDA_ARG_SCALAR, 4}, {RUDA_ARG_SCALAR, 4}};
+  const ruda_host_param pc[3] = {{RUDA_ARG_BUFFER, 0}, {RUDA_ARG_BUFFER, 0}, {RUDA_ARG_SCALAR, 4}};
+  const ruda_host_param pf[1] = {{RUDA_ARG_SCALAR, 4}};
+  CHECK(ruda_host_kernel_register_typed(z->dev, "fill", k_fill, p3, 3) == 0, "register");
+  CHECK(ruda_host_kernel_register_typed(z->dev, "add", k_add, p3, 3) == 0, "register");
+  CHECK(ruda_host_kernel_register_typed(z->dev, "copy", k_copy, pc, 3) == 0, "register");
+  CHECK(ruda_host_kernel_register_typed(z->dev, "fail", k_fail, pf, 1) == 0, "register");
+  for (int steps = 0; z->at < z->n && steps < 400; steps++) step(z);
+  for (int i = 0; i < z->npend; i++) finish_read(z, &z->pend[i]);
+  z->npend = 0;
+  /* Whatever is still queued: all of it comes back from one device sync. */
+  int queued = 0;
+  for (int s = 0; s < NSTREAMS; s++) queued += z->errors[s];
+  ruda_error *err = NULL;
+  int rc = ruda_device_sync(z->dev, &err);
+  int got = 0;
+  for (const ruda_error *e = err; e != NULL; e = ruda_error_next(e)) got += count_errors(e);
+  ruda_error_free(err);
+  CHECK(rc == (queued ? RUDA_EUNHEALTHY : 0) && got == queued, "device sync: %d errors back, %d queued (%s)", got,
+        queued, ruda_err_name(rc));
+  for (int i = 0; i < NBUF; i++) {
+    model_buf *b = &z->b[i];
+    if (!b->live) continue;
+    unsigned char back[MAXB];
+    ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(b->h));
+    ruda_future *f = NULL;
+    CHECK(ruda_read(z->dev, 0, &d, back, b->size, &f) == 0, "final read");
+    CHECK(ruda_future_wait(f, NULL) == 0, "final wait");
+    ruda_future_free(f);
+    CHECK(memcmp(back, b->data, b->size) == 0, "buffer %d differs from the model at the end", i);
+    CHECK(ruda_buffer_free(z->dev, 0, b->h) == 0, "final free");
+  }
+  CHECK(ruda_device_close(z->dev, NULL) == 0, "close");
+  return 0;
+}
+
+#ifdef RUDA_LIBFUZZER
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) { return ruda_fuzz_one(data, size); }
+#else
+/* Without libFuzzer: -n inputs from a seeded generator (-s), or replay the
+ * files named as arguments. */
+int main(int argc, char **argv) {
+  long count = 200;
+  unsigned long long seed = 1;
+  int files = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "-n") && i + 1 < argc) count = atol(argv[++i]);
+    else if (!strcmp(argv[i], "-s") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 10);
+    else {
+      FILE *f = fopen(argv[i], "rb");
+      if (f == NULL) {
+        perror(argv[i]);
+        return 2;
+      }
+      static uint8_t buf[1 << 16];
+      size_t n = fread(buf, 1, sizeof buf, f);
+      fclose(f);
+      ruda_fuzz_one(buf, n);
+      files++;
+    }
+  }
+  if (files) return 0;
+  static uint8_t buf[2048];
+  for (long k = 0; k < count; k++) {
+    size_t n = 64 + (size_t)(seed % (sizeof buf - 64));
+    for (size_t i = 0; i < n; i++) {
+      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+      buf[i] = (uint8_t)(seed >> 56);
+    }
+    ruda_fuzz_one(buf, n);
+  }
+  printf("fuzz_api: %ld generated inputs ran clean\n", count);
+  return 0;
+}
+#endif

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# A libFuzzer campaign over the public API against its shadow model
+# (tests/fuzz/fuzz_api.c), built with clang, ASan and UBSan.
+#   tools/fuzz.sh [seconds]   (default 60; the corpus grows in build-fuzz/corpus)
+# Prints libFuzzer's final stats; a violation stops it with the input saved.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs="${1:-60}"
+command -v clang >/dev/null || { echo "fuzz.sh: clang not found (Debian: apt-get install clang)"; exit 77; }
+cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DRUDA_ASAN=ON -DRUDA_FUZZ=ON -DRUDA_BUILD_BENCH=OFF \
+  -DCMAKE_BUILD_TYPE=Debug >/dev/null
+cmake --build build-fuzz -j"$(nproc)" --target fuzz_api_libfuzzer >/dev/null
+mkdir -p build-fuzz/corpus
+exec build-fuzz/tests/fuzz_api_libfuzzer -max_total_time="$secs" -max_len=2048 -print_final_stats=1 \
+  build-fuzz/corpus
