@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what ruda builds with on Debian/Ubuntu, skipping what is present.
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config liburcu-dev libck-dev libjemalloc-dev libcmocka-dev)
+pkgs=(build-essential cmake pkg-config liburcu-dev libck-dev libjemalloc-dev libcmocka-dev clang)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

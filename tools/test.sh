@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds ruda and runs its tests: under ASan+UBSan (leaks are failures),
-# under TSan (a data race is a failure), then the normal build, whose ctest
+# under TSan (a data race is a failure), a short libFuzzer run of the API
+# against its shadow model (clang), then the normal build, whose ctest
 # summary ends the output.
 # GPU tests report "skipped" where no GPU is usable.
 set -euo pipefail
@@ -17,6 +18,14 @@ cmake --build build-tsan -j"$jobs" >/dev/null
 echo "== tests under ThreadSanitizer"
 TSAN_OPTIONS="halt_on_error=1" ctest --test-dir build-tsan --output-on-failure -j"$jobs" || {
   echo "thread sanitizer run failed"; exit 1; }
+echo "== fuzzing the API for 30 s (tools/fuzz.sh)"
+log="${TMPDIR:-/tmp}/ruda-fuzz.log"
+set +e
+tools/fuzz.sh 30 >"$log" 2>&1
+frc=$?
+set -e
+tail -n 6 "$log"
+if [ "$frc" -ne 0 ] && [ "$frc" -ne 77 ]; then echo "fuzzing found a violation (log: $log)"; exit 1; fi
 cmake -S . -B build -DRUDA_WERROR=ON >/dev/null
 cmake --build build -j"$jobs" >/dev/null
 echo "== tests"
