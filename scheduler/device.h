@@ -22,6 +22,15 @@
 
 struct ruda__kernel_table; /* the kernel registry (src/kernels.c) */
 
+/* Public calls in progress on a device, counted in one of RUDA__CALL_SLOTS
+ * slots per calling thread (a cache line each, so threads do not share
+ * one): ruda_device_close waits until every slot reads zero (src/api.h). */
+#define RUDA__CALL_SLOTS 64
+typedef struct ruda__call_slot {
+  _Atomic unsigned long n;
+  char pad[RUDA__CACHELINE - sizeof(unsigned long)];
+} ruda__call_slot;
+
 struct ruda_device {
   uint64_t serial; /* distinguishes devices in thread-local caches */
   ruda_config cfg;
@@ -29,6 +38,7 @@ struct ruda_device {
   void *bstate;
   ruda__limits limits;
   _Atomic int closed;
+  ruda__call_slot *calls; /* RUDA__CALL_SLOTS, cache-line aligned */
   _Atomic int faulted; /* sticky device error: every stream reports it */
   ruda_error *fault;   /* the error that faulted it (set once) */
   ruda__worker *workers;

@@ -12,13 +12,35 @@
 #include "ruda/ruda.h"
 #include "scheduler/device.h"
 
-/* Shared check at the top of every public call. */
-#define RUDA__CHECK_DEV(dev, fn)                                                  \
-  do {                                                                            \
-    if ((dev) == NULL) return ruda__fail(RUDA_EINVAL, "%s: device is NULL", fn);  \
-    if (atomic_load_explicit(&(dev)->closed, memory_order_relaxed))               \
-      return ruda__fail(RUDA_ECLOSED, "%s: device is closed", fn);                \
-  } while (0)
+/* Calls in progress (see RUDA__CHECK_DEV). A call counts itself in its
+ * thread's slot, then reads `closed`; ruda_device_close sets `closed`, then
+ * waits for every slot to read zero. Both sides use sequentially consistent
+ * operations, so a call either sees the device closed or is waited for:
+ * nothing a call accepted is dropped by a close that races it. */
+extern _Thread_local unsigned ruda__call_slot_id; /* 0: not assigned yet */
+unsigned ruda__call_slot_assign(void);
+
+static inline _Atomic unsigned long *ruda__call_enter(ruda_device *dev) {
+  unsigned id = ruda__call_slot_id;
+  if (id == 0) id = ruda__call_slot_assign();
+  _Atomic unsigned long *n = &dev->calls[(id - 1) % RUDA__CALL_SLOTS].n;
+  atomic_fetch_add_explicit(n, 1, memory_order_seq_cst);
+  return n;
+}
+
+static inline void ruda__call_leave(_Atomic unsigned long **n) {
+  atomic_fetch_sub_explicit(*n, 1, memory_order_release);
+}
+
+/* Shared check at the top of every public call that takes a device: a
+ * statement list, not a block, because the call stays counted until the
+ * function returns (the variable's cleanup, a GCC and Clang extension). */
+#define RUDA__CHECK_DEV(dev, fn)                                                            \
+  if ((dev) == NULL) return ruda__fail(RUDA_EINVAL, "%s: device is NULL", fn);              \
+  _Atomic unsigned long *ruda__in_call __attribute__((cleanup(ruda__call_leave))) =         \
+      ruda__call_enter(dev);                                                                \
+  if (atomic_load_explicit(&(dev)->closed, memory_order_seq_cst))                           \
+  return ruda__fail(RUDA_ECLOSED, "%s: device is closed", fn)
 
 /* Kernel registry (kernels.c): name -> kernel, lock-free lookups. */
 typedef struct ruda__kernel_table ruda__kernel_table;

@@ -1,4 +1,5 @@
 /* device.c - configuration, device open/close, logging. */
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -139,7 +140,9 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   dev->kernels = ruda__kernels_new();
   dev->nworkers = cfg.num_streams;
   dev->workers = aligned_alloc(RUDA__CACHELINE, sizeof(ruda__worker) * dev->nworkers);
-  if (dev->workers == NULL || dev->kernels == NULL || atomic_load(&dev->streams.current) == NULL) {
+  dev->calls = aligned_alloc(RUDA__CACHELINE, sizeof(ruda__call_slot) * RUDA__CALL_SLOTS);
+  if (dev->calls != NULL) memset(dev->calls, 0, sizeof(ruda__call_slot) * RUDA__CALL_SLOTS);
+  if (dev->workers == NULL || dev->calls == NULL || dev->kernels == NULL || atomic_load(&dev->streams.current) == NULL) {
     rc = ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
     goto fail;
   }
@@ -162,6 +165,7 @@ fail:
   ruda__memory_destroy(&dev->memory);
   ruda__fences_destroy(dev);
   free(dev->workers);
+  free(dev->calls);
   ruda__kernels_destroy(dev);
   ruda__streams_destroy(&dev->streams);
   ruda__handles_destroy(&dev->handles);
@@ -169,6 +173,22 @@ fail:
   dev->ops->close(dev->bstate);
   free(dev);
   return rc;
+}
+
+_Thread_local unsigned ruda__call_slot_id;
+
+unsigned ruda__call_slot_assign(void) {
+  static _Atomic unsigned next;
+  ruda__call_slot_id = atomic_fetch_add_explicit(&next, 1, memory_order_relaxed) % RUDA__CALL_SLOTS + 1;
+  return ruda__call_slot_id;
+}
+
+/* Waits for the calls that entered before `closed` was set (src/api.h);
+ * later ones see it and leave. Blocks: a call blocked on back-pressure
+ * finishes because the workers still run. */
+static void calls_wait(ruda_device *dev) {
+  for (unsigned i = 0; i < RUDA__CALL_SLOTS; i++)
+    while (atomic_load_explicit(&dev->calls[i].n, memory_order_seq_cst) != 0) sched_yield();
 }
 
 typedef struct collect_arg {
@@ -200,6 +220,7 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
                       comms, comms == 1 ? "" : "s", comms == 1 ? "it" : "them");
   if (atomic_exchange(&dev->closed, 1))
     return ruda__fail(RUDA_ECLOSED, "ruda_device_close: device already closed");
+  calls_wait(dev);
   ruda__workers_stop(dev);
 
   collect_arg a = {dev, NULL, NULL, 0};
@@ -219,6 +240,7 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
   dev->ops->close(dev->bstate);
   ruda_error_free(dev->fault);
   free(dev->workers);
+  free(dev->calls);
   free(dev);
   return a.unhealthy ? RUDA_EUNHEALTHY : 0;
 }
@@ -228,6 +250,8 @@ uint32_t ruda_device_num_streams(const ruda_device *dev) { return dev ? dev->nwo
 
 size_t ruda_stream_ids(ruda_device *dev, ruda_stream_id *ids, size_t cap) {
   if (dev == NULL) return 0;
+  _Atomic unsigned long *in_call __attribute__((cleanup(ruda__call_leave))) = ruda__call_enter(dev);
+  if (atomic_load_explicit(&dev->closed, memory_order_seq_cst)) return 0;
   return ruda__streams_list(&dev->streams, ids, cap);
 }
 

@@ -12,9 +12,10 @@
  *  - "Thread-safe" means any number of threads may call the function on the
  *    same device at once. "Non-blocking" means it never waits for a worker
  *    or the device (it may still allocate host memory).
- *  - Calls on a closed device fail with RUDA_ECLOSED. Calling anything on a
- *    device handle after ruda_device_close() returned is undefined, as with
- *    any freed object.
+ *  - Calls on a closing device fail with RUDA_ECLOSED; a call that was in
+ *    progress when ruda_device_close() started completes first. Calling
+ *    anything on a device handle after ruda_device_close() returned is
+ *    undefined, as with any freed object.
  *
  * Versions and ABI
  *  - RUDA_VERSION_* (ruda/version.h) give the headers' version,
@@ -138,8 +139,12 @@ RUDA_EXTERN int ruda_device_open(const ruda_config *cfg, ruda_device **out);
  * already enqueued is executed (or reported), workers stop, all memory is
  * released. Errors still queued on any stream are returned through *errors
  * (owned by the caller; errors may be NULL to discard them), and the
- * return value is RUDA_EUNHEALTHY when there were any. Must not race with
- * other calls on the same device; blocks until the workers are done. */
+ * return value is RUDA_EUNHEALTHY when there were any. Calls already in
+ * progress on other threads when close starts are waited for, and what
+ * they enqueued runs before close returns; calls that start after it began
+ * fail with RUDA_ECLOSED. Calls that start after close returned use a freed
+ * handle (undefined): stop other threads before the handle dies. Blocks
+ * until calls in progress and the workers are done. */
 RUDA_EXTERN int ruda_device_close(ruda_device *dev, ruda_error **errors);
 
 /* Name of the backend in use ("host" or "cuda"). Thread-safe. */

@@ -1,7 +1,10 @@
 /* close.c - closing with commands in flight runs or reports every one of
  * them, hands back the errors still queued, and leaks nothing (the ASan
  * build's LeakSanitizer checks the last part). */
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -56,6 +59,113 @@ static uint64_t count_errors(const ruda_error *list, uint64_t *streams) {
     }
   }
   return n;
+}
+
+typedef struct close_race {
+  ruda_device *dev;
+  ruda_handle cells;
+  _Atomic int started;
+  int rc;
+  ruda_error *errs;
+} close_race;
+
+static void *blocked_producer(void *p) {
+  close_race *r = p;
+  int code = 0;
+  ruda_arg a[2] = {ruda_arg_scalar(&code, sizeof code), ruda_arg_buffer(ruda_bind_range(r->cells, 0, 8))};
+  atomic_store(&r->started, 1);
+  r->rc = test_launch(r->dev, 0, "work", a, 2); /* blocks: the queue is full */
+  return NULL;
+}
+
+static void *closer(void *p) {
+  close_race *r = p;
+  r->rc = ruda_device_close(r->dev, &r->errs);
+  return NULL;
+}
+
+/* A call in progress when close starts (here one blocked on a full queue)
+ * is waited for and its command runs; a call that starts after close began
+ * is refused with RUDA_ECLOSED. */
+static void close_waits_for_calls_in_progress(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(1, 2, RUDA_BACKPRESSURE_BLOCK);
+  atomic_store(&runs, 0);
+  atomic_store(&gate_open, 0);
+  assert_ok(ruda_host_kernel_register(dev, "work", work_kernel));
+  assert_ok(ruda_host_kernel_register(dev, "gate", gate_kernel));
+  ruda_handle cells;
+  assert_ok(ruda_buffer_create(dev, 0, 64, &cells));
+  assert_ok(test_launch(dev, 0, "gate", NULL, 0)); /* runs, holds the worker */
+  launch_work(dev, 0, cells, 0);                   /* queued: the queue is full */
+
+  close_race prod = {.dev = dev, .cells = cells}, clo = {.dev = dev};
+  pthread_t tp, tc;
+  assert_int_equal(pthread_create(&tp, NULL, blocked_producer, &prod), 0);
+  while (!atomic_load(&prod.started)) usleep(100);
+  usleep(50000); /* the producer is now waiting for queue space */
+  assert_int_equal(pthread_create(&tc, NULL, closer, &clo), 0);
+  usleep(50000); /* close has set `closed` and waits for the producer */
+
+  int code = 0;
+  ruda_arg a[2] = {ruda_arg_scalar(&code, sizeof code), ruda_arg_buffer(ruda_bind_range(cells, 0, 8))};
+  assert_rc(test_launch(dev, 0, "work", a, 2), RUDA_ECLOSED);
+  assert_int_equal(atomic_load(&runs), 0);
+
+  atomic_store(&gate_open, 1);
+  assert_int_equal(pthread_join(tp, NULL), 0);
+  assert_int_equal(pthread_join(tc, NULL), 0);
+  assert_rc(prod.rc, 0);
+  assert_rc(clo.rc, 0);
+  assert_null(clo.errs);
+  assert_int_equal(atomic_load(&runs), 2); /* the queued launch and the producer's */
+}
+
+typedef struct slow_call {
+  ruda_device *dev;
+  ruda_handle buf;
+  const void *src;
+  size_t len;
+  _Atomic int started, returned;
+  int rc;
+} slow_call;
+
+static void *slow_writer(void *p) {
+  slow_call *w = p;
+  ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(w->buf));
+  atomic_store(&w->started, 1);
+  w->rc = ruda_write(w->dev, 0, &d, w->src, w->len); /* copies len bytes first */
+  atomic_store(&w->returned, 1);
+  return NULL;
+}
+
+/* A close that starts while a call is still copying its input returns only
+ * after that call: before close waited for calls in progress, it freed the
+ * device under the copying call (a use-after-free, and a write that never
+ * ran). */
+static void close_waits_for_a_call_copying_its_input(void **state) {
+  (void)state;
+  enum { LEN = 256 << 20 };
+  ruda_device *dev = test_open(1, 64, RUDA_BACKPRESSURE_BLOCK);
+  char *src = malloc(LEN);
+  assert_non_null(src);
+  memset(src, 7, LEN);
+  slow_call w = {.dev = dev, .src = src, .len = LEN};
+  assert_ok(ruda_buffer_create(dev, 0, LEN, &w.buf));
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, slow_writer, &w), 0);
+  while (!atomic_load(&w.started)) usleep(50);
+  usleep(1000); /* inside ruda_write, copying 256 MiB */
+  int rc = ruda_device_close(dev, NULL);
+  /* The writer's call has returned, or is returning now: allow it 100 ms,
+   * far less than the copy close would otherwise have overtaken. */
+  for (int i = 0; i < 100 && !atomic_load(&w.returned); i++) usleep(1000);
+  int returned = atomic_load(&w.returned);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  assert_true(returned);
+  assert_rc(rc, 0);
+  assert_true(w.rc == 0 || w.rc == RUDA_ECLOSED);
+  free(src);
 }
 
 static void close_runs_everything_enqueued(void **state) {
@@ -173,6 +283,8 @@ static void close_with_many_live_buffers(void **state) {
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(close_runs_everything_enqueued),
+      cmocka_unit_test(close_waits_for_calls_in_progress),
+      cmocka_unit_test(close_waits_for_a_call_copying_its_input),
       cmocka_unit_test(close_reports_queued_errors),
       cmocka_unit_test(close_without_error_list),
       cmocka_unit_test(close_right_after_open),
