@@ -97,7 +97,7 @@ static int wait_for(host_exchange *h, int (*ready)(host_exchange *, const void *
   while (!ready(h, arg)) {
     if (h->broken == NULL) {
       int r = deadline ? pthread_cond_timedwait(&h->cond, &h->lock, deadline) : pthread_cond_wait(&h->cond, &h->lock);
-      if (r != ETIMEDOUT || ready(h, arg)) continue;
+      if (r != ETIMEDOUT || ready(h, arg) || h->broken != NULL) continue; /* another waiter broke it */
       char msg[400];
       why(h, arg, msg, sizeof msg);
       h->broken = strdup(msg);

@@ -101,7 +101,9 @@ static long one_pass(long at, int forever) {
   int have_kernel = ruda_host_kernel_register(dev, "add1", k_add1) == 0;
   ruda_handle x;
   int rc = ruda_buffer_create(dev, 0, 256, &x);
-  ALLOWED(rc, RUDA_ENOMEM);
+  /* On the host backend device pages are host memory: when their
+   * allocation fails, the device is out of memory. */
+  ALLOWED(rc, RUDA_EOUTOFMEMORY);
   if (rc == 0) {
     unsigned char bytes[256] = {0}, back[256];
     ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(x));
