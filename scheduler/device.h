@@ -39,6 +39,9 @@ struct ruda_device {
   ruda__limits limits;
   _Atomic int closed;
   ruda__call_slot *calls; /* RUDA__CALL_SLOTS, cache-line aligned */
+  /* RUDA_TRACE (scheduler/trace.h): the file to write at close, or NULL. */
+  char *trace_path;
+  uint64_t trace_start_ns;
   _Atomic int faulted; /* sticky device error: every stream reports it */
   ruda_error *fault;   /* the error that faulted it (set once) */
   ruda__worker *workers;

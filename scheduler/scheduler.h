@@ -176,6 +176,7 @@ struct ruda__worker {
     uint64_t poll_ns, sleep_ns;
   } stats;
   struct ruda_device *dev;
+  struct ruda__trace *trace; /* RUDA_TRACE only (scheduler/trace.h); worker only */
   /* Odd while the worker sleeps with every batch it took run; read by
    * scheduler/fence.c to tell memory, on a backend whose work completes when
    * it runs, that everything pushed earlier is done. */
@@ -224,8 +225,9 @@ int ruda__workers_start(struct ruda_device *dev);
 /* Runs everything queued, stops and joins every worker. */
 void ruda__workers_stop(struct ruda_device *dev);
 
-/* Runs one command on the worker; used by the worker loop. */
-void ruda__execute(ruda__worker *w, ruda__cmd *cmd);
+/* Runs one command on the worker; used by the worker loop. Returns the
+ * command's result (already reported on its stream). */
+int ruda__execute(ruda__worker *w, ruda__cmd *cmd);
 
 /* ---- streams ---- */
 

@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "scheduler/graph.h"
 #include "scheduler/order.h"
+#include "scheduler/trace.h"
 #include "base/sync.h"
 
 static const char *cmd_name(int kind) {
@@ -64,7 +65,7 @@ static int wait_for_device(ruda__worker *w, ruda_error **err) {
   return rc;
 }
 
-void ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
+int ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
   ruda_device *dev = w->dev;
   const ruda__backend_ops *ops = dev->ops;
   ruda_error *err = NULL;
@@ -127,6 +128,7 @@ void ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
     ruda__future_submitted(cmd->future, rc);
     ruda__future_unref(cmd->future);
   }
+  return rc;
 }
 
 #define RETIRE_EVERY 256u
@@ -213,6 +215,12 @@ static void *worker_main(void *arg) {
        * every RETIRE_EVERY commands, so a producer blocked on a full queue
        * waits for a slice of a long batch, not all of it. */
       if (cmd->future != NULL || unretired == RETIRE_EVERY) retire(w, &unretired);
+      if (__builtin_expect(w->trace != NULL, 0)) {
+        ruda__trace_begin(w->trace, cmd);
+        ruda__trace_end(w->trace, ruda__execute(w, cmd));
+        ruda__cmd_free(cmd);
+        continue;
+      }
       if (__builtin_expect(stats, 0)) {
         uint64_t t0 = ruda__now_ns();
         const uint8_t kind = cmd->kind;

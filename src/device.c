@@ -9,6 +9,7 @@
 #include "base/log.h"
 #include "scheduler/device.h"
 #include "scheduler/graph.h"
+#include "scheduler/trace.h"
 #include "src/api.h"
 
 static int env_u32(const char *name, uint32_t *out) {
@@ -154,6 +155,7 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   rc = ruda__memory_init(&dev->memory, dev->nworkers);
   if (rc != 0) goto fail;
   dev->handles.mem = &dev->memory;
+  ruda__trace_open(dev);
   rc = ruda__workers_start(dev);
   if (rc != 0) goto fail;
   ruda__log(cfg.log_level, RUDA_LOG_INFO, "device open: backend %s (%s), %u streams, queue bound %u",
@@ -162,6 +164,7 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   return 0;
 
 fail:
+  ruda__trace_close(dev, 0);
   ruda__memory_destroy(&dev->memory);
   ruda__fences_destroy(dev);
   free(dev->workers);
@@ -222,6 +225,7 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
     return ruda__fail(RUDA_ECLOSED, "ruda_device_close: device already closed");
   calls_wait(dev);
   ruda__workers_stop(dev);
+  ruda__trace_close(dev, 1);
 
   collect_arg a = {dev, NULL, NULL, 0};
   ruda__streams_each(&dev->streams, collect, &a);

@@ -1,0 +1,158 @@
+/* trace.c - RUDA_TRACE: per-worker command records, written as Chrome
+ * trace-event JSON at close (trace.h). */
+#include "scheduler/trace.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "base/sync.h"
+#include "scheduler/device.h"
+
+typedef struct trace_rec {
+  uint64_t t0, t1;
+  ruda_stream_id stream; /* RUDA__TRACE_INTERNAL for the device's own commands */
+  uint64_t seq, bytes;
+  int rc;
+  uint8_t kind;
+  char name[48];
+} trace_rec;
+
+struct ruda__trace {
+  trace_rec *recs;
+  uint32_t n, cap;
+  uint64_t dropped;
+};
+
+#define RUDA__TRACE_INTERNAL UINT64_MAX
+
+static const char *const kind_name[] = {
+    [RUDA__CMD_WRITE] = "write", [RUDA__CMD_READ] = "read",   [RUDA__CMD_COPY] = "copy",
+    [RUDA__CMD_LAUNCH] = "launch", [RUDA__CMD_FENCE] = "fence", [RUDA__CMD_SYNC] = "sync",
+    [RUDA__CMD_STOP] = "stop",   [RUDA__CMD_MARK] = "mark",   [RUDA__CMD_WAIT] = "wait",
+    [RUDA__CMD_GRAPH] = "graph", [RUDA__CMD_STAMP] = "stamp", [RUDA__CMD_COLL] = "collective",
+};
+
+void ruda__trace_open(ruda_device *dev) {
+  const char *path = getenv("RUDA_TRACE");
+  if (path == NULL || *path == '\0') return;
+  dev->trace_path = strdup(path);
+  for (uint32_t i = 0; dev->trace_path != NULL && i < dev->nworkers; i++) {
+    ruda__trace *t = calloc(1, sizeof *t);
+    if (t != NULL) t->recs = malloc(4096 * sizeof *t->recs);
+    if (t == NULL || t->recs == NULL) {
+      free(t);
+      break;
+    }
+    t->cap = 4096;
+    dev->workers[i].trace = t;
+  }
+  for (uint32_t i = 0; i < dev->nworkers; i++) {
+    if (dev->trace_path != NULL && dev->workers[i].trace != NULL) continue;
+    ruda__log(dev->cfg.log_level, RUDA_LOG_WARN, "RUDA_TRACE: out of host memory; not tracing");
+    ruda__trace_close(dev, 0);
+    return;
+  }
+  dev->trace_start_ns = ruda__now_ns();
+}
+
+void ruda__trace_begin(ruda__trace *t, const ruda__cmd *cmd) {
+  if (t->n == t->cap) {
+    trace_rec *r = t->cap < RUDA__TRACE_MAX ? realloc(t->recs, 2 * (size_t)t->cap * sizeof *r) : NULL;
+    if (r != NULL) {
+      t->recs = r;
+      t->cap *= 2;
+    }
+  }
+  if (t->n == t->cap) {
+    t->dropped++;
+    return;
+  }
+  trace_rec *r = &t->recs[t->n];
+  r->kind = cmd->kind;
+  r->stream = cmd->stream != NULL ? cmd->stream->id : RUDA__TRACE_INTERNAL;
+  r->seq = cmd->seq;
+  r->bytes = cmd->kind == RUDA__CMD_WRITE  ? cmd->u.write.layout.bytes
+             : cmd->kind == RUDA__CMD_READ ? cmd->u.read.layout.bytes
+             : cmd->kind == RUDA__CMD_COPY ? cmd->u.copy.size
+                                           : 0;
+  const char *name = kind_name[cmd->kind];
+  if (cmd->kind == RUDA__CMD_LAUNCH && cmd->u.launch.kernel != NULL) name = cmd->u.launch.kernel->name;
+  snprintf(r->name, sizeof r->name, "%s", name);
+  r->t0 = ruda__now_ns();
+}
+
+void ruda__trace_end(ruda__trace *t, int rc) {
+  if (t->n == t->cap) return; /* dropped at begin */
+  trace_rec *r = &t->recs[t->n++];
+  r->t1 = ruda__now_ns();
+  r->rc = rc;
+}
+
+/* Writes s as a JSON string body: quotes, backslashes and control bytes
+ * escaped (kernel names may be any C++ name). */
+static void put_json_string(FILE *f, const char *s) {
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+    else if (c < 0x20) fprintf(f, "\\u%04x", c);
+    else fputc(c, f);
+  }
+}
+
+static double us_since(uint64_t t, uint64_t start) { return t >= start ? (double)(t - start) / 1000.0 : 0.0; }
+
+static int write_file(ruda_device *dev) {
+  FILE *f = fopen(dev->trace_path, "w");
+  if (f == NULL) return -1;
+  uint64_t dropped = 0;
+  fputs("{\"traceEvents\":[\n", f);
+  for (uint32_t i = 0; i < dev->nworkers; i++) {
+    fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":%u,\"args\":{\"name\":\"ruda-w%u\"}},\n",
+            i, i);
+  }
+  for (uint32_t i = 0; i < dev->nworkers; i++) {
+    const ruda__trace *t = dev->workers[i].trace;
+    dropped += t->dropped;
+    for (uint32_t k = 0; k < t->n; k++) {
+      const trace_rec *r = &t->recs[k];
+      if (r->kind == RUDA__CMD_STOP || r->kind == RUDA__CMD_FENCE) continue;
+      const char *stream = r->stream == RUDA__TRACE_INTERNAL ? "internal" : RUDA__SNAME(r->stream);
+      fputs("{\"name\":\"", f);
+      put_json_string(f, r->name);
+      fprintf(f, "\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":1,\"tid\":%u,\"ts\":%.3f,\"dur\":%.3f,", kind_name[r->kind], i,
+              us_since(r->t0, dev->trace_start_ns), (double)(r->t1 - r->t0) / 1000.0);
+      fprintf(f, "\"args\":{\"stream\":\"%s\",\"cmd\":%llu", stream, (unsigned long long)r->seq);
+      if (r->bytes) fprintf(f, ",\"bytes\":%llu", (unsigned long long)r->bytes);
+      fputs("}},\n", f);
+      if (r->rc != 0) {
+        fprintf(f, "{\"name\":\"error: %s\",\"cat\":\"error\",\"ph\":\"i\",\"s\":\"t\",\"pid\":1,\"tid\":%u,"
+                   "\"ts\":%.3f,\"args\":{\"stream\":\"%s\",\"cmd\":%llu}},\n",
+                ruda_err_name(r->rc), i, us_since(r->t1, dev->trace_start_ns), stream,
+                (unsigned long long)r->seq);
+      }
+    }
+  }
+  /* The last element closes the list without a trailing comma. */
+  fprintf(f, "{\"name\":\"dropped\",\"ph\":\"M\",\"pid\":1,\"args\":{\"commands\":%llu}}\n",
+          (unsigned long long)dropped);
+  fputs("],\"displayTimeUnit\":\"ns\"}\n", f);
+  return fclose(f) == 0 ? 0 : -1;
+}
+
+void ruda__trace_close(ruda_device *dev, int write) {
+  if (dev->trace_path == NULL) return;
+  if (write && write_file(dev) != 0)
+    ruda__log(dev->cfg.log_level, RUDA_LOG_WARN, "RUDA_TRACE: cannot write %s", dev->trace_path);
+  for (uint32_t i = 0; i < dev->nworkers; i++) {
+    ruda__trace *t = dev->workers[i].trace;
+    if (t == NULL) continue;
+    free(t->recs);
+    free(t);
+    dev->workers[i].trace = NULL;
+  }
+  free(dev->trace_path);
+  dev->trace_path = NULL;
+}

@@ -1,0 +1,137 @@
+/* trace.c - RUDA_TRACE writes a Chrome trace-event file at close: one lane
+ * per worker, a span per command named after its kernel, copies with their
+ * bytes, failures as instant events, names escaped; kernels of several
+ * streams overlap in time. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common.h"
+
+static int nap_kernel(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  (void)args;
+  usleep(30000);
+  return 0;
+}
+
+static int failing_kernel(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  (void)args;
+  return RUDA_EINVAL;
+}
+
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *s = malloc((size_t)n + 1);
+  assert_non_null(s);
+  assert_int_equal(fread(s, 1, (size_t)n, f), (size_t)n);
+  s[n] = '\0';
+  fclose(f);
+  return s;
+}
+
+/* The number after `"key":` on the event line at ev. */
+static double field(const char *ev, const char *key) {
+  char pat[32];
+  snprintf(pat, sizeof pat, "\"%s\":", key);
+  const char *p = strstr(ev, pat);
+  assert_non_null(p);
+  return strtod(p + strlen(pat), NULL);
+}
+
+static void trace_file_shows_streams_overlapping(void **state) {
+  (void)state;
+  char path[] = "/tmp/ruda-trace-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  setenv("RUDA_TRACE", path, 1);
+  ruda_device *dev = test_open(3, 1024, RUDA_BACKPRESSURE_BLOCK);
+  unsetenv("RUDA_TRACE");
+  assert_ok(ruda_host_kernel_register(dev, "nap", nap_kernel));
+  assert_ok(ruda_host_kernel_register(dev, "fails", failing_kernel));
+  assert_ok(ruda_host_kernel_register(dev, "we\"ird\\name", nap_kernel));
+  ruda_handle x;
+  assert_ok(ruda_buffer_create(dev, 0, 4096, &x));
+  unsigned char bytes[4096] = {1}, back[4096];
+  ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(x));
+  assert_ok(ruda_write(dev, 0, &d, bytes, sizeof bytes));
+  for (ruda_stream_id s = 0; s < 3; s++) assert_ok(test_launch(dev, s, "nap", NULL, 0));
+  assert_ok(test_launch(dev, 1, "fails", NULL, 0));
+  assert_ok(test_launch(dev, 2, "we\"ird\\name", NULL, 0));
+  ruda_future *fut;
+  assert_ok(ruda_read(dev, 0, &d, back, sizeof back, &fut));
+  assert_ok(ruda_future_wait(fut, NULL));
+  ruda_future_free(fut);
+  ruda_error *errs = NULL;
+  assert_rc(ruda_device_close(dev, &errs), RUDA_EUNHEALTHY); /* the failed kernel */
+  ruda_error_free(errs);
+
+  char *s = slurp(path);
+  assert_true(strncmp(s, "{\"traceEvents\":[\n", 17) == 0);
+  assert_non_null(strstr(s, "],\"displayTimeUnit\":\"ns\"}\n"));
+  /* Three naps on three lanes, running at once. */
+  double start_max = 0, end_min = 1e30;
+  int naps = 0, lanes = 0;
+  for (const char *ev = strstr(s, "{\"name\":\"nap\""); ev; ev = strstr(ev + 1, "{\"name\":\"nap\"")) {
+    naps++;
+    lanes |= 1 << (int)field(ev, "tid");
+    double ts = field(ev, "ts"), dur = field(ev, "dur");
+    assert_true(dur >= 25000.0); /* microseconds: the 30 ms nap */
+    if (ts > start_max) start_max = ts;
+    if (ts + dur < end_min) end_min = ts + dur;
+  }
+  assert_int_equal(naps, 3);
+  assert_int_equal(lanes, 7);
+  assert_true(start_max < end_min);
+  assert_non_null(strstr(s, "\"cat\":\"write\""));
+  assert_non_null(strstr(s, "\"cat\":\"read\""));
+  assert_non_null(strstr(s, "\"bytes\":4096"));
+  const char *err = strstr(s, "{\"name\":\"error: RUDA_EINVAL\"");
+  assert_non_null(err);
+  assert_non_null(strstr(err, "\"stream\":\"stream 1\""));
+  assert_non_null(strstr(s, "{\"name\":\"we\\\"ird\\\\name\""));
+  assert_non_null(strstr(s, "\"args\":{\"name\":\"ruda-w2\"}"));
+  /* A JSON parser accepts it, where one is at hand. */
+  if (system("command -v python3 >/dev/null 2>&1") == 0) {
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "python3 -c 'import json,sys; json.load(open(sys.argv[1]))' %s", path);
+    assert_int_equal(system(cmd), 0);
+  }
+  free(s);
+  unlink(path);
+}
+
+static void no_trace_without_the_variable(void **state) {
+  (void)state;
+  unsetenv("RUDA_TRACE");
+  ruda_device *dev = test_open(2, 1024, RUDA_BACKPRESSURE_BLOCK);
+  assert_ok(ruda_host_kernel_register(dev, "nap", nap_kernel));
+  assert_ok(test_launch(dev, 0, "nap", NULL, 0));
+  test_close(dev);
+}
+
+static void unwritable_path_is_a_warning(void **state) {
+  (void)state;
+  setenv("RUDA_TRACE", "/nonexistent-dir/trace.json", 1);
+  ruda_device *dev = test_open(1, 1024, RUDA_BACKPRESSURE_BLOCK);
+  unsetenv("RUDA_TRACE");
+  assert_ok(ruda_host_kernel_register(dev, "nap", nap_kernel));
+  assert_ok(test_launch(dev, 0, "nap", NULL, 0));
+  assert_rc(ruda_device_close(dev, NULL), 0);
+}
+
+int main(int argc, char **argv) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(trace_file_shows_streams_overlapping),
+      cmocka_unit_test(no_trace_without_the_variable),
+      cmocka_unit_test(unwritable_path_is_a_warning),
+  };
+  return test_main("integration_trace", tests, sizeof tests / sizeof tests[0], argc, argv);
+}
