@@ -15,6 +15,7 @@
 #include <nccl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "backends/cuda/cuda_internal.h"
@@ -45,6 +46,15 @@ static ruda_device *open_ordinal(int ordinal) {
 }
 
 int main(int argc, char **argv) {
+  if (argc > 2 || (argc == 2 && atoi(argv[1]) <= 0)) {
+    int help = !strcmp(argv[1], "-h");
+    fprintf(help ? stdout : stderr,
+            "usage: bench_comm [iterations]\n"
+            "  all-reduce (f32 sum, in place, 1 MiB .. 256 MiB) between GPUs 0 and 1:\n"
+            "  ruda_all_reduce beside NCCL called directly; iterations per size\n"
+            "  (default 20). Needs two GPUs.\n");
+    return help ? 0 : 2;
+  }
   int iters = argc > 1 ? atoi(argv[1]) : 20;
   ruda_device *d[2] = {open_ordinal(0), open_ordinal(1)};
   ruda_comm *comm;

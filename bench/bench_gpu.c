@@ -592,7 +592,7 @@ int main(int argc, char **argv) {
   uint32_t workers[8];
   int run[7] = {0, 1, 1, 1, 1, 1, 1}; /* sections 1-6 */
   size_t window = 256;
-  while ((opt = getopt(argc, argv, "qs:W:w:")) != -1) {
+  while ((opt = getopt(argc, argv, "hqs:W:w:")) != -1) {
     if (opt == 'q') {
       quick = 1;
     } else if (opt == 's') {
@@ -604,15 +604,17 @@ int main(int argc, char **argv) {
     } else if (opt == 'w') {
       for (char *t = strtok(optarg, ","); t && nw < 8; t = strtok(NULL, ",")) workers[nw++] = (uint32_t)atoi(t);
     } else {
-      fprintf(stderr,
+      fprintf(opt == 'h' ? stdout : stderr,
               "usage: bench_gpu [-q] [-s sections] [-W window] [-w workers[,workers...]] [out.csv]\n"
               "  -q  quick: fewer launches and runs\n"
               "  -s  sections to run, comma-separated: 1 latency, 2 throughput, 3 uploads,\n"
               "      4 kernel load, 5 sections 1-2 with one buffer argument, 6 graph replay\n"
               "      (default all)\n"
               "  -W  steady-state latency: launches between untimed waits (default 256)\n"
-              "  -w  worker counts for the throughput section (default 4,8)\n");
-      return 2;
+              "  -w  worker counts for the throughput section (default 4,8)\n"
+              "  -h  this help\n"
+              "  out.csv  also write every figure as CSV (section,variant,threads,metric,value,unit)\n");
+      return opt == 'h' ? 0 : 2;
     }
   }
   if (nw == 0) workers[nw++] = 4, workers[nw++] = 8;

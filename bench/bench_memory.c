@@ -513,7 +513,7 @@ int main(int argc, char **argv) {
   int nthreads = 3, raw = 1, only_amp = 0, only_window = 0;
   ruda_backend_kind backend = RUDA_BACKEND_AUTO;
   int opt;
-  while ((opt = getopt(argc, argv, "s:t:b:xawm:")) != -1) {
+  while ((opt = getopt(argc, argv, "hs:t:b:xawm:")) != -1) {
     switch (opt) {
       case 'm': trace_scale = atof(optarg) > 0 ? atof(optarg) : 1.0; break;
       case 's': seconds = atof(optarg); break;
@@ -532,8 +532,18 @@ int main(int argc, char **argv) {
       case 'a': only_amp = 1; break;
       case 'w': only_window = 1; break;
       default:
-        fprintf(stderr, "usage: %s [-s seconds] [-t 1,4,16] [-b auto|host|cuda] [-x] [-a] [-w] [-m factor]\n", argv[0]);
-        return 2;
+        fprintf(opt == 'h' ? stdout : stderr,
+                "usage: %s [-s seconds] [-t 1,4,16] [-b auto|host|cuda] [-x] [-a] [-w] [-m factor]\n"
+                "  -s  seconds per case (default 0.5)\n"
+                "  -t  thread counts, comma-separated (default 1,4,16)\n"
+                "  -b  backend (default auto: cuda when usable, else host)\n"
+                "  -x  skip the backend's own allocators (the baseline)\n"
+                "  -a  the replayed-trace amplification case only\n"
+                "  -w  the window case only (no amplification)\n"
+                "  -m  scale every size of the replayed trace by this factor\n"
+                "  -h  this help\n",
+                argv[0]);
+        return opt == 'h' ? 0 : 2;
     }
   }
   uint32_t most = 1;
