@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The main job: build ruda and run the multi-thread, multi-stream demo.
+# The main job: build ruda, run the multi-thread, multi-stream demo, then
+# the inference server example (examples/inference_server.c).
 # Uses the GPU when one is usable, the host backend otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)" --target ruda_demo >/dev/null
-exec build/examples/ruda_demo
+cmake --build build -j"$(nproc)" --target ruda_demo inference_server >/dev/null
+build/examples/ruda_demo
+exec build/examples/inference_server

@@ -40,6 +40,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     export RUDA_TEST_CUBIN=/tmp/ruda-precompiled.cubin
   fi
   run demo 60 "$B/examples/ruda_demo"
+  run inference_server 60 "$B/examples/inference_server"
   for t in "$B"/tests/gpu_* "$B"/tests/unit_* "$B"/tests/integration_*; do
     [ -x "$t" ] && [ -f "$t" ] || continue
     case "$(basename "$t")" in
