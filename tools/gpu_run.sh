@@ -41,6 +41,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   fi
   run demo 60 "$B/examples/ruda_demo"
   run inference_server 60 "$B/examples/inference_server"
+  run training_loop 60 "$B/examples/training_loop"
   for t in "$B"/tests/gpu_* "$B"/tests/unit_* "$B"/tests/integration_*; do
     [ -x "$t" ] && [ -f "$t" ] || continue
     case "$(basename "$t")" in
