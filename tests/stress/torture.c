@@ -35,6 +35,17 @@ static int k_bump(const ruda_host_ctx *c, void *const *a) {
   return 0;
 }
 
+/* Reads every word (their sum goes nowhere the test looks). */
+static _Atomic uint64_t peeked;
+static int k_peek(const ruda_host_ctx *c, void *const *a) {
+  (void)c;
+  const uint64_t *x = a[0];
+  uint64_t s = 0;
+  for (int i = 0; i < WORDS; i++) s += x[i];
+  atomic_fetch_add_explicit(&peeked, s, memory_order_relaxed);
+  return 0;
+}
+
 static uint64_t rng(uint64_t *s) {
   *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
   return *s;
@@ -43,6 +54,12 @@ static uint64_t rng(uint64_t *s) {
 static void launch_bump(ruda_stream_id s, ruda_handle h, int *rc) {
   ruda_arg a = ruda_arg_buffer(ruda_bind(h));
   ruda_launch_desc l = {.kernel = "bump", .grid = {1, 1, 1}, .block = {1, 1, 1}, .args = &a, .nargs = 1};
+  *rc = ruda_launch(dev, s, &l);
+}
+
+static void launch_peek(ruda_stream_id s, ruda_handle h, int *rc) {
+  ruda_arg a = ruda_arg_in(ruda_bind(h));
+  ruda_launch_desc l = {.kernel = "peek", .grid = {1, 1, 1}, .block = {1, 1, 1}, .args = &a, .nargs = 1};
   *rc = ruda_launch(dev, s, &l);
 }
 
@@ -81,12 +98,14 @@ static void *worker(void *p) {
              (unsigned long long)back[w], (unsigned long long)(src[w] + 2));
         break;
       }
-    /* Shared handles: use one, or free it and put a new one in its place. */
+    /* Shared handles: read one, or free it and put a new one in its place.
+     * Reads only: writes from several threads at once, unordered by the
+     * program, are the known limitation in ruda.h (kernel arguments). */
     int k = (int)(rng(&seed) % 16);
     uint64_t hv = atomic_load(&shared_h[k]);
     ruda_handle h = {(uint32_t)(hv >> 32), (uint32_t)hv};
     if (rng(&seed) & 1) {
-      launch_bump(me, h, &rc); /* may be freed meanwhile: refused, never corrupting */
+      launch_peek(me, h, &rc); /* may be freed meanwhile: refused, never corrupting */
       if (rc != 0 && rc != RUDA_ENOTFOUND) FAIL("thread %llu: shared launch: %s", (unsigned long long)t, ruda_err_name(rc));
     } else {
       ruda_handle n;
@@ -156,7 +175,9 @@ int main(int argc, char **argv) {
   cfg.backend = RUDA_BACKEND_HOST;
   cfg.num_streams = 8;
   cfg.log_level = RUDA_LOG_OFF;
-  if (ruda_device_open(&cfg, &dev) != 0 || ruda_host_kernel_register(dev, "bump", k_bump) != 0) return 1;
+  if (ruda_device_open(&cfg, &dev) != 0 || ruda_host_kernel_register(dev, "bump", k_bump) != 0 ||
+      ruda_host_kernel_register(dev, "peek", k_peek) != 0)
+    return 1;
   for (int k = 0; k < 16; k++) {
     ruda_handle h;
     if (ruda_buffer_create(dev, 0, WORDS * 8, &h) != 0) return 1;
