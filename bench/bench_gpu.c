@@ -59,6 +59,8 @@
 #include <x86intrin.h>
 
 #include "ruda/ruda.h"
+#define BENCH_NAME "bench_gpu"
+#include "bench/bench_check.h"
 #include "backends/cuda/cuda_internal.h"
 #include "src/api.h"
 
@@ -110,16 +112,6 @@ static void row(const char *section, const char *variant, int threads, const cha
   if (csv) fprintf(csv, "%s,%s,%d,%s,%.6g,%s\n", section, variant, threads, metric, value, unit);
 }
 
-static void die(const char *what, int rc) {
-  fprintf(stderr, "bench_gpu: %s: %s: %s\n", what, ruda_err_name(rc), ruda_error_message(ruda_last_error()));
-  exit(1);
-}
-
-#define CHECK(call)                 \
-  do {                              \
-    int rc_ = (call);               \
-    if (rc_ != 0) die(#call, rc_);  \
-  } while (0)
 
 #define CU(call)                                                                    \
   do {                                                                              \

@@ -50,6 +50,8 @@
 #include <unistd.h>
 
 #include "ruda/ruda.h"
+#define BENCH_NAME "bench_serve"
+#include "bench/bench_check.h"
 
 #ifdef RUDA_BENCH_CUDA
 #include "backends/cuda/cu_loader.h"
@@ -84,16 +86,6 @@ static int cmp_u64(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-static void die(const char *what, int rc) {
-  fprintf(stderr, "bench_serve: %s: %s: %s\n", what, ruda_err_name(rc), ruda_error_message(ruda_last_error()));
-  exit(1);
-}
-
-#define CHECK(call)                \
-  do {                             \
-    int rc_ = (call);              \
-    if (rc_ != 0) die(#call, rc_); \
-  } while (0)
 
 #ifdef RUDA_BENCH_CUDA
 #define CU(call)                                                                             \
