@@ -39,18 +39,18 @@ void ruda__trace_open(ruda_device *dev) {
   const char *path = getenv("RUDA_TRACE");
   if (path == NULL || *path == '\0') return;
   dev->trace_path = strdup(path);
-  for (uint32_t i = 0; dev->trace_path != NULL && i < dev->nworkers; i++) {
+  int ok = dev->trace_path != NULL;
+  for (uint32_t i = 0; ok && i < dev->nworkers; i++) {
     ruda__trace *t = calloc(1, sizeof *t);
     if (t != NULL) t->recs = malloc(4096 * sizeof *t->recs);
-    if (t == NULL || t->recs == NULL) {
+    if ((ok = t != NULL && t->recs != NULL) == 0) {
       free(t);
       break;
     }
     t->cap = 4096;
     dev->workers[i].trace = t;
   }
-  for (uint32_t i = 0; i < dev->nworkers; i++) {
-    if (dev->trace_path != NULL && dev->workers[i].trace != NULL) continue;
+  if (!ok) {
     ruda__log(dev->cfg.log_level, RUDA_LOG_WARN, "RUDA_TRACE: out of host memory; not tracing");
     ruda__trace_close(dev, 0);
     return;
@@ -80,7 +80,9 @@ void ruda__trace_begin(ruda__trace *t, const ruda__cmd *cmd) {
                                            : 0;
   const char *name = kind_name[cmd->kind];
   if (cmd->kind == RUDA__CMD_LAUNCH && cmd->u.launch.kernel != NULL) name = cmd->u.launch.kernel->name;
-  snprintf(r->name, sizeof r->name, "%s", name);
+  size_t len = strnlen(name, sizeof r->name - 1);
+  memcpy(r->name, name, len);
+  r->name[len] = '\0';
   r->t0 = ruda__now_ns();
 }
 

@@ -149,6 +149,20 @@ static int queue_nonempty(const void *p) {
   return !cds_wfcq_empty(&w->head, &w->tail);
 }
 
+/* ruda__execute with RUDA_TRACE's record and RUDA_WORKER_STATS' time, each
+ * when enabled. */
+static void execute_observed(ruda__worker *w, ruda__cmd *cmd, int stats) {
+  const uint8_t kind = cmd->kind;
+  const uint64_t t0 = stats ? ruda__now_ns() : 0;
+  if (w->trace != NULL) ruda__trace_begin(w->trace, cmd);
+  int rc = ruda__execute(w, cmd);
+  if (w->trace != NULL) ruda__trace_end(w->trace, rc);
+  if (stats) {
+    w->stats.ns[kind] += ruda__now_ns() - t0;
+    w->stats.n[kind]++;
+  }
+}
+
 static void *worker_main(void *arg) {
   ruda__worker *w = arg;
   ruda_device *dev = w->dev;
@@ -215,22 +229,8 @@ static void *worker_main(void *arg) {
        * every RETIRE_EVERY commands, so a producer blocked on a full queue
        * waits for a slice of a long batch, not all of it. */
       if (cmd->future != NULL || unretired == RETIRE_EVERY) retire(w, &unretired);
-      if (__builtin_expect(w->trace != NULL, 0)) {
-        ruda__trace_begin(w->trace, cmd);
-        ruda__trace_end(w->trace, ruda__execute(w, cmd));
-        ruda__cmd_free(cmd);
-        continue;
-      }
-      if (__builtin_expect(stats, 0)) {
-        uint64_t t0 = ruda__now_ns();
-        const uint8_t kind = cmd->kind;
-        ruda__execute(w, cmd);
-        w->stats.ns[kind] += ruda__now_ns() - t0;
-        w->stats.n[kind]++;
-        ruda__cmd_free(cmd);
-        continue;
-      }
-      ruda__execute(w, cmd);
+      if (__builtin_expect(w->trace == NULL && !stats, 1)) ruda__execute(w, cmd);
+      else execute_observed(w, cmd, stats);
       ruda__cmd_free(cmd);
     }
     if (dev->ops->progress != NULL) dev->ops->progress(w->wstate);

@@ -35,12 +35,18 @@ static inline void ruda__call_leave(_Atomic unsigned long **n) {
 /* Shared check at the top of every public call that takes a device: a
  * statement list, not a block, because the call stays counted until the
  * function returns (the variable's cleanup, a GCC and Clang extension). */
-#define RUDA__CHECK_DEV(dev, fn)                                                            \
-  if ((dev) == NULL) return ruda__fail(RUDA_EINVAL, "%s: device is NULL", fn);              \
-  _Atomic unsigned long *ruda__in_call __attribute__((cleanup(ruda__call_leave))) =         \
-      ruda__call_enter(dev);                                                                \
-  if (atomic_load_explicit(&(dev)->closed, memory_order_seq_cst))                           \
-  return ruda__fail(RUDA_ECLOSED, "%s: device is closed", fn)
+#define RUDA__CHECK_DEV(dev, fn)                                               \
+  if ((dev) == NULL) return ruda__fail(RUDA_EINVAL, "%s: device is NULL", fn); \
+  RUDA__IN_CALL(dev);                                                          \
+  if (ruda__closing(dev)) return ruda__fail(RUDA_ECLOSED, "%s: device is closed", fn)
+
+/* Counts the enclosing function as a call in progress on dev until it
+ * returns; then ruda__closing(dev) says whether close has begun. */
+#define RUDA__IN_CALL(dev) \
+  _Atomic unsigned long *ruda__in_call __attribute__((cleanup(ruda__call_leave))) = ruda__call_enter(dev)
+static inline int ruda__closing(ruda_device *dev) {
+  return atomic_load_explicit(&dev->closed, memory_order_seq_cst);
+}
 
 /* Kernel registry (kernels.c): name -> kernel, lock-free lookups. */
 typedef struct ruda__kernel_table ruda__kernel_table;

@@ -254,8 +254,8 @@ uint32_t ruda_device_num_streams(const ruda_device *dev) { return dev ? dev->nwo
 
 size_t ruda_stream_ids(ruda_device *dev, ruda_stream_id *ids, size_t cap) {
   if (dev == NULL) return 0;
-  _Atomic unsigned long *in_call __attribute__((cleanup(ruda__call_leave))) = ruda__call_enter(dev);
-  if (atomic_load_explicit(&dev->closed, memory_order_seq_cst)) return 0;
+  RUDA__IN_CALL(dev);
+  if (ruda__closing(dev)) return 0;
   return ruda__streams_list(&dev->streams, ids, cap);
 }
 
