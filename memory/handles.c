@@ -27,14 +27,14 @@ static ruda__slot *slot_at(ruda__handles *h, uint32_t index) {
   return chunk ? &chunk[index % RUDA__SLOTS_PER_CHUNK] : NULL;
 }
 
-/* A chunk: RUDA__SLOTS_PER_CHUNK slots, then as many use records (two
- * words each: the last write, the readers since; handles.h). */
-#define CHUNK_BYTES (RUDA__SLOTS_PER_CHUNK * (sizeof(ruda__slot) + 2 * sizeof(uint64_t)))
+/* A chunk: RUDA__SLOTS_PER_CHUNK slots, then as many use records
+ * (RUDA__USE_WORDS words each, line-aligned; handles.h). */
+#define CHUNK_BYTES (RUDA__SLOTS_PER_CHUNK * (sizeof(ruda__slot) + RUDA__USE_WORDS * sizeof(uint64_t)))
 
 /* The record of slot s, which is the slot at index. */
 static _Atomic uint64_t *last_of(ruda__slot *s, uint32_t index) {
   uint32_t i = index % RUDA__SLOTS_PER_CHUNK;
-  return (_Atomic uint64_t *)(s - i + RUDA__SLOTS_PER_CHUNK) + 2 * i;
+  return (_Atomic uint64_t *)(s - i + RUDA__SLOTS_PER_CHUNK) + RUDA__USE_WORDS * i;
 }
 
 ruda__slot *ruda__handles_slot(ruda__handles *h, uint32_t index) { return slot_at(h, index); }

@@ -15,9 +15,10 @@
  * last use before the memory is reused (record-stream semantics). Beside
  * each chunk of slots lies an array of last-use records (the worker and
  * ticket of each buffer's last use), which orders data across streams
- * (scheduler/order.h; the record's format is defined here, below). They are apart from the slots because only clients
- * write them: a slot's line is also written by the worker that unpins it,
- * and a record there would cost a line transfer per command. The pools
+ * (scheduler/order.h; the record's format is defined here, below). They
+ * are apart from the slots, a line each, because only clients write them:
+ * a slot's line is also written by the worker that unpins it, and records
+ * sharing a line would make unrelated buffers' clients contend. The pools
  * hand out slots in batches (take/put) so the table's lock stays off
  * the allocation path; slots released by workers go back on a lock-free
  * stack.
@@ -68,20 +69,23 @@ typedef struct ruda__handles {
   struct ruda__memory *mem; /* set by the device (NULL in a bare table) */
 } ruda__handles;
 
-/* A slot's last-use record (ruda__handles_last), written by the scheduler
- * when it orders commands by buffer (scheduler/order.h): bits 48..63 the
- * worker + 1 (0: never used; RUDA__USE_MIXED: uses on several workers
- * raced, so the next use orders after all of them), bits 32..47 the low
- * 16 bits of the handle's generation (a record written late for a freed
- * buffer is recognised as stale), bits 0..31 the worker's ticket. */
-#define RUDA__USE_MIXED 0xffffu
-/* The record's second word (ruda__handles_last(h, slot)[RUDA__USE_READERS]):
- * the workers that read the buffer since its last write, bit w % 64 for
- * worker w. A read orders after the last write only and sets its bit; a
- * write orders after the last write and every reader's worker, then
- * clears the bits it saw. Bits are only ever too many (a reader that
- * raced a write keeps its bit for the next write), never too few. */
+/* A slot's use record (ruda__handles_last), RUDA__USE_WORDS words on a
+ * cache line of its own, kept by the scheduler to order commands by
+ * buffer (scheduler/order.h). Word 0, the last write: bits 48..63 the
+ * worker + 1 (0: never used), bits 32..47 the low 16 bits of the handle's
+ * generation (a record written late for a freed buffer is recognised as
+ * stale), bits 0..31 the worker's ticket. */
+#define RUDA__USE_WORDS 8
+/* Word RUDA__USE_READERS: the workers that read the buffer since its last
+ * write, bit w % 64 for worker w. A read orders after the last write only
+ * and sets its bit; a write orders after the last write and every
+ * reader's worker, then clears the bits. Bits are only ever too many,
+ * never too few. */
 #define RUDA__USE_READERS 1
+/* Word RUDA__USE_LOCK: the record's issue lock (order.c): the count of
+ * clients issuing reads, RUDA__USE_LOCK_WRITER while one issues a write. */
+#define RUDA__USE_LOCK 2
+#define RUDA__USE_LOCK_WRITER (UINT64_C(1) << 63)
 
 static inline uint64_t ruda__use_pack(uint32_t worker, uint32_t gen, uint32_t ticket) {
   return ((uint64_t)((worker + 1) & 0xffffu) << 48) | ((uint64_t)(gen & 0xffffu) << 32) | ticket;
@@ -128,8 +132,7 @@ void ruda__handles_add_user(ruda__handles *h, uint32_t slot, uint32_t worker);
 /* The generation of a pinned slot. */
 uint32_t ruda__handles_gen(ruda__handles *h, uint32_t slot);
 
-/* The use record of a slot known to exist (two words: see
- * RUDA__USE_READERS). */
+/* The use record of a slot known to exist (RUDA__USE_WORDS words). */
 _Atomic uint64_t *ruda__handles_last(ruda__handles *h, uint32_t slot);
 
 /* Drops one reference; the last one gives back the memory (to its pool,

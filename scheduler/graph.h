@@ -21,6 +21,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "memory/handles.h"
 #include "scheduler/scheduler.h"
 
 struct ruda_device;
@@ -45,12 +46,12 @@ struct ruda_graph {
   pthread_mutex_t exec_lock; /* the backend's graph is made at first replay */
   void *exec;
   ruda_stream_id stream; /* captured on, for messages */
-  /* A use record of the graph itself (memory/handles.h's two words),
+  /* A use record of the graph itself (memory/handles.h's words),
    * which every replay writes: replays of one graph are ordered one after
    * another like writes of one buffer, whatever streams issue them. The
    * lock makes each replay's issue (note, queue, publish) whole, so two
    * threads replaying at once still see each other. */
-  _Atomic uint64_t replays[2];
+  _Atomic uint64_t replays[RUDA__USE_WORDS];
   pthread_mutex_t issue_lock;
 };
 

@@ -2,21 +2,69 @@
  * WAIT on the workers.
  *
  * Why a MARK pushed now follows the use it is for: the use's client pushed
- * its command and only then published the slot's record (release); our
- * client read that record (acquire) before pushing the MARK, so the use's
- * enqueue happens before the MARK's, and the queue is FIFO.
+ * its command and published the slot's record before releasing the
+ * buffer's issue lock; our client read that record under the lock, so the
+ * use's enqueue happens before the MARK's, and the queue is FIFO.
  *
  * Why waits cannot form a cycle: a client pushes its MARKs before its WAIT
  * (a shared MARK was pushed before it was shared). A cycle would need each
  * worker blocked at a WAIT queued before the MARK another blocked worker
  * waits for, which orders every one of those pushes before itself.
  */
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "scheduler/device.h"
 #include "scheduler/order.h"
 #include "base/sync.h"
+
+/* ---- client: issue locks ---- */
+
+/* Waits for a lock word to allow us in. The holder is another client
+ * between its lock and its publish, which do not block: a short spin
+ * covers it unless that client was descheduled, then yield the CPU. */
+static void lock_backoff(unsigned *spins) {
+  if (++*spins < 64) ruda__cpu_relax();
+  else sched_yield();
+}
+
+static void lock_read(_Atomic uint64_t *lk) {
+  unsigned spins = 0;
+  for (;;) {
+    /* Acquire: a writer that held the lock before published first. */
+    if (!(atomic_fetch_add_explicit(lk, 1, memory_order_acquire) & RUDA__USE_LOCK_WRITER)) return;
+    atomic_fetch_sub_explicit(lk, 1, memory_order_relaxed);
+    while (atomic_load_explicit(lk, memory_order_relaxed) & RUDA__USE_LOCK_WRITER) lock_backoff(&spins);
+  }
+}
+
+static void lock_write(_Atomic uint64_t *lk) {
+  unsigned spins = 0;
+  uint64_t v = atomic_load_explicit(lk, memory_order_relaxed);
+  for (;;) {
+    if (v & RUDA__USE_LOCK_WRITER) {
+      lock_backoff(&spins);
+      v = atomic_load_explicit(lk, memory_order_relaxed);
+    } else if (atomic_compare_exchange_weak_explicit(lk, &v, v | RUDA__USE_LOCK_WRITER, memory_order_acquire,
+                                                     memory_order_relaxed)) {
+      break;
+    }
+  }
+  /* Claimed: new readers back off. Wait for those issuing now; acquire
+   * pairs with their release, so their reader bits are visible. */
+  while (atomic_load_explicit(lk, memory_order_acquire) != RUDA__USE_LOCK_WRITER) lock_backoff(&spins);
+}
+
+static void unlock(_Atomic uint64_t *lk, uint32_t write) {
+  if (write) atomic_fetch_and_explicit(lk, ~RUDA__USE_LOCK_WRITER, memory_order_release);
+  else atomic_fetch_sub_explicit(lk, 1, memory_order_release);
+}
+
+static void unlock_all(ruda__order *o) {
+  for (uint32_t i = o->locked; i-- > 0;) unlock(o->use[i].last + RUDA__USE_LOCK, o->use[i].write);
+  o->locked = 0;
+}
 
 /* ---- client: gathering what a command needs ---- */
 
@@ -32,42 +80,80 @@ static void want(ruda__order *o, uint32_t worker, uint32_t ticket) {
   o->need = 1;
 }
 
-void ruda__order_note_slow(ruda__order *o, uint64_t seen, uint32_t gen, uint32_t worker) {
-  if (seen == 0) return; /* never used: raw memory, nothing queued on it */
-  uint32_t w1 = (uint32_t)(seen >> 48);
-  uint32_t g = (uint32_t)(seen >> 32) & 0xffffu;
-  if (g != (gen & 0xffffu) || w1 == RUDA__USE_MIXED) {
-    /* A stale record (written late for an earlier buffer in this slot) or
-     * uses that raced on several workers: order after all of them. */
-    o->all = o->need = 1;
-    return;
-  }
-  if (w1 - 1 != worker) want(o, w1 - 1, (uint32_t)seen);
-}
-
 /* Takes the reader bits of a buffer this command writes, except keep (the
- * writer's own worker, which its queue orders already). Cleared before the
- * MARKs are pushed: a read whose bit was cleared had been pushed before,
- * so a MARK pushed on its worker after the clear follows it; a read that
- * publishes later sets its bit again for the next write. */
-void ruda__order_take_readers(ruda__order *o, _Atomic uint64_t *readers, uint64_t keep) {
-  uint64_t r = atomic_load_explicit(readers, memory_order_seq_cst);
-  while ((r & ~keep) != 0 &&
-         !atomic_compare_exchange_weak_explicit(readers, &r, r & keep, memory_order_seq_cst, memory_order_seq_cst)) {
-  }
-  uint64_t took = r & ~keep;
-  if (took == 0) return;
-  o->readers |= took;
+ * writer's own worker, which its queue orders already). Under the write
+ * lock, so every read whose bit is here was pushed: a MARK pushed on its
+ * worker now follows it. */
+static void take_readers(ruda__order *o, _Atomic uint64_t *readers, uint64_t keep) {
+  uint64_t r = atomic_load_explicit(readers, memory_order_relaxed);
+  if ((r & ~keep) == 0) return;
+  atomic_store_explicit(readers, r & keep, memory_order_relaxed);
+  o->readers |= r & ~keep;
   o->need = 1;
   o->cleared[o->ncleared].readers = readers;
-  o->cleared[o->ncleared].bits = took;
+  o->cleared[o->ncleared].bits = r & ~keep;
   o->ncleared++;
 }
 
-void ruda__order_abandon(ruda__order *o) {
-  for (uint32_t i = 0; i < o->ncleared; i++)
-    atomic_fetch_or_explicit(o->cleared[i].readers, o->cleared[i].bits, memory_order_seq_cst);
+void ruda__order_lock(ruda__order *o, const ruda__worker *w) {
+  /* Key order, an insertion sort: commands use few buffers. */
+  for (uint32_t i = 1; i < o->nuse; i++)
+    for (uint32_t j = i; j > 0 && o->use[j - 1].key > o->use[j].key; j--) {
+      __typeof__(o->use[0]) t = o->use[j];
+      o->use[j] = o->use[j - 1];
+      o->use[j - 1] = t;
+    }
+  for (uint32_t i = 0; i < o->nuse; i++) {
+    _Atomic uint64_t *last = o->use[i].last;
+    if (o->use[i].write) lock_write(last + RUDA__USE_LOCK);
+    else lock_read(last + RUDA__USE_LOCK);
+    o->locked = i + 1;
+    uint64_t seen = atomic_load_explicit(last, memory_order_relaxed);
+    if (o->use[i].write) take_readers(o, last + RUDA__USE_READERS, w->own_bit);
+    if ((seen >> 32) == (o->use[i].hi >> 32)) continue; /* last written on this worker: FIFO */
+    if (seen == 0) continue; /* never used: raw memory, nothing queued on it */
+    uint32_t w1 = (uint32_t)(seen >> 48);
+    if (((seen >> 32) & 0xffffu) != (o->use[i].gen & 0xffffu)) {
+      /* A stale record (written late for an earlier buffer in this
+       * slot): order after every worker. */
+      o->all = o->need = 1;
+      continue;
+    }
+    want(o, w1 - 1, (uint32_t)seen);
+  }
+}
+
+void ruda__order_publish(ruda__order *o, ruda__worker *w) {
+  if (o->nuse == 0) return; /* nothing noted, nothing pinned */
+  uint32_t t = ruda__queue_ticket(w);
+  for (uint32_t i = 0; i < o->nuse; i++) {
+    _Atomic uint64_t *last = o->use[i].last;
+    if (o->use[i].write) {
+      /* Ours alone under the write lock; the unlock releases it. */
+      atomic_store_explicit(last, o->use[i].hi | t, memory_order_relaxed);
+    } else {
+      /* A read: the worker's bit, set once; a writer reads it after our
+       * unlock. */
+      _Atomic uint64_t *rd = last + RUDA__USE_READERS;
+      uint64_t bit = UINT64_C(1) << (w->index & 63);
+      if (!(atomic_load_explicit(rd, memory_order_relaxed) & bit))
+        atomic_fetch_or_explicit(rd, bit, memory_order_relaxed);
+    }
+  }
+  unlock_all(o);
+  /* Queued: the pins stop being pending, the reader bits stay taken. */
+  for (uint32_t i = 0; i < o->npend; i++) ruda__handles_settle(o->pend[i]);
+  o->npend = 0;
   o->ncleared = 0;
+  o->nuse = 0;
+}
+
+void ruda__order_abandon(ruda__order *o) {
+  /* Still under the write locks: nobody saw the bits gone. */
+  for (uint32_t i = 0; i < o->ncleared; i++)
+    atomic_fetch_or_explicit(o->cleared[i].readers, o->cleared[i].bits, memory_order_relaxed);
+  o->ncleared = 0;
+  unlock_all(o);
   for (uint32_t i = 0; i < o->npend; i++) ruda__handles_settle(o->pend[i]);
   o->npend = 0;
 }
@@ -207,29 +293,6 @@ int ruda__order_prepare(ruda_device *dev, ruda__order *o, ruda__stream *s, uint6
     return ruda__fail(RUDA_ENOMEM, "%s: out of host memory ordering a command after other streams",
                       RUDA__SNAME(s->id));
   return 0;
-}
-
-void ruda__order_publish_slow(_Atomic uint64_t *last, uint64_t cur, uint64_t want) {
-  const uint64_t mine = want >> 48;
-  const uint64_t gen = (want >> 32) & 0xffffu;
-  for (;;) {
-    if (cur == want) return; /* the same slot twice in one command */
-    if (((cur >> 32) & 0xffffu) != gen) return; /* stale either way; readers already distrust it */
-    uint64_t next;
-    if ((cur >> 48) == mine) {
-      /* Another command of this worker published: keep the later ticket. */
-      if (ruda__ticket_ge((uint32_t)cur, (uint32_t)want)) return;
-      next = want;
-    } else {
-      /* A use on another worker was published after we looked: neither
-       * ordered after the other for sure, so the next use orders after
-       * every worker. */
-      next = ((uint64_t)RUDA__USE_MIXED << 48) | (gen << 32);
-      if (cur == next) return;
-    }
-    if (atomic_compare_exchange_weak_explicit(last, &cur, next, memory_order_release, memory_order_relaxed))
-      return;
-  }
 }
 
 /* ---- workers ---- */

@@ -22,10 +22,18 @@
  * Tickets are 32-bit and compared serially: a comparison can only err
  * towards ordering when a record is over 2^31 commands old.
  *
+ * Simultaneous commands: reading a record, pushing and publishing must be
+ * one step, or two clients issuing conflicting uses of a buffer at the
+ * same moment could each miss the other. Each record therefore carries an
+ * issue lock (handles.h, RUDA__USE_LOCK): shared by clients issuing reads,
+ * exclusive for a write, held from ruda__order_lock to ruda__order_publish.
+ * Reads of one buffer from many threads still proceed together.
+ *
  * Which calls may run concurrently: every function here may run on any
- * number of client threads at once; ruda__order_mark/wait_execute run on
- * workers. Nothing here blocks a client thread except the short mark_lock
- * of a source worker, taken only when a MARK is needed.
+ * number of client threads at once; ruda__order_mark/wait run on workers.
+ * A client blocks only on the issue lock of a buffer another client is
+ * issuing a conflicting command on, and on the short mark_lock of a
+ * source worker, taken only when a MARK is needed.
  */
 #ifndef RUDA_ORDER_H
 #define RUDA_ORDER_H
@@ -62,11 +70,13 @@ enum { RUDA__DEP_PENDING = 0, RUDA__DEP_SLEEPER = 1, RUDA__DEP_READY = 2 };
 enum { RUDA__USE_READ = 0, RUDA__USE_WRITE = 1 };
 
 /* What one command needs, gathered on the client's stack while it pins
- * its buffers. */
+ * its buffers (ruda__order_note), completed under the buffers' issue locks
+ * (ruda__order_lock). */
 typedef struct ruda__order {
   uint32_t nuse, nwait;
-  uint32_t need; /* non-zero: a WAIT may be needed (nwait, readers or all) */
-  int all;       /* a record could not be trusted: order after every worker */
+  uint32_t need;   /* non-zero: a WAIT may be needed (nwait, readers or all) */
+  uint32_t locked; /* uses whose issue lock is held (the first `locked`) */
+  int all;         /* a record could not be trusted: order after every worker */
   /* Writes: reader bits taken off the buffers' records (handles.h,
    * RUDA__USE_READERS), whose workers this command orders after; `cleared`
    * goes back onto the records if the command is not pushed. */
@@ -79,9 +89,10 @@ typedef struct ruda__order {
   } cleared[RUDA__MAX_PINS];
   struct {
     _Atomic uint64_t *last; /* the slot's record */
-    uint64_t seen;          /* its value when pinned */
     uint64_t hi;            /* this use's record without the ticket */
-    uint32_t write;         /* RUDA__USE_WRITE or _READ */
+    uint32_t key;           /* lock order: the slot's index */
+    uint32_t gen;
+    uint32_t write; /* RUDA__USE_WRITE or _READ */
   } use[RUDA__MAX_PINS];
   struct {
     uint32_t worker, ticket;
@@ -89,87 +100,61 @@ typedef struct ruda__order {
 } ruda__order;
 
 static inline void ruda__order_init(ruda__order *o) {
-  o->nuse = o->nwait = o->need = 0;
+  o->nuse = o->nwait = o->need = o->locked = 0;
   o->all = 0;
   o->readers = 0;
   o->ncleared = 0;
   o->npend = 0;
 }
 
-void ruda__order_note_slow(ruda__order *o, uint64_t seen, uint32_t gen, uint32_t worker);
-void ruda__order_take_readers(ruda__order *o, _Atomic uint64_t *readers, uint64_t keep);
-
 /* Notes that the command being built for worker w uses a buffer (pinned,
- * generation gen) whose use record is at last, to read or write it. The
- * common cases cost one or two loads: the last write on the same worker,
- * and for a write no reader on another worker. */
-static inline void ruda__order_note(ruda__order *o, _Atomic uint64_t *last, uint32_t gen, const ruda__worker *w,
-                                    uint32_t write) {
-  /* Acquire: a last use seen here was pushed before; a MARK pushed after
-   * this load follows it on its worker's queue. */
-  uint64_t seen = atomic_load_explicit(last, memory_order_acquire);
-  uint64_t hi = ruda__use_pack(w->index, gen, 0);
+ * generation gen, slot index key) whose use record is at last, to read or
+ * write it. Nothing is read yet: the record is consulted under its issue
+ * lock. A buffer named twice is one use, a write if either is. */
+static inline void ruda__order_note(ruda__order *o, _Atomic uint64_t *last, uint32_t key, uint32_t gen,
+                                    const ruda__worker *w, uint32_t write) {
+  for (uint32_t i = 0; i < o->nuse; i++)
+    if (o->use[i].last == last) {
+      o->use[i].write |= write;
+      return;
+    }
   uint32_t i = o->nuse++;
   o->use[i].last = last;
-  o->use[i].seen = seen;
-  o->use[i].hi = hi;
+  o->use[i].hi = ruda__use_pack(w->index, gen, 0);
+  o->use[i].key = key;
+  o->use[i].gen = gen;
   o->use[i].write = write;
-  if (write) {
-    _Atomic uint64_t *rd = last + RUDA__USE_READERS;
-    uint64_t r = atomic_load_explicit(rd, memory_order_seq_cst);
-    if (__builtin_expect((r & ~w->own_bit) != 0, 0)) ruda__order_take_readers(o, rd, w->own_bit);
-  }
-  if (__builtin_expect((seen >> 32) == (hi >> 32), 1)) return;
-  ruda__order_note_slow(o, seen, gen, w->index);
 }
 
+/* Client, once the command is admitted on w and before anything is
+ * pushed: takes the issue lock of every noted buffer, in key order (so
+ * two commands never wait for each other), and reads what the command
+ * must follow: the last write on another worker, and for a write every
+ * worker that read since. Blocks only while another client issues a
+ * conflicting command on one of these buffers (held from its lock to its
+ * publish, which push without blocking). Then ruda__order_needed says
+ * whether ruda__order_prepare has work. */
+void ruda__order_lock(ruda__order *o, const ruda__worker *w);
+
 /* The command was not pushed: the reader bits its writes took go back,
- * its pins are settled. Idempotent; a no-op after ruda__order_publish. */
+ * the issue locks are released, its pins are settled. Idempotent; a
+ * no-op after ruda__order_publish. */
 void ruda__order_abandon(ruda__order *o);
 
 static inline int ruda__order_needed(const ruda__order *o) { return o->need != 0; }
 
-/* Client, after the command was admitted on s's worker and before it is
- * pushed: pushes the MARKs and the WAIT the command needs (none when the
- * source workers are past the tickets). seq: the command's number, quoted
- * if the WAIT fails. RUDA_ENOMEM (via ruda__fail) when a MARK or WAIT
- * cannot be allocated; nothing the caller must undo then. */
+/* Client, after ruda__order_lock and before the command is pushed:
+ * pushes the MARKs and the WAIT the command needs (none when the source
+ * workers are past the tickets). seq: the command's number, quoted if the
+ * WAIT fails. RUDA_ENOMEM (via ruda__fail) when a MARK or WAIT cannot be
+ * allocated; nothing the caller must undo then but ruda__order_abandon. */
 int ruda__order_prepare(struct ruda_device *dev, ruda__order *o, ruda__stream *s, uint64_t seq);
 
-void ruda__order_publish_slow(_Atomic uint64_t *last, uint64_t cur, uint64_t want);
-
 /* Client, after the command was pushed on w (while it still holds its
- * pins): records its writes as the buffers' last, its reads as w's bit.
- * The ticket read after the push is at least the command's position in
- * w's queue. */
-static inline void ruda__order_publish(ruda__order *o, ruda__worker *w) {
-  if (o->nuse == 0) return; /* nothing noted, nothing pinned */
-  uint32_t t = ruda__queue_ticket(w);
-  for (uint32_t i = 0; i < o->nuse; i++) {
-    if (!o->use[i].write) {
-      /* A read: the worker's bit, set once. Seq_cst pairs with a writer's
-       * clear (order.c): a read that finds its bit still set was pushed
-       * before the clear, so before the writer's MARK on this worker. */
-      _Atomic uint64_t *rd = o->use[i].last + RUDA__USE_READERS;
-      uint64_t bit = UINT64_C(1) << (w->index & 63);
-      if (!(atomic_load_explicit(rd, memory_order_seq_cst) & bit))
-        atomic_fetch_or_explicit(rd, bit, memory_order_seq_cst);
-      continue;
-    }
-    uint64_t want = o->use[i].hi | t;
-    uint64_t seen = o->use[i].seen;
-    /* Release: whoever sees this record sees our push before it. A CAS,
-     * not a store, so that a use on another worker published meanwhile
-     * is not overwritten unseen. */
-    if (!atomic_compare_exchange_strong_explicit(o->use[i].last, &seen, want, memory_order_release,
-                                                 memory_order_relaxed))
-      ruda__order_publish_slow(o->use[i].last, seen, want);
-  }
-  /* Queued: the pins stop being pending, the reader bits stay taken. */
-  for (uint32_t i = 0; i < o->npend; i++) ruda__handles_settle(o->pend[i]);
-  o->npend = 0;
-  o->ncleared = 0;
-}
+ * pins and locks): records its writes as the buffers' last use and its
+ * reads as w's bit, then releases the issue locks. The ticket read after
+ * the push is at least the command's position in w's queue. */
+void ruda__order_publish(ruda__order *o, ruda__worker *w);
 
 /* Worker side (worker.c). MARK: record and publish; WAIT: wait for every
  * dependency, then order the worker's stream after its event. Returns 0

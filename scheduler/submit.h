@@ -63,7 +63,7 @@ static inline int ruda__pin_binding(ruda_device *dev, ruda__stream *s, ruda_bind
   *addr = base + b.offset;
   *len = want;
   o->pend[o->npend++] = slot;
-  ruda__order_note(o, last, b.handle.gen, s->worker, use);
+  ruda__order_note(o, last, b.handle.slot, b.handle.gen, s->worker, use);
   return 0;
 }
 
@@ -71,7 +71,8 @@ static inline int ruda__pin_binding(ruda_device *dev, ruda__stream *s, ruda_bind
 void ruda__origin_capture(ruda__cmd *cmd);
 
 /* Pushes cmd on s's worker, after whatever other streams' work o says it
- * must follow, and records its buffer uses. */
+ * must follow, and records its buffer uses (under their issue locks:
+ * order.h). */
 static inline __attribute__((always_inline)) int ruda__submit(ruda_device *dev, ruda__stream *s, ruda__cmd *cmd,
                                                         ruda__order *o) {
   cmd->stream = s;
@@ -82,22 +83,22 @@ static inline __attribute__((always_inline)) int ruda__submit(ruda_device *dev, 
     cmd->u.launch.seq = cmd->seq;
   }
   ruda__worker *w = s->worker;
-  int rc;
-  if (__builtin_expect(!ruda__order_needed(o), 1)) {
-    if ((rc = ruda__queue_push(w, cmd)) != 0) return rc;
-  } else {
-    /* Admitted first, so a refused command leaves no MARK or WAIT. */
-    if ((rc = ruda__queue_admit(w, s->id)) != 0) {
-      ruda__order_abandon(o);
-      return rc;
-    }
-    if ((rc = ruda__order_prepare(dev, o, s, cmd->seq)) != 0) {
-      ruda__queue_unadmit(w);
-      ruda__order_abandon(o);
-      return rc;
-    }
-    ruda__queue_push_admitted(w, cmd);
+  if (o->nuse == 0) return ruda__queue_push(w, cmd); /* no buffers, nothing to order */
+  /* Admitted first: the wait for room (RUDA_BACKPRESSURE_BLOCK) happens
+   * before the issue locks are taken, and a refused command leaves no
+   * MARK or WAIT. */
+  int rc = ruda__queue_admit(w, s->id);
+  if (rc != 0) {
+    ruda__order_abandon(o);
+    return rc;
   }
+  ruda__order_lock(o, w);
+  if (__builtin_expect(ruda__order_needed(o), 0) && (rc = ruda__order_prepare(dev, o, s, cmd->seq)) != 0) {
+    ruda__queue_unadmit(w);
+    ruda__order_abandon(o);
+    return rc;
+  }
+  ruda__queue_push_admitted(w, cmd);
   ruda__order_publish(o, w);
   return 0;
 }

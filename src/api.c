@@ -194,7 +194,9 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
     /* Admit the write once, before any piece is staged: a full queue then
      * refuses it whole instead of leaving part of it written. */
     if ((rc = ruda__queue_admit(s->worker, s->id)) != 0) goto unpin;
-    /* Pieces are pushed in any order: a WAIT goes before all of them. */
+    /* Pieces are pushed in any order: a WAIT goes before all of them. The
+     * buffer's issue lock is held until the last piece is queued. */
+    ruda__order_lock(&o, s->worker);
     if (ruda__order_needed(&o) && (rc = ruda__order_prepare(dev, &o, s, 0)) != 0) {
       ruda__queue_unadmit(s->worker);
       goto unpin;

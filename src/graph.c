@@ -199,19 +199,18 @@ int ruda_graph_replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g) {
   uint32_t ngroups = (g->nslots + per - 1) / per + 1;
   ruda__order two[2], *o = ngroups <= 2 ? two : malloc(ngroups * sizeof *o);
   if (o == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
-  int needed = 0;
   uint32_t ngiven = 0;
   pthread_mutex_lock(&g->issue_lock);
+  /* The graph's slots are sorted, so the groups lock in one key order. */
   for (uint32_t gi = 0; gi < ngroups; gi++) {
     ruda__order_init(&o[gi]);
     for (uint32_t i = gi * per; i < g->nslots && i < (gi + 1) * per; i++) {
       uint32_t slot = ruda__pin_slot(g->slots[i]);
       ruda__handles_add_user(h, slot, w->index);
-      ruda__order_note(&o[gi], ruda__handles_last(h, slot), ruda__handles_gen(h, slot), w,
+      ruda__order_note(&o[gi], ruda__handles_last(h, slot), slot, ruda__handles_gen(h, slot), w,
                        (g->slots[i] & RUDA__PIN_READ) ? RUDA__USE_READ : RUDA__USE_WRITE);
     }
-    if (gi == ngroups - 1) ruda__order_note(&o[gi], g->replays, 0, w, RUDA__USE_WRITE);
-    needed |= ruda__order_needed(&o[gi]);
+    if (gi == ngroups - 1) ruda__order_note(&o[gi], g->replays, UINT32_MAX, 0, w, RUDA__USE_WRITE);
   }
   ruda__cmd *cmd = ruda__cmd_alloc(0);
   if (cmd == NULL) {
@@ -223,9 +222,8 @@ int ruda_graph_replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g) {
   cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
   cmd->u.graph.g = g;
   atomic_fetch_add_explicit(&g->refs, 1, memory_order_relaxed);
-  if (!needed) {
-    rc = ruda__queue_push(w, cmd);
-  } else if ((rc = ruda__queue_admit(w, s->id)) == 0) {
+  if ((rc = ruda__queue_admit(w, s->id)) == 0) {
+    for (uint32_t gi = 0; gi < ngroups; gi++) ruda__order_lock(&o[gi], w);
     for (uint32_t gi = 0; gi < ngroups && rc == 0; gi++)
       if (ruda__order_needed(&o[gi])) rc = ruda__order_prepare(dev, &o[gi], s, cmd->seq);
     if (rc == 0) ruda__queue_push_admitted(w, cmd);
@@ -239,8 +237,9 @@ int ruda_graph_replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g) {
   ngiven = ngroups; /* pushed: no reader bit goes back */
   for (uint32_t gi = 0; gi < ngroups; gi++) ruda__order_publish(&o[gi], w);
 out:
+  /* Released in reverse lock order (abandon unlocks). */
+  for (uint32_t gi = ngroups; gi-- > ngiven;) ruda__order_abandon(&o[gi]);
   pthread_mutex_unlock(&g->issue_lock);
-  for (uint32_t gi = ngiven; gi < ngroups; gi++) ruda__order_abandon(&o[gi]);
   if (o != two) free(o);
   return rc;
 }

@@ -299,12 +299,11 @@ typedef struct ruda_dim3 {
  * ruda_read and the source of ruda_copy read; ruda_write and a copy's
  * destination write. Declaring a written buffer IN is a data race, as
  * declaring a pointer const and writing through it would be.
- * "Earlier" is the order of the calls. Known limitation (to be fixed): two
- * calls that conflict on a buffer (one writes it) made at the same moment
- * from two threads, with nothing ordering the calls, may run at the same
- * time; order such calls in the program (one thread issues both, or the
- * second waits until the first call returned), as
- * examples/training_loop.c does. */
+ * "Earlier" is the order of the calls. Two calls that conflict on a buffer
+ * (one writes it) made at the same moment from two threads still run one
+ * after the other, in an order the program does not choose; such a call
+ * may wait, inside the call, while the other thread finishes issuing its
+ * own (for a large ruda_write, its copy into staging memory). */
 typedef enum ruda_arg_kind {
   RUDA_ARG_BUFFER = 0,     /* a binding; the kernel sees a pointer to its first byte */
   RUDA_ARG_SCALAR = 1,     /* bytes copied at enqueue, passed by value */

@@ -1,11 +1,9 @@
-/* simultaneous_rw.c - the known limitation in ruda.h (kernel arguments):
- * a write and a read of one buffer issued at the same moment from two
- * threads, with nothing ordering the calls, must still run one after the
- * other. Thread A writes slot s % 2 (every word = s) on stream 1 while
+/* simultaneous_rw.c - ruda.h's promise (kernel argument kinds): a write
+ * and a read of one buffer issued at the same moment from two threads,
+ * with nothing ordering the calls, still run one after the other. Thread A writes slot s % 2 (every word = s) on stream 1 while
  * thread B launches, on stream 0, a kernel that reads the slot slowly and
  * checks every word equals the first: a torn read means the two ran at
- * once. Fails today; registered DISABLED in ctest until the ordering
- * protocol is fixed (then enable it, and run it under TSan).
+ * once (as it did before records had issue locks: scheduler/order.h).
  *   simultaneous_rw [iterations]   exit 0: no torn read, 1: torn */
 #include <pthread.h>
 #include <stdatomic.h>

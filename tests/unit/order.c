@@ -204,7 +204,7 @@ static void refused_command_leaves_no_mark(void **state) {
   test_close(dev);
 }
 
-static void raced_record_orders_after_every_busy_worker(void **state) {
+static void stale_record_orders_after_every_busy_worker(void **state) {
   (void)state;
   ruda_device *dev = open_host();
   ruda_handle x = buffer(dev, 0, 16), out = buffer(dev, 3, 16);
@@ -212,49 +212,114 @@ static void raced_record_orders_after_every_busy_worker(void **state) {
   assert_ok(ruda_sync(dev, 0, NULL));
   close_gate(dev, 1);
   close_gate(dev, 2);
+  /* A record left by a freed buffer of this slot is not trusted: the use
+   * orders after every worker that has not run everything. */
   _Atomic uint64_t *slot = ruda__handles_last(&dev->handles, x.slot);
-  /* Uses on workers 1 and 2 published at once: the record says so. */
-  uint64_t from1 = ruda__use_pack(1, x.gen, 5), from2 = ruda__use_pack(2, x.gen, 7);
-  atomic_store(slot, from1);
-  ruda__order_publish_slow(slot, from1, from2);
-  uint64_t mixed = atomic_load(slot);
-  assert_int_equal(mixed >> 48, RUDA__USE_MIXED);
+  atomic_store(slot, ruda__use_pack(0, x.gen + 1, 0));
   sum(dev, 3, out, x, x, 16);
   /* Workers 1 and 2 are busy, worker 0 has run everything. */
   assert_int_equal(marks(dev), 2);
   assert_int_equal(waits(dev), 1);
-  /* A record left by a freed buffer of this slot is not trusted either. */
-  assert_ok(ruda_flush(dev, 0, NULL));
-  atomic_store(slot, ruda__use_pack(0, x.gen + 1, 0));
-  sum(dev, 3, out, x, x, 16);
-  assert_int_equal(waits(dev), 2); /* after workers 1 and 2 again: WAIT */
   open_gate(1);
   open_gate(2);
   expect_all(dev, 3, out, 16, 18);
   test_close(dev);
 }
 
-static void publish_keeps_the_later_use(void **state) {
+/* A client in the middle of issuing a use of x on worker wi (between
+ * ruda__order_lock and ruda__order_publish), as another thread would be. */
+static void begin_issue(ruda_device *dev, ruda__order *o, ruda_handle x, uint32_t wi, uint32_t write) {
+  ruda__order_init(o);
+  ruda__order_note(o, ruda__handles_last(&dev->handles, x.slot), x.slot, x.gen, &dev->workers[wi], write);
+  ruda__order_lock(o, &dev->workers[wi]);
+}
+
+typedef struct {
+  ruda_device *dev;
+  ruda_handle x;
+  _Atomic int done;
+} writer_arg;
+
+static void *write_x(void *p) {
+  writer_arg *a = p;
+  uint32_t v[16] = {0};
+  ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(a->x));
+  assert_ok(ruda_write(a->dev, 0, &d, v, sizeof v));
+  atomic_store(&a->done, 1);
+  return NULL;
+}
+
+static void write_waits_for_reads_being_issued(void **state) {
   (void)state;
-  _Atomic uint64_t s = 0;
-  /* Same worker: the later ticket stays, whoever publishes last. */
-  atomic_store(&s, ruda__use_pack(2, 5, 100));
-  ruda__order_publish_slow(&s, ruda__use_pack(2, 5, 100), ruda__use_pack(2, 5, 90));
-  assert_int_equal(atomic_load(&s), ruda__use_pack(2, 5, 100));
-  ruda__order_publish_slow(&s, ruda__use_pack(2, 5, 100), ruda__use_pack(2, 5, 120));
-  assert_int_equal(atomic_load(&s), ruda__use_pack(2, 5, 120));
-  /* Across the 32-bit wrap. */
-  atomic_store(&s, ruda__use_pack(2, 5, 0xfffffff0u));
-  ruda__order_publish_slow(&s, ruda__use_pack(2, 5, 0xfffffff0u), ruda__use_pack(2, 5, 3));
-  assert_int_equal(atomic_load(&s), ruda__use_pack(2, 5, 3));
-  /* Another generation: the buffer we used is gone; leave the slot. */
-  atomic_store(&s, ruda__use_pack(1, 6, 1));
-  ruda__order_publish_slow(&s, ruda__use_pack(1, 6, 1), ruda__use_pack(2, 5, 200));
-  assert_int_equal(atomic_load(&s), ruda__use_pack(1, 6, 1));
-  /* Tickets compare serially. */
-  assert_true(ruda__ticket_ge(3, 0xfffffff0u));
-  assert_false(ruda__ticket_ge(0xfffffff0u, 3));
-  assert_true(ruda__ticket_ge(7, 7));
+  ruda_device *dev = open_host();
+  ruda_handle x = buffer(dev, 0, 16);
+  assert_ok(ruda_sync(dev, 0, NULL));
+  close_gate(dev, 1);
+  close_gate(dev, 2);
+  /* Two reads of x being issued at once, on workers 1 and 2: both get in. */
+  ruda__order r1, r2;
+  begin_issue(dev, &r1, x, 1, RUDA__USE_READ);
+  begin_issue(dev, &r2, x, 2, RUDA__USE_READ);
+  writer_arg a = {dev, x, 0};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, write_x, &a), 0);
+  usleep(50 * 1000);
+  /* The write cannot look at x's readers while reads are mid-issue. */
+  assert_int_equal(atomic_load(&a.done), 0);
+  ruda__order_publish(&r1, &dev->workers[1]);
+  usleep(20 * 1000);
+  assert_int_equal(atomic_load(&a.done), 0);
+  ruda__order_publish(&r2, &dev->workers[2]);
+  pthread_join(t, NULL);
+  /* It saw both: ordered after workers 1 and 2 (both still gated). */
+  assert_int_equal(marks(dev), 2);
+  assert_int_equal(waits(dev), 1);
+  open_gate(1);
+  open_gate(2);
+  expect_all(dev, 0, x, 16, 0);
+  test_close(dev);
+}
+
+typedef struct {
+  ruda_device *dev;
+  ruda_handle x;
+  _Atomic int issued;
+} reader_arg;
+
+static void *read_x(void *p) {
+  reader_arg *a = p;
+  uint32_t v[16];
+  ruda_future *f = NULL;
+  ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(a->x));
+  assert_ok(ruda_read(a->dev, 3, &d, v, sizeof v, &f));
+  atomic_store(&a->issued, 1);
+  assert_ok(ruda_future_wait(f, NULL));
+  ruda_future_free(f);
+  return NULL;
+}
+
+static void read_waits_for_a_write_being_issued(void **state) {
+  (void)state;
+  ruda_device *dev = open_host();
+  ruda_handle x = buffer(dev, 0, 16);
+  assert_ok(ruda_sync(dev, 0, NULL));
+  close_gate(dev, 1);
+  /* A write of x mid-issue on worker 1 (gated): a read on worker 3 waits
+   * for its publish, then orders after it. */
+  ruda__order w;
+  begin_issue(dev, &w, x, 1, RUDA__USE_WRITE);
+  reader_arg a = {dev, x, 0};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, read_x, &a), 0);
+  usleep(50 * 1000);
+  assert_int_equal(atomic_load(&a.issued), 0);
+  ruda__order_publish(&w, &dev->workers[1]);
+  while (!atomic_load(&a.issued)) usleep(1000);
+  assert_int_equal(marks(dev), 1);
+  assert_int_equal(waits(dev), 1);
+  open_gate(1);
+  pthread_join(t, NULL);
+  test_close(dev);
 }
 
 static void tickets_count_enqueued_commands(void **state) {
@@ -390,8 +455,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test(finished_work_pushes_nothing),
       cmocka_unit_test(unfinished_writer_gets_one_mark_per_worker),
       cmocka_unit_test(refused_command_leaves_no_mark),
-      cmocka_unit_test(raced_record_orders_after_every_busy_worker),
-      cmocka_unit_test(publish_keeps_the_later_use),
+      cmocka_unit_test(stale_record_orders_after_every_busy_worker),
+      cmocka_unit_test(write_waits_for_reads_being_issued),
+      cmocka_unit_test(read_waits_for_a_write_being_issued),
       cmocka_unit_test(tickets_count_enqueued_commands),
       cmocka_unit_test(device_backend_waits_on_the_marks_event),
       cmocka_unit_test(completed_sync_spares_the_mark),
