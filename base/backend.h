@@ -128,6 +128,15 @@ typedef struct ruda__backend_ops {
   int (*read)(void *wstate, void *dst, uint64_t src, const ruda__layout *l, ruda__completion *c,
               ruda_error **err);
   int (*copy)(void *wstate, uint64_t dst, uint64_t src, uint64_t size, ruda_error **err);
+  /* Worker: contiguous copies between device memory and a host block that
+   * stays the caller's (page-locked staging memory, stage_owns), in
+   * stream order, asynchronous, with no event: what a graph records for
+   * ruda_write_staged and ruda_read (graph_replay captures them). */
+  int (*upload)(void *wstate, uint64_t dst, const void *src, uint64_t size, ruda_error **err);
+  int (*download)(void *wstate, void *dst, uint64_t src, uint64_t size, ruda_error **err);
+  /* Any thread: 1 when [p, p + size) lies in staging memory the device
+   * can copy to and from asynchronously (blocks of ruda_staging_alloc). */
+  int (*stage_owns)(void *state, const void *p, size_t size);
   int (*launch)(void *wstate, const ruda__launch_cmd *cmd, ruda_error **err);
   /* Marks "everything submitted so far" in c (event NULL: already done). */
   int (*record)(void *wstate, ruda__completion *c, ruda_error **err);

@@ -97,8 +97,17 @@ static int run_recorded(void *arg, ruda_error **err) {
   for (uint32_t i = 0; i < r->g->n; i++) {
     ruda__cmd *cmd = r->g->cmds[i];
     int rc = 0;
-    if (cmd->kind == RUDA__CMD_LAUNCH) rc = ops->launch(ws, &cmd->u.launch, err);
-    else if (cmd->kind == RUDA__CMD_COPY) rc = ops->copy(ws, cmd->u.copy.dst, cmd->u.copy.src, cmd->u.copy.size, err);
+    switch (cmd->kind) {
+      case RUDA__CMD_LAUNCH: rc = ops->launch(ws, &cmd->u.launch, err); break;
+      case RUDA__CMD_COPY: rc = ops->copy(ws, cmd->u.copy.dst, cmd->u.copy.src, cmd->u.copy.size, err); break;
+      case RUDA__CMD_WRITE: /* from the caller's staging block, every replay */
+        rc = ops->upload(ws, cmd->u.write.dst, cmd->u.write.staged, cmd->u.write.layout.bytes, err);
+        break;
+      case RUDA__CMD_READ:
+        rc = ops->download(ws, cmd->u.read.dst, cmd->u.read.src, cmd->u.read.layout.bytes, err);
+        break;
+      default: break;
+    }
     if (rc != 0) {
       r->failed = i + 1;
       return rc;
@@ -124,8 +133,12 @@ int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err) {
   if (rc != 0 && r.failed && *err != NULL) {
     ruda__cmd *bad = g->cmds[r.failed - 1];
     char msg[RUDA__MSG_MAX];
+    const char *what = bad->kind == RUDA__CMD_LAUNCH  ? "launch of "
+                       : bad->kind == RUDA__CMD_WRITE ? "upload"
+                       : bad->kind == RUDA__CMD_READ  ? "download"
+                                                      : "copy";
     snprintf(msg, sizeof msg, "graph of %u commands captured on %s, command %u (%s%.64s): %.300s", g->n,
-             RUDA__SNAME(g->stream), r.failed, bad->kind == RUDA__CMD_LAUNCH ? "launch of " : "copy",
+             RUDA__SNAME(g->stream), r.failed, what,
              bad->kind == RUDA__CMD_LAUNCH ? bad->u.launch.kernel->name : "", (*err)->msg);
     memcpy((*err)->msg, msg, sizeof msg);
   }

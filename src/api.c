@@ -70,6 +70,44 @@ static int refuse_capturing(ruda__stream *s, const char *fn, const char *why) {
                     why);
 }
 
+/* Records, in the capture of s, an upload (RUDA__CMD_WRITE) or download
+ * (RUDA__CMD_READ) between a buffer at addr (pinned, pin) and a host block
+ * the caller keeps: each replay copies again (ruda/graph.h). On success
+ * the pin stays with the recorded command; otherwise the caller unpins. */
+static int record_io(ruda_device *dev, ruda__stream *s, ruda__order *o, int kind, uint32_t pin, uint64_t addr,
+                     void *host, const ruda__layout *l, const char *fn) {
+  const char *what = kind == RUDA__CMD_WRITE ? "source" : "destination";
+  if (!l->contiguous)
+    return ruda__fail(RUDA_EINVAL, "%s: %s is capturing, and a recorded copy must be contiguous", fn,
+                      RUDA__SNAME(s->id));
+  if (dev->ops->stage_owns == NULL || !dev->ops->stage_owns(dev->bstate, host, (size_t)l->bytes))
+    return ruda__fail(RUDA_EINVAL,
+                      "%s: %s is capturing, and a recorded copy needs its %s (%llu bytes at %p) inside one block "
+                      "from ruda_staging_alloc (page-locked), which the graph reads or fills at each replay",
+                      fn, RUDA__SNAME(s->id), what, (unsigned long long)l->bytes, host);
+  ruda__cmd *cmd = ruda__cmd_alloc(sizeof(uint32_t));
+  if (cmd == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
+  cmd->kind = kind;
+  cmd->pins = (uint32_t *)ruda__cmd_extra(cmd);
+  cmd->pins[0] = pin;
+  cmd->npins = 1;
+  if (kind == RUDA__CMD_WRITE) {
+    cmd->u.write.dst = addr;
+    cmd->u.write.staged = host;
+    cmd->u.write.layout = *l;
+  } else {
+    cmd->u.read.src = addr;
+    cmd->u.read.dst = host;
+    cmd->u.read.layout = *l;
+  }
+  int rc = ruda__capture_record(s, cmd);
+  ruda__order_abandon(o); /* recorded, not pushed: replays order themselves */
+  if (rc == 0) return 0;
+  ruda__cmd_free(cmd);
+  if (rc == 1) return refuse_capturing(s, fn, "the capture ended during the call; nothing was recorded or run");
+  return rc;
+}
+
 /* ---- buffers ---- */
 
 int ruda_buffer_create(ruda_device *dev, ruda_stream_id stream, uint64_t size, ruda_handle *out) {
@@ -176,12 +214,16 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
   int rc = 0;
   ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
-  if (atomic_load_explicit(&s->capturing, memory_order_acquire))
-    return refuse_capturing(s, fn, "writes are not recorded (write before ruda_graph_begin_capture)");
+  const int capturing = atomic_load_explicit(&s->capturing, memory_order_acquire);
+  if (capturing && user_staged == NULL)
+    return refuse_capturing(s, fn,
+                            "ruda_write copies its source at the call, so it cannot be recorded (record "
+                            "ruda_write_staged of a block from ruda_staging_alloc: each replay uploads it)");
   uint64_t addr, blen;
   ruda__order o;
   ruda__order_init(&o);
-  if ((rc = ruda__pin_binding(dev, s, dst->binding, fn, "dst", -1, &addr, &blen, &o, 0, RUDA__USE_WRITE)) != 0)
+  if ((rc = ruda__pin_binding(dev, s, dst->binding, fn, "dst", -1, &addr, &blen, &o, capturing,
+                              RUDA__USE_WRITE)) != 0)
     return rc;
   ruda__layout l;
   if ((rc = make_layout(dst, blen, fn, &l)) != 0 || (rc = check_layout(dev, &l, fn)) != 0) goto unpin;
@@ -189,6 +231,11 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
     rc = ruda__fail(RUDA_EINVAL, "%s: len %zu does not match the descriptor's %llu bytes", fn, len,
                     (unsigned long long)l.bytes);
     goto unpin;
+  }
+  if (capturing) {
+    if ((rc = record_io(dev, s, &o, RUDA__CMD_WRITE, dst->binding.handle.slot, addr, user_staged, &l, fn)) != 0)
+      goto unpin;
+    return 0;
   }
   if (user_staged == NULL && l.contiguous && len > RUDA__WRITE_PIECE) {
     /* Admit the write once, before any piece is staged: a full queue then
@@ -256,12 +303,12 @@ int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src
   int rc = 0;
   ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
   if (s == NULL) return rc;
-  if (atomic_load_explicit(&s->capturing, memory_order_acquire))
-    return refuse_capturing(s, fn, "a read would wait for work that is being recorded, not run");
+  const int capturing = atomic_load_explicit(&s->capturing, memory_order_acquire);
   uint64_t addr, blen;
   ruda__order o;
   ruda__order_init(&o);
-  if ((rc = ruda__pin_binding(dev, s, src->binding, fn, "src", -1, &addr, &blen, &o, 0, RUDA__USE_READ)) != 0)
+  if ((rc = ruda__pin_binding(dev, s, src->binding, fn, "src", -1, &addr, &blen, &o, capturing,
+                              RUDA__USE_READ)) != 0)
     return rc;
   ruda__layout l;
   if ((rc = make_layout(src, blen, fn, &l)) != 0 || (rc = check_layout(dev, &l, fn)) != 0) goto unpin;
@@ -269,6 +316,12 @@ int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src
     rc = ruda__fail(RUDA_EINVAL, "ruda_read: len %zu does not match the descriptor's %llu bytes", len,
                     (unsigned long long)l.bytes);
     goto unpin;
+  }
+  if (capturing) { /* recorded; the replay's future says when dst is filled */
+    if ((rc = record_io(dev, s, &o, RUDA__CMD_READ, src->binding.handle.slot | RUDA__PIN_READ, addr, dst, &l,
+                        fn)) != 0)
+      goto unpin;
+    return 0;
   }
   ruda__cmd *cmd = ruda__cmd_alloc(sizeof(uint32_t));
   ruda_future *f = cmd ? ruda__future_new(dev, s, 1) : NULL;

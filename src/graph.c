@@ -179,9 +179,7 @@ int ruda_graph_destroy(ruda_device *dev, ruda_graph *g) {
 
 uint32_t ruda_graph_length(const ruda_graph *g) { return g ? g->n : 0; }
 
-int ruda_graph_replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g) {
-  static const char fn[] = "ruda_graph_replay";
-  RUDA__CHECK_DEV(dev, fn);
+static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, ruda_future **fut, const char *fn) {
   int rc = check_graph(dev, g, fn);
   if (rc != 0) return rc;
   ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
@@ -221,6 +219,11 @@ int ruda_graph_replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g) {
   cmd->stream = s;
   cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
   cmd->u.graph.g = g;
+  if (fut != NULL && (cmd->future = ruda__future_new(dev, s, 1)) == NULL) {
+    ruda__cmd_free(cmd);
+    rc = ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
+    goto out;
+  }
   atomic_fetch_add_explicit(&g->refs, 1, memory_order_relaxed);
   if ((rc = ruda__queue_admit(w, s->id)) == 0) {
     for (uint32_t gi = 0; gi < ngroups; gi++) ruda__order_lock(&o[gi], w);
@@ -231,9 +234,11 @@ int ruda_graph_replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g) {
   }
   if (rc != 0) {
     atomic_fetch_sub_explicit(&g->refs, 1, memory_order_relaxed);
+    free(cmd->future);
     ruda__cmd_free(cmd);
     goto out;
   }
+  if (fut != NULL) *fut = cmd->future;
   ngiven = ngroups; /* pushed: no reader bit goes back */
   for (uint32_t gi = 0; gi < ngroups; gi++) ruda__order_publish(&o[gi], w);
 out:
@@ -242,4 +247,18 @@ out:
   pthread_mutex_unlock(&g->issue_lock);
   if (o != two) free(o);
   return rc;
+}
+
+int ruda_graph_replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g) {
+  static const char fn[] = "ruda_graph_replay";
+  RUDA__CHECK_DEV(dev, fn);
+  return replay(dev, stream, g, NULL, fn);
+}
+
+int ruda_graph_replay_async(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, ruda_future **fut) {
+  static const char fn[] = "ruda_graph_replay_async";
+  if (fut != NULL) *fut = NULL;
+  RUDA__CHECK_DEV(dev, fn);
+  if (fut == NULL) return ruda__fail(RUDA_EINVAL, "%s: fut is NULL", fn);
+  return replay(dev, stream, g, fut, fn);
 }

@@ -294,6 +294,30 @@ int ruda__cu_read(void *ws, void *dst, uint64_t src, const ruda__layout *l, ruda
   return 0;
 }
 
+int ruda__cu_upload(void *ws, uint64_t dst, const void *src, uint64_t size, ruda_error **err) {
+  ruda__cu_worker *w = ws;
+  CUresult r = ruda__cu.cuMemcpyHtoDAsync((CUdeviceptr)dst, src, size, w->stream);
+  if (r != CUDA_SUCCESS)
+    return ruda__cu_worker_fail(w, r, err, "upload of %llu bytes to 0x%llx", (unsigned long long)size,
+                                (unsigned long long)dst);
+  return 0;
+}
+
+int ruda__cu_download(void *ws, void *dst, uint64_t src, uint64_t size, ruda_error **err) {
+  ruda__cu_worker *w = ws;
+  CUresult r = ruda__cu.cuMemcpyDtoHAsync(dst, (CUdeviceptr)src, size, w->stream);
+  if (r != CUDA_SUCCESS)
+    return ruda__cu_worker_fail(w, r, err, "download of %llu bytes from 0x%llx", (unsigned long long)size,
+                                (unsigned long long)src);
+  return 0;
+}
+
+int ruda__cu_stage_owns(void *state, const void *p, size_t size) {
+  ruda__cu_backend *b = state;
+  const unsigned char *end = (const unsigned char *)p + (size ? size - 1 : 0);
+  return ruda__staging_pinned(b->staging, p) && ruda__staging_pinned(b->staging, end);
+}
+
 int ruda__cu_copy(void *ws, uint64_t dst, uint64_t src, uint64_t size, ruda_error **err) {
   ruda__cu_worker *w = ws;
   CUresult r = ruda__cu.cuMemcpyDtoDAsync((CUdeviceptr)dst, (CUdeviceptr)src, size, w->stream);

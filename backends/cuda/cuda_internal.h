@@ -152,6 +152,10 @@ int ruda__cu_write(void *ws, uint64_t dst, const ruda__layout *l, void *staged, 
 int ruda__cu_read(void *ws, void *dst, uint64_t src, const ruda__layout *l, ruda__completion *c,
                   ruda_error **err);
 int ruda__cu_copy(void *ws, uint64_t dst, uint64_t src, uint64_t size, ruda_error **err);
+/* Graph-recorded copies to and from caller-owned staging blocks (backend.h). */
+int ruda__cu_upload(void *ws, uint64_t dst, const void *src, uint64_t size, ruda_error **err);
+int ruda__cu_download(void *ws, void *dst, uint64_t src, uint64_t size, ruda_error **err);
+int ruda__cu_stage_owns(void *state, const void *p, size_t size);
 
 /* cuda_launch.c */
 int ruda__cu_launch(void *ws, const ruda__launch_cmd *cmd, ruda_error **err);

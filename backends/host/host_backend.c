@@ -155,6 +155,35 @@ static int host_copy(void *ws, uint64_t dst, uint64_t src, uint64_t size, ruda_e
   return 0;
 }
 
+static int host_upload(void *ws, uint64_t dst, const void *src, uint64_t size, ruda_error **err) {
+  (void)ws;
+  (void)err;
+  memcpy((void *)(uintptr_t)dst, src, size);
+  return 0;
+}
+
+static int host_download(void *ws, void *dst, uint64_t src, uint64_t size, ruda_error **err) {
+  (void)ws;
+  (void)err;
+  memcpy(dst, (const void *)(uintptr_t)src, size);
+  return 0;
+}
+
+/* A walk of the staging list: called when a graph records a copy, not per
+ * command. */
+static int host_stage_owns(void *state, const void *p, size_t size) {
+  host_state *h = state;
+  const unsigned char *a = p;
+  int owns = 0;
+  pthread_mutex_lock(&h->lock);
+  for (stage_hdr *b = h->head.next; b != &h->head && !owns; b = b->next) {
+    const unsigned char *base = (const unsigned char *)(b + 1);
+    owns = a >= base && (size_t)(a - base) <= b->size && size <= b->size - (size_t)(a - base);
+  }
+  pthread_mutex_unlock(&h->lock);
+  return owns;
+}
+
 static int host_launch(void *ws, const ruda__launch_cmd *cmd, ruda_error **err) {
   (void)ws;
   void *argv[RUDA_MAX_ARGS];
@@ -270,6 +299,9 @@ const ruda__backend_ops ruda__host_backend = {
     .write = host_write,
     .read = host_read,
     .copy = host_copy,
+    .upload = host_upload,
+    .download = host_download,
+    .stage_owns = host_stage_owns,
     .launch = host_launch,
     .record = host_record,
     .kernel_prepare = host_kernel_prepare,

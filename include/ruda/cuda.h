@@ -88,8 +88,10 @@ RUDA_EXTERN int ruda_staging_free(ruda_device *dev, void *p);
 /* ruda_write() without the copy: staged (from ruda_staging_alloc, at
  * least len bytes) is uploaded as it is. On success ruda owns staged and
  * returns it to the arena once the device copy completed; the caller must
- * not touch it again. On failure the caller still owns it. Thread-safe,
- * non-blocking (see ruda_write for a full queue). */
+ * not touch it again. On failure the caller still owns it. On a stream
+ * capturing a graph the upload is recorded instead and staged stays the
+ * caller's (ruda/graph.h). Thread-safe, non-blocking (see ruda_write for
+ * a full queue). */
 RUDA_EXTERN int ruda_write_staged(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *dst,
                                   void *staged, size_t len);
 

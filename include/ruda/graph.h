@@ -24,13 +24,39 @@
  * earlier uses of those buffers, and later uses after it, like a launch
  * that uses all of them.
  *
+ * A whole request can be one graph: uploads and downloads between buffers
+ * and page-locked staging blocks the caller keeps are recorded too, and a
+ * replay then costs one command and, on the cuda backend, one
+ * cuGraphLaunch instead of a driver call per copy and launch:
+ *
+ *   ruda_staging_alloc(dev, in_bytes, &in);   the caller's, reused
+ *   ruda_staging_alloc(dev, out_bytes, &out);
+ *   ruda_graph_begin_capture(dev, s);
+ *   ruda_write_staged(dev, s, &x, in, in_bytes);   recorded: each replay
+ *                                                  uploads in's bytes
+ *   ruda_launch(dev, s, ...);
+ *   ruda_read(dev, s, &y, out, out_bytes, &f);     recorded (f = NULL):
+ *                                                  each replay fills out
+ *   ruda_graph_end_capture(dev, s, &g);
+ *   per request: fill in; ruda_graph_replay_async(dev, s, g, &f);
+ *                ruda_future_wait(f, NULL); use out; ruda_future_free(f);
+ *
+ * A recorded ruda_write_staged does not take the block (unlike one run at
+ * once) and a recorded ruda_read sets *fut to NULL; both need the whole
+ * host range inside one block from ruda_staging_alloc (RUDA_EINVAL
+ * otherwise: a device copy from pageable memory cannot be recorded) and a
+ * contiguous region. The blocks must outlive the graph; the caller must
+ * not change the input block while a replay may still read it, nor read
+ * the output block before the replay's future completed.
+ *
  * While a stream captures, what cannot be recorded is refused with
- * RUDA_EGRAPHSTATE at the call and leaves the capture open: ruda_write,
- * ruda_write_staged, ruda_read, ruda_sync and ruda_sync_async, launches
- * with RUDA_LAUNCH_INDIRECT (their grid is read when they run), replaying
- * a graph, and a second begin. ruda_flush, allocations and frees work as
- * usual; dry-run launches are checked and not recorded. Commands issued
- * on other streams, even ones sharing the worker, are not captured.
+ * RUDA_EGRAPHSTATE at the call and leaves the capture open: ruda_write
+ * (it copies its source at the call), ruda_sync and ruda_sync_async,
+ * launches with RUDA_LAUNCH_INDIRECT (their grid is read when they run),
+ * replaying a graph, and a second begin. ruda_flush, allocations and
+ * frees work as usual; dry-run launches are checked and not recorded.
+ * Commands issued on other streams, even ones sharing the worker, are not
+ * captured.
  */
 #ifndef RUDA_GRAPH_H
 #define RUDA_GRAPH_H
@@ -78,11 +104,18 @@ RUDA_EXTERN int ruda_graph_abort_capture(struct ruda_device *dev, ruda_stream_id
  * graph run one after another on the device). */
 RUDA_EXTERN int ruda_graph_replay(struct ruda_device *dev, ruda_stream_id stream, ruda_graph *g);
 
+/* ruda_graph_replay, and *fut receives a future that completes once the
+ * replay ran (its recorded downloads filled their blocks). Waiting on it
+ * hands back the stream's errors as for ruda_sync. RUDA_EINVAL for a NULL
+ * fut; otherwise as ruda_graph_replay. Thread-safe, non-blocking. */
+RUDA_EXTERN int ruda_graph_replay_async(struct ruda_device *dev, ruda_stream_id stream, ruda_graph *g,
+                                        ruda_future **fut);
+
 /* Releases g. Replays already enqueued still run; the graph's memory and
  * buffers go back after the last of them. g must not be used after. */
 RUDA_EXTERN int ruda_graph_destroy(struct ruda_device *dev, ruda_graph *g);
 
-/* Commands recorded in g (launches and copies). */
+/* Commands recorded in g (launches, copies, uploads and downloads). */
 RUDA_EXTERN uint32_t ruda_graph_length(const ruda_graph *g);
 
 #ifdef __cplusplus

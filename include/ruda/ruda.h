@@ -242,9 +242,8 @@ static inline ruda_copy_desc ruda_copy_contiguous(ruda_binding b) {
 RUDA_EXTERN int ruda_write(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *dst,
                            const void *src, size_t len);
 
-/* A one-shot completion: of a read, or of a sync. Wait for or free every
- * future before closing its device: a future refers to its device. */
-typedef struct ruda_future ruda_future;
+/* Futures (ruda/types.h): wait for or free every future before closing
+ * its device, which a future refers to. */
 
 /* Enqueues a read of the region src into dst (len bytes, dense). dst must
  * stay valid until the future completes; its bytes are final once
@@ -252,8 +251,9 @@ typedef struct ruda_future ruda_future;
  * host backend, too, fills dst only at the wait). A dst inside a block from ruda_staging_alloc
  * (page-locked) receives the device's copy directly; any other dst is
  * filled from a page-locked bounce buffer by the thread that waits.
- * *fut receives the future, owned by the caller. Thread-safe,
- * non-blocking. */
+ * *fut receives the future, owned by the caller. On a stream capturing a
+ * graph the read is recorded instead (dst must then be staging memory)
+ * and *fut is NULL: ruda/graph.h. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src,
                           void *dst, size_t len, ruda_future **fut);
 

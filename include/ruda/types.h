@@ -12,6 +12,8 @@ extern "C" {
 
 /* An open device (ruda_device_open). Opaque. */
 typedef struct ruda_device ruda_device;
+/* A one-shot completion of a read, a sync or a replay (ruda_future_wait). */
+typedef struct ruda_future ruda_future;
 
 /* A stream id. Explicit ids are chosen by the user in [0, 2^63);
  * RUDA_STREAM_CURRENT names the calling thread's own stream, whose id has

@@ -194,8 +194,11 @@ static void capture_refuses_what_it_cannot_record(void **state) {
   assert_rc(ruda_write(dev, 0, &d, buf, sizeof buf), RUDA_EGRAPHSTATE);
   assert_last_error_contains("capturing");
   ruda_future *f = NULL;
-  assert_rc(ruda_read(dev, 0, &d, buf, sizeof buf, &f), RUDA_EGRAPHSTATE);
+  /* A read is recorded only into staging memory (buf is the stack). */
+  assert_rc(ruda_read(dev, 0, &d, buf, sizeof buf, &f), RUDA_EINVAL);
+  assert_last_error_contains("ruda_staging_alloc");
   assert_null(f);
+  assert_rc(ruda_write_staged(dev, 0, &d, buf, sizeof buf), RUDA_EINVAL);
   assert_rc(ruda_sync(dev, 0, NULL), RUDA_EGRAPHSTATE);
   assert_rc(ruda_sync_async(dev, 0, &f), RUDA_EGRAPHSTATE);
   assert_rc(ruda_graph_replay(dev, 0, other), RUDA_EGRAPHSTATE);
@@ -240,6 +243,78 @@ static void capture_refuses_what_it_cannot_record(void **state) {
   assert_ok(ruda_graph_destroy(dev, g));
   assert_ok(ruda_graph_destroy(dev, other));
   assert_ok(ruda_buffer_free(dev, 0, grid));
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  test_close(dev);
+}
+
+/* A request as one graph: upload from a staging block, a kernel, download
+ * into another; each replay moves the blocks' current contents. */
+static void request_graph_uploads_and_downloads_each_replay(void **state) {
+  (void)state;
+  ruda_device *dev = open_graphs(2);
+  ruda_handle x = buffer_of(dev, 0, 0);
+  uint64_t *in, *out;
+  assert_ok(ruda_staging_alloc(dev, N * sizeof *in, (void **)&in));
+  assert_ok(ruda_staging_alloc(dev, N * sizeof *out, (void **)&out));
+  for (int i = 0; i < N; i++) in[i] = out[i] = 7;
+  ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(x));
+  ruda_graph *g;
+  ruda_future *f = (ruda_future *)&d;
+  assert_ok(ruda_graph_begin_capture(dev, 0));
+  /* Past the block's end, or a block that is not staging memory: refused,
+   * the capture stays open. */
+  assert_rc(ruda_write_staged(dev, 0, &d, in + 1, N * sizeof *in), RUDA_EINVAL);
+  assert_ok(ruda_write_staged(dev, 0, &d, in, N * sizeof *in));
+  assert_ok(launch1(dev, 0, "twice", x, NULL));
+  assert_ok(ruda_read(dev, 0, &d, out, N * sizeof *out, &f));
+  assert_null(f);
+  assert_ok(ruda_graph_end_capture(dev, 0, &g));
+  assert_int_equal(ruda_graph_length(g), 3);
+  /* Nothing ran at capture. */
+  assert_int_equal(out[0], 7);
+  assert_rc(ruda_graph_replay_async(dev, 0, g, NULL), RUDA_EINVAL);
+  for (uint64_t r = 0; r < 20; r++) {
+    for (int i = 0; i < N; i++) in[i] = r * 100 + (uint64_t)i;
+    assert_ok(ruda_graph_replay_async(dev, r % 2, g, &f)); /* either stream */
+    assert_non_null(f);
+    assert_ok(ruda_future_wait(f, NULL));
+    ruda_future_free(f);
+    for (int i = 0; i < N; i++) assert_int_equal(out[i], 2 * (r * 100 + (uint64_t)i));
+  }
+  /* The buffer holds the last replay's result; ordinary calls see it. */
+  uint64_t got[N];
+  test_read(dev, 1, ruda_bind(x), got, sizeof got);
+  for (int i = 0; i < N; i++) assert_int_equal(got[i], 2 * (1900 + (uint64_t)i));
+  assert_ok(ruda_graph_destroy(dev, g));
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  assert_ok(ruda_staging_free(dev, in));
+  assert_ok(ruda_staging_free(dev, out));
+  test_close(dev);
+}
+
+/* A replay's future carries the stream's errors, as a sync's does. */
+static void replay_future_reports_a_failure(void **state) {
+  (void)state;
+  ruda_device *dev = open_graphs(1);
+  ruda_handle x = buffer_of(dev, 0, 0);
+  ruda_graph *g;
+  assert_ok(ruda_graph_begin_capture(dev, 0));
+  assert_ok(launch1(dev, 0, "twice", x, NULL));
+  assert_ok(test_launch(dev, 0, "fail", NULL, 0));
+  assert_ok(ruda_graph_end_capture(dev, 0, &g));
+  ruda_future *f = NULL;
+  assert_ok(ruda_graph_replay_async(dev, 0, g, &f));
+  ruda_error *err = NULL;
+  assert_rc(ruda_future_wait(f, &err), RUDA_EUNHEALTHY);
+  assert_non_null(err);
+  const ruda_error *e = ruda_error_cause(err);
+  assert_non_null(e);
+  assert_int_equal(ruda_error_code(e), RUDA_EGENERIC);
+  assert_contains(ruda_error_message(e), "command 2 (launch of fail)");
+  ruda_error_free(err);
+  ruda_future_free(f);
+  assert_ok(ruda_flush(dev, 0, NULL)); /* handed over by the wait */
+  assert_ok(ruda_graph_destroy(dev, g));
   assert_ok(ruda_buffer_free(dev, 0, x));
   test_close(dev);
 }
@@ -494,6 +569,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(replay_on_another_stream_is_ordered),
       cmocka_unit_test(graph_keeps_freed_buffers),
       cmocka_unit_test(capture_refuses_what_it_cannot_record),
+      cmocka_unit_test(request_graph_uploads_and_downloads_each_replay),
+      cmocka_unit_test(replay_future_reports_a_failure),
       cmocka_unit_test(begin_refuses_an_unhealthy_stream),
       cmocka_unit_test(replay_failure_names_the_command),
       cmocka_unit_test(destroy_with_replays_queued),
