@@ -295,6 +295,7 @@ static void make_weights(ruda_device *dev, ruda_stream_id s, ruda_handle *w, rud
 }
 
 static int staged_io; /* -s */
+static int use_graphs; /* -g: each request one graph replay (ruda and raw) */
 
 static void *ruda_thread(void *p) {
   thread_arg *a = p;
@@ -323,7 +324,22 @@ static void *ruda_thread(void *p) {
   float outbuf[MAXDEPTH][OUT_FLOATS], *out[MAXDEPTH];
   for (int i = 0; i < MAXDEPTH; i++) {
     out[i] = outbuf[i];
-    if (staged_io) CHECK(ruda_staging_alloc(dev, OUT_BYTES, (void **)&out[i]));
+    if (staged_io || use_graphs) CHECK(ruda_staging_alloc(dev, OUT_BYTES, (void **)&out[i]));
+  }
+  /* With -g each slot's request is a graph: upload from the slot's input
+   * block, the three launches, download into its output block. */
+  ruda_graph *g[MAXDEPTH] = {0};
+  void *gin[MAXDEPTH] = {0};
+  for (int i = 0; use_graphs && i < depth; i++) {
+    ruda_future *none = NULL;
+    CHECK(ruda_staging_alloc(dev, IN_BYTES, &gin[i]));
+    CHECK(ruda_graph_begin_capture(dev, s));
+    CHECK(ruda_write_staged(dev, s, &xd, gin[i], IN_BYTES));
+    CHECK(ruda_launch(dev, s, &l_layer));
+    CHECK(ruda_launch(dev, s, &l_bias));
+    CHECK(ruda_launch(dev, s, &l_soft));
+    CHECK(ruda_read(dev, s, &yd, out[i], OUT_BYTES, &none));
+    CHECK(ruda_graph_end_capture(dev, s, &g[i]));
   }
   ruda_future *fut[MAXDEPTH] = {0};
   uint64_t start[MAXDEPTH] = {0};
@@ -357,6 +373,12 @@ static void *ruda_thread(void *p) {
         size_t r = first + i;
         int slot = (int)(r % (size_t)depth);
         const float *in = inputs + (size_t)input_of(a->index, r) * IN_FLOATS;
+        if (use_graphs) { /* the request arrives in the slot's block */
+          memcpy(gin[slot], in, IN_BYTES);
+          start[slot] = mono_ns();
+          CHECK(ruda_graph_replay_async(dev, s, g[slot], &fut[slot]));
+          continue;
+        }
         if (staged_io) {
           void *blk = NULL; /* the request arrives in page-locked memory */
           CHECK(ruda_staging_alloc(dev, IN_BYTES, &blk));
@@ -382,7 +404,10 @@ static void *ruda_thread(void *p) {
     }
   }
   a->done_ns = mono_ns();
-  if (staged_io)
+  for (int i = 0; use_graphs && i < depth; i++) CHECK(ruda_graph_destroy(dev, g[i]));
+  CHECK(ruda_sync(dev, s, NULL)); /* the last replays ran: their blocks are free */
+  for (int i = 0; use_graphs && i < depth; i++) CHECK(ruda_staging_free(dev, gin[i]));
+  if (staged_io || use_graphs)
     for (int i = 0; i < MAXDEPTH; i++) CHECK(ruda_staging_free(dev, out[i]));
   CHECK(ruda_buffer_free(dev, s, x));
   CHECK(ruda_buffer_free(dev, s, y));
@@ -418,6 +443,22 @@ static void *raw_thread(void *p) {
   void *p_layer[3] = {&x, &w, &y}, *p_bias[2] = {&y, &b}, *p_soft[1] = {&y};
   uint64_t start[MAXDEPTH] = {0};
   const char *in = rc->pinned_inputs;
+  /* -g: the same request captured once per slot as a CUDA graph. */
+  CUgraphExec ge[MAXDEPTH] = {0};
+  void *gin = NULL;
+  if (use_graphs) CU(ruda__cu.cuMemHostAlloc(&gin, (size_t)MAXDEPTH * IN_BYTES, 0));
+  for (int i = 0; use_graphs && i < depth; i++) {
+    CUgraph graph;
+    CU(ruda__cu.cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    CU(ruda__cu.cuMemcpyHtoDAsync(x, (char *)gin + (size_t)i * IN_BYTES, IN_BYTES, st));
+    CU(ruda__cu.cuLaunchKernel(rc->f_layer, ROWS, 1, 1, COLS, 1, 1, 0, st, p_layer, NULL));
+    CU(ruda__cu.cuLaunchKernel(rc->f_bias, ROWS, 1, 1, COLS, 1, 1, 0, st, p_bias, NULL));
+    CU(ruda__cu.cuLaunchKernel(rc->f_softmax, ROWS, 1, 1, COLS, 1, 1, 0, st, p_soft, NULL));
+    CU(ruda__cu.cuMemcpyDtoHAsync(out + (size_t)i * OUT_FLOATS, y, OUT_BYTES, st));
+    CU(ruda__cu.cuStreamEndCapture(st, &graph));
+    CU(ruda__cu.cuGraphInstantiateWithFlags(&ge[i], graph, 0));
+    CU(ruda__cu.cuGraphDestroy(graph));
+  }
 
   for (int phase = 0; phase < 2; phase++) { /* as in ruda_thread */
     const size_t first = phase ? WARMUP : 0, count = phase ? rc->n : WARMUP;
@@ -438,18 +479,26 @@ static void *raw_thread(void *p) {
       if (i < count) {
         size_t r = first + i;
         int slot = (int)(r % (size_t)depth);
-        start[slot] = mono_ns();
-        CU(ruda__cu.cuMemcpyHtoDAsync(x, in + (size_t)input_of(a->index, r) * IN_BYTES, IN_BYTES, st));
-        CU(ruda__cu.cuLaunchKernel(rc->f_layer, ROWS, 1, 1, COLS, 1, 1, 0, st, p_layer, NULL));
-        CU(ruda__cu.cuLaunchKernel(rc->f_bias, ROWS, 1, 1, COLS, 1, 1, 0, st, p_bias, NULL));
-        CU(ruda__cu.cuLaunchKernel(rc->f_softmax, ROWS, 1, 1, COLS, 1, 1, 0, st, p_soft, NULL));
-        CU(ruda__cu.cuMemcpyDtoHAsync(out + (size_t)slot * OUT_FLOATS, y, OUT_BYTES, st));
+        if (use_graphs) {
+          memcpy((char *)gin + (size_t)slot * IN_BYTES, in + (size_t)input_of(a->index, r) * IN_BYTES, IN_BYTES);
+          start[slot] = mono_ns();
+          CU(ruda__cu.cuGraphLaunch(ge[slot], st));
+        } else {
+          start[slot] = mono_ns();
+          CU(ruda__cu.cuMemcpyHtoDAsync(x, in + (size_t)input_of(a->index, r) * IN_BYTES, IN_BYTES, st));
+          CU(ruda__cu.cuLaunchKernel(rc->f_layer, ROWS, 1, 1, COLS, 1, 1, 0, st, p_layer, NULL));
+          CU(ruda__cu.cuLaunchKernel(rc->f_bias, ROWS, 1, 1, COLS, 1, 1, 0, st, p_bias, NULL));
+          CU(ruda__cu.cuLaunchKernel(rc->f_softmax, ROWS, 1, 1, COLS, 1, 1, 0, st, p_soft, NULL));
+          CU(ruda__cu.cuMemcpyDtoHAsync(out + (size_t)slot * OUT_FLOATS, y, OUT_BYTES, st));
+        }
         if (depth > 1) CU(ruda__cu.cuEventRecord(ev[slot], st));
       }
     }
   }
   a->done_ns = mono_ns();
   CU(ruda__cu.cuStreamSynchronize(st));
+  for (int i = 0; use_graphs && i < depth; i++) CU(ruda__cu.cuGraphExecDestroy(ge[i]));
+  if (gin != NULL) CU(ruda__cu.cuMemFreeHost(gin));
   for (int i = 0; i < depth; i++) CU(ruda__cu.cuEventDestroy(ev[i]));
   CU(ruda__cu.cuMemFreeHost(out));
   CU(ruda__cu.cuMemFree(x));
@@ -558,11 +607,14 @@ static result run(ruda_device *dev, const variant *v, int threads, size_t n, int
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: bench_serve [-q] [-s] [-t threads[,threads...]] [-n requests] [-w workers] [-v variants]\n"
+          "usage: bench_serve [-q] [-b] [-s] [-g] [-t threads[,threads...]] [-n requests] [-w workers] [-v variants]\n"
           "  -q  quick: few requests per thread\n"
           "  -b  print where a ruda request's client time goes (each call, the wait)\n"
           "  -s  ruda's requests use page-locked buffers, as the raw driver's do: the input\n"
           "      arrives in a staging block (ruda_write_staged), the output is read into one\n"
+          "  -g  each request is one graph replay, in ruda (upload, launches and download\n"
+          "      recorded: ruda_graph_replay_async) and in the raw loop (a CUDA graph per slot,\n"
+          "      cuGraphLaunch); the input is copied into the slot's page-locked block first\n"
           "  -t  client thread counts (1..%d; default 1,4,16,64)\n"
           "  -n  timed requests per thread (default 4096; quick 256, host backend quick 65)\n"
           "  -w  ruda workers (default: RUDA_STREAMS, else ruda's default)\n"
@@ -577,13 +629,15 @@ int main(int argc, char **argv) {
   long nreq = 0;
   uint32_t workers = 0;
   int vrun[4] = {1, 1, 1, 1};
-  while ((opt = getopt(argc, argv, "bqst:n:w:v:")) != -1) {
+  while ((opt = getopt(argc, argv, "bgqst:n:w:v:")) != -1) {
     if (opt == 'b') {
       breakdown = 1;
     } else if (opt == 'q') {
       quick = 1;
     } else if (opt == 's') {
       staged_io = 1;
+    } else if (opt == 'g') {
+      use_graphs = 1;
     } else if (opt == 't') {
       for (char *tok = strtok(optarg, ","); tok && nt < 16; tok = strtok(NULL, ",")) {
         int v = atoi(tok);
@@ -637,7 +691,9 @@ int main(int argc, char **argv) {
   strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S %Z", localtime(&now));
   printf("bench_serve: machine %s, backend %s, %u ruda workers, %s%s; ruda's request buffers %s\n", props.name,
          ruda_device_backend(dev), ruda_device_num_streams(dev), date, quick ? ", quick run" : "",
-         staged_io ? "page-locked (staging)" : "pageable (ruda_write, ruda_read into the caller's array)");
+         use_graphs  ? "page-locked; each request one graph replay (ruda and raw)"
+         : staged_io ? "page-locked (staging)"
+                     : "pageable (ruda_write, ruda_read into the caller's array)");
   printf("request: write 64 KiB, 3 kernels (128x128 layer over 128 rows, bias+ReLU, row softmax), read 512 B, wait;"
          " %zu timed requests per thread after %d warm-up\n",
          n, WARMUP);

@@ -142,6 +142,46 @@ static void copies_are_recorded(void **state) {
 
 /* A 100-launch graph replayed 50 times and destroyed at once; replays on
  * four streams share its executable graph. */
+/* A request as one graph: upload from a staging block, a step, download
+ * into another block; each replay moves the blocks' current contents. */
+static void request_graph_moves_current_blocks(void **state) {
+  (void)state;
+  ruda_device *dev = open_graph_gpu();
+  const unsigned n = 1u << 16;
+  ruda_handle h;
+  assert_ok(ruda_buffer_create(dev, 0, (uint64_t)n * 4, &h));
+  unsigned *in, *out;
+  assert_ok(ruda_staging_alloc(dev, (size_t)n * 4, (void **)&in));
+  assert_ok(ruda_staging_alloc(dev, (size_t)n * 4, (void **)&out));
+  ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(h));
+  ruda_graph *g;
+  ruda_future *f = NULL;
+  assert_ok(ruda_graph_begin_capture(dev, 0));
+  assert_ok(ruda_write_staged(dev, 0, &d, in, (size_t)n * 4));
+  step(dev, 0, h, n, 5);
+  assert_ok(ruda_read(dev, 0, &d, out, (size_t)n * 4, &f));
+  assert_null(f);
+  assert_ok(ruda_graph_end_capture(dev, 0, &g));
+  assert_int_equal(ruda_graph_length(g), 3);
+  /* Input 5 steps to 6; input 7 is not the step's k, so it poisons. */
+  const unsigned input[3] = {5, 7, 5}, want[3] = {6, 0xffffffffu, 6};
+  for (int r = 0; r < 3; r++) {
+    for (unsigned i = 0; i < n; i++) in[i] = input[r];
+    memset(out, 0, (size_t)n * 4);
+    assert_ok(ruda_graph_replay_async(dev, (ruda_stream_id)(r % 2), g, &f));
+    assert_ok(ruda_future_wait(f, NULL));
+    ruda_future_free(f);
+    for (unsigned i = 0; i < n; i++)
+      if (out[i] != want[r]) fail_msg("replay %d: element %u is %#x, expected %#x", r, i, out[i], want[r]);
+  }
+  assert_ok(ruda_graph_destroy(dev, g));
+  assert_ok(ruda_buffer_free(dev, 0, h));
+  gpu_sync_ok(dev, 0);
+  assert_ok(ruda_staging_free(dev, in));
+  assert_ok(ruda_staging_free(dev, out));
+  test_close(dev);
+}
+
 static void destroyed_with_replays_in_flight(void **state) {
   (void)state;
   ruda_device *dev = open_graph_gpu();
@@ -160,6 +200,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(steps_replay_once_each),
       cmocka_unit_test(replay_follows_a_writer_on_another_stream),
       cmocka_unit_test(copies_are_recorded),
+      cmocka_unit_test(request_graph_moves_current_blocks),
       cmocka_unit_test(destroyed_with_replays_in_flight),
   };
   return gpu_main("gpu_graph", tests, sizeof tests / sizeof tests[0], argc, argv);
