@@ -2,14 +2,17 @@
 # Runs on the lent GPU machine (see /work/.library/device): every test
 # binary and benchmark of a build made here with -DRUDA_STATIC_DEPS=ON and
 # carried as build-gpu. Logs go to $OUT; a summary table is printed last.
-#   tools/gpu_run.sh [tests|bench|all|comm|ab]   (comm: the two-GPU collectives only;
+#   tools/gpu_run.sh [MODE...]   modes tests|bench|all|comm|ab|serve, several run in
+#   order into one summary (default all) (comm: the two-GPU collectives only;
 #   ab: bench_gpu and bench_enqueue of build-gpu-base, a build of an earlier
 #   commit, and build-gpu, alternated twice, to compare two trees in one run;
-#   serve: bench_serve with pageable and page-locked request buffers, the
-#   PyTorch peer, and bench_gpu's empty-launch sections beside them)
+#   serve: bench_serve with pageable and page-locked request buffers and
+#   with each request one graph replay, the PyTorch peer, and bench_gpu's
+#   empty-launch sections beside them)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-what="${1:-all}"
+modes=" ${*:-all} "
+want() { [[ "$modes" == *" $1 "* ]]; }
 B=build-gpu
 OUT="${OUT:-/tmp/ruda-gpu-out}"
 mkdir -p "$OUT"
@@ -33,7 +36,7 @@ run() { # name timeout cmd...
   printf '%-28s rc=%-3s %4ss\n' "$name" "$rc" "$((SECONDS - start))" | tee -a "$summary"
 }
 
-if [ "$what" = tests ] || [ "$what" = all ]; then
+if want tests || want all; then
   # A module built ahead of time, for gpu_kernels' precompiled_images_run.
   if command -v nvcc >/dev/null && nvcc -cubin -arch=sm_90 tests/gpu/precompiled.cu -o /tmp/ruda-precompiled.cubin \
       >>"$OUT/tests.log" 2>&1; then
@@ -52,28 +55,30 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   done
   run stress_fifo 120 "$B/tests/stress_fifo" -p 8 -s 8 -w 8 -n 1000000
 fi
-if [ "$what" = bench ] || [ "$what" = all ]; then
+if want bench || want all; then
   run bench_gpu 420 "$B/bench/bench_gpu" "$OUT/bench_gpu.csv"
   run bench_memory 120 "$B/bench/bench_memory"
   run bench_enqueue 120 "$B/bench/bench_enqueue"
 fi
-if [ "$what" = serve ]; then
+if want serve; then
   run bench_serve 400 "$B/bench/bench_serve" -n 2048
   run bench_serve_staged 400 "$B/bench/bench_serve" -s -n 2048
+  run bench_serve_graphs 400 "$B/bench/bench_serve" -g -n 2048
   run bench_serve_torch_shared 200 env PYTHONUNBUFFERED=1 python3 bench/peers/serve_torch.py -q
   run bench_serve_torch_depth4 200 env PYTHONUNBUFFERED=1 python3 bench/peers/serve_torch.py -q -d 4 --per-thread-weights
   run bench_gpu_launch 300 "$B/bench/bench_gpu" -q -s 1,2 "$OUT/bench_gpu_launch.csv"
 fi
-if [ "$what" = ab ]; then
+if want ab; then
   for round in 1 2; do
     for b in build-gpu-base "$B"; do
       tag="$(basename "$b")"
       run "bench_gpu_${tag}_$round" 300 "$b/bench/bench_gpu" -s 1,2,5 "$OUT/bench_gpu_${tag}_$round.csv"
       run "bench_enqueue_${tag}_$round" 200 "$b/bench/bench_enqueue" -t 0.5 -r 3
+      [ -x "$b/bench/bench_serve" ] && run "bench_serve_${tag}_$round" 200 "$b/bench/bench_serve" -v 1 -n 1024
     done
   done
 fi
-if [ "$what" = comm ] || { [ "$what" = all ] && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; }; then
+if want comm || { want all && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; }; then
   run gpu_comm 120 "$B/tests/gpu_comm"
   run bench_comm 300 "$B/bench/bench_comm"
 fi
