@@ -173,8 +173,12 @@ int main(void) {
     fprintf(stderr, "registering axpy: %s\n", ruda_error_message(ruda_last_error()));
     return 1;
   }
-  printf("ruda %s demo: backend %s, %d threads on %d streams, %d launches of axpy over %d floats each\n",
-         ruda_version(), ruda_device_backend(dev), THREADS, THREADS, LAUNCHES, N);
+  ruda_device_props props;
+  const char *device = ruda_device_get_props(dev, &props) == 0 ? props.name : "?";
+  printf("ruda %s demo: backend %s (%s), %d threads on %d streams, %d launches of axpy over %d floats each\n",
+         ruda_version(), ruda_device_backend(dev), device, THREADS, THREADS, LAUNCHES, N);
+  if (ruda_device_fallback_reason(dev) != NULL)
+    printf("  not on a GPU: %s\n", ruda_device_fallback_reason(dev));
   pthread_t t[THREADS];
   job jobs[THREADS];
   for (int i = 0; i < THREADS; i++) {

@@ -37,6 +37,7 @@ struct ruda_device {
   const ruda__backend_ops *ops;
   void *bstate;
   ruda__limits limits;
+  char fallback[320]; /* why auto chose host over cuda ("" when it did not) */
   _Atomic int closed;
   ruda__call_slot *calls; /* RUDA__CALL_SLOTS, cache-line aligned */
   /* RUDA_TRACE (scheduler/trace.h): the file to write at close, or NULL. */

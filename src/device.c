@@ -122,8 +122,8 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
       rc = dev->ops->open(&env, &dev->bstate, &dev->limits);
     }
     if (rc != 0 && cfg.backend == RUDA_BACKEND_AUTO) {
-      ruda__log(cfg.log_level, RUDA_LOG_INFO, "cuda backend unavailable (%s); using host",
-                ruda_error_message(ruda_last_error()));
+      snprintf(dev->fallback, sizeof dev->fallback, "%s", ruda_error_message(ruda_last_error()));
+      ruda__log(cfg.log_level, RUDA_LOG_INFO, "cuda backend unavailable (%s); using host", dev->fallback);
     }
   }
   if (rc != 0 && cfg.backend != RUDA_BACKEND_CUDA) {
@@ -250,6 +250,10 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
 }
 
 const char *ruda_device_backend(const ruda_device *dev) { return dev ? dev->ops->name : ""; }
+
+const char *ruda_device_fallback_reason(const ruda_device *dev) {
+  return dev != NULL && dev->fallback[0] != '\0' ? dev->fallback : NULL;
+}
 uint32_t ruda_device_num_streams(const ruda_device *dev) { return dev ? dev->nworkers : 0; }
 
 size_t ruda_stream_ids(ruda_device *dev, ruda_stream_id *ids, size_t cap) {

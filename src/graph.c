@@ -224,6 +224,8 @@ static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, ruda_f
     rc = ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
     goto out;
   }
+  /* Taken now: once pushed, the command is the worker's and may be gone. */
+  ruda_future *f = cmd->future;
   atomic_fetch_add_explicit(&g->refs, 1, memory_order_relaxed);
   if ((rc = ruda__queue_admit(w, s->id)) == 0) {
     for (uint32_t gi = 0; gi < ngroups; gi++) ruda__order_lock(&o[gi], w);
@@ -234,11 +236,11 @@ static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, ruda_f
   }
   if (rc != 0) {
     atomic_fetch_sub_explicit(&g->refs, 1, memory_order_relaxed);
-    free(cmd->future);
+    free(f);
     ruda__cmd_free(cmd);
     goto out;
   }
-  if (fut != NULL) *fut = cmd->future;
+  if (fut != NULL) *fut = f;
   ngiven = ngroups; /* pushed: no reader bit goes back */
   for (uint32_t gi = 0; gi < ngroups; gi++) ruda__order_publish(&o[gi], w);
 out:

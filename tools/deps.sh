@@ -1,18 +1,87 @@
 #!/usr/bin/env bash
 # Installs what ruda builds with on Debian/Ubuntu, skipping what is present.
+#
+# CUDA: ruda needs only the toolkit's headers to build its cuda backend and
+# NVRTC (and NCCL, for collectives) at run time. With a toolkit at
+# /usr/local/cuda nothing more is done. Without one, on a machine that has
+# the NVIDIA driver (or with RUDA_CUDA_WHEELS=1), NVIDIA's packages on PyPI
+# are downloaded and unpacked into .deps/cuda (nothing system-wide): the
+# headers, NVRTC, CCCL, and NCCL where there is a driver (or with
+# RUDA_CUDA_WHEELS_NCCL=1). CMake then builds against .deps/cuda/root and
+# libruda finds NVRTC and NCCL there at run time; a system toolkit found
+# later still wins. RUDA_CUDA_WHEELS=0 never downloads.
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config liburcu-dev libck-dev libjemalloc-dev libcmocka-dev clang)
-missing=()
-for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  echo "installing: ${missing[*]}"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
-if [ ! -f /usr/local/cuda/include/cuda.h ]; then
-  echo "note: no CUDA toolkit at /usr/local/cuda; building the host backend only"
+cd "$(dirname "$0")/.."
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+
+apt_install() {
+  local missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "installing: ${missing[*]}"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+apt_install build-essential cmake pkg-config liburcu-dev libck-dev libjemalloc-dev libcmocka-dev clang
+
+# The driver's CUDA version as major (0: no driver).
+driver_cuda_major() {
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1 | grep . && return
+  fi
+  if ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1'; then echo 13; else echo 0; fi
+}
+
+# Unpacks NVIDIA's CUDA wheels for major version $1 (12 or 13) into
+# .deps/cuda and merges them into one toolkit-like tree, .deps/cuda/root
+# (include/, include/cccl/ or include/cuda/std, lib/). $2: 1 adds NCCL.
+cuda_wheels() {
+  local major="$1" nccl="$2" dest=.deps/cuda
+  if [ -f "$dest/root/include/cuda.h" ] && [ -f "$dest/root/include/nvrtc.h" ] &&
+     { [ "$nccl" = 0 ] || [ -f "$dest/nvidia/nccl/include/nccl.h" ]; }; then
+    return
+  fi
+  apt_install python3-pip
+  local pkgs
+  if [ "$major" -ge 13 ]; then
+    pkgs=("nvidia-cuda-runtime==13.0.*" "nvidia-cuda-nvrtc==13.0.*" "nvidia-cuda-cccl==13.0.*")
+    [ "$nccl" = 1 ] && pkgs+=(nvidia-nccl-cu13)
+  else
+    pkgs=(nvidia-cuda-runtime-cu12 nvidia-cuda-nvrtc-cu12 nvidia-cuda-cccl-cu12)
+    [ "$nccl" = 1 ] && pkgs+=(nvidia-nccl-cu12)
+  fi
+  echo "no CUDA toolkit at /usr/local/cuda: fetching ${pkgs[*]} from PyPI into $dest"
+  rm -rf "$dest/wheels" "$dest/root"
+  mkdir -p "$dest/wheels" "$dest/root/include" "$dest/root/lib"
+  python3 -m pip download -q --no-deps --only-binary=:all: -d "$dest/wheels" "${pkgs[@]}"
+  for w in "$dest"/wheels/*.whl; do python3 -m zipfile -e "$w" "$dest"; done
+  # One tree: CUDA 13's wheels share nvidia/cu13, CUDA 12's have one
+  # folder per package.
+  for d in "$dest"/nvidia/cu13 "$dest"/nvidia/cuda_runtime "$dest"/nvidia/cuda_nvrtc "$dest"/nvidia/cuda_cccl; do
+    [ -d "$d/include" ] && cp -a "$d/include/." "$dest/root/include/"
+    [ -d "$d/lib" ] && cp -a "$d/lib/." "$dest/root/lib/"
+    rm -rf "$d"
+  done
+  rm -rf "$dest/wheels"
+  [ -f "$dest/root/include/cuda.h" ] && [ -f "$dest/root/include/nvrtc.h" ] || {
+    echo "deps.sh: the CUDA wheels did not hold cuda.h and nvrtc.h" >&2; exit 1; }
+}
+
+# RUDA_CUDA_TOOLKIT: where a system toolkit would be (tests point it away).
+if [ ! -f "${RUDA_CUDA_TOOLKIT:-/usr/local/cuda}/include/cuda.h" ]; then
+  major="$(driver_cuda_major)"
+  want="${RUDA_CUDA_WHEELS:-auto}"
+  if [ "$want" = 1 ] || { [ "$want" = auto ] && [ "$major" -gt 0 ]; }; then
+    nccl="${RUDA_CUDA_WHEELS_NCCL:-$([ "$major" -gt 0 ] && echo 1 || echo 0)}"
+    [ "$major" -gt 0 ] || major=13
+    cuda_wheels "$major" "$nccl"
+    echo "CUDA headers and NVRTC from NVIDIA's wheels (CUDA $major) in .deps/cuda"
+  else
+    echo "note: no CUDA toolkit at /usr/local/cuda and no NVIDIA driver; building the host backend only"
+  fi
 fi

@@ -1,6 +1,7 @@
 /* cu_loader.c - dlopen the CUDA driver and NVRTC; CUresult mapping. */
 #include "backends/cuda/cu_loader.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -96,9 +97,32 @@ int ruda__cu_load(void) {
   return 0;
 }
 
+/* NVRTC opens its builtins library (libnvrtc-builtins.so.X.Y) by name
+ * when it compiles. A toolkit's lib directory is on the loader's path; a
+ * copy elsewhere (NVIDIA's wheel) is not and has no RPATH, so the builtins
+ * beside it are loaded first: a later open by that name finds them. */
+static void preload_builtins(const char *nvrtc_path) {
+  const char *slash = strrchr(nvrtc_path, '/');
+  if (slash == NULL) return;
+  char dir[512];
+  snprintf(dir, sizeof dir, "%.*s", (int)(slash - nvrtc_path), nvrtc_path);
+  DIR *d = opendir(dir);
+  if (d == NULL) return;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    if (strncmp(e->d_name, "libnvrtc-builtins.so.", 21) != 0) continue;
+    char p[800];
+    snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+    (void)dlopen(p, RTLD_NOW | RTLD_GLOBAL); /* kept for the process's life */
+  }
+  closedir(d);
+}
+
 static void *try_nvrtc(const char *path) {
   void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (lib != NULL) snprintf(ruda__nvrtc.path, sizeof ruda__nvrtc.path, "%s", path);
+  if (lib != NULL) {
+    snprintf(ruda__nvrtc.path, sizeof ruda__nvrtc.path, "%s", path);
+    preload_builtins(path);
+  }
   return lib;
 }
 
@@ -109,19 +133,34 @@ static void nvrtc_load_once(void) {
     /* An explicit choice is not second-guessed by the fallbacks. */
     lib = try_nvrtc(env);
   } else {
+    /* The system's first (a toolkit on the library path or at
+     * /usr/local/cuda), then the tree ruda was built against (e.g. the
+     * wheels tools/deps.sh unpacks on machines with only the driver). */
     static const char *names[] = {"libnvrtc.so.13",
                                   "libnvrtc.so.12",
                                   "libnvrtc.so",
                                   "/usr/local/cuda/lib64/libnvrtc.so.13",
                                   "/usr/local/cuda/lib64/libnvrtc.so.12",
-                                  "/usr/local/cuda/lib64/libnvrtc.so"};
+                                  "/usr/local/cuda/lib64/libnvrtc.so",
+#ifdef RUDA_CUDA_ROOT_DIR
+                                  RUDA_CUDA_ROOT_DIR "/lib/libnvrtc.so.13",
+                                  RUDA_CUDA_ROOT_DIR "/lib/libnvrtc.so.12",
+                                  RUDA_CUDA_ROOT_DIR "/lib64/libnvrtc.so.13",
+                                  RUDA_CUDA_ROOT_DIR "/lib64/libnvrtc.so.12",
+#endif
+    };
     for (size_t i = 0; lib == NULL && i < sizeof names / sizeof *names; i++) lib = try_nvrtc(names[i]);
   }
   if (lib == NULL) {
     set_result(&nvrtc_result, RUDA_ENONVRTC,
                "NVRTC not found (tried %s); install the CUDA toolkit's NVRTC or set RUDA_NVRTC to "
                "libnvrtc.so's path",
-               env && *env ? env : "libnvrtc.so.13, .so.12, .so and /usr/local/cuda/lib64");
+               env && *env ? env
+#ifdef RUDA_CUDA_ROOT_DIR
+                           : "libnvrtc.so.13, .so.12, .so, /usr/local/cuda/lib64 and " RUDA_CUDA_ROOT_DIR);
+#else
+                           : "libnvrtc.so.13, .so.12, .so and /usr/local/cuda/lib64");
+#endif
     return;
   }
 #define RUDA__NVRTC_GET(name)                                                                      \

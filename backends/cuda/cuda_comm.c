@@ -4,15 +4,40 @@
  * ordinals (one process, one thread per GPU: each rank's collectives are
  * issued by its worker, on the worker's stream, in the order the rank's
  * collective stream holds them; src/comm.c). libnccl.so.2 is opened at the
- * first communicator (RUDA_NCCL names another path), so a process that
- * never makes one never needs it.
+ * first communicator (RUDA_NCCL names another path; then the library
+ * beside the nccl.h ruda was built with, e.g. NVIDIA's wheel unpacked by
+ * tools/deps.sh), so a process that never makes one never needs it. Built
+ * without nccl.h, collectives are refused (RUDA_ENOBACKEND).
  */
+#include "backends/cuda/cuda_internal.h"
+
+#ifndef RUDA_HAVE_NCCL
+int ruda__cu_comm_init(void *const *states, uint32_t n, void **ranks) {
+  (void)states;
+  (void)n;
+  (void)ranks;
+  return ruda__fail(RUDA_ENOBACKEND,
+                    "ruda_comm_init: this libruda was built without NCCL's header (nccl.h), so the cuda backend "
+                    "has no collectives; install NCCL (or run tools/deps.sh) and rebuild");
+}
+
+void ruda__cu_comm_destroy(void *state, void *rank) {
+  (void)state;
+  (void)rank;
+}
+
+int ruda__cu_collective(void *ws, void *rank, const ruda__coll *c, ruda_error **err) {
+  (void)ws;
+  (void)rank;
+  (void)c;
+  *err = ruda__error_new(RUDA_ENOBACKEND, 0, "collectives need NCCL, which this libruda was built without");
+  return RUDA_ENOBACKEND;
+}
+#else
 #include <dlfcn.h>
 #include <nccl.h>
 #include <pthread.h>
 #include <stdlib.h>
-
-#include "backends/cuda/cuda_internal.h"
 
 #define NCCL_FUNCS(X) \
   X(ncclGetVersion) X(ncclCommInitAll) X(ncclCommDestroy) X(ncclAllReduce) X(ncclSend) X(ncclRecv) \
@@ -27,13 +52,20 @@ static struct {
 } nccl;
 
 static pthread_once_t nccl_once = PTHREAD_ONCE_INIT;
-static char nccl_why[256];
+static char nccl_why[600];
 
 static void nccl_load(void) {
   const char *env = getenv("RUDA_NCCL");
   const char *path = env && *env ? env : "libnccl.so.2";
   snprintf(nccl.path, sizeof nccl.path, "%s", path);
   void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+#ifdef RUDA_NCCL_LIB_DIR
+  if (lib == NULL && !(env && *env)) { /* the system's first, then the one built against */
+    snprintf(nccl.path, sizeof nccl.path, "%s/libnccl.so.2", RUDA_NCCL_LIB_DIR);
+    lib = dlopen(nccl.path, RTLD_NOW | RTLD_LOCAL);
+    path = nccl.path;
+  }
+#endif
   if (lib == NULL) {
     snprintf(nccl_why, sizeof nccl_why, "dlopen(\"%s\") failed: %s", path, dlerror());
     return;
@@ -120,3 +152,4 @@ int ruda__cu_collective(void *ws, void *rank, const ruda__coll *c, ruda_error **
                          nccl.ncclGetErrorString(res));
   return RUDA_ECUDA;
 }
+#endif /* RUDA_HAVE_NCCL */

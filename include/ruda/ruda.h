@@ -150,6 +150,11 @@ RUDA_EXTERN int ruda_device_close(ruda_device *dev, ruda_error **errors);
 /* Name of the backend in use ("host" or "cuda"). Thread-safe. */
 RUDA_EXTERN const char *ruda_device_backend(const ruda_device *dev);
 
+/* Why RUDA_BACKEND_AUTO opened the host backend instead of cuda (no
+ * driver, no GPU, ...), as the cuda backend's error said; NULL when no
+ * fallback happened. Valid while dev is open. Thread-safe. */
+RUDA_EXTERN const char *ruda_device_fallback_reason(const ruda_device *dev);
+
 /* Number of worker streams. Thread-safe. */
 RUDA_EXTERN uint32_t ruda_device_num_streams(const ruda_device *dev);
 

@@ -230,7 +230,18 @@ static void backend_choice(void **state) {
   const char *name = ruda_device_backend(dev);
   assert_true(strcmp(name, "host") == 0 || strcmp(name, "cuda") == 0);
   int auto_is_cuda = strcmp(name, "cuda") == 0;
+  /* A fallback says why cuda was not used; none, when it was. */
+  const char *why = ruda_device_fallback_reason(dev);
+  if (auto_is_cuda) assert_null(why);
+  else if (getenv("RUDA_CUDA_DRIVER") == NULL) assert_true(why != NULL && strlen(why) > 10);
   test_close(dev);
+  /* Host asked for is no fallback. */
+  c.backend = RUDA_BACKEND_HOST;
+  assert_ok(ruda_device_open(&c, &dev));
+  assert_null(ruda_device_fallback_reason(dev));
+  test_close(dev);
+  assert_null(ruda_device_fallback_reason(NULL));
+  c.backend = RUDA_BACKEND_AUTO;
   /* cuda, where auto did not find it usable, fails with a clear code. */
   c.backend = RUDA_BACKEND_CUDA;
   dev = NULL;
