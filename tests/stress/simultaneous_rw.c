@@ -64,6 +64,15 @@ int main(int argc, char **argv) {
     ruda_error_print(ruda_last_error(), stderr, 0);
     return 2;
   }
+  /* Both slots hold whole values before the threads start: a read that
+   * runs before any write (a legal order) must not see fresh memory, whose
+   * bytes are arbitrary (ASan fills its first 4 KiB, so it looked torn). */
+  static float init[WORDS];
+  for (int k = 0; k < 2; k++) {
+    ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(slot[k]));
+    if (ruda_write(dev, 1, &d, init, sizeof init) != 0) return 2;
+  }
+  if (ruda_sync(dev, 1, NULL) != 0) return 2;
   pthread_t a, b;
   pthread_create(&a, NULL, writer, NULL);
   pthread_create(&b, NULL, reader, NULL);
