@@ -35,6 +35,11 @@ static const char *const kind_name[] = {
     [RUDA__CMD_GRAPH] = "graph", [RUDA__CMD_STAMP] = "stamp", [RUDA__CMD_COLL] = "collective",
 };
 
+const char *ruda__trace_cmd_name(const ruda__cmd *cmd) {
+  if (cmd->kind == RUDA__CMD_LAUNCH && cmd->u.launch.kernel != NULL) return cmd->u.launch.kernel->name;
+  return kind_name[cmd->kind];
+}
+
 void ruda__trace_open(ruda_device *dev) {
   const char *path = getenv("RUDA_TRACE");
   if (path == NULL || *path == '\0') return;
@@ -78,8 +83,7 @@ void ruda__trace_begin(ruda__trace *t, const ruda__cmd *cmd) {
              : cmd->kind == RUDA__CMD_READ ? cmd->u.read.layout.bytes
              : cmd->kind == RUDA__CMD_COPY ? cmd->u.copy.size
                                            : 0;
-  const char *name = kind_name[cmd->kind];
-  if (cmd->kind == RUDA__CMD_LAUNCH && cmd->u.launch.kernel != NULL) name = cmd->u.launch.kernel->name;
+  const char *name = ruda__trace_cmd_name(cmd);
   size_t len = strnlen(name, sizeof r->name - 1);
   memcpy(r->name, name, len);
   r->name[len] = '\0';

@@ -22,6 +22,10 @@
 
 typedef struct ruda__trace ruda__trace;
 
+/* What a timeline calls cmd: its kernel's name, else its kind ("write",
+ * "read", "wait", ...). Also the NVTX range's name (scheduler/nvtx.h). */
+const char *ruda__trace_cmd_name(const ruda__cmd *cmd);
+
 /* Reads RUDA_TRACE at open; gives every worker a buffer when it is set.
  * Without memory tracing is off (with a warning), never an error. */
 void ruda__trace_open(struct ruda_device *dev);

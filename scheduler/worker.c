@@ -9,6 +9,7 @@
 #include "scheduler/device.h"
 #include "base/log.h"
 #include "scheduler/graph.h"
+#include "scheduler/nvtx.h"
 #include "scheduler/order.h"
 #include "scheduler/trace.h"
 #include "base/sync.h"
@@ -151,13 +152,15 @@ static int queue_nonempty(const void *p) {
   return !cds_wfcq_empty(&w->head, &w->tail);
 }
 
-/* ruda__execute with RUDA_TRACE's record and RUDA_WORKER_STATS' time, each
- * when enabled. */
-static void execute_observed(ruda__worker *w, ruda__cmd *cmd, int stats) {
+/* ruda__execute with RUDA_TRACE's record, an NVTX range and
+ * RUDA_WORKER_STATS' time, each when enabled. */
+static void execute_observed(ruda__worker *w, ruda__cmd *cmd, int stats, int nvtx) {
   const uint8_t kind = cmd->kind;
   const uint64_t t0 = stats ? ruda__now_ns() : 0;
   if (w->trace != NULL) ruda__trace_begin(w->trace, cmd);
+  if (nvtx) ruda__nvtx_begin(cmd);
   int rc = ruda__execute(w, cmd);
+  if (nvtx) ruda__nvtx_end();
   if (w->trace != NULL) ruda__trace_end(w->trace, rc);
   if (stats) {
     w->stats.ns[kind] += ruda__now_ns() - t0;
@@ -173,6 +176,8 @@ static void *worker_main(void *arg) {
   pthread_setname_np(pthread_self(), name);
   const char *sv = getenv("RUDA_WORKER_STATS");
   const int stats = sv != NULL && *sv != '\0' && *sv != '0';
+  const int nvtx = ruda__nvtx_on();
+  ruda__nvtx_name_worker(w->index);
 
   int stop = 0;
   while (!stop) {
@@ -231,8 +236,8 @@ static void *worker_main(void *arg) {
        * every RETIRE_EVERY commands, so a producer blocked on a full queue
        * waits for a slice of a long batch, not all of it. */
       if (cmd->future != NULL || unretired == RETIRE_EVERY) retire(w, &unretired);
-      if (__builtin_expect(w->trace == NULL && !stats, 1)) ruda__execute(w, cmd);
-      else execute_observed(w, cmd, stats);
+      if (__builtin_expect(w->trace == NULL && !stats && !nvtx, 1)) ruda__execute(w, cmd);
+      else execute_observed(w, cmd, stats, nvtx);
       ruda__cmd_free(cmd);
     }
     if (dev->ops->progress != NULL) dev->ops->progress(w->wstate);

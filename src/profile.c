@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "scheduler/device.h"
+#include "scheduler/nvtx.h"
 #include "scheduler/submit.h"
 #include "src/api.h"
 
@@ -113,3 +114,11 @@ void ruda__profiles_free(ruda__stream *s, void *arg) {
     free(p);
   }
 }
+
+int ruda_range_push(const char *name) {
+  if (name == NULL) return ruda__fail(RUDA_EINVAL, "ruda_range_push: name is NULL");
+  ruda__nvtx_range_push(name);
+  return 0;
+}
+
+void ruda_range_pop(void) { ruda__nvtx_range_pop(); }

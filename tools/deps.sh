@@ -6,7 +6,7 @@
 # /usr/local/cuda nothing more is done. Without one, on a machine that has
 # the NVIDIA driver (or with RUDA_CUDA_WHEELS=1), NVIDIA's packages on PyPI
 # are downloaded and unpacked into .deps/cuda (nothing system-wide): the
-# headers, NVRTC, CCCL, and NCCL where there is a driver (or with
+# headers, NVRTC, CCCL, NVTX, and NCCL where there is a driver (or with
 # RUDA_CUDA_WHEELS_NCCL=1). CMake then builds against .deps/cuda/root and
 # libruda finds NVRTC and NCCL there at run time; a system toolkit found
 # later still wins. RUDA_CUDA_WHEELS=0 never downloads.
@@ -43,16 +43,17 @@ driver_cuda_major() {
 cuda_wheels() {
   local major="$1" nccl="$2" dest=.deps/cuda
   if [ -f "$dest/root/include/cuda.h" ] && [ -f "$dest/root/include/nvrtc.h" ] &&
+     [ -f "$dest/root/include/nvtx3/nvToolsExt.h" ] &&
      { [ "$nccl" = 0 ] || [ -f "$dest/nvidia/nccl/include/nccl.h" ]; }; then
     return
   fi
   apt_install python3-pip
   local pkgs
   if [ "$major" -ge 13 ]; then
-    pkgs=("nvidia-cuda-runtime==13.0.*" "nvidia-cuda-nvrtc==13.0.*" "nvidia-cuda-cccl==13.0.*")
+    pkgs=("nvidia-cuda-runtime==13.0.*" "nvidia-cuda-nvrtc==13.0.*" "nvidia-cuda-cccl==13.0.*" "nvidia-nvtx==13.0.*")
     [ "$nccl" = 1 ] && pkgs+=(nvidia-nccl-cu13)
   else
-    pkgs=(nvidia-cuda-runtime-cu12 nvidia-cuda-nvrtc-cu12 nvidia-cuda-cccl-cu12)
+    pkgs=(nvidia-cuda-runtime-cu12 nvidia-cuda-nvrtc-cu12 nvidia-cuda-cccl-cu12 nvidia-nvtx-cu12)
     [ "$nccl" = 1 ] && pkgs+=(nvidia-nccl-cu12)
   fi
   echo "no CUDA toolkit at /usr/local/cuda: fetching ${pkgs[*]} from PyPI into $dest"
@@ -62,7 +63,8 @@ cuda_wheels() {
   for w in "$dest"/wheels/*.whl; do python3 -m zipfile -e "$w" "$dest"; done
   # One tree: CUDA 13's wheels share nvidia/cu13, CUDA 12's have one
   # folder per package.
-  for d in "$dest"/nvidia/cu13 "$dest"/nvidia/cuda_runtime "$dest"/nvidia/cuda_nvrtc "$dest"/nvidia/cuda_cccl; do
+  for d in "$dest"/nvidia/cu13 "$dest"/nvidia/cuda_runtime "$dest"/nvidia/cuda_nvrtc "$dest"/nvidia/cuda_cccl \
+    "$dest"/nvidia/nvtx; do
     [ -d "$d/include" ] && cp -a "$d/include/." "$dest/root/include/"
     [ -d "$d/lib" ] && cp -a "$d/lib/." "$dest/root/lib/"
     rm -rf "$d"

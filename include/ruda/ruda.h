@@ -517,6 +517,18 @@ RUDA_EXTERN int ruda_profile_begin(ruda_device *dev, ruda_stream_id stream, ruda
 RUDA_EXTERN int ruda_profile_end(ruda_device *dev, ruda_stream_id stream, ruda_profile_token token, uint64_t *ns,
                                  ruda_error **errors);
 
+/* NVTX ranges on the calling thread, in the domain "ruda" where ruda's
+ * workers put a range per command (kernel name, stream as category). They
+ * show in Nsight Systems or any NVTX tool; ranges are emitted only while
+ * a tool is attached (NVTX_INJECTION64_PATH set when the process opened
+ * its first device or called these; RUDA_NVTX=1 forces, 0 disables) and
+ * when libruda was built with the NVTX headers. push: RUDA_EINVAL for a
+ * NULL name, else 0 (also when nothing is emitted); pop closes the
+ * thread's innermost range. Thread-safe, non-blocking, no device needed. */
+RUDA_EXTERN int ruda_range_push(const char *name);
+/* Closes the calling thread's innermost ruda_range_push range. */
+RUDA_EXTERN void ruda_range_pop(void);
+
 #ifdef __cplusplus
 }
 #endif
