@@ -2,7 +2,11 @@
  * NVTX_INJECTION64_PATH, as it loads Nsight Systems'. It records every
  * domain, range, category name and thread name it is handed; the test
  * reads them back through nvtx_inject_* (dlopen this library with
- * RTLD_NOLOAD). Thread-safe: one mutex. */
+ * RTLD_NOLOAD). With NVTX_INJECT_REPORT=1 it prints, at exit, the ranges
+ * per name and the threads named, for any program run under it (e.g. the
+ * examples on a GPU machine without Nsight Systems). Thread-safe: one
+ * mutex. */
+#include <stdlib.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -24,7 +28,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static char domains[8][32];
 static uint32_t ndomains;
 static range ranges[MAX];
-static uint32_t nranges, npops;
+static uint32_t nranges, npops, ntotal; /* ranges kept (MAX), pops, pushes */
 static struct {
   uint32_t id;
   char name[40];
@@ -41,6 +45,7 @@ static nvtxDomainHandle_t domain_create(const char *name) {
 
 static int range_push(nvtxDomainHandle_t d, const nvtxEventAttributes_t *a) {
   pthread_mutex_lock(&lock);
+  ntotal++;
   if (nranges < MAX) {
     range *r = &ranges[nranges++];
     snprintf(r->msg, sizeof r->msg, "%s",
@@ -143,3 +148,23 @@ __attribute__((visibility("default"))) const char *nvtx_inject_thread(uint32_t t
 }
 
 __attribute__((visibility("default"))) uint32_t nvtx_inject_threads(void) { return nthreads; }
+
+/* NVTX_INJECT_REPORT=1: a summary on stderr at exit. */
+__attribute__((destructor)) static void report(void) {
+  const char *v = getenv("NVTX_INJECT_REPORT");
+  if (v == NULL || *v != '1') return;
+  fprintf(stderr, "nvtx_inject: %u ranges pushed, %u popped (by name: the first %u); domains:", ntotal, npops,
+          nranges);
+  for (uint32_t i = 0; i < ndomains; i++) fprintf(stderr, " %s", domains[i]);
+  fprintf(stderr, "\n");
+  for (uint32_t i = 0; i < nranges; i++) {
+    uint32_t seen = 0, n = 0;
+    for (uint32_t k = 0; k < i && !seen; k++) seen = strcmp(ranges[k].msg, ranges[i].msg) == 0;
+    if (seen) continue;
+    for (uint32_t k = i; k < nranges; k++) n += strcmp(ranges[k].msg, ranges[i].msg) == 0;
+    fprintf(stderr, "nvtx_inject:   %-24s %u\n", ranges[i].msg, n);
+  }
+  for (uint32_t i = 0; i < nthreads; i++) fprintf(stderr, "nvtx_inject: thread %u \"%s\"\n", threads[i].id, threads[i].name);
+  for (uint32_t i = 0; i < ncategories; i++)
+    fprintf(stderr, "nvtx_inject: category %u \"%s\"\n", categories[i].id, categories[i].name);
+}

@@ -54,6 +54,13 @@ if want tests || want all; then
     esac
   done
   run stress_fifo 120 "$B/tests/stress_fifo" -p 8 -s 8 -w 8 -n 1000000
+  # NVTX without Nsight Systems: the tests' injection library counts the
+  # ranges (integration_nvtx checks them; the examples print a summary).
+  inj="$PWD/$B/tests/libruda_nvtx_inject.so"
+  if [ -f "$inj" ]; then
+    run integration_nvtx_tool 60 env NVTX_INJECTION64_PATH="$inj" "$B/tests/integration_nvtx"
+    run nvtx_inference_server 60 env NVTX_INJECTION64_PATH="$inj" NVTX_INJECT_REPORT=1 "$B/examples/inference_server"
+  fi
 fi
 if want bench || want all; then
   run bench_gpu 420 "$B/bench/bench_gpu" "$OUT/bench_gpu.csv"
