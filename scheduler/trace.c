@@ -13,6 +13,7 @@
 
 typedef struct trace_rec {
   uint64_t t0, t1;
+  void *ev0, *ev1; /* device timing events around it (cuda), or NULL */
   ruda_stream_id stream; /* RUDA__TRACE_INTERNAL for the device's own commands */
   uint64_t seq, bytes;
   int rc;
@@ -24,6 +25,12 @@ struct ruda__trace {
   trace_rec *recs;
   uint32_t n, cap;
   uint64_t dropped;
+  /* Device times (backends with timing events): every event is timed
+   * against `zero`, an event this worker recorded and waited for before
+   * its first timed command, at host time zero_ns. */
+  void *zero;
+  uint64_t zero_ns;
+  uint32_t ntimed;
 };
 
 #define RUDA__TRACE_INTERNAL UINT64_MAX
@@ -63,7 +70,40 @@ void ruda__trace_open(ruda_device *dev) {
   dev->trace_start_ns = ruda__now_ns();
 }
 
-void ruda__trace_begin(ruda__trace *t, const ruda__cmd *cmd) {
+/* Commands that put work on the device, so have a device span. */
+static int device_work(int kind) {
+  return kind == RUDA__CMD_WRITE || kind == RUDA__CMD_READ || kind == RUDA__CMD_COPY || kind == RUDA__CMD_LAUNCH ||
+         kind == RUDA__CMD_GRAPH || kind == RUDA__CMD_COLL;
+}
+
+/* A timing event on w's device stream now, or NULL (no timing events on
+ * this backend, or the record failed: the span is then host-only). */
+static void *stamp(ruda__worker *w) {
+  const ruda__backend_ops *ops = w->dev->ops;
+  ruda__completion c = {0};
+  ruda_error *err = NULL;
+  if (ops->stamp == NULL || ops->elapsed == NULL || ops->stamp(w->wstate, &c, &err) != 0) {
+    ruda_error_free(err);
+    return NULL;
+  }
+  return c.event;
+}
+
+static void start_device_clock(ruda__worker *w, ruda__trace *t) {
+  t->zero = stamp(w);
+  if (t->zero == NULL) return;
+  /* Blocks this worker once, while tracing: the zero's completion is
+   * what ties device time to the host clock (within a wake-up). */
+  if (w->dev->ops->event_wait(w->dev->bstate, t->zero, NULL) != 0) {
+    w->dev->ops->event_release(w->dev->bstate, t->zero);
+    t->zero = NULL;
+    return;
+  }
+  t->zero_ns = ruda__now_ns();
+}
+
+void ruda__trace_begin(ruda__worker *w, const ruda__cmd *cmd) {
+  ruda__trace *t = w->trace;
   if (t->n == t->cap) {
     trace_rec *r = t->cap < RUDA__TRACE_MAX ? realloc(t->recs, 2 * (size_t)t->cap * sizeof *r) : NULL;
     if (r != NULL) {
@@ -87,14 +127,35 @@ void ruda__trace_begin(ruda__trace *t, const ruda__cmd *cmd) {
   size_t len = strnlen(name, sizeof r->name - 1);
   memcpy(r->name, name, len);
   r->name[len] = '\0';
+  r->ev0 = r->ev1 = NULL;
+  if (device_work(cmd->kind) && t->ntimed < RUDA__TRACE_DEVICE_MAX && w->dev->ops->stamp != NULL) {
+    if (t->zero == NULL && t->ntimed == 0) start_device_clock(w, t);
+    t->ntimed++;
+    if (t->zero != NULL) r->ev0 = stamp(w);
+  }
   r->t0 = ruda__now_ns();
 }
 
-void ruda__trace_end(ruda__trace *t, int rc) {
+void ruda__trace_end(ruda__worker *w, int rc) {
+  ruda__trace *t = w->trace;
   if (t->n == t->cap) return; /* dropped at begin */
   trace_rec *r = &t->recs[t->n++];
   r->t1 = ruda__now_ns();
   r->rc = rc;
+  if (r->ev0 != NULL) r->ev1 = stamp(w);
+}
+
+/* The device span of r in us since the trace's start, from its events;
+ * 0 when it has none or they cannot be timed (a failed command). */
+static int device_span(ruda_device *dev, const ruda__trace *t, const trace_rec *r, double *ts, double *dur) {
+  double a, b;
+  if (r->ev0 == NULL || r->ev1 == NULL || dev->ops->elapsed(dev->bstate, t->zero, r->ev0, &a) != 0 ||
+      dev->ops->elapsed(dev->bstate, t->zero, r->ev1, &b) != 0)
+    return 0;
+  const double zero_us = t->zero_ns >= dev->trace_start_ns ? (double)(t->zero_ns - dev->trace_start_ns) / 1000.0 : 0;
+  *ts = zero_us + a * 1000.0;
+  *dur = (b - a) * 1000.0;
+  return 1;
 }
 
 /* Writes s as a JSON string body: quotes, backslashes and control bytes
@@ -118,7 +179,16 @@ static int write_file(ruda_device *dev) {
   for (uint32_t i = 0; i < dev->nworkers; i++) {
     fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":%u,\"args\":{\"name\":\"ruda-w%u\"}},\n",
             i, i);
+    if (dev->workers[i].trace->zero != NULL)
+      fprintf(f,
+              "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":2,\"tid\":%u,\"args\":{\"name\":\"ruda-w%u stream on the "
+              "device\"}},\n",
+              i, i);
   }
+  if (dev->ops->stamp != NULL)
+    fputs("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"ruda workers (host)\"}},\n"
+          "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":2,\"args\":{\"name\":\"device\"}},\n",
+          f);
   for (uint32_t i = 0; i < dev->nworkers; i++) {
     const ruda__trace *t = dev->workers[i].trace;
     dropped += t->dropped;
@@ -133,6 +203,15 @@ static int write_file(ruda_device *dev) {
       fprintf(f, "\"args\":{\"stream\":\"%s\",\"cmd\":%llu", stream, (unsigned long long)r->seq);
       if (r->bytes) fprintf(f, ",\"bytes\":%llu", (unsigned long long)r->bytes);
       fputs("}},\n", f);
+      double ts, dur;
+      if (device_span(dev, t, r, &ts, &dur)) {
+        fputs("{\"name\":\"", f);
+        put_json_string(f, r->name);
+        fprintf(f,
+                "\",\"cat\":\"device\",\"ph\":\"X\",\"pid\":2,\"tid\":%u,\"ts\":%.3f,\"dur\":%.3f,"
+                "\"args\":{\"stream\":\"%s\",\"cmd\":%llu}},\n",
+                i, ts, dur, stream, (unsigned long long)r->seq);
+      }
       if (r->rc != 0) {
         fprintf(f, "{\"name\":\"error: %s\",\"cat\":\"error\",\"ph\":\"i\",\"s\":\"t\",\"pid\":1,\"tid\":%u,"
                    "\"ts\":%.3f,\"args\":{\"stream\":\"%s\",\"cmd\":%llu}},\n",
@@ -155,6 +234,13 @@ void ruda__trace_close(ruda_device *dev, int write) {
   for (uint32_t i = 0; i < dev->nworkers; i++) {
     ruda__trace *t = dev->workers[i].trace;
     if (t == NULL) continue;
+    if (dev->ops->event_release != NULL) {
+      for (uint32_t k = 0; k < t->n; k++) {
+        if (t->recs[k].ev0 != NULL) dev->ops->event_release(dev->bstate, t->recs[k].ev0);
+        if (t->recs[k].ev1 != NULL) dev->ops->event_release(dev->bstate, t->recs[k].ev1);
+      }
+      if (t->zero != NULL) dev->ops->event_release(dev->bstate, t->zero);
+    }
     free(t->recs);
     free(t);
     dev->workers[i].trace = NULL;

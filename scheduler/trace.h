@@ -6,10 +6,16 @@
  *
  * Each worker records into its own buffer (written by that worker only, no
  * locks; it grows by doubling); close writes the file once the workers
- * have stopped. Times are the host's monotonic clock: on the host backend a
- * span is the command's execution, on cuda the driver call that issued it
- * (device-side start and end are not recorded). A worker keeps its first
- * RUDA__TRACE_MAX commands and counts the rest as dropped.
+ * have stopped. Host spans are the host's monotonic clock: on the host
+ * backend a span is the command's execution, on cuda the driver call that
+ * issued it. On a backend with timing events (cuda) each command that puts
+ * work on the device also gets a device span, from two events recorded
+ * around it on the worker's stream (its first RUDA__TRACE_DEVICE_MAX such
+ * commands), in a second process "device", one lane per worker's stream:
+ * there kernels of different streams are seen overlapping. Device times
+ * are tied to the host clock by one event each worker waits for before its
+ * first timed command (a few us of skew between lanes). A worker keeps its
+ * first RUDA__TRACE_MAX commands and counts the rest as dropped.
  */
 #ifndef RUDA_SCHEDULER_TRACE_H
 #define RUDA_SCHEDULER_TRACE_H
@@ -19,6 +25,7 @@
 #include "scheduler/scheduler.h"
 
 #define RUDA__TRACE_MAX (1u << 20)
+#define RUDA__TRACE_DEVICE_MAX (1u << 16)
 
 typedef struct ruda__trace ruda__trace;
 
@@ -29,10 +36,11 @@ const char *ruda__trace_cmd_name(const ruda__cmd *cmd);
 /* Reads RUDA_TRACE at open; gives every worker a buffer when it is set.
  * Without memory tracing is off (with a warning), never an error. */
 void ruda__trace_open(struct ruda_device *dev);
-/* Worker only: cmd is about to run (kept until ruda__trace_end). */
-void ruda__trace_begin(ruda__trace *t, const ruda__cmd *cmd);
-/* Worker only: the command begun last finished, rc its result. */
-void ruda__trace_end(ruda__trace *t, int rc);
+/* Worker w only (w->trace set): cmd is about to run (kept until
+ * ruda__trace_end). The first timed command waits once for the device. */
+void ruda__trace_begin(ruda__worker *w, const ruda__cmd *cmd);
+/* Worker w only: the command begun last finished, rc its result. */
+void ruda__trace_end(ruda__worker *w, int rc);
 /* After the workers stopped: writes the file when `write` (close; not
  * after a failed open), frees the buffers. */
 void ruda__trace_close(struct ruda_device *dev, int write);

@@ -157,11 +157,11 @@ static int queue_nonempty(const void *p) {
 static void execute_observed(ruda__worker *w, ruda__cmd *cmd, int stats, int nvtx) {
   const uint8_t kind = cmd->kind;
   const uint64_t t0 = stats ? ruda__now_ns() : 0;
-  if (w->trace != NULL) ruda__trace_begin(w->trace, cmd);
+  if (w->trace != NULL) ruda__trace_begin(w, cmd);
   if (nvtx) ruda__nvtx_begin(cmd);
   int rc = ruda__execute(w, cmd);
   if (nvtx) ruda__nvtx_end();
-  if (w->trace != NULL) ruda__trace_end(w->trace, rc);
+  if (w->trace != NULL) ruda__trace_end(w, rc);
   if (stats) {
     w->stats.ns[kind] += ruda__now_ns() - t0;
     w->stats.n[kind]++;
