@@ -209,8 +209,8 @@ static int write_file(ruda_device *dev) {
         put_json_string(f, r->name);
         fprintf(f,
                 "\",\"cat\":\"device\",\"ph\":\"X\",\"pid\":2,\"tid\":%u,\"ts\":%.3f,\"dur\":%.3f,"
-                "\"args\":{\"stream\":\"%s\",\"cmd\":%llu}},\n",
-                i, ts, dur, stream, (unsigned long long)r->seq);
+                "\"args\":{\"stream\":\"%s\",\"cmd\":%llu,\"kind\":\"%s\"}},\n",
+                i, ts, dur, stream, (unsigned long long)r->seq, kind_name[r->kind]);
       }
       if (r->rc != 0) {
         fprintf(f, "{\"name\":\"error: %s\",\"cat\":\"error\",\"ph\":\"i\",\"s\":\"t\",\"pid\":1,\"tid\":%u,"

@@ -2,7 +2,7 @@
 # Runs on the lent GPU machine (see /work/.library/device): every test
 # binary and benchmark of a build made here with -DRUDA_STATIC_DEPS=ON and
 # carried as build-gpu. Logs go to $OUT; a summary table is printed last.
-#   tools/gpu_run.sh [MODE...]   modes tests|bench|all|comm|ab|serve, several run in
+#   tools/gpu_run.sh [MODE...]   modes tests|bench|all|comm|ab|serve|trace, several run in
 #   order into one summary (default all) (comm: the two-GPU collectives only;
 #   ab: bench_gpu and bench_enqueue of build-gpu-base, a build of an earlier
 #   commit, and build-gpu, alternated twice, to compare two trees in one run;
@@ -74,6 +74,17 @@ if want serve; then
   run bench_serve_torch_shared 200 env PYTHONUNBUFFERED=1 python3 bench/peers/serve_torch.py -q
   run bench_serve_torch_depth4 200 env PYTHONUNBUFFERED=1 python3 bench/peers/serve_torch.py -q -d 4 --per-thread-weights
   run bench_gpu_launch 300 "$B/bench/bench_gpu" -q -s 1,2 "$OUT/bench_gpu_launch.csv"
+fi
+if want trace; then
+  # RUDA_TRACE with device spans: the test, a serving trace to draw, and
+  # what tracing costs (bench_serve alternated with and without it).
+  run gpu_trace 60 "$B/tests/gpu_trace"
+  run bench_trace_serve 120 env RUDA_TRACE="$OUT/trace_serve.json" "$B/bench/bench_serve" -q -t 4 -n 64 -v 1
+  for round in 1 2; do
+    run "bench_serve_untraced_$round" 200 "$B/bench/bench_serve" -v 1 -t 1,4,16 -n 1024
+    run "bench_serve_traced_$round" 200 env RUDA_TRACE="/tmp/ruda-trace-$round.json" "$B/bench/bench_serve" -v 1 \
+      -t 1,4,16 -n 1024
+  done
 fi
 if want ab; then
   for round in 1 2; do

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Draws a RUDA_TRACE file (Chrome trace-event JSON) as an SVG timeline:
-one lane per worker, one box per command, coloured by kind.
+one lane per worker (and, on cuda, one per worker's stream on the device),
+one box per command, coloured by kind.
 
   tools/trace_svg.py TRACE.json OUT.svg [--from US] [--span US] [--title T]
 
@@ -39,7 +40,8 @@ def main():
 
     with open(a.trace) as f:
         events = json.load(f)["traceEvents"]
-    lanes = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    # A lane is (process, thread): process 1 the workers, 2 the device.
+    lanes = {(e.get("pid", 1), e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     spans = [e for e in events if e.get("ph") == "X"]
     errors = [e for e in events if e.get("ph") == "i"]
     if not spans:
@@ -47,34 +49,35 @@ def main():
     ts = sorted(e["ts"] for e in spans)
     start = a.start if a.start is not None else busiest(ts, a.span)
     end = start + a.span
-    used = sorted({e["tid"] for e in spans if e["ts"] < end and e["ts"] + e["dur"] > start})
+    used = sorted({(e.get("pid", 1), e["tid"]) for e in spans if e["ts"] < end and e["ts"] + e["dur"] > start})
 
-    left, width, lane_h, top = 80, 900, 26, 40
+    left, width, lane_h, top = 190, 900, 26, 40
     height = top + lane_h * len(used) + 60
     scale = width / a.span
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 20}" height="{height}" '
            'font-family="sans-serif" font-size="11">',
            f'<rect width="100%" height="100%" fill="white"/>',
            f'<text x="{left}" y="20" font-size="13">{html.escape(a.title)}</text>']
-    for row, tid in enumerate(used):
+    for row, lane in enumerate(used):
         y = top + row * lane_h
-        out.append(f'<text x="4" y="{y + 17}">{html.escape(lanes.get(tid, str(tid)))}</text>')
+        out.append(f'<text x="4" y="{y + 17}">{html.escape(lanes.get(lane, str(lane)))}</text>')
         out.append(f'<line x1="{left}" y1="{y + lane_h - 2}" x2="{left + width}" y2="{y + lane_h - 2}" '
                    'stroke="#eee"/>')
         for e in spans:
-            if e["tid"] != tid or e["ts"] >= end or e["ts"] + e["dur"] <= start:
+            if (e.get("pid", 1), e["tid"]) != lane or e["ts"] >= end or e["ts"] + e["dur"] <= start:
                 continue
             x0 = left + max(0.0, e["ts"] - start) * scale
             x1 = left + min(a.span, e["ts"] + e["dur"] - start) * scale
             w = max(0.8, x1 - x0)
-            colour = COLOURS.get(e.get("cat"), "#333")
+            kind = e["args"].get("kind", e.get("cat")) if e.get("cat") == "device" else e.get("cat")
+            colour = COLOURS.get(kind, "#333")
             tip = f'{e["name"]} ({e["args"].get("stream", "")}, cmd {e["args"].get("cmd", "")}, {e["dur"]:.1f} us)'
             out.append(f'<rect x="{x0:.2f}" y="{y + 3}" width="{w:.2f}" height="{lane_h - 8}" fill="{colour}">'
                        f'<title>{html.escape(tip)}</title></rect>')
             if w > 7 * len(e["name"]):
                 out.append(f'<text x="{x0 + 2:.2f}" y="{y + 17}" fill="white">{html.escape(e["name"])}</text>')
         for e in errors:
-            if e["tid"] == tid and start <= e["ts"] < end:
+            if (e.get("pid", 1), e["tid"]) == lane and start <= e["ts"] < end:
                 x = left + (e["ts"] - start) * scale
                 out.append(f'<text x="{x:.2f}" y="{y + 12}" fill="red" font-weight="bold">!</text>')
     axis_y = top + lane_h * len(used) + 12
@@ -85,7 +88,7 @@ def main():
         out.append(f'<text x="{x:.1f}" y="{axis_y + 12}" text-anchor="middle">+{a.span * i / 4:.0f} us</text>')
     x = left
     for name, colour in COLOURS.items():
-        if any(e.get("cat") == name for e in spans):
+        if any(e.get("cat") == name or e["args"].get("kind") == name for e in spans):
             out.append(f'<rect x="{x}" y="{axis_y + 24}" width="10" height="10" fill="{colour}"/>')
             out.append(f'<text x="{x + 14}" y="{axis_y + 33}">{name}</text>')
             x += 20 + 7 * len(name)
