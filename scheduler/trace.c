@@ -31,6 +31,7 @@ struct ruda__trace {
   void *zero;
   uint64_t zero_ns;
   uint32_t ntimed;
+  int device; /* RUDA_TRACE_DEVICE=1: record device spans */
 };
 
 #define RUDA__TRACE_INTERNAL UINT64_MAX
@@ -51,6 +52,8 @@ void ruda__trace_open(ruda_device *dev) {
   const char *path = getenv("RUDA_TRACE");
   if (path == NULL || *path == '\0') return;
   dev->trace_path = strdup(path);
+  const char *dv = getenv("RUDA_TRACE_DEVICE");
+  const int device = dv != NULL && *dv != '\0' && *dv != '0';
   int ok = dev->trace_path != NULL;
   for (uint32_t i = 0; ok && i < dev->nworkers; i++) {
     ruda__trace *t = calloc(1, sizeof *t);
@@ -60,6 +63,7 @@ void ruda__trace_open(ruda_device *dev) {
       break;
     }
     t->cap = 4096;
+    t->device = device;
     dev->workers[i].trace = t;
   }
   if (!ok) {
@@ -128,7 +132,7 @@ void ruda__trace_begin(ruda__worker *w, const ruda__cmd *cmd) {
   memcpy(r->name, name, len);
   r->name[len] = '\0';
   r->ev0 = r->ev1 = NULL;
-  if (device_work(cmd->kind) && t->ntimed < RUDA__TRACE_DEVICE_MAX && w->dev->ops->stamp != NULL) {
+  if (t->device && device_work(cmd->kind) && t->ntimed < RUDA__TRACE_DEVICE_MAX && w->dev->ops->stamp != NULL) {
     if (t->zero == NULL && t->ntimed == 0) start_device_clock(w, t);
     t->ntimed++;
     if (t->zero != NULL) r->ev0 = stamp(w);

@@ -8,13 +8,16 @@
  * locks; it grows by doubling); close writes the file once the workers
  * have stopped. Host spans are the host's monotonic clock: on the host
  * backend a span is the command's execution, on cuda the driver call that
- * issued it. On a backend with timing events (cuda) each command that puts
- * work on the device also gets a device span, from two events recorded
+ * issued it. With RUDA_TRACE_DEVICE=1, on a backend with timing events
+ * (cuda), each command that puts work on the device also gets a device
+ * span, from two timing events recorded
  * around it on the worker's stream (its first RUDA__TRACE_DEVICE_MAX such
  * commands), in a second process "device", one lane per worker's stream:
  * there kernels of different streams are seen overlapping. Device times
  * are tied to the host clock by one event each worker waits for before its
- * first timed command (a few us of skew between lanes). A worker keeps its
+ * first timed command (a few us of skew between lanes). Timing events are
+ * dear (the driver records them one at a time, process-wide: serving ran
+ * ~10x slower from 4 threads up), hence opt-in. A worker keeps its
  * first RUDA__TRACE_MAX commands and counts the rest as dropped.
  */
 #ifndef RUDA_SCHEDULER_TRACE_H

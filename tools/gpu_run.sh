@@ -79,11 +79,14 @@ if want trace; then
   # RUDA_TRACE with device spans: the test, a serving trace to draw, and
   # what tracing costs (bench_serve alternated with and without it).
   run gpu_trace 60 "$B/tests/gpu_trace"
-  run bench_trace_serve 120 env RUDA_TRACE="$OUT/trace_serve.json" "$B/bench/bench_serve" -q -t 4 -n 64 -v 1
+  run bench_trace_serve 120 env RUDA_TRACE="$OUT/trace_serve.json" RUDA_TRACE_DEVICE=1 "$B/bench/bench_serve" \
+    -q -t 4 -n 64 -v 1
   for round in 1 2; do
     run "bench_serve_untraced_$round" 200 "$B/bench/bench_serve" -v 1 -t 1,4,16 -n 1024
     run "bench_serve_traced_$round" 200 env RUDA_TRACE="/tmp/ruda-trace-$round.json" "$B/bench/bench_serve" -v 1 \
       -t 1,4,16 -n 1024
+    run "bench_serve_traced_device_$round" 200 env RUDA_TRACE="/tmp/ruda-trace-$round.json" RUDA_TRACE_DEVICE=1 \
+      "$B/bench/bench_serve" -v 1 -t 1,4,16 -n 1024
   done
 fi
 if want ab; then

@@ -1,5 +1,6 @@
-/* gpu_trace.c - RUDA_TRACE on the cuda backend: besides the workers' host
- * spans, each command that runs on the device has a device span (timing
+/* gpu_trace.c - RUDA_TRACE with RUDA_TRACE_DEVICE=1 on the cuda backend:
+ * besides the workers' host spans, each command that runs on the device
+ * has a device span (timing
  * events around it), in the process "device"; kernels of two streams that
  * run at once overlap there. Under the mock driver its streams run on
  * threads of their own, so they overlap too. */
@@ -39,8 +40,10 @@ static void device_spans_of_two_streams_overlap(void **state) {
   assert_true(fd >= 0);
   close(fd);
   setenv("RUDA_TRACE", path, 1);
+  setenv("RUDA_TRACE_DEVICE", "1", 1);
   ruda_device *dev = gpu_open();
   unsetenv("RUDA_TRACE");
+  unsetenv("RUDA_TRACE_DEVICE");
   assert_ok(ruda_kernel_source(dev, "order_add", SRC_ORDER, NULL));
   const unsigned n = 1u << 12;
   unsigned one = 1;
