@@ -54,6 +54,31 @@
 
 /* A host device with explicit settings, so the tester's RUDA_*
  * environment cannot change what a test exercises. */
+/* A whole file as a string (malloc'd), for tests that read what ruda
+ * wrote (trace files). */
+static inline char *test_slurp(const char *path) {
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *s = malloc((size_t)n + 1);
+  assert_non_null(s);
+  assert_int_equal(fread(s, 1, (size_t)n, f), (size_t)n);
+  s[n] = '\0';
+  fclose(f);
+  return s;
+}
+
+/* The number after `"key":` in the JSON text at ev. */
+static inline double test_json_number(const char *ev, const char *key) {
+  char pat[32];
+  snprintf(pat, sizeof pat, "\"%s\":", key);
+  const char *p = strstr(ev, pat);
+  assert_non_null(p);
+  return strtod(p + strlen(pat), NULL);
+}
+
 static inline ruda_device *test_open(uint32_t streams, uint32_t queue_bound, ruda_backpressure bp) {
   ruda_config cfg;
   ruda_config_init(&cfg);

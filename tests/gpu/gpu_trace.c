@@ -11,27 +11,6 @@
 
 #define SPIN 4000000LL /* ~2 ms on the H200; the mock sleeps spin / 2000 us */
 
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "r");
-  assert_non_null(f);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *s = malloc((size_t)n + 1);
-  assert_non_null(s);
-  assert_int_equal(fread(s, 1, (size_t)n, f), (size_t)n);
-  s[n] = '\0';
-  fclose(f);
-  return s;
-}
-
-static double field(const char *ev, const char *key) {
-  char pat[32];
-  snprintf(pat, sizeof pat, "\"%s\":", key);
-  const char *p = strstr(ev, pat);
-  assert_non_null(p);
-  return strtod(p + strlen(pat), NULL);
-}
 
 static void device_spans_of_two_streams_overlap(void **state) {
   (void)state;
@@ -73,7 +52,7 @@ static void device_spans_of_two_streams_overlap(void **state) {
   }
   test_close(dev);
 
-  char *text = slurp(path);
+  char *text = test_slurp(path);
   assert_non_null(strstr(text, "\"name\":\"device\""));
   /* The two kernels' device spans, one per stream. */
   double t0[2] = {-1, -1}, t1[2] = {-1, -1};
@@ -81,9 +60,9 @@ static void device_spans_of_two_streams_overlap(void **state) {
     const char *end = strchr(p, '\n');
     assert_non_null(end);
     int s = strstr(p, "\"stream\":\"stream 1\"") != NULL && strstr(p, "\"stream\":\"stream 1\"") < end;
-    t0[s] = field(p, "ts");
-    t1[s] = t0[s] + field(p, "dur");
-    assert_true(field(p, "dur") > 100.0); /* the spin, in us */
+    t0[s] = test_json_number(p, "ts");
+    t1[s] = t0[s] + test_json_number(p, "dur");
+    assert_true(test_json_number(p, "dur") > 100.0); /* the spin, in us */
   }
   assert_true(t0[0] >= 0 && t0[1] >= 0);
   /* Each started before the other ended. */

@@ -22,28 +22,6 @@ static int failing_kernel(const ruda_host_ctx *c, void *const *args) {
   return RUDA_EINVAL;
 }
 
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "r");
-  assert_non_null(f);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *s = malloc((size_t)n + 1);
-  assert_non_null(s);
-  assert_int_equal(fread(s, 1, (size_t)n, f), (size_t)n);
-  s[n] = '\0';
-  fclose(f);
-  return s;
-}
-
-/* The number after `"key":` on the event line at ev. */
-static double field(const char *ev, const char *key) {
-  char pat[32];
-  snprintf(pat, sizeof pat, "\"%s\":", key);
-  const char *p = strstr(ev, pat);
-  assert_non_null(p);
-  return strtod(p + strlen(pat), NULL);
-}
 
 static void trace_file_shows_streams_overlapping(void **state) {
   (void)state;
@@ -73,7 +51,7 @@ static void trace_file_shows_streams_overlapping(void **state) {
   assert_rc(ruda_device_close(dev, &errs), RUDA_EUNHEALTHY); /* the failed kernel */
   ruda_error_free(errs);
 
-  char *s = slurp(path);
+  char *s = test_slurp(path);
   assert_true(strncmp(s, "{\"traceEvents\":[\n", 17) == 0);
   assert_non_null(strstr(s, "],\"displayTimeUnit\":\"ns\"}\n"));
   /* Three naps on three lanes, running at once. */
@@ -81,8 +59,8 @@ static void trace_file_shows_streams_overlapping(void **state) {
   int naps = 0, lanes = 0;
   for (const char *ev = strstr(s, "{\"name\":\"nap\""); ev; ev = strstr(ev + 1, "{\"name\":\"nap\"")) {
     naps++;
-    lanes |= 1 << (int)field(ev, "tid");
-    double ts = field(ev, "ts"), dur = field(ev, "dur");
+    lanes |= 1 << (int)test_json_number(ev, "tid");
+    double ts = test_json_number(ev, "ts"), dur = test_json_number(ev, "dur");
     assert_true(dur >= 25000.0); /* microseconds: the 30 ms nap */
     if (ts > start_max) start_max = ts;
     if (ts + dur < end_min) end_min = ts + dur;

@@ -234,18 +234,19 @@ static void begin_issue(ruda_device *dev, ruda__order *o, ruda_handle x, uint32_
   ruda__order_lock(o, &dev->workers[wi]);
 }
 
+/* Another client thread issuing one call on x; `issued` once it returned. */
 typedef struct {
   ruda_device *dev;
   ruda_handle x;
-  _Atomic int done;
-} writer_arg;
+  _Atomic int issued;
+} issuer;
 
 static void *write_x(void *p) {
-  writer_arg *a = p;
+  issuer *a = p;
   uint32_t v[16] = {0};
   ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(a->x));
   assert_ok(ruda_write(a->dev, 0, &d, v, sizeof v));
-  atomic_store(&a->done, 1);
+  atomic_store(&a->issued, 1);
   return NULL;
 }
 
@@ -260,15 +261,15 @@ static void write_waits_for_reads_being_issued(void **state) {
   ruda__order r1, r2;
   begin_issue(dev, &r1, x, 1, RUDA__USE_READ);
   begin_issue(dev, &r2, x, 2, RUDA__USE_READ);
-  writer_arg a = {dev, x, 0};
+  issuer a = {dev, x, 0};
   pthread_t t;
   assert_int_equal(pthread_create(&t, NULL, write_x, &a), 0);
   usleep(50 * 1000);
   /* The write cannot look at x's readers while reads are mid-issue. */
-  assert_int_equal(atomic_load(&a.done), 0);
+  assert_int_equal(atomic_load(&a.issued), 0);
   ruda__order_publish(&r1, &dev->workers[1]);
   usleep(20 * 1000);
-  assert_int_equal(atomic_load(&a.done), 0);
+  assert_int_equal(atomic_load(&a.issued), 0);
   ruda__order_publish(&r2, &dev->workers[2]);
   pthread_join(t, NULL);
   /* It saw both: ordered after workers 1 and 2 (both still gated). */
@@ -280,14 +281,8 @@ static void write_waits_for_reads_being_issued(void **state) {
   test_close(dev);
 }
 
-typedef struct {
-  ruda_device *dev;
-  ruda_handle x;
-  _Atomic int issued;
-} reader_arg;
-
 static void *read_x(void *p) {
-  reader_arg *a = p;
+  issuer *a = p;
   uint32_t v[16];
   ruda_future *f = NULL;
   ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(a->x));
@@ -308,7 +303,7 @@ static void read_waits_for_a_write_being_issued(void **state) {
    * for its publish, then orders after it. */
   ruda__order w;
   begin_issue(dev, &w, x, 1, RUDA__USE_WRITE);
-  reader_arg a = {dev, x, 0};
+  issuer a = {dev, x, 0};
   pthread_t t;
   assert_int_equal(pthread_create(&t, NULL, read_x, &a), 0);
   usleep(50 * 1000);
