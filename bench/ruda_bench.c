@@ -1,0 +1,403 @@
+/* ruda_bench.c - ruda-bench, the installed stream-concurrency benchmark:
+ * measures what a person choosing a GPU runtime asks, beside the raw
+ * driver in the same run (cuda backend), with a table on stdout, progress
+ * on stderr, and --json / --csv for tools/plot.py.
+ *
+ *   ruda-bench [--json FILE] [--csv FILE] [-q] SUBCOMMAND [options]
+ *     launch   launches/s by client threads, each on its own stream
+ *     overlap  kernels of a chosen duration on 1..S streams at once:
+ *              achieved concurrency (busy kernel time / wall) vs ideal
+ *     upload   host-to-device bandwidth by size (ruda_write vs cuMemcpyHtoD)
+ *     all      the three
+ *
+ * On the host backend (no GPU) kernels are host functions (the spin kernel
+ * busy-waits its duration), there is no raw column, and the run says so.
+ * Other figures (latency percentiles, graphs, pools, serving round trips)
+ * are bench_gpu, bench_memory and bench_serve; docs/benchmarks.md. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ruda/ruda.h"
+#define BENCH_NAME "ruda-bench"
+#include "bench/bench_check.h"
+
+#ifdef RUDA_BENCH_CUDA
+#include "backends/cuda/cuda_internal.h"
+#include "src/api.h"
+#endif
+
+#define MAXT 64
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- results: the table, and rows for --json / --csv ---- */
+
+typedef struct row {
+  char bench[16], variant[16], unit[16];
+  double x, value;
+} row;
+
+static row rows[1024];
+static int nrows, quick;
+static ruda_device *dev;
+static int on_cuda;
+
+static void add(const char *bench, const char *variant, double x, double value, const char *unit) {
+  if (nrows == (int)(sizeof rows / sizeof *rows)) return;
+  row *r = &rows[nrows++];
+  snprintf(r->bench, sizeof r->bench, "%s", bench);
+  snprintf(r->variant, sizeof r->variant, "%s", variant);
+  snprintf(r->unit, sizeof r->unit, "%s", unit);
+  r->x = x;
+  r->value = value;
+}
+
+static void progress(const char *what, double x) {
+  fprintf(stderr, "\rruda-bench: %s %g ...          ", what, x);
+  fflush(stderr);
+}
+
+/* ---- kernels ---- */
+
+static const char SRC[] =
+    "extern \"C\" __global__ void rb_empty() {}\n"
+    "extern \"C\" __global__ void rb_spin(unsigned long long ns) {\n"
+    "  unsigned long long t0, t;\n"
+    "  asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t0));\n"
+    "  do { asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t)); } while (t - t0 < ns);\n"
+    "}\n";
+
+static int host_empty(const ruda_host_ctx *c, void *const *a) {
+  (void)c;
+  (void)a;
+  return 0;
+}
+
+static int host_spin(const ruda_host_ctx *c, void *const *a) {
+  (void)c;
+  const uint64_t ns = *(const uint64_t *)a[0], t0 = now_ns();
+  while (now_ns() - t0 < ns) {
+  }
+  return 0;
+}
+
+static void launch_on(ruda_stream_id s, const char *k, const uint64_t *spin_ns) {
+  ruda_arg a = ruda_arg_scalar(spin_ns, sizeof *spin_ns);
+  ruda_launch_desc l = {.kernel = k, .grid = {1, 1, 1}, .block = {1, 1, 1}, .args = &a, .nargs = spin_ns ? 1 : 0};
+  CHECK(ruda_launch(dev, s, &l));
+}
+
+#ifdef RUDA_BENCH_CUDA
+#define CU(call)                                                                            \
+  do {                                                                                      \
+    CUresult r_ = (call);                                                                   \
+    if (r_ != CUDA_SUCCESS) {                                                               \
+      char d_[160];                                                                         \
+      fprintf(stderr, "ruda-bench: %s: %s\n", #call, ruda__cu_describe(r_, d_, sizeof d_)); \
+      exit(1);                                                                              \
+    }                                                                                       \
+  } while (0)
+
+static CUfunction raw_fn(const char *name) { return ((ruda__cu_kernel *)ruda__kernel_find(dev, name)->impl)->fn; }
+
+static CUcontext raw_ctx(void) {
+  void *c = NULL;
+  CHECK(ruda_cuda_context(dev, &c));
+  return (CUcontext)c;
+}
+#endif
+
+/* ---- launch: launches/s by threads ---- */
+
+typedef struct job {
+  int index, raw;
+  size_t n;
+  uint64_t spin_ns; /* overlap: each kernel's duration; 0: empty kernels */
+  pthread_barrier_t *go;
+} job;
+
+static void *run_job(void *p) {
+  job *j = p;
+  ruda_stream_id s = (ruda_stream_id)j->index;
+  const uint64_t *spin = j->spin_ns ? &j->spin_ns : NULL;
+  const char *k = spin ? "rb_spin" : "rb_empty";
+#ifdef RUDA_BENCH_CUDA
+  CUstream st = NULL;
+  CUfunction fn = NULL;
+  void *params[1] = {&j->spin_ns};
+  if (j->raw) {
+    CU(ruda__cu.cuCtxSetCurrent(raw_ctx()));
+    CU(ruda__cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+    fn = raw_fn(k);
+  }
+#endif
+  if (!j->raw) CHECK(ruda_sync(dev, s, NULL)); /* the stream exists before the clock */
+  pthread_barrier_wait(j->go);
+  for (size_t i = 0; i < j->n; i++) {
+#ifdef RUDA_BENCH_CUDA
+    if (j->raw) {
+      CU(ruda__cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, st, spin ? params : NULL, NULL));
+      continue;
+    }
+#endif
+    launch_on(s, k, spin);
+  }
+#ifdef RUDA_BENCH_CUDA
+  if (j->raw) {
+    CU(ruda__cu.cuStreamSynchronize(st));
+    CU(ruda__cu.cuStreamDestroy(st));
+    return NULL;
+  }
+#endif
+  CHECK(ruda_sync(dev, s, NULL));
+  return NULL;
+}
+
+/* Seconds for `threads` threads to each issue n kernels and see them done. */
+static double timed(int threads, int raw, size_t n, uint64_t spin_ns) {
+  pthread_barrier_t go;
+  pthread_barrier_init(&go, NULL, (unsigned)threads + 1);
+  job j[MAXT];
+  pthread_t t[MAXT];
+  for (int i = 0; i < threads; i++) {
+    j[i] = (job){i, raw, n, spin_ns, &go};
+    if (pthread_create(&t[i], NULL, run_job, &j[i]) != 0) die("pthread_create", RUDA_EINVAL);
+  }
+  pthread_barrier_wait(&go);
+  uint64_t t0 = now_ns();
+  for (int i = 0; i < threads; i++) pthread_join(t[i], NULL);
+  double s = (double)(now_ns() - t0) / 1e9;
+  pthread_barrier_destroy(&go);
+  return s;
+}
+
+static void bench_launch(const int *ts, int nt, size_t n) {
+  printf("\nlaunch: empty kernels, each thread on its own stream, until all are done (launches/s)\n");
+  printf("  %7s %14s %14s %8s\n", "threads", "ruda", on_cuda ? "raw driver" : "-", on_cuda ? "ratio" : "");
+  for (int i = 0; i < nt; i++) {
+    progress("launch, threads", ts[i]);
+    double r = (double)n * ts[i] / timed(ts[i], 0, n, 0);
+    add("launch", "ruda", ts[i], r, "launches/s");
+    double b = 0;
+    if (on_cuda) {
+      b = (double)n * ts[i] / timed(ts[i], 1, n, 0);
+      add("launch", "raw", ts[i], b, "launches/s");
+    }
+    fprintf(stderr, "\r");
+    if (on_cuda) printf("  %7d %14.0f %14.0f %8.3f\n", ts[i], r, b, r / b);
+    else printf("  %7d %14.0f\n", ts[i], r);
+  }
+}
+
+/* ---- overlap: achieved concurrency of kernels on S streams ---- */
+
+static void bench_overlap(const int *ss, int ns, size_t k, double us) {
+  const uint64_t spin = (uint64_t)(us * 1000.0);
+  printf("\noverlap: %zu kernels of %.0f us per stream, streams at once; concurrency = busy kernel time / wall"
+         " (ideal: the stream count)\n",
+         k, us);
+  printf("  %7s %14s %14s\n", "streams", "ruda", on_cuda ? "raw driver" : "-");
+  for (int i = 0; i < ns; i++) {
+    progress("overlap, streams", ss[i]);
+    const double busy = (double)ss[i] * (double)k * us / 1e6;
+    double r = busy / timed(ss[i], 0, k, spin);
+    add("overlap", "ruda", ss[i], r, "concurrency");
+    add("overlap", "ideal", ss[i], ss[i], "concurrency");
+    double b = 0;
+    if (on_cuda) {
+      b = busy / timed(ss[i], 1, k, spin);
+      add("overlap", "raw", ss[i], b, "concurrency");
+    }
+    fprintf(stderr, "\r");
+    if (on_cuda) printf("  %7d %14.2f %14.2f\n", ss[i], r, b);
+    else printf("  %7d %14.2f\n", ss[i], r);
+  }
+}
+
+/* ---- upload: host-to-device bandwidth ---- */
+
+static void bench_upload(const int *mib, int nm) {
+  printf("\nupload: one pageable host buffer to a device buffer, best of 3 (GB/s)\n");
+  printf("  %7s %14s %14s\n", "MiB", "ruda_write", on_cuda ? "cuMemcpyHtoD" : "-");
+  for (int i = 0; i < nm; i++) {
+    progress("upload, MiB", mib[i]);
+    size_t bytes = (size_t)mib[i] << 20;
+    unsigned char *src = malloc(bytes);
+    if (src == NULL) die("malloc", RUDA_ENOMEM);
+    memset(src, 1, bytes);
+    ruda_handle h;
+    CHECK(ruda_buffer_create(dev, 0, bytes, &h));
+    ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(h));
+    double best = 0, raw = 0;
+    for (int r = 0; r < 3; r++) {
+      CHECK(ruda_sync(dev, 0, NULL));
+      uint64_t t0 = now_ns();
+      CHECK(ruda_write(dev, 0, &d, src, bytes));
+      CHECK(ruda_sync(dev, 0, NULL));
+      double gbs = (double)bytes / (double)(now_ns() - t0);
+      if (gbs > best) best = gbs;
+    }
+    add("upload", "ruda", mib[i], best, "GB/s");
+#ifdef RUDA_BENCH_CUDA
+    if (on_cuda) {
+      CU(ruda__cu.cuCtxSetCurrent(raw_ctx()));
+      CUdeviceptr p;
+      CU(ruda__cu.cuMemAlloc(&p, bytes));
+      for (int r = 0; r < 3; r++) {
+        uint64_t t0 = now_ns();
+        CU(ruda__cu.cuMemcpyHtoD(p, src, bytes));
+        double gbs = (double)bytes / (double)(now_ns() - t0);
+        if (gbs > raw) raw = gbs;
+      }
+      CU(ruda__cu.cuMemFree(p));
+      add("upload", "raw", mib[i], raw, "GB/s");
+    }
+#endif
+    CHECK(ruda_buffer_free(dev, 0, h));
+    free(src);
+    fprintf(stderr, "\r");
+    if (on_cuda) printf("  %7d %14.2f %14.2f\n", mib[i], best, raw);
+    else printf("  %7d %14.2f\n", mib[i], best);
+  }
+}
+
+/* ---- output files ---- */
+
+static void write_files(const char *json, const char *csv, const char *machine, const char *date, int argc,
+                        char **argv) {
+  if (csv != NULL) {
+    FILE *f = fopen(csv, "w");
+    if (f == NULL) die("opening the --csv file", RUDA_EINVAL);
+    fprintf(f, "bench,variant,x,value,unit\n");
+    for (int i = 0; i < nrows; i++)
+      fprintf(f, "%s,%s,%g,%.6g,%s\n", rows[i].bench, rows[i].variant, rows[i].x, rows[i].value, rows[i].unit);
+    fclose(f);
+  }
+  if (json != NULL) {
+    FILE *f = fopen(json, "w");
+    if (f == NULL) die("opening the --json file", RUDA_EINVAL);
+    fprintf(f, "{\"tool\":\"ruda-bench\",\"version\":\"%s\",\"machine\":\"%s\",\"backend\":\"%s\",\"date\":\"%s\",",
+            ruda_version(), machine, ruda_device_backend(dev), date);
+    fprintf(f, "\"command\":\"");
+    for (int i = 0; i < argc; i++) fprintf(f, "%s%s", i ? " " : "", argv[i]); /* arguments hold no quotes */
+    fprintf(f, "\",\"rows\":[\n");
+    for (int i = 0; i < nrows; i++)
+      fprintf(f, "{\"bench\":\"%s\",\"variant\":\"%s\",\"x\":%g,\"value\":%.6g,\"unit\":\"%s\"}%s\n", rows[i].bench,
+              rows[i].variant, rows[i].x, rows[i].value, rows[i].unit, i + 1 < nrows ? "," : "");
+    fprintf(f, "]}\n");
+    fclose(f);
+  }
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: ruda-bench [--json FILE] [--csv FILE] [-q] SUBCOMMAND [options]\n"
+          "  launch   launches/s by client threads, each on its own stream   [-t 1,2,4,8,16] [-n launches]\n"
+          "  overlap  kernels of -u us on 1..S streams: achieved concurrency [-s 1,2,4,8,16] [-k kernels] [-u us]\n"
+          "  upload   host-to-device GB/s by size                             [-m 1,16,256 (MiB)]\n"
+          "  all      the three with their defaults\n"
+          "The raw driver runs beside ruda on the cuda backend. --json/--csv write every figure\n"
+          "(tools/plot.py draws the JSON); -q: a short run. The backend is ruda's default (RUDA_BACKEND).\n");
+}
+
+static int parse_list(const char *s, int *out, int max) {
+  int n = 0;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", s);
+  for (char *tok = strtok(buf, ","); tok && n < max; tok = strtok(NULL, ",")) {
+    int v = atoi(tok);
+    if (v < 1) return -1;
+    out[n++] = v;
+  }
+  return n;
+}
+
+int main(int argc, char **argv) {
+  const char *json = NULL, *csv = NULL, *sub = NULL;
+  int ts[16] = {1, 2, 4, 8, 16}, nt = 5, ss[16] = {1, 2, 4, 8, 16}, nss = 5, mib[16] = {1, 16, 256}, nm = 3;
+  long n = 0, k = 0;
+  double us = 200;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      usage(stdout);
+      return 0;
+    } else if (!strcmp(a, "--json") && v) json = argv[++i];
+    else if (!strcmp(a, "--csv") && v) csv = argv[++i];
+    else if (!strcmp(a, "-q")) quick = 1;
+    else if (!strcmp(a, "-t") && v) nt = parse_list(argv[++i], ts, 16);
+    else if (!strcmp(a, "-s") && v) nss = parse_list(argv[++i], ss, 16);
+    else if (!strcmp(a, "-m") && v) nm = parse_list(argv[++i], mib, 16);
+    else if (!strcmp(a, "-n") && v) n = atol(argv[++i]);
+    else if (!strcmp(a, "-k") && v) k = atol(argv[++i]);
+    else if (!strcmp(a, "-u") && v) us = atof(argv[++i]);
+    else if (sub == NULL && a[0] != '-') sub = a;
+    else {
+      fprintf(stderr, "ruda-bench: unknown or incomplete option \"%s\"\n", a);
+      usage(stderr);
+      return 2;
+    }
+  }
+  int bad = nt < 1 || nss < 1 || nm < 1 || us <= 0;
+  for (int i = 0; i < nt; i++) bad |= ts[i] > MAXT;
+  for (int i = 0; i < nss; i++) bad |= ss[i] > MAXT;
+  if (sub == NULL || bad ||
+      (strcmp(sub, "launch") && strcmp(sub, "overlap") && strcmp(sub, "upload") && strcmp(sub, "all"))) {
+    if (bad) fprintf(stderr, "ruda-bench: lists take 1..%d, -u a positive duration\n", MAXT);
+    usage(stderr);
+    return 2;
+  }
+
+  ruda_config cfg;
+  ruda_config_init(&cfg);
+  cfg.num_streams = MAXT;
+  cfg.queue_bound = 1u << 20;
+  if (cfg.log_level > RUDA_LOG_WARN) cfg.log_level = RUDA_LOG_WARN;
+  CHECK(ruda_device_open(&cfg, &dev));
+  on_cuda = strcmp(ruda_device_backend(dev), "cuda") == 0;
+#ifndef RUDA_BENCH_CUDA
+  on_cuda = 0; /* built without CUDA: no raw column */
+#endif
+  if (on_cuda) {
+    CHECK(ruda_kernel_source(dev, "rb_empty", SRC, NULL));
+    CHECK(ruda_kernel_source(dev, "rb_spin", SRC, NULL));
+  } else {
+    CHECK(ruda_host_kernel_register(dev, "rb_empty", host_empty));
+    CHECK(ruda_host_kernel_register(dev, "rb_spin", host_spin));
+  }
+  ruda_device_props props;
+  CHECK(ruda_device_get_props(dev, &props));
+  char date[64];
+  time_t t = time(NULL);
+  strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S %Z", localtime(&t));
+  printf("ruda-bench %s: %s, backend %s, %s%s\n", ruda_version(), props.name, ruda_device_backend(dev), date,
+         quick ? ", quick run" : "");
+  if (!on_cuda) {
+    const char *why = ruda_device_fallback_reason(dev);
+    printf("host backend: kernels are host functions and there is no raw driver to compare with%s%s%s\n",
+           why ? " (" : "", why ? why : "", why ? ")" : "");
+  }
+
+  const int all = !strcmp(sub, "all");
+  if (all || !strcmp(sub, "launch")) bench_launch(ts, nt, n > 0 ? (size_t)n : quick || !on_cuda ? 2000 : 50000);
+  if (all || !strcmp(sub, "overlap"))
+    bench_overlap(ss, nss, k > 0 ? (size_t)k : quick || !on_cuda ? 5 : 50, on_cuda ? us : (us < 2000 ? 2000 : us));
+  if (all || !strcmp(sub, "upload")) {
+    if (quick || !on_cuda) nm = 2, mib[0] = 1, mib[1] = 16;
+    bench_upload(mib, nm);
+  }
+  write_files(json, csv, props.name, date, argc, argv);
+  ruda_error *errs = NULL;
+  int rc = ruda_device_close(dev, &errs);
+  if (rc != 0) die("ruda_device_close", rc);
+  return 0;
+}
