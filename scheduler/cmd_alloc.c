@@ -252,6 +252,7 @@ ruda__cmd *ruda__cmd_alloc(size_t extra) {
   cmd->pins = NULL;
   cmd->future = NULL;
   cmd->origin = NULL;
+  cmd->enq_ns = 0;
   return cmd;
 }
 

@@ -59,6 +59,7 @@ typedef struct ruda__cmd {
   uint32_t *pins; /* slots pinned by this command, unpinned after it ran */
   /* RUDA_LAUNCH_BLOCKING only: where the client enqueued it. */
   struct ruda__origin *origin;
+  uint64_t enq_ns; /* RUDA_TRACE only: when the client submitted it (0: not stamped) */
   union {
     struct {
       uint64_t dst;

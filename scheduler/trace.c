@@ -13,6 +13,7 @@
 
 typedef struct trace_rec {
   uint64_t t0, t1;
+  uint64_t queued; /* ns from the client's submit to t0; 0: not known */
   void *ev0, *ev1; /* device timing events around it (cuda), or NULL */
   ruda_stream_id stream; /* RUDA__TRACE_INTERNAL for the device's own commands */
   uint64_t seq, bytes;
@@ -138,6 +139,7 @@ void ruda__trace_begin(ruda__worker *w, const ruda__cmd *cmd) {
     if (t->zero != NULL) r->ev0 = stamp(w);
   }
   r->t0 = ruda__now_ns();
+  r->queued = cmd->enq_ns != 0 && r->t0 > cmd->enq_ns ? r->t0 - cmd->enq_ns : 0;
 }
 
 void ruda__trace_end(ruda__worker *w, int rc) {
@@ -206,6 +208,7 @@ static int write_file(ruda_device *dev) {
               us_since(r->t0, dev->trace_start_ns), (double)(r->t1 - r->t0) / 1000.0);
       fprintf(f, "\"args\":{\"stream\":\"%s\",\"cmd\":%llu", stream, (unsigned long long)r->seq);
       if (r->bytes) fprintf(f, ",\"bytes\":%llu", (unsigned long long)r->bytes);
+      if (r->queued) fprintf(f, ",\"queued_us\":%.3f", (double)r->queued / 1000.0);
       fputs("}},\n", f);
       double ts, dur;
       if (device_span(dev, t, r, &ts, &dur)) {

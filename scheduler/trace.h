@@ -2,7 +2,9 @@
  * when the device closes as Chrome trace-event JSON (open it in
  * ui.perfetto.dev or chrome://tracing): one lane per worker, one span per
  * command named after its kernel or kind, with its stream and command
- * number, bytes for copies, and an instant event for each failure.
+ * number, bytes for copies, the time it waited from the client's call to
+ * its worker (queued_us; commands the client submitted), and an instant
+ * event for each failure.
  *
  * Each worker records into its own buffer (written by that worker only, no
  * locks; it grows by doubling); close writes the file once the workers

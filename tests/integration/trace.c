@@ -71,6 +71,10 @@ static void trace_file_shows_streams_overlapping(void **state) {
   assert_non_null(strstr(s, "\"cat\":\"write\""));
   assert_non_null(strstr(s, "\"cat\":\"read\""));
   assert_non_null(strstr(s, "\"bytes\":4096"));
+  /* "fails" was queued behind stream 1's 30 ms nap: its wait shows. */
+  const char *fails = strstr(s, "{\"name\":\"fails\"");
+  assert_non_null(fails);
+  assert_true(test_json_number(fails, "queued_us") >= 20000.0);
   const char *err = strstr(s, "{\"name\":\"error: RUDA_EINVAL\"");
   assert_non_null(err);
   assert_non_null(strstr(err, "\"stream\":\"stream 1\""));
