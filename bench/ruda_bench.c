@@ -8,12 +8,15 @@
  *     overlap  kernels of a chosen duration on 1..S streams at once:
  *              achieved concurrency (busy kernel time / wall) vs ideal
  *     upload   host-to-device bandwidth by size (ruda_write vs cuMemcpyHtoD)
- *     all      the three
+ *     latency  what one launch costs its caller (p50, p99), one thread
+ *     alloc    buffer create+free pairs per second by size
+ *     graph    a graph of N empty kernels replayed: us per kernel, beside
+ *              the same kernels launched one by one
+ *     all      every one of them
  *
  * On the host backend (no GPU) kernels are host functions (the spin kernel
  * busy-waits its duration), there is no raw column, and the run says so.
- * Other figures (latency percentiles, graphs, pools, serving round trips)
- * are bench_gpu, bench_memory and bench_serve; docs/benchmarks.md. */
+ * Serving round trips are bench_serve's (docs/benchmarks.md). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
@@ -270,6 +273,135 @@ static void bench_upload(const int *mib, int nm) {
   }
 }
 
+/* ---- latency: the caller's cost of one launch ---- */
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void bench_latency(size_t n) {
+  uint64_t *t = malloc(n * sizeof *t);
+  if (t == NULL) die("malloc", RUDA_ENOMEM);
+  printf("\nlatency: one thread, %zu empty launches, waiting every 256 (ns in the call)\n", n);
+  printf("  %10s %10s %10s\n", "", "p50", "p99");
+  for (int raw = 0; raw <= on_cuda; raw++) {
+    progress(raw ? "latency, raw" : "latency, ruda", (double)n);
+#ifdef RUDA_BENCH_CUDA
+    CUstream st = NULL;
+    CUfunction fn = NULL;
+    if (raw) {
+      CU(ruda__cu.cuCtxSetCurrent(raw_ctx()));
+      CU(ruda__cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+      fn = raw_fn("rb_empty");
+    }
+#endif
+    for (size_t i = 0; i < n; i++) {
+      uint64_t t0 = now_ns();
+#ifdef RUDA_BENCH_CUDA
+      if (raw) CU(ruda__cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, st, NULL, NULL));
+      else
+#endif
+        launch_on(0, "rb_empty", NULL);
+      t[i] = now_ns() - t0;
+      if (i % 256 == 255) {
+#ifdef RUDA_BENCH_CUDA
+        if (raw) CU(ruda__cu.cuStreamSynchronize(st));
+        else
+#endif
+          CHECK(ruda_sync(dev, 0, NULL));
+      }
+    }
+#ifdef RUDA_BENCH_CUDA
+    if (raw) {
+      CU(ruda__cu.cuStreamSynchronize(st));
+      CU(ruda__cu.cuStreamDestroy(st));
+    }
+#endif
+    if (!raw) CHECK(ruda_sync(dev, 0, NULL));
+    qsort(t, n, sizeof *t, cmp_u64);
+    const double p50 = (double)t[n / 2], p99 = (double)t[(size_t)(0.99 * (double)(n - 1))];
+    add("latency", raw ? "raw" : "ruda", 50, p50, "ns");
+    add("latency", raw ? "raw" : "ruda", 99, p99, "ns");
+    fprintf(stderr, "\r");
+    printf("  %10s %10.0f %10.0f\n", raw ? "raw driver" : "ruda", p50, p99);
+  }
+  free(t);
+}
+
+/* ---- alloc: buffer create + free ---- */
+
+static void bench_alloc(const int *kib, int nk, size_t n) {
+  printf("\nalloc: buffer create + free pairs per second on one stream (ruda: its pools; raw: cuMemAlloc/Free)\n");
+  printf("  %7s %14s %14s\n", "KiB", "ruda", on_cuda ? "raw driver" : "-");
+  ruda_handle *h = malloc(64 * sizeof *h);
+  if (h == NULL) die("malloc", RUDA_ENOMEM);
+  for (int i = 0; i < nk; i++) {
+    progress("alloc, KiB", kib[i]);
+    const uint64_t bytes = (uint64_t)kib[i] << 10;
+    uint64_t t0 = now_ns();
+    for (size_t r = 0; r < n; r += 64) {
+      for (int j = 0; j < 64; j++) CHECK(ruda_buffer_create(dev, 0, bytes, &h[j]));
+      for (int j = 0; j < 64; j++) CHECK(ruda_buffer_free(dev, 0, h[j]));
+    }
+    const size_t done = (n + 63) / 64 * 64;
+    double r = (double)done / ((double)(now_ns() - t0) / 1e9);
+    add("alloc", "ruda", kib[i], r, "pairs/s");
+    double b = 0;
+#ifdef RUDA_BENCH_CUDA
+    if (on_cuda) {
+      CU(ruda__cu.cuCtxSetCurrent(raw_ctx()));
+      CUdeviceptr p[64];
+      size_t m = n / 16 > 64 ? n / 16 : 64; /* the raw allocator is slower: fewer pairs */
+      t0 = now_ns();
+      for (size_t q = 0; q < m; q += 64) {
+        for (int j = 0; j < 64; j++) CU(ruda__cu.cuMemAlloc(&p[j], bytes));
+        for (int j = 0; j < 64; j++) CU(ruda__cu.cuMemFree(p[j]));
+      }
+      b = (double)((m + 63) / 64 * 64) / ((double)(now_ns() - t0) / 1e9);
+      add("alloc", "raw", kib[i], b, "pairs/s");
+    }
+#endif
+    fprintf(stderr, "\r");
+    if (on_cuda) printf("  %7d %14.0f %14.0f\n", kib[i], r, b);
+    else printf("  %7d %14.0f\n", kib[i], r);
+  }
+  CHECK(ruda_sync(dev, 0, NULL));
+  free(h);
+}
+
+/* ---- graph: replay against one-by-one launches ---- */
+
+static void bench_graph(const int *ks, int nk, int replays) {
+  printf("\ngraph: N empty kernels recorded once and replayed %d times, against the same kernels launched one by one"
+         " (us per kernel, until done)\n",
+         replays);
+  printf("  %7s %14s %14s\n", "kernels", "replayed", "one by one");
+  for (int i = 0; i < nk; i++) {
+    progress("graph, kernels", ks[i]);
+    ruda_graph *g;
+    CHECK(ruda_graph_begin_capture(dev, 0));
+    for (int k = 0; k < ks[i]; k++) launch_on(0, "rb_empty", NULL);
+    CHECK(ruda_graph_end_capture(dev, 0, &g));
+    CHECK(ruda_graph_replay(dev, 0, g)); /* the first replay captures on the worker */
+    CHECK(ruda_sync(dev, 0, NULL));
+    uint64_t t0 = now_ns();
+    for (int r = 0; r < replays; r++) CHECK(ruda_graph_replay(dev, 0, g));
+    CHECK(ruda_sync(dev, 0, NULL));
+    double per = (double)(now_ns() - t0) / 1e3 / ((double)replays * ks[i]);
+    CHECK(ruda_graph_destroy(dev, g));
+    t0 = now_ns();
+    for (int r = 0; r < replays; r++)
+      for (int k = 0; k < ks[i]; k++) launch_on(0, "rb_empty", NULL);
+    CHECK(ruda_sync(dev, 0, NULL));
+    double one = (double)(now_ns() - t0) / 1e3 / ((double)replays * ks[i]);
+    add("graph", "replayed", ks[i], per, "us/kernel");
+    add("graph", "one by one", ks[i], one, "us/kernel");
+    fprintf(stderr, "\r");
+    printf("  %7d %14.3f %14.3f\n", ks[i], per, one);
+  }
+}
+
 /* ---- output files ---- */
 
 static void write_files(const char *json, const char *csv, const char *machine, const char *date, int argc,
@@ -304,7 +436,10 @@ static void usage(FILE *f) {
           "  launch   launches/s by client threads, each on its own stream   [-t 1,2,4,8,16] [-n launches]\n"
           "  overlap  kernels of -u us on 1..S streams: achieved concurrency [-s 1,2,4,8,16] [-k kernels] [-u us]\n"
           "  upload   host-to-device GB/s by size                             [-m 1,16,256 (MiB)]\n"
-          "  all      the three with their defaults\n"
+          "  latency  the caller's ns per launch, p50 and p99, one thread       [-n launches]\n"
+          "  alloc    buffer create+free pairs/s by size                      [-a 1,1024 (KiB)] [-n pairs]\n"
+          "  graph    replay of N empty kernels vs one-by-one launches          [-g 10,100 (kernels)]\n"
+          "  all      every one of them with their defaults\n"
           "The raw driver runs beside ruda on the cuda backend. --json/--csv write every figure\n"
           "(tools/plot.py draws the JSON); -q: a short run. The backend is ruda's default (RUDA_BACKEND).\n");
 }
@@ -324,6 +459,7 @@ static int parse_list(const char *s, int *out, int max) {
 int main(int argc, char **argv) {
   const char *json = NULL, *csv = NULL, *sub = NULL;
   int ts[16] = {1, 2, 4, 8, 16}, nt = 5, ss[16] = {1, 2, 4, 8, 16}, nss = 5, mib[16] = {1, 16, 256}, nm = 3;
+  int kib[16] = {1, 1024}, na = 2, gk[16] = {10, 100}, ng = 2;
   long n = 0, k = 0;
   double us = 200;
   for (int i = 1; i < argc; i++) {
@@ -337,6 +473,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "-t") && v) nt = parse_list(argv[++i], ts, 16);
     else if (!strcmp(a, "-s") && v) nss = parse_list(argv[++i], ss, 16);
     else if (!strcmp(a, "-m") && v) nm = parse_list(argv[++i], mib, 16);
+    else if (!strcmp(a, "-a") && v) na = parse_list(argv[++i], kib, 16);
+    else if (!strcmp(a, "-g") && v) ng = parse_list(argv[++i], gk, 16);
     else if (!strcmp(a, "-n") && v) n = atol(argv[++i]);
     else if (!strcmp(a, "-k") && v) k = atol(argv[++i]);
     else if (!strcmp(a, "-u") && v) us = atof(argv[++i]);
@@ -347,11 +485,12 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  int bad = nt < 1 || nss < 1 || nm < 1 || us <= 0;
+  int bad = nt < 1 || nss < 1 || nm < 1 || na < 1 || ng < 1 || us <= 0;
   for (int i = 0; i < nt; i++) bad |= ts[i] > MAXT;
   for (int i = 0; i < nss; i++) bad |= ss[i] > MAXT;
   if (sub == NULL || bad ||
-      (strcmp(sub, "launch") && strcmp(sub, "overlap") && strcmp(sub, "upload") && strcmp(sub, "all"))) {
+      (strcmp(sub, "launch") && strcmp(sub, "overlap") && strcmp(sub, "upload") && strcmp(sub, "latency") &&
+       strcmp(sub, "alloc") && strcmp(sub, "graph") && strcmp(sub, "all"))) {
     if (bad) fprintf(stderr, "ruda-bench: lists take 1..%d, -u a positive duration\n", MAXT);
     usage(stderr);
     return 2;
@@ -395,6 +534,9 @@ int main(int argc, char **argv) {
     if (quick || !on_cuda) nm = 2, mib[0] = 1, mib[1] = 16;
     bench_upload(mib, nm);
   }
+  if (all || !strcmp(sub, "latency")) bench_latency(n > 0 ? (size_t)n : quick || !on_cuda ? 20000 : 200000);
+  if (all || !strcmp(sub, "alloc")) bench_alloc(kib, na, n > 0 ? (size_t)n : quick || !on_cuda ? 6400 : 64000);
+  if (all || !strcmp(sub, "graph")) bench_graph(gk, ng, quick || !on_cuda ? 20 : 200);
   write_files(json, csv, props.name, date, argc, argv);
   ruda_error *errs = NULL;
   int rc = ruda_device_close(dev, &errs);

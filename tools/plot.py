@@ -6,8 +6,10 @@
 One figure per benchmark found in the file, named after it in OUTDIR
 (default: beside the JSON): launch.svg (launches/s by client threads, ruda
 and the raw driver), overlap.svg (achieved kernel concurrency by streams,
-against the ideal line), upload.svg (GB/s by size). Needs matplotlib
-(Debian: python3-matplotlib).
+against the ideal line), upload.svg (GB/s by size), latency.svg (the
+caller's ns per launch, p50 and p99), alloc.svg (create+free pairs/s by
+size), graph.svg (us per kernel replayed vs launched one by one). Needs
+matplotlib (Debian: python3-matplotlib).
 """
 import argparse
 import json
@@ -19,10 +21,15 @@ FIGURES = {
     "launch": ("client threads (one stream each)", "launches/s", True, "Kernel launches per second"),
     "overlap": ("streams with kernels at once", "achieved concurrency", True, "Kernels of several streams at once"),
     "upload": ("MiB per upload", "GB/s", True, "Host-to-device uploads"),
+    "latency": ("percentile", "ns in the launch call", False, "What one launch costs its caller"),
+    "alloc": ("KiB per buffer", "create+free pairs/s", True, "Buffer allocation"),
+    "graph": ("kernels in the graph", "us per kernel", True, "Graph replay against one-by-one launches"),
 }
 STYLE = {"ruda": dict(marker="o", color="#4e79a7"), "raw": dict(marker="s", color="#e15759"),
-         "ideal": dict(linestyle="--", color="#999999")}
-LABEL = {"ruda": "ruda", "raw": "raw driver", "ideal": "ideal"}
+         "ideal": dict(linestyle="--", color="#999999"), "replayed": dict(marker="o", color="#59a14f"),
+         "one by one": dict(marker="s", color="#f28e2b")}
+LABEL = {"ruda": "ruda", "raw": "raw driver", "ideal": "ideal", "replayed": "ruda graph replay",
+         "one by one": "ruda launches one by one"}
 
 
 def main():
@@ -36,7 +43,8 @@ def main():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        sys.exit("plot.py: needs matplotlib (apt-get install python3-matplotlib)")
+        print("plot.py: needs matplotlib (apt-get install python3-matplotlib)", file=sys.stderr)
+        sys.exit(77)  # "skipped" to ctest
     with open(a.results) as f:
         doc = json.load(f)
     outdir = a.outdir or os.path.dirname(os.path.abspath(a.results))
@@ -48,10 +56,20 @@ def main():
         if not rows:
             continue
         fig, ax = plt.subplots(figsize=(6.4, 4.0))
-        for variant in ("ruda", "raw", "ideal"):
+        variants = [v for v in STYLE if any(r["variant"] == v for r in rows)]
+        if bench == "latency":  # bars: p50 and p99 side by side per variant
+            xs = sorted({r["x"] for r in rows})
+            w = 0.8 / len(variants)
+            for i, variant in enumerate(variants):
+                vals = [next((r["value"] for r in rows if r["variant"] == variant and r["x"] == x), 0) for x in xs]
+                ax.bar([j + i * w for j in range(len(xs))], vals, w, label=LABEL[variant],
+                       color=STYLE[variant]["color"])
+            ax.set_xticks([j + w * (len(variants) - 1) / 2 for j in range(len(xs))])
+            ax.set_xticklabels([f"p{x:g}" for x in xs])
+            logx = False
+        for variant in variants if bench != "latency" else ():
             pts = sorted((r["x"], r["value"]) for r in rows if r["variant"] == variant)
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], label=LABEL[variant], **STYLE[variant])
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=LABEL[variant], **STYLE[variant])
         if logx:
             ax.set_xscale("log", base=2)
             xs = sorted({r["x"] for r in rows})
