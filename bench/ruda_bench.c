@@ -332,7 +332,8 @@ static void bench_latency(size_t n) {
 /* ---- alloc: buffer create + free ---- */
 
 static void bench_alloc(const int *kib, int nk, size_t n) {
-  printf("\nalloc: buffer create + free pairs per second on one stream (ruda: its pools; raw: cuMemAlloc/Free)\n");
+  printf("\nalloc: buffer create + free pairs per second on one stream (ruda: its pools; raw: cuMemAllocAsync/"
+         "cuMemFreeAsync, the driver's pool)\n");
   printf("  %7s %14s %14s\n", "KiB", "ruda", on_cuda ? "raw driver" : "-");
   ruda_handle *h = malloc(64 * sizeof *h);
   if (h == NULL) die("malloc", RUDA_ENOMEM);
@@ -349,16 +350,21 @@ static void bench_alloc(const int *kib, int nk, size_t n) {
     add("alloc", "ruda", kib[i], r, "pairs/s");
     double b = 0;
 #ifdef RUDA_BENCH_CUDA
-    if (on_cuda) {
+    if (on_cuda && ruda__cu.cuMemAllocAsync != NULL && ruda__cu.cuMemFreeAsync != NULL) {
+      /* The driver's own pool, stream-ordered: cuMemAllocAsync and
+       * cuMemFreeAsync on one stream, synchronized at the end. */
       CU(ruda__cu.cuCtxSetCurrent(raw_ctx()));
+      CUstream st;
+      CU(ruda__cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
       CUdeviceptr p[64];
-      size_t m = n / 16 > 64 ? n / 16 : 64; /* the raw allocator is slower: fewer pairs */
       t0 = now_ns();
-      for (size_t q = 0; q < m; q += 64) {
-        for (int j = 0; j < 64; j++) CU(ruda__cu.cuMemAlloc(&p[j], bytes));
-        for (int j = 0; j < 64; j++) CU(ruda__cu.cuMemFree(p[j]));
+      for (size_t q = 0; q < n; q += 64) {
+        for (int j = 0; j < 64; j++) CU(ruda__cu.cuMemAllocAsync(&p[j], bytes, st));
+        for (int j = 0; j < 64; j++) CU(ruda__cu.cuMemFreeAsync(p[j], st));
       }
-      b = (double)((m + 63) / 64 * 64) / ((double)(now_ns() - t0) / 1e9);
+      CU(ruda__cu.cuStreamSynchronize(st));
+      b = (double)done / ((double)(now_ns() - t0) / 1e9);
+      CU(ruda__cu.cuStreamDestroy(st));
       add("alloc", "raw", kib[i], b, "pairs/s");
     }
 #endif
