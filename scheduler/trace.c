@@ -33,6 +33,13 @@ struct ruda__trace {
   uint64_t zero_ns;
   uint32_t ntimed;
   int device; /* RUDA_TRACE_DEVICE=1: record device spans */
+  /* Memory over time: device memory the arena holds, sampled by this
+   * worker at most once a millisecond, after a command. */
+  struct {
+    uint64_t t, held;
+  } *samples;
+  uint32_t nsamples, samples_cap;
+  uint64_t last_sample;
 };
 
 #define RUDA__TRACE_INTERNAL UINT64_MAX
@@ -142,6 +149,21 @@ void ruda__trace_begin(ruda__worker *w, const ruda__cmd *cmd) {
   r->queued = cmd->enq_ns != 0 && r->t0 > cmd->enq_ns ? r->t0 - cmd->enq_ns : 0;
 }
 
+static void sample_memory(ruda__worker *w, ruda__trace *t, uint64_t now) {
+  if (now - t->last_sample < 1000000) return;
+  t->last_sample = now;
+  if (t->nsamples == t->samples_cap) {
+    uint32_t cap = t->samples_cap ? 2 * t->samples_cap : 256;
+    if (cap > RUDA__TRACE_MAX) return;
+    __typeof__(t->samples) grown = realloc(t->samples, cap * sizeof *grown);
+    if (grown == NULL) return;
+    t->samples = grown;
+    t->samples_cap = cap;
+  }
+  t->samples[t->nsamples].t = now;
+  t->samples[t->nsamples++].held = atomic_load_explicit(&w->dev->memory.arena.backed, memory_order_relaxed);
+}
+
 void ruda__trace_end(ruda__worker *w, int rc) {
   ruda__trace *t = w->trace;
   if (t->n == t->cap) return; /* dropped at begin */
@@ -149,6 +171,7 @@ void ruda__trace_end(ruda__worker *w, int rc) {
   r->t1 = ruda__now_ns();
   r->rc = rc;
   if (r->ev0 != NULL) r->ev1 = stamp(w);
+  sample_memory(w, t, r->t1);
 }
 
 /* The device span of r in us since the trace's start, from its events;
@@ -227,6 +250,12 @@ static int write_file(ruda_device *dev) {
       }
     }
   }
+  for (uint32_t i = 0; i < dev->nworkers; i++) {
+    const ruda__trace *t = dev->workers[i].trace;
+    for (uint32_t k = 0; k < t->nsamples; k++)
+      fprintf(f, "{\"name\":\"device memory held\",\"ph\":\"C\",\"pid\":1,\"ts\":%.3f,\"args\":{\"MiB\":%.3f}},\n",
+              us_since(t->samples[k].t, dev->trace_start_ns), (double)t->samples[k].held / 1048576.0);
+  }
   /* The last element closes the list without a trailing comma. */
   fprintf(f, "{\"name\":\"dropped\",\"ph\":\"M\",\"pid\":1,\"args\":{\"commands\":%llu}}\n",
           (unsigned long long)dropped);
@@ -249,6 +278,7 @@ void ruda__trace_close(ruda_device *dev, int write) {
       if (t->zero != NULL) dev->ops->event_release(dev->bstate, t->zero);
     }
     free(t->recs);
+    free(t->samples);
     free(t);
     dev->workers[i].trace = NULL;
   }

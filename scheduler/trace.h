@@ -3,8 +3,9 @@
  * ui.perfetto.dev or chrome://tracing): one lane per worker, one span per
  * command named after its kernel or kind, with its stream and command
  * number, bytes for copies, the time it waited from the client's call to
- * its worker (queued_us; commands the client submitted), and an instant
- * event for each failure.
+ * its worker (queued_us; commands the client submitted), an instant
+ * event for each failure, and a counter of the device memory ruda holds
+ * (sampled by each worker at most once a millisecond).
  *
  * Each worker records into its own buffer (written by that worker only, no
  * locks; it grows by doubling); close writes the file once the workers

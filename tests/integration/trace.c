@@ -75,6 +75,10 @@ static void trace_file_shows_streams_overlapping(void **state) {
   const char *fails = strstr(s, "{\"name\":\"fails\"");
   assert_non_null(fails);
   assert_true(test_json_number(fails, "queued_us") >= 20000.0);
+  /* Memory over time: the 4 KiB buffer's pool holds at least a page. */
+  const char *mem = strstr(s, "{\"name\":\"device memory held\",\"ph\":\"C\"");
+  assert_non_null(mem);
+  assert_true(test_json_number(mem, "MiB") > 0.0);
   const char *err = strstr(s, "{\"name\":\"error: RUDA_EINVAL\"");
   assert_non_null(err);
   assert_non_null(strstr(err, "\"stream\":\"stream 1\""));
