@@ -12,6 +12,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 
 #include "base/backend.h"
 #include "base/error.h"
@@ -40,9 +41,15 @@ struct ruda_device {
   char fallback[320]; /* why auto chose host over cuda ("" when it did not) */
   _Atomic int closed;
   ruda__call_slot *calls; /* RUDA__CALL_SLOTS, cache-line aligned */
-  /* RUDA_TRACE (scheduler/trace.h): the file to write at close, or NULL. */
+  /* Tracing (scheduler/trace.h): per-worker buffers and the open file,
+   * or NULL; set and cleared under trace_lock. `tracing` tells clients to
+   * stamp their commands' submit time. */
+  struct ruda__trace **traces;
+  FILE *trace_file;
   char *trace_path;
   uint64_t trace_start_ns;
+  pthread_mutex_t trace_lock;
+  _Atomic int tracing;
   _Atomic int faulted; /* sticky device error: every stream reports it */
   ruda_error *fault;   /* the error that faulted it (set once) */
   ruda__worker *workers;

@@ -38,7 +38,8 @@ typedef enum ruda__cmd_kind {
   RUDA__CMD_WAIT,  /* cross-stream ordering: order after other workers' marks */
   RUDA__CMD_GRAPH, /* replay a captured graph (scheduler/graph.c) */
   RUDA__CMD_STAMP, /* profiling: mark the time the stream reaches this point */
-  RUDA__CMD_COLL   /* a collective or point-to-point transfer (backend op) */
+  RUDA__CMD_COLL,  /* a collective or point-to-point transfer (backend op) */
+  RUDA__CMD_TRACE  /* tracing starts or stops on this worker (scheduler/trace.c) */
 } ruda__cmd_kind;
 
 #define RUDA__MAX_PINS (RUDA_MAX_ARGS + 1)
@@ -86,6 +87,9 @@ typedef struct ruda__cmd {
       struct ruda_graph *g; /* holds a reference until it ran */
     } graph;
     ruda__coll coll;
+    struct {
+      struct ruda__trace *t; /* the worker's buffer from now on, or NULL */
+    } trace;
   } u;
 } ruda__cmd;
 

@@ -79,7 +79,8 @@ static inline __attribute__((always_inline)) int ruda__submit(ruda_device *dev, 
   cmd->stream = s;
   cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
   if (__builtin_expect(dev->cfg.launch_blocking, 0)) ruda__origin_capture(cmd);
-  if (__builtin_expect(dev->trace_path != NULL, 0)) cmd->enq_ns = ruda__now_ns(); /* RUDA_TRACE */
+  if (__builtin_expect(atomic_load_explicit(&dev->tracing, memory_order_relaxed), 0))
+    cmd->enq_ns = ruda__now_ns(); /* tracing: the submit time */
   if (cmd->kind == RUDA__CMD_LAUNCH) { /* the backend names it in fault reports */
     cmd->u.launch.stream = s->id;
     cmd->u.launch.seq = cmd->seq;

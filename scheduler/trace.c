@@ -49,6 +49,7 @@ static const char *const kind_name[] = {
     [RUDA__CMD_LAUNCH] = "launch", [RUDA__CMD_FENCE] = "fence", [RUDA__CMD_SYNC] = "sync",
     [RUDA__CMD_STOP] = "stop",   [RUDA__CMD_MARK] = "mark",   [RUDA__CMD_WAIT] = "wait",
     [RUDA__CMD_GRAPH] = "graph", [RUDA__CMD_STAMP] = "stamp", [RUDA__CMD_COLL] = "collective",
+    [RUDA__CMD_TRACE] = "trace",
 };
 
 const char *ruda__trace_cmd_name(const ruda__cmd *cmd) {
@@ -56,13 +57,17 @@ const char *ruda__trace_cmd_name(const ruda__cmd *cmd) {
   return kind_name[cmd->kind];
 }
 
-void ruda__trace_open(ruda_device *dev) {
-  const char *path = getenv("RUDA_TRACE");
-  if (path == NULL || *path == '\0') return;
-  dev->trace_path = strdup(path);
+static void free_traces(ruda_device *dev);
+
+/* Buffers for every worker and the file, opened now so that a path that
+ * cannot be written fails at once; dev->trace_path etc. set. 0, or
+ * RUDA_EIO / RUDA_ENOMEM (via ruda__fail) with nothing left allocated. */
+static int make_traces(ruda_device *dev, const char *path, const char *fn) {
   const char *dv = getenv("RUDA_TRACE_DEVICE");
   const int device = dv != NULL && *dv != '\0' && *dv != '0';
-  int ok = dev->trace_path != NULL;
+  dev->traces = calloc(dev->nworkers, sizeof *dev->traces);
+  dev->trace_path = strdup(path);
+  int ok = dev->traces != NULL && dev->trace_path != NULL;
   for (uint32_t i = 0; ok && i < dev->nworkers; i++) {
     ruda__trace *t = calloc(1, sizeof *t);
     if (t != NULL) t->recs = malloc(4096 * sizeof *t->recs);
@@ -72,14 +77,30 @@ void ruda__trace_open(ruda_device *dev) {
     }
     t->cap = 4096;
     t->device = device;
-    dev->workers[i].trace = t;
+    dev->traces[i] = t;
   }
   if (!ok) {
-    ruda__log(dev->cfg.log_level, RUDA_LOG_WARN, "RUDA_TRACE: out of host memory; not tracing");
-    ruda__trace_close(dev, 0);
-    return;
+    free_traces(dev);
+    return ruda__fail(RUDA_ENOMEM, "%s: out of host memory for the trace buffers", fn);
+  }
+  if ((dev->trace_file = fopen(path, "w")) == NULL) {
+    free_traces(dev);
+    return ruda__fail(RUDA_EIO, "%s: cannot write the trace file %s", fn, path);
   }
   dev->trace_start_ns = ruda__now_ns();
+  return 0;
+}
+
+void ruda__trace_open(ruda_device *dev) {
+  const char *path = getenv("RUDA_TRACE");
+  if (path == NULL || *path == '\0') return;
+  if (make_traces(dev, path, "RUDA_TRACE") != 0) {
+    ruda__log(dev->cfg.log_level, RUDA_LOG_WARN, "%s; not tracing", ruda_error_message(ruda_last_error()));
+    return;
+  }
+  /* The workers have not started: theirs at once. */
+  for (uint32_t i = 0; i < dev->nworkers; i++) dev->workers[i].trace = dev->traces[i];
+  atomic_store_explicit(&dev->tracing, 1, memory_order_release);
 }
 
 /* Commands that put work on the device, so have a device span. */
@@ -164,8 +185,7 @@ static void sample_memory(ruda__worker *w, ruda__trace *t, uint64_t now) {
   t->samples[t->nsamples++].held = atomic_load_explicit(&w->dev->memory.arena.backed, memory_order_relaxed);
 }
 
-void ruda__trace_end(ruda__worker *w, int rc) {
-  ruda__trace *t = w->trace;
+void ruda__trace_end(ruda__worker *w, ruda__trace *t, int rc) {
   if (t->n == t->cap) return; /* dropped at begin */
   trace_rec *r = &t->recs[t->n++];
   r->t1 = ruda__now_ns();
@@ -201,14 +221,14 @@ static void put_json_string(FILE *f, const char *s) {
 static double us_since(uint64_t t, uint64_t start) { return t >= start ? (double)(t - start) / 1000.0 : 0.0; }
 
 static int write_file(ruda_device *dev) {
-  FILE *f = fopen(dev->trace_path, "w");
-  if (f == NULL) return -1;
+  FILE *f = dev->trace_file;
+  dev->trace_file = NULL;
   uint64_t dropped = 0;
   fputs("{\"traceEvents\":[\n", f);
   for (uint32_t i = 0; i < dev->nworkers; i++) {
     fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":%u,\"args\":{\"name\":\"ruda-w%u\"}},\n",
             i, i);
-    if (dev->workers[i].trace->zero != NULL)
+    if (dev->traces[i]->zero != NULL)
       fprintf(f,
               "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":2,\"tid\":%u,\"args\":{\"name\":\"ruda-w%u stream on the "
               "device\"}},\n",
@@ -219,11 +239,11 @@ static int write_file(ruda_device *dev) {
           "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":2,\"args\":{\"name\":\"device\"}},\n",
           f);
   for (uint32_t i = 0; i < dev->nworkers; i++) {
-    const ruda__trace *t = dev->workers[i].trace;
+    const ruda__trace *t = dev->traces[i];
     dropped += t->dropped;
     for (uint32_t k = 0; k < t->n; k++) {
       const trace_rec *r = &t->recs[k];
-      if (r->kind == RUDA__CMD_STOP || r->kind == RUDA__CMD_FENCE) continue;
+      if (r->kind == RUDA__CMD_STOP || r->kind == RUDA__CMD_FENCE || r->kind == RUDA__CMD_TRACE) continue;
       const char *stream = r->stream == RUDA__TRACE_INTERNAL ? "internal" : RUDA__SNAME(r->stream);
       fputs("{\"name\":\"", f);
       put_json_string(f, r->name);
@@ -251,7 +271,7 @@ static int write_file(ruda_device *dev) {
     }
   }
   for (uint32_t i = 0; i < dev->nworkers; i++) {
-    const ruda__trace *t = dev->workers[i].trace;
+    const ruda__trace *t = dev->traces[i];
     for (uint32_t k = 0; k < t->nsamples; k++)
       fprintf(f, "{\"name\":\"device memory held\",\"ph\":\"C\",\"pid\":1,\"ts\":%.3f,\"args\":{\"MiB\":%.3f}},\n",
               us_since(t->samples[k].t, dev->trace_start_ns), (double)t->samples[k].held / 1048576.0);
@@ -263,12 +283,9 @@ static int write_file(ruda_device *dev) {
   return fclose(f) == 0 ? 0 : -1;
 }
 
-void ruda__trace_close(ruda_device *dev, int write) {
-  if (dev->trace_path == NULL) return;
-  if (write && write_file(dev) != 0)
-    ruda__log(dev->cfg.log_level, RUDA_LOG_WARN, "RUDA_TRACE: cannot write %s", dev->trace_path);
-  for (uint32_t i = 0; i < dev->nworkers; i++) {
-    ruda__trace *t = dev->workers[i].trace;
+static void free_traces(ruda_device *dev) {
+  for (uint32_t i = 0; dev->traces != NULL && i < dev->nworkers; i++) {
+    ruda__trace *t = dev->traces[i];
     if (t == NULL) continue;
     if (dev->ops->event_release != NULL) {
       for (uint32_t k = 0; k < t->n; k++) {
@@ -280,8 +297,89 @@ void ruda__trace_close(ruda_device *dev, int write) {
     free(t->recs);
     free(t->samples);
     free(t);
-    dev->workers[i].trace = NULL;
   }
+  free(dev->traces);
+  dev->traces = NULL;
+  if (dev->trace_file != NULL) fclose(dev->trace_file);
+  dev->trace_file = NULL;
   free(dev->trace_path);
   dev->trace_path = NULL;
+}
+
+void ruda__trace_close(ruda_device *dev, int write) {
+  if (dev->traces == NULL) return;
+  for (uint32_t i = 0; i < dev->nworkers; i++) dev->workers[i].trace = NULL;
+  atomic_store_explicit(&dev->tracing, 0, memory_order_relaxed);
+  if (write && write_file(dev) != 0)
+    ruda__log(dev->cfg.log_level, RUDA_LOG_WARN, "RUDA_TRACE: cannot write %s", dev->trace_path);
+  free_traces(dev);
+}
+
+/* Hands each worker its buffer, or takes it back (stop), in the order of
+ * its queue: a TRACE command, which the worker runs like any other. A stop
+ * waits until every worker ran it; after that no worker writes a buffer.
+ * Pushed outside the queue bound, like close's commands. */
+static int tell_workers(ruda_device *dev, int stop, const char *fn) {
+  ruda_future **f = stop ? calloc(dev->nworkers, sizeof *f) : NULL;
+  if (stop && f == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
+  int rc = 0;
+  for (uint32_t i = 0; i < dev->nworkers && rc == 0; i++) {
+    ruda__cmd *cmd = ruda__cmd_alloc(0);
+    if (cmd != NULL && stop && (f[i] = ruda__future_new(dev, NULL, 0)) == NULL) {
+      ruda__cmd_free(cmd);
+      cmd = NULL;
+    }
+    if (cmd == NULL) {
+      rc = ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
+      break;
+    }
+    cmd->kind = RUDA__CMD_TRACE;
+    cmd->stream = NULL; /* the device's own command */
+    cmd->seq = 0;
+    cmd->u.trace.t = stop ? NULL : dev->traces[i];
+    cmd->future = stop ? f[i] : NULL;
+    ruda__queue_push_unbounded(&dev->workers[i], cmd);
+  }
+  for (uint32_t i = 0; stop && i < dev->nworkers; i++) {
+    if (f[i] == NULL) continue;
+    ruda_future_wait(f[i], NULL);
+    ruda_future_free(f[i]);
+  }
+  free(f);
+  return rc;
+}
+
+int ruda__trace_start(ruda_device *dev, const char *path, const char *fn) {
+  pthread_mutex_lock(&dev->trace_lock);
+  int rc = 0;
+  if (dev->traces != NULL)
+    rc = ruda__fail(RUDA_EBUSY, "%s: already tracing to %s (ruda_trace_stop first)", fn, dev->trace_path);
+  else if ((rc = make_traces(dev, path, fn)) == 0) {
+    atomic_store_explicit(&dev->tracing, 1, memory_order_release);
+    if ((rc = tell_workers(dev, 0, fn)) != 0) { /* some may have it: take it back */
+      tell_workers(dev, 1, fn);
+      atomic_store_explicit(&dev->tracing, 0, memory_order_relaxed);
+      free_traces(dev);
+    }
+  }
+  pthread_mutex_unlock(&dev->trace_lock);
+  return rc;
+}
+
+int ruda__trace_stop(ruda_device *dev, const char *fn) {
+  pthread_mutex_lock(&dev->trace_lock);
+  int rc = 0;
+  if (dev->traces == NULL) {
+    rc = ruda__fail(RUDA_EINVAL, "%s: not tracing", fn);
+  } else {
+    atomic_store_explicit(&dev->tracing, 0, memory_order_relaxed);
+    if ((rc = tell_workers(dev, 1, fn)) == 0) {
+      char path[512];
+      snprintf(path, sizeof path, "%s", dev->trace_path);
+      if (write_file(dev) != 0) rc = ruda__fail(RUDA_EIO, "%s: writing the trace file %s failed", fn, path);
+      free_traces(dev);
+    }
+  }
+  pthread_mutex_unlock(&dev->trace_lock);
+  return rc;
 }

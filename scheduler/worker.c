@@ -27,6 +27,7 @@ static const char *cmd_name(int kind) {
     case RUDA__CMD_GRAPH: return "graph_replay";
     case RUDA__CMD_STAMP: return "profile";
     case RUDA__CMD_COLL: return "collective";
+    case RUDA__CMD_TRACE: return "trace";
     default: return "stop";
   }
 }
@@ -109,12 +110,16 @@ int ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
     case RUDA__CMD_COLL:
       rc = ops->collective(w->wstate, cmd->u.coll.rank_handle, &cmd->u.coll, &err);
       break;
+    case RUDA__CMD_TRACE:
+      w->trace = cmd->u.trace.t;
+      break;
     case RUDA__CMD_FENCE:
     case RUDA__CMD_STOP:
       break;
   }
   if (__builtin_expect(dev->cfg.launch_blocking, 0) && rc == 0 && cmd->kind != RUDA__CMD_MARK &&
-      cmd->kind != RUDA__CMD_WAIT && cmd->kind != RUDA__CMD_STOP && cmd->kind != RUDA__CMD_FENCE)
+      cmd->kind != RUDA__CMD_WAIT && cmd->kind != RUDA__CMD_STOP && cmd->kind != RUDA__CMD_FENCE &&
+      cmd->kind != RUDA__CMD_TRACE)
     rc = wait_for_device(w, &err);
   if (rc != 0) report(w, cmd, rc, err);
   for (uint32_t i = 0; i < cmd->npins; i++)
@@ -157,11 +162,14 @@ static int queue_nonempty(const void *p) {
 static void execute_observed(ruda__worker *w, ruda__cmd *cmd, int stats, int nvtx) {
   const uint8_t kind = cmd->kind;
   const uint64_t t0 = stats ? ruda__now_ns() : 0;
-  if (w->trace != NULL) ruda__trace_begin(w, cmd);
+  /* Not the TRACE command itself: its future (a stop) hands the buffer to
+   * the client the moment it completes, inside ruda__execute. */
+  ruda__trace *t = kind == RUDA__CMD_TRACE ? NULL : w->trace;
+  if (t != NULL) ruda__trace_begin(w, cmd);
   if (nvtx) ruda__nvtx_begin(cmd);
   int rc = ruda__execute(w, cmd);
   if (nvtx) ruda__nvtx_end();
-  if (w->trace != NULL) ruda__trace_end(w, rc);
+  if (t != NULL) ruda__trace_end(w, t, rc);
   if (stats) {
     w->stats.ns[kind] += ruda__now_ns() - t0;
     w->stats.n[kind]++;

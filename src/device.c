@@ -138,6 +138,7 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   ruda__handles_init(&dev->handles);
   ruda__streams_init(&dev->streams);
   pthread_mutex_init(&dev->graph_lock, NULL);
+  pthread_mutex_init(&dev->trace_lock, NULL);
   dev->kernels = ruda__kernels_new();
   dev->nworkers = cfg.num_streams;
   dev->workers = aligned_alloc(RUDA__CACHELINE, sizeof(ruda__worker) * dev->nworkers);
@@ -173,6 +174,7 @@ fail:
   ruda__streams_destroy(&dev->streams);
   ruda__handles_destroy(&dev->handles);
   pthread_mutex_destroy(&dev->graph_lock);
+  pthread_mutex_destroy(&dev->trace_lock);
   dev->ops->close(dev->bstate);
   free(dev);
   return rc;
@@ -235,6 +237,7 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
   /* Graphs hold pins and backend objects: before handles and context. */
   ruda__graphs_close(dev);
   pthread_mutex_destroy(&dev->graph_lock);
+  pthread_mutex_destroy(&dev->trace_lock);
   ruda__handles_destroy(&dev->handles);
   ruda__memory_destroy(&dev->memory);
   ruda__fences_destroy(dev);

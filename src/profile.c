@@ -10,6 +10,7 @@
 #include "scheduler/device.h"
 #include "scheduler/nvtx.h"
 #include "scheduler/submit.h"
+#include "scheduler/trace.h"
 #include "src/api.h"
 
 typedef struct ruda__profile {
@@ -122,3 +123,16 @@ int ruda_range_push(const char *name) {
 }
 
 void ruda_range_pop(void) { ruda__nvtx_range_pop(); }
+
+int ruda_trace_start(ruda_device *dev, const char *path) {
+  static const char fn[] = "ruda_trace_start";
+  RUDA__CHECK_DEV(dev, fn);
+  if (path == NULL || *path == '\0') return ruda__fail(RUDA_EINVAL, "%s: path is %s", fn, path ? "empty" : "NULL");
+  return ruda__trace_start(dev, path, fn);
+}
+
+int ruda_trace_stop(ruda_device *dev) {
+  static const char fn[] = "ruda_trace_stop";
+  RUDA__CHECK_DEV(dev, fn);
+  return ruda__trace_stop(dev, fn);
+}

@@ -517,6 +517,23 @@ RUDA_EXTERN int ruda_profile_begin(ruda_device *dev, ruda_stream_id stream, ruda
 RUDA_EXTERN int ruda_profile_end(ruda_device *dev, ruda_stream_id stream, ruda_profile_token token, uint64_t *ns,
                                  ruda_error **errors);
 
+/* A timeline of what every worker runs, written as Chrome trace-event JSON
+ * (open it in ui.perfetto.dev or chrome://tracing; tools/trace_svg.py
+ * draws it): one lane per worker, a span per command named after its
+ * kernel, with its stream, command number, bytes and time queued; failures
+ * as instant events; the device memory ruda holds over time; with
+ * RUDA_TRACE_DEVICE=1 in the environment, device spans from timing events
+ * (costly: docs/benchmarks.md). Setting RUDA_TRACE=path traces from open to
+ * close. ruda_trace_start opens path for writing now (RUDA_EIO if it
+ * cannot) and starts tracing each worker from the commands queued after
+ * this call; RUDA_EBUSY while tracing. ruda_trace_stop waits until every
+ * worker has stopped (the commands queued before it ran), writes the file
+ * and closes it; RUDA_EINVAL when not tracing, RUDA_EIO if the write
+ * failed. Thread-safe; stop blocks. */
+RUDA_EXTERN int ruda_trace_start(ruda_device *dev, const char *path);
+/* Ends what ruda_trace_start (or RUDA_TRACE) began and writes the file. */
+RUDA_EXTERN int ruda_trace_stop(ruda_device *dev);
+
 /* NVTX ranges on the calling thread, in the domain "ruda" where ruda's
  * workers put a range per command (kernel name, stream as category). They
  * show in Nsight Systems or any NVTX tool; ranges are emitted only while

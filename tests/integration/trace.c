@@ -113,11 +113,60 @@ static void unwritable_path_is_a_warning(void **state) {
   assert_rc(ruda_device_close(dev, NULL), 0);
 }
 
+/* ruda_trace_start / stop: a window of the run, on a device opened
+ * without RUDA_TRACE; misuse refused with its code. */
+static void start_and_stop_trace_a_window(void **state) {
+  (void)state;
+  unsetenv("RUDA_TRACE");
+  char path[] = "/tmp/ruda-trace-window-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  ruda_device *dev = test_open(2, 1024, RUDA_BACKPRESSURE_BLOCK);
+  assert_ok(ruda_host_kernel_register(dev, "before", nap_kernel));
+  assert_ok(ruda_host_kernel_register(dev, "inside", nap_kernel));
+  assert_ok(ruda_host_kernel_register(dev, "after", nap_kernel));
+  assert_rc(ruda_trace_stop(dev), RUDA_EINVAL); /* not tracing */
+  assert_rc(ruda_trace_start(dev, NULL), RUDA_EINVAL);
+  assert_rc(ruda_trace_start(dev, "/nonexistent-dir/trace.json"), RUDA_EIO);
+  assert_last_error_contains("/nonexistent-dir/trace.json");
+  assert_ok(test_launch(dev, 0, "before", NULL, 0));
+  assert_ok(ruda_trace_start(dev, path));
+  assert_rc(ruda_trace_start(dev, path), RUDA_EBUSY);
+  assert_ok(test_launch(dev, 0, "inside", NULL, 0));
+  assert_ok(test_launch(dev, 1, "inside", NULL, 0));
+  assert_ok(ruda_trace_stop(dev)); /* waits for both insides */
+  assert_ok(test_launch(dev, 1, "after", NULL, 0));
+  char *s = test_slurp(path);
+  assert_null(strstr(s, "{\"name\":\"before\""));
+  assert_null(strstr(s, "{\"name\":\"after\""));
+  const char *in = strstr(s, "{\"name\":\"inside\"");
+  assert_non_null(in);
+  assert_non_null(strstr(in + 1, "{\"name\":\"inside\"")); /* both streams */
+  free(s);
+  /* Again, after a stop. */
+  assert_ok(ruda_trace_start(dev, path));
+  assert_ok(test_launch(dev, 0, "after", NULL, 0));
+  assert_ok(ruda_trace_stop(dev));
+  s = test_slurp(path);
+  assert_non_null(strstr(s, "{\"name\":\"after\""));
+  free(s);
+  /* Still tracing at close: close writes it, as for RUDA_TRACE. */
+  assert_ok(ruda_trace_start(dev, path));
+  assert_ok(test_launch(dev, 1, "before", NULL, 0));
+  test_close(dev);
+  s = test_slurp(path);
+  assert_non_null(strstr(s, "{\"name\":\"before\""));
+  free(s);
+  unlink(path);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(trace_file_shows_streams_overlapping),
       cmocka_unit_test(no_trace_without_the_variable),
       cmocka_unit_test(unwritable_path_is_a_warning),
+      cmocka_unit_test(start_and_stop_trace_a_window),
   };
   return test_main("integration_trace", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
