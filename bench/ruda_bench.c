@@ -3,7 +3,7 @@
  * driver in the same run (cuda backend), with a table on stdout, progress
  * on stderr, and --json / --csv for tools/plot.py.
  *
- *   ruda-bench [--json FILE] [--csv FILE] [-q] SUBCOMMAND [options]
+ *   ruda-bench [--json FILE] [--csv FILE] [--plot DIR] [-q] SUBCOMMAND [options]
  *     launch   launches/s by client threads, each on its own stream
  *     overlap  kernels of a chosen duration on 1..S streams at once:
  *              achieved concurrency (busy kernel time / wall) vs ideal
@@ -12,18 +12,24 @@
  *     alloc    buffer create+free pairs per second by size
  *     graph    a graph of N empty kernels replayed: us per kernel, beside
  *              the same kernels launched one by one
+ *     serve    request round trips by threads: upload 64 KiB, one kernel,
+ *              download 512 B, wait (bench_serve is the full study)
  *     all      every one of them
  *
  * On the host backend (no GPU) kernels are host functions (the spin kernel
  * busy-waits its duration), there is no raw column, and the run says so.
- * Serving round trips are bench_serve's (docs/benchmarks.md). */
+ * bench_serve is the full serving study (docs/benchmarks.md). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ruda/ruda.h"
 #define BENCH_NAME "ruda-bench"
@@ -73,6 +79,10 @@ static void progress(const char *what, double x) {
 
 static const char SRC[] =
     "extern \"C\" __global__ void rb_empty() {}\n"
+    "extern \"C\" __global__ void rb_twice(const float *x, float *y) {\n"
+    "  unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "  if (i < 128) y[i] = 2.0f * x[i];\n"
+    "}\n"
     "extern \"C\" __global__ void rb_spin(unsigned long long ns) {\n"
     "  unsigned long long t0, t;\n"
     "  asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t0));\n"
@@ -90,6 +100,14 @@ static int host_spin(const ruda_host_ctx *c, void *const *a) {
   const uint64_t ns = *(const uint64_t *)a[0], t0 = now_ns();
   while (now_ns() - t0 < ns) {
   }
+  return 0;
+}
+
+static int host_twice(const ruda_host_ctx *c, void *const *a) {
+  (void)c;
+  const float *x = a[0];
+  float *y = a[1];
+  for (int i = 0; i < 128; i++) y[i] = 2.0f * x[i];
   return 0;
 }
 
@@ -408,6 +426,139 @@ static void bench_graph(const int *ks, int nk, int replays) {
   }
 }
 
+/* ---- serve: request round trips ---- */
+
+enum { REQ_IN = 16384, REQ_OUT = 128 }; /* floats: 64 KiB in, 512 B out */
+
+typedef struct serve_job {
+  int index, raw;
+  size_t n;
+  uint64_t *lat;
+  pthread_barrier_t *go;
+  _Atomic int *wrong;
+} serve_job;
+
+static void *run_serve(void *p) {
+  serve_job *j = p;
+  ruda_stream_id s = (ruda_stream_id)j->index;
+  float *in = malloc(REQ_IN * sizeof *in), out[REQ_OUT];
+  if (in == NULL) die("malloc", RUDA_ENOMEM);
+  for (int i = 0; i < REQ_IN; i++) in[i] = (float)(i % 97) + (float)j->index;
+#ifdef RUDA_BENCH_CUDA
+  CUstream st = NULL;
+  CUdeviceptr dx = 0, dy = 0;
+  float *hin = NULL, *hout = NULL;
+  CUfunction fn = NULL;
+  void *params[2] = {&dx, &dy};
+  if (j->raw) { /* page-locked buffers, as a tuned raw loop has */
+    CU(ruda__cu.cuCtxSetCurrent(raw_ctx()));
+    CU(ruda__cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+    CU(ruda__cu.cuMemAlloc(&dx, REQ_IN * sizeof(float)));
+    CU(ruda__cu.cuMemAlloc(&dy, REQ_OUT * sizeof(float)));
+    CU(ruda__cu.cuMemHostAlloc((void **)&hin, REQ_IN * sizeof(float), 0));
+    CU(ruda__cu.cuMemHostAlloc((void **)&hout, REQ_OUT * sizeof(float), 0));
+    memcpy(hin, in, REQ_IN * sizeof(float));
+    fn = raw_fn("rb_twice");
+  }
+#endif
+  ruda_handle x = {0, 0}, y = {0, 0};
+  if (!j->raw) {
+    CHECK(ruda_buffer_create(dev, s, REQ_IN * sizeof(float), &x));
+    CHECK(ruda_buffer_create(dev, s, REQ_OUT * sizeof(float), &y));
+    CHECK(ruda_sync(dev, s, NULL));
+  }
+  ruda_copy_desc xd = ruda_copy_contiguous(ruda_bind(x)), yd = ruda_copy_contiguous(ruda_bind(y));
+  ruda_arg a[2] = {ruda_arg_in(ruda_bind(x)), ruda_arg_out(ruda_bind(y))};
+  ruda_launch_desc l = {.kernel = "rb_twice", .grid = {1, 1, 1}, .block = {on_cuda ? 128 : 1, 1, 1}, .args = a,
+                        .nargs = 2};
+  pthread_barrier_wait(j->go);
+  for (size_t r = 0; r < j->n; r++) {
+    uint64_t t0 = now_ns();
+    const float *got = out;
+#ifdef RUDA_BENCH_CUDA
+    if (j->raw) {
+      CU(ruda__cu.cuMemcpyHtoDAsync(dx, hin, REQ_IN * sizeof(float), st));
+      CU(ruda__cu.cuLaunchKernel(fn, 1, 1, 1, 128, 1, 1, 0, st, params, NULL));
+      CU(ruda__cu.cuMemcpyDtoHAsync(hout, dy, REQ_OUT * sizeof(float), st));
+      CU(ruda__cu.cuStreamSynchronize(st));
+      got = hout;
+    } else
+#endif
+    {
+      ruda_future *f = NULL;
+      CHECK(ruda_write(dev, s, &xd, in, REQ_IN * sizeof(float)));
+      CHECK(ruda_launch(dev, s, &l));
+      CHECK(ruda_read(dev, s, &yd, out, sizeof out, &f));
+      CHECK(ruda_future_wait(f, NULL));
+      ruda_future_free(f);
+    }
+    j->lat[r] = now_ns() - t0;
+    if (got[REQ_OUT - 1] != 2.0f * in[REQ_OUT - 1]) atomic_store(j->wrong, 1);
+  }
+#ifdef RUDA_BENCH_CUDA
+  if (j->raw) {
+    CU(ruda__cu.cuMemFreeHost(hin));
+    CU(ruda__cu.cuMemFreeHost(hout));
+    CU(ruda__cu.cuMemFree(dx));
+    CU(ruda__cu.cuMemFree(dy));
+    CU(ruda__cu.cuStreamDestroy(st));
+  }
+#endif
+  if (!j->raw) {
+    CHECK(ruda_buffer_free(dev, s, x));
+    CHECK(ruda_buffer_free(dev, s, y));
+  }
+  free(in);
+  return NULL;
+}
+
+/* Requests/s and p50 latency (us) of `threads` threads doing n round trips. */
+static void serve_run(int threads, int raw, size_t n, double *rps, double *p50) {
+  pthread_barrier_t go;
+  pthread_barrier_init(&go, NULL, (unsigned)threads + 1);
+  serve_job j[MAXT];
+  pthread_t t[MAXT];
+  uint64_t *lat = malloc((size_t)threads * n * sizeof *lat);
+  _Atomic int wrong = 0;
+  if (lat == NULL) die("malloc", RUDA_ENOMEM);
+  for (int i = 0; i < threads; i++) {
+    j[i] = (serve_job){i, raw, n, lat + (size_t)i * n, &go, &wrong};
+    if (pthread_create(&t[i], NULL, run_serve, &j[i]) != 0) die("pthread_create", RUDA_EINVAL);
+  }
+  pthread_barrier_wait(&go);
+  uint64_t t0 = now_ns();
+  for (int i = 0; i < threads; i++) pthread_join(t[i], NULL);
+  *rps = (double)threads * (double)n / ((double)(now_ns() - t0) / 1e9);
+  qsort(lat, (size_t)threads * n, sizeof *lat, cmp_u64);
+  *p50 = (double)lat[(size_t)threads * n / 2] / 1e3;
+  free(lat);
+  pthread_barrier_destroy(&go);
+  if (atomic_load(&wrong)) {
+    fprintf(stderr, "ruda-bench: serve: a %s result was wrong\n", raw ? "raw" : "ruda");
+    exit(1);
+  }
+}
+
+static void bench_serve(const int *ts, int nt, size_t n) {
+  printf("\nserve: each thread on its own stream: upload 64 KiB, one kernel, download 512 B, wait; results checked"
+         " (requests/s, p50 us)\n");
+  printf("  %7s %14s %8s %14s %8s %8s\n", "threads", "ruda", "p50", on_cuda ? "raw driver" : "-", on_cuda ? "p50" : "",
+         on_cuda ? "ratio" : "");
+  for (int i = 0; i < nt; i++) {
+    progress("serve, threads", ts[i]);
+    double r, rp, b = 0, bp = 0;
+    serve_run(ts[i], 0, n, &r, &rp);
+    add("serve", "ruda", ts[i], r, "requests/s");
+    if (on_cuda) {
+      serve_run(ts[i], 1, n, &b, &bp);
+      add("serve", "raw", ts[i], b, "requests/s");
+    }
+    fprintf(stderr, "\r");
+    if (on_cuda) printf("  %7d %14.0f %8.1f %14.0f %8.1f %8.3f\n", ts[i], r, rp, b, bp, r / b);
+    else printf("  %7d %14.0f %8.1f\n", ts[i], r, rp);
+  }
+}
+
 /* ---- output files ---- */
 
 static void write_files(const char *json, const char *csv, const char *machine, const char *date, int argc,
@@ -436,18 +587,44 @@ static void write_files(const char *json, const char *csv, const char *machine, 
   }
 }
 
+/* --plot: runs ruda-bench-plot (tools/plot.py, installed beside this
+ * program; in the build tree the source's copy) on the JSON. */
+static int draw(const char *json, const char *dir) {
+  char self[4096], script[4200];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  self[n > 0 ? n : 0] = '\0';
+  char *slash = strrchr(self, '/');
+  if (slash != NULL) *slash = '\0';
+  snprintf(script, sizeof script, "%s/ruda-bench-plot", self);
+  if (access(script, X_OK) != 0) snprintf(script, sizeof script, "%s/tools/plot.py", RUDA_SOURCE_DIR);
+  pid_t pid = fork();
+  if (pid == 0) {
+    execlp("python3", "python3", script, json, dir, (char *)NULL);
+    _exit(127);
+  }
+  int st = 0;
+  if (pid < 0 || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    fprintf(stderr, "ruda-bench: drawing the plots failed (%s %s %s); the figures are in %s\n", script, json, dir,
+            json);
+    return 1;
+  }
+  return 0;
+}
+
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: ruda-bench [--json FILE] [--csv FILE] [-q] SUBCOMMAND [options]\n"
+          "usage: ruda-bench [--json FILE] [--csv FILE] [--plot DIR] [-q] SUBCOMMAND [options]\n"
           "  launch   launches/s by client threads, each on its own stream   [-t 1,2,4,8,16] [-n launches]\n"
           "  overlap  kernels of -u us on 1..S streams: achieved concurrency [-s 1,2,4,8,16] [-k kernels] [-u us]\n"
           "  upload   host-to-device GB/s by size                             [-m 1,16,256 (MiB)]\n"
           "  latency  the caller's ns per launch, p50 and p99, one thread       [-n launches]\n"
           "  alloc    buffer create+free pairs/s by size                      [-a 1,1024 (KiB)] [-n pairs]\n"
           "  graph    replay of N empty kernels vs one-by-one launches          [-g 10,100 (kernels)]\n"
+          "  serve    request round trips/s by threads (64 KiB up, a kernel, 512 B down) [-t] [-n]\n"
           "  all      every one of them with their defaults\n"
-          "The raw driver runs beside ruda on the cuda backend. --json/--csv write every figure\n"
-          "(tools/plot.py draws the JSON); -q: a short run. The backend is ruda's default (RUDA_BACKEND).\n");
+          "The raw driver runs beside ruda on the cuda backend. --json/--csv write every figure;\n"
+          "--plot DIR also draws them into DIR (ruda-bench-plot, i.e. tools/plot.py; needs matplotlib).\n"
+          "-q: a short run. The backend is ruda's default (RUDA_BACKEND).\n");
 }
 
 static int parse_list(const char *s, int *out, int max) {
@@ -463,7 +640,8 @@ static int parse_list(const char *s, int *out, int max) {
 }
 
 int main(int argc, char **argv) {
-  const char *json = NULL, *csv = NULL, *sub = NULL;
+  const char *json = NULL, *csv = NULL, *plot = NULL, *sub = NULL;
+  char json_in_plot[4096];
   int ts[16] = {1, 2, 4, 8, 16}, nt = 5, ss[16] = {1, 2, 4, 8, 16}, nss = 5, mib[16] = {1, 16, 256}, nm = 3;
   int kib[16] = {1, 1024}, na = 2, gk[16] = {10, 100}, ng = 2;
   long n = 0, k = 0;
@@ -475,6 +653,7 @@ int main(int argc, char **argv) {
       return 0;
     } else if (!strcmp(a, "--json") && v) json = argv[++i];
     else if (!strcmp(a, "--csv") && v) csv = argv[++i];
+    else if (!strcmp(a, "--plot") && v) plot = argv[++i];
     else if (!strcmp(a, "-q")) quick = 1;
     else if (!strcmp(a, "-t") && v) nt = parse_list(argv[++i], ts, 16);
     else if (!strcmp(a, "-s") && v) nss = parse_list(argv[++i], ss, 16);
@@ -496,7 +675,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < nss; i++) bad |= ss[i] > MAXT;
   if (sub == NULL || bad ||
       (strcmp(sub, "launch") && strcmp(sub, "overlap") && strcmp(sub, "upload") && strcmp(sub, "latency") &&
-       strcmp(sub, "alloc") && strcmp(sub, "graph") && strcmp(sub, "all"))) {
+       strcmp(sub, "alloc") && strcmp(sub, "graph") && strcmp(sub, "serve") && strcmp(sub, "all"))) {
     if (bad) fprintf(stderr, "ruda-bench: lists take 1..%d, -u a positive duration\n", MAXT);
     usage(stderr);
     return 2;
@@ -515,9 +694,11 @@ int main(int argc, char **argv) {
   if (on_cuda) {
     CHECK(ruda_kernel_source(dev, "rb_empty", SRC, NULL));
     CHECK(ruda_kernel_source(dev, "rb_spin", SRC, NULL));
+    CHECK(ruda_kernel_source(dev, "rb_twice", SRC, NULL));
   } else {
     CHECK(ruda_host_kernel_register(dev, "rb_empty", host_empty));
     CHECK(ruda_host_kernel_register(dev, "rb_spin", host_spin));
+    CHECK(ruda_host_kernel_register(dev, "rb_twice", host_twice));
   }
   ruda_device_props props;
   CHECK(ruda_device_get_props(dev, &props));
@@ -543,9 +724,16 @@ int main(int argc, char **argv) {
   if (all || !strcmp(sub, "latency")) bench_latency(n > 0 ? (size_t)n : quick || !on_cuda ? 20000 : 200000);
   if (all || !strcmp(sub, "alloc")) bench_alloc(kib, na, n > 0 ? (size_t)n : quick || !on_cuda ? 6400 : 64000);
   if (all || !strcmp(sub, "graph")) bench_graph(gk, ng, quick || !on_cuda ? 20 : 200);
+  if (all || !strcmp(sub, "serve")) bench_serve(ts, nt, n > 0 && !all ? (size_t)n : quick || !on_cuda ? 200 : 4000);
+  if (plot != NULL && json == NULL) {
+    snprintf(json_in_plot, sizeof json_in_plot, "%s/ruda_bench.json", plot);
+    if (mkdir(plot, 0777) != 0 && errno != EEXIST) die("creating the --plot folder", RUDA_EIO);
+    json = json_in_plot;
+  }
   write_files(json, csv, props.name, date, argc, argv);
+  int plot_rc = plot != NULL ? draw(json, plot) : 0;
   ruda_error *errs = NULL;
   int rc = ruda_device_close(dev, &errs);
   if (rc != 0) die("ruda_device_close", rc);
-  return 0;
+  return plot_rc;
 }

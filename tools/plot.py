@@ -8,7 +8,9 @@ One figure per benchmark found in the file, named after it in OUTDIR
 and the raw driver), overlap.svg (achieved kernel concurrency by streams,
 against the ideal line), upload.svg (GB/s by size), latency.svg (the
 caller's ns per launch, p50 and p99), alloc.svg (create+free pairs/s by
-size), graph.svg (us per kernel replayed vs launched one by one). Needs
+size), graph.svg (us per kernel replayed vs launched one by one),
+serve.svg (request round trips/s by threads). Installed as ruda-bench-plot
+(ruda-bench --plot DIR runs it). Needs
 matplotlib (Debian: python3-matplotlib).
 """
 import argparse
@@ -24,6 +26,8 @@ FIGURES = {
     "latency": ("percentile", "ns in the launch call", False, "What one launch costs its caller"),
     "alloc": ("KiB per buffer", "create+free pairs/s", True, "Buffer allocation"),
     "graph": ("kernels in the graph", "us per kernel", True, "Graph replay against one-by-one launches"),
+    "serve": ("client threads (one stream each)", "requests/s", True,
+              "Request round trips (64 KiB up, a kernel, 512 B down)"),
 }
 STYLE = {"ruda": dict(marker="o", color="#4e79a7"), "raw": dict(marker="s", color="#e15759"),
          "ideal": dict(linestyle="--", color="#999999"), "replayed": dict(marker="o", color="#59a14f"),
