@@ -599,6 +599,7 @@ static int draw(const char *json, const char *dir) {
   if (access(script, X_OK) != 0) snprintf(script, sizeof script, "%s/tools/plot.py", RUDA_SOURCE_DIR);
   pid_t pid = fork();
   if (pid == 0) {
+    dup2(2, 1); /* its list of files goes with the progress, not the table */
     execlp("python3", "python3", script, json, dir, (char *)NULL);
     _exit(127);
   }
