@@ -625,7 +625,8 @@ static void usage(FILE *f) {
           "  all      every one of them with their defaults\n"
           "The raw driver runs beside ruda on the cuda backend. --json/--csv write every figure;\n"
           "--plot DIR also draws them into DIR (ruda-bench-plot, i.e. tools/plot.py; needs matplotlib).\n"
-          "-q: a short run. The backend is ruda's default (RUDA_BACKEND).\n");
+          "-w N: ruda workers (default 64, one per stream the subcommands use; streams share\n"
+          "workers when fewer). -q: a short run. The backend is ruda's default (RUDA_BACKEND).\n");
 }
 
 static int parse_list(const char *s, int *out, int max) {
@@ -645,7 +646,7 @@ int main(int argc, char **argv) {
   char json_in_plot[4096];
   int ts[16] = {1, 2, 4, 8, 16}, nt = 5, ss[16] = {1, 2, 4, 8, 16}, nss = 5, mib[16] = {1, 16, 256}, nm = 3;
   int kib[16] = {1, 1024}, na = 2, gk[16] = {10, 100}, ng = 2;
-  long n = 0, k = 0;
+  long n = 0, k = 0, workers = 0;
   double us = 200;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -662,6 +663,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "-a") && v) na = parse_list(argv[++i], kib, 16);
     else if (!strcmp(a, "-g") && v) ng = parse_list(argv[++i], gk, 16);
     else if (!strcmp(a, "-n") && v) n = atol(argv[++i]);
+    else if (!strcmp(a, "-w") && v) workers = atol(argv[++i]);
     else if (!strcmp(a, "-k") && v) k = atol(argv[++i]);
     else if (!strcmp(a, "-u") && v) us = atof(argv[++i]);
     else if (sub == NULL && a[0] != '-') sub = a;
@@ -671,7 +673,7 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  int bad = nt < 1 || nss < 1 || nm < 1 || na < 1 || ng < 1 || us <= 0;
+  int bad = nt < 1 || nss < 1 || nm < 1 || na < 1 || ng < 1 || us <= 0 || workers < 0 || workers > 4096;
   for (int i = 0; i < nt; i++) bad |= ts[i] > MAXT;
   for (int i = 0; i < nss; i++) bad |= ss[i] > MAXT;
   if (sub == NULL || bad ||
@@ -684,7 +686,7 @@ int main(int argc, char **argv) {
 
   ruda_config cfg;
   ruda_config_init(&cfg);
-  cfg.num_streams = MAXT;
+  cfg.num_streams = workers > 0 ? (uint32_t)workers : MAXT; /* default: a worker per stream used */
   cfg.queue_bound = 1u << 20;
   if (cfg.log_level > RUDA_LOG_WARN) cfg.log_level = RUDA_LOG_WARN;
   CHECK(ruda_device_open(&cfg, &dev));
@@ -706,8 +708,8 @@ int main(int argc, char **argv) {
   char date[64];
   time_t t = time(NULL);
   strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S %Z", localtime(&t));
-  printf("ruda-bench %s: %s, backend %s, %s%s\n", ruda_version(), props.name, ruda_device_backend(dev), date,
-         quick ? ", quick run" : "");
+  printf("ruda-bench %s: %s, backend %s, %u workers, %s%s\n", ruda_version(), props.name, ruda_device_backend(dev),
+         ruda_device_num_streams(dev), date, quick ? ", quick run" : "");
   if (!on_cuda) {
     const char *why = ruda_device_fallback_reason(dev);
     printf("host backend: kernels are host functions and there is no raw driver to compare with%s%s%s\n",
