@@ -20,4 +20,19 @@ static void die(const char *what, int rc) {
     if (rc_ != 0) die(#call, rc_); \
   } while (0)
 
+/* CU(call): a raw driver call of the baseline (through ruda's loader);
+ * failure ends the run with the driver's message. Include the cuda
+ * backend's headers before this one. */
+#ifdef RUDA_CU_LOADER_H
+#define CU(call)                                                                               \
+  do {                                                                                         \
+    CUresult r_ = (call);                                                                      \
+    if (r_ != CUDA_SUCCESS) {                                                                  \
+      char d_[160];                                                                            \
+      fprintf(stderr, "%s: %s: %s\n", BENCH_NAME, #call, ruda__cu_describe(r_, d_, sizeof d_)); \
+      exit(1);                                                                                 \
+    }                                                                                          \
+  } while (0)
+#endif
+
 #endif /* RUDA_BENCH_CHECK_H */

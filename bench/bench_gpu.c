@@ -59,9 +59,9 @@
 #include <x86intrin.h>
 
 #include "ruda/ruda.h"
+#include "backends/cuda/cuda_internal.h"
 #define BENCH_NAME "bench_gpu"
 #include "bench/bench_check.h"
-#include "backends/cuda/cuda_internal.h"
 #include "src/api.h"
 
 /* ---- clocks ---- */
@@ -113,15 +113,6 @@ static void row(const char *section, const char *variant, int threads, const cha
 }
 
 
-#define CU(call)                                                                    \
-  do {                                                                              \
-    CUresult r_ = (call);                                                           \
-    if (r_ != CUDA_SUCCESS) {                                                       \
-      char d_[160];                                                                 \
-      fprintf(stderr, "bench_gpu: %s: %s\n", #call, ruda__cu_describe(r_, d_, sizeof d_)); \
-      exit(1);                                                                      \
-    }                                                                               \
-  } while (0)
 
 static ruda_device *open_dev(uint32_t workers, const char *cache_dir) {
   ruda_config cfg;

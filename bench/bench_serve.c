@@ -50,14 +50,14 @@
 #include <unistd.h>
 
 #include "ruda/ruda.h"
-#define BENCH_NAME "bench_serve"
-#include "bench/bench_check.h"
 
 #ifdef RUDA_BENCH_CUDA
 #include "backends/cuda/cu_loader.h"
 #include "backends/cuda/cuda_internal.h"
 #include "src/api.h"
 #endif
+#define BENCH_NAME "bench_serve"
+#include "bench/bench_check.h"
 
 enum {
   ROWS = 128,
@@ -88,15 +88,6 @@ static int cmp_u64(const void *a, const void *b) {
 
 
 #ifdef RUDA_BENCH_CUDA
-#define CU(call)                                                                             \
-  do {                                                                                       \
-    CUresult r_ = (call);                                                                    \
-    if (r_ != CUDA_SUCCESS) {                                                                \
-      char d_[160];                                                                          \
-      fprintf(stderr, "bench_serve: %s: %s\n", #call, ruda__cu_describe(r_, d_, sizeof d_)); \
-      exit(1);                                                                               \
-    }                                                                                        \
-  } while (0)
 #endif
 
 /* ---- the model: inputs, weights, CPU reference ---- */

@@ -32,13 +32,13 @@
 #include <unistd.h>
 
 #include "ruda/ruda.h"
-#define BENCH_NAME "ruda-bench"
-#include "bench/bench_check.h"
 
 #ifdef RUDA_BENCH_CUDA
 #include "backends/cuda/cuda_internal.h"
 #include "src/api.h"
 #endif
+#define BENCH_NAME "ruda-bench"
+#include "bench/bench_check.h"
 
 #define MAXT 64
 
@@ -118,16 +118,6 @@ static void launch_on(ruda_stream_id s, const char *k, const uint64_t *spin_ns) 
 }
 
 #ifdef RUDA_BENCH_CUDA
-#define CU(call)                                                                            \
-  do {                                                                                      \
-    CUresult r_ = (call);                                                                   \
-    if (r_ != CUDA_SUCCESS) {                                                               \
-      char d_[160];                                                                         \
-      fprintf(stderr, "ruda-bench: %s: %s\n", #call, ruda__cu_describe(r_, d_, sizeof d_)); \
-      exit(1);                                                                              \
-    }                                                                                       \
-  } while (0)
-
 static CUfunction raw_fn(const char *name) { return ((ruda__cu_kernel *)ruda__kernel_find(dev, name)->impl)->fn; }
 
 static CUcontext raw_ctx(void) {
