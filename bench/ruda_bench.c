@@ -14,6 +14,8 @@
  *              the same kernels launched one by one
  *     serve    request round trips by threads: upload 64 KiB, one kernel,
  *              download 512 B, wait (bench_serve is the full study)
+ *     profile  one short kernel timed with profile tokens against raw
+ *              timing events around the same kernel
  *     all      every one of them
  *
  * On the host backend (no GPU) kernels are host functions (the spin kernel
@@ -549,6 +551,69 @@ static void bench_serve(const int *ts, int nt, size_t n) {
   }
 }
 
+/* ---- profile: profile tokens against raw timing events ---- */
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void bench_profile(const int *kus, int nk, int n) {
+  printf("\nprofile: one single-block kernel timed %d times, median us: ruda_profile_begin/end against "
+         "cuEventRecord around cuLaunchKernel\n",
+         n);
+  printf("  %9s %12s %12s %10s\n", "kernel us", "ruda token", on_cuda ? "raw events" : "-", on_cuda ? "ruda - raw" : "");
+  double *t = malloc((size_t)n * sizeof *t);
+  if (t == NULL) die("malloc", RUDA_ENOMEM);
+  for (int i = 0; i < nk; i++) {
+    progress("profile, kernel us", kus[i]);
+    uint64_t ns = (uint64_t)kus[i] * 1000;
+    for (int r = 0; r < n; r++) {
+      ruda_profile_token tok;
+      uint64_t got = 0;
+      CHECK(ruda_profile_begin(dev, 0, &tok));
+      launch_on(0, "rb_spin", &ns);
+      CHECK(ruda_profile_end(dev, 0, tok, &got, NULL));
+      t[r] = (double)got / 1e3;
+    }
+    qsort(t, (size_t)n, sizeof *t, cmp_d);
+    const double ruda = t[n / 2];
+    add("profile", "ruda", kus[i], ruda, "us");
+    double raw = 0;
+#ifdef RUDA_BENCH_CUDA
+    if (on_cuda) {
+      CU(ruda__cu.cuCtxSetCurrent(raw_ctx()));
+      CUstream st;
+      CUevent e0, e1;
+      CU(ruda__cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+      CU(ruda__cu.cuEventCreate(&e0, CU_EVENT_DEFAULT));
+      CU(ruda__cu.cuEventCreate(&e1, CU_EVENT_DEFAULT));
+      CUfunction fn = raw_fn("rb_spin");
+      void *params[1] = {&ns};
+      for (int r = 0; r < n; r++) {
+        float ms = 0;
+        CU(ruda__cu.cuEventRecord(e0, st));
+        CU(ruda__cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, st, params, NULL));
+        CU(ruda__cu.cuEventRecord(e1, st));
+        CU(ruda__cu.cuEventSynchronize(e1));
+        CU(ruda__cu.cuEventElapsedTime(&ms, e0, e1));
+        t[r] = (double)ms * 1e3;
+      }
+      qsort(t, (size_t)n, sizeof *t, cmp_d);
+      raw = t[n / 2];
+      add("profile", "raw", kus[i], raw, "us");
+      CU(ruda__cu.cuEventDestroy(e0));
+      CU(ruda__cu.cuEventDestroy(e1));
+      CU(ruda__cu.cuStreamDestroy(st));
+    }
+#endif
+    fprintf(stderr, "\r");
+    if (on_cuda) printf("  %9d %12.2f %12.2f %10.2f\n", kus[i], ruda, raw, ruda - raw);
+    else printf("  %9d %12.2f\n", kus[i], ruda);
+  }
+  free(t);
+}
+
 /* ---- output files ---- */
 
 static void write_files(const char *json, const char *csv, const char *machine, const char *date, int argc,
@@ -612,6 +677,7 @@ static void usage(FILE *f) {
           "  alloc    buffer create+free pairs/s by size                      [-a 1,1024 (KiB)] [-n pairs]\n"
           "  graph    replay of N empty kernels vs one-by-one launches          [-g 10,100 (kernels)]\n"
           "  serve    request round trips/s by threads (64 KiB up, a kernel, 512 B down) [-t] [-n]\n"
+          "  profile  a short kernel timed by profile tokens vs raw events   [-p 1,2,20 (kernel us)]\n"
           "  all      every one of them with their defaults\n"
           "The raw driver runs beside ruda on the cuda backend. --json/--csv write every figure;\n"
           "--plot DIR also draws them into DIR (ruda-bench-plot, i.e. tools/plot.py; needs matplotlib).\n"
@@ -635,7 +701,7 @@ int main(int argc, char **argv) {
   const char *json = NULL, *csv = NULL, *plot = NULL, *sub = NULL;
   char json_in_plot[4096];
   int ts[16] = {1, 2, 4, 8, 16}, nt = 5, ss[16] = {1, 2, 4, 8, 16}, nss = 5, mib[16] = {1, 16, 256}, nm = 3;
-  int kib[16] = {1, 1024}, na = 2, gk[16] = {10, 100}, ng = 2;
+  int kib[16] = {1, 1024}, na = 2, gk[16] = {10, 100}, ng = 2, pk[16] = {1, 2, 20}, np = 3;
   long n = 0, k = 0, workers = 0;
   double us = 200;
   for (int i = 1; i < argc; i++) {
@@ -652,6 +718,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "-m") && v) nm = parse_list(argv[++i], mib, 16);
     else if (!strcmp(a, "-a") && v) na = parse_list(argv[++i], kib, 16);
     else if (!strcmp(a, "-g") && v) ng = parse_list(argv[++i], gk, 16);
+    else if (!strcmp(a, "-p") && v) np = parse_list(argv[++i], pk, 16);
     else if (!strcmp(a, "-n") && v) n = atol(argv[++i]);
     else if (!strcmp(a, "-w") && v) workers = atol(argv[++i]);
     else if (!strcmp(a, "-k") && v) k = atol(argv[++i]);
@@ -663,12 +730,12 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  int bad = nt < 1 || nss < 1 || nm < 1 || na < 1 || ng < 1 || us <= 0 || workers < 0 || workers > 4096;
+  int bad = nt < 1 || nss < 1 || nm < 1 || na < 1 || ng < 1 || np < 1 || us <= 0 || workers < 0 || workers > 4096;
   for (int i = 0; i < nt; i++) bad |= ts[i] > MAXT;
   for (int i = 0; i < nss; i++) bad |= ss[i] > MAXT;
   if (sub == NULL || bad ||
       (strcmp(sub, "launch") && strcmp(sub, "overlap") && strcmp(sub, "upload") && strcmp(sub, "latency") &&
-       strcmp(sub, "alloc") && strcmp(sub, "graph") && strcmp(sub, "serve") && strcmp(sub, "all"))) {
+       strcmp(sub, "alloc") && strcmp(sub, "graph") && strcmp(sub, "serve") && strcmp(sub, "profile") && strcmp(sub, "all"))) {
     if (bad) fprintf(stderr, "ruda-bench: lists take 1..%d, -u a positive duration\n", MAXT);
     usage(stderr);
     return 2;
@@ -717,6 +784,7 @@ int main(int argc, char **argv) {
   if (all || !strcmp(sub, "latency")) bench_latency(n > 0 ? (size_t)n : quick || !on_cuda ? 20000 : 200000);
   if (all || !strcmp(sub, "alloc")) bench_alloc(kib, na, n > 0 ? (size_t)n : quick || !on_cuda ? 6400 : 64000);
   if (all || !strcmp(sub, "graph")) bench_graph(gk, ng, quick || !on_cuda ? 20 : 200);
+  if (all || !strcmp(sub, "profile")) bench_profile(pk, np, quick || !on_cuda ? 50 : 500);
   if (all || !strcmp(sub, "serve")) bench_serve(ts, nt, n > 0 && !all ? (size_t)n : quick || !on_cuda ? 200 : 4000);
   if (plot != NULL && json == NULL) {
     snprintf(json_in_plot, sizeof json_in_plot, "%s/ruda_bench.json", plot);

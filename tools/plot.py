@@ -26,6 +26,7 @@ FIGURES = {
     "latency": ("percentile", "ns in the launch call", False, "What one launch costs its caller"),
     "alloc": ("KiB per buffer", "create+free pairs/s", True, "Buffer allocation"),
     "graph": ("kernels in the graph", "us per kernel", True, "Graph replay against one-by-one launches"),
+    "profile": ("kernel duration, us", "measured, us (median)", False, "A short kernel timed"),
     "serve": ("client threads (one stream each)", "requests/s", True,
               "Request round trips (64 KiB up, a kernel, 512 B down)"),
 }
