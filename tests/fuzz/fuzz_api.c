@@ -8,6 +8,8 @@
  *   - data: every read, waited at once or later, equals the model's bytes
  *     at the moment it was issued, whatever streams the writers used, so
  *     cross-stream ordering (access modes included) is exact;
+ *   - request graphs: a recorded upload, kernel and download replay with
+ *     new input on any stream and download what the model says;
  *   - errors: each flush or sync of a stream hands back exactly the
  *     kernel failures the model counted on it, none lost, none elsewhere;
  *   - at the end every live buffer equals the model and close is clean.
@@ -127,7 +129,7 @@ static uint32_t launch(fuzz *z, ruda_stream_id s, const char *k, ruda_arg *a, ui
 }
 
 static void step(fuzz *z) {
-  const uint8_t op = next(z) % 12;
+  const uint8_t op = next(z) % 13;
   const ruda_stream_id s = next(z) % NSTREAMS;
   model_buf *b = pick(z);
   ruda_copy_desc d;
@@ -254,6 +256,46 @@ static void step(fuzz *z) {
         for (uint32_t i = 0; i < len; i++) b->data[i] = (unsigned char)(b->data[i] + v);
       }
       CHECK(ruda_graph_destroy(z->dev, g) == 0, "destroy");
+      break;
+    }
+    case 12: { /* a request graph: upload, add, download; replayed with new input */
+      if (!b->live) break;
+      uint32_t v = next(z), len = b->size, times = 1 + next(z) % 3;
+      unsigned char *in = NULL, *out = NULL, stack[MAXB];
+      CHECK(ruda_staging_alloc(z->dev, len, (void **)&in) == 0 && ruda_staging_alloc(z->dev, len, (void **)&out) == 0,
+            "staging");
+      drain(z, s, 1);
+      CHECK(ruda_graph_begin_capture(z->dev, s) == 0, "begin capture");
+      d = ruda_copy_contiguous(ruda_bind(b->h));
+      ruda_future *none = (ruda_future *)&d;
+      CHECK(ruda_read(z->dev, s, &d, stack, len, &none) == RUDA_EINVAL && none == NULL,
+            "a recorded read into ordinary memory was not refused");
+      CHECK(ruda_write_staged(z->dev, s, &d, in, len) == 0, "recorded upload");
+      ruda_arg a[3] = {ruda_arg_buffer(ruda_bind(b->h)), ruda_arg_scalar(&v, 4), ruda_arg_scalar(&len, 4)};
+      CHECK(launch(z, s, "add", a, 3) == 0, "captured launch");
+      CHECK(ruda_read(z->dev, s, &d, out, len, &none) == 0 && none == NULL, "recorded download");
+      ruda_graph *g = NULL;
+      CHECK(ruda_graph_end_capture(z->dev, s, &g) == 0 && ruda_graph_length(g) == 3, "end capture");
+      for (uint32_t t = 0; t < times; t++) {
+        const ruda_stream_id rs = (s + t) % NSTREAMS;
+        memset(in, next(z), len);
+        ruda_future *f = NULL;
+        CHECK(ruda_graph_replay_async(z->dev, rs, g, &f) == 0 && f != NULL, "replay_async");
+        ruda_error *err = NULL;
+        rc = ruda_future_wait(f, &err);
+        int n = count_errors(err);
+        CHECK(rc == 0 || (rc == RUDA_EUNHEALTHY && n > 0), "replay future: %s", ruda_err_name(rc));
+        CHECK(n <= z->errors[rs], "a replay on stream %llu handed back %d errors, %d failed there",
+              (unsigned long long)rs, n, z->errors[rs]);
+        z->errors[rs] -= n;
+        ruda_error_free(err);
+        ruda_future_free(f);
+        for (uint32_t i = 0; i < len; i++) b->data[i] = (unsigned char)(in[i] + v);
+        CHECK(memcmp(out, b->data, len) == 0, "a replay's download differs from the model");
+      }
+      CHECK(ruda_graph_destroy(z->dev, g) == 0, "destroy");
+      /* The blocks must outlive the graph's last replay: it ran (waited). */
+      CHECK(ruda_staging_free(z->dev, in) == 0 && ruda_staging_free(z->dev, out) == 0, "staging free");
       break;
     }
   }
