@@ -19,8 +19,8 @@
  * there kernels of different streams are seen overlapping. Device times
  * are tied to the host clock by one event each worker waits for before its
  * first timed command (a few us of skew between lanes). Timing events are
- * dear under concurrency (serving ran ~10x slower from 4 threads up on an
- * H200, docs/benchmarks.md), hence opt-in. A worker keeps its
+ * dear when several workers record them (docs/benchmarks.md), hence
+ * opt-in. A worker keeps its
  * first RUDA__TRACE_MAX commands and counts the rest as dropped.
  */
 #ifndef RUDA_SCHEDULER_TRACE_H
