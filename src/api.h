@@ -43,7 +43,7 @@ static inline void ruda__call_leave(_Atomic unsigned long **n) {
 /* Counts the enclosing function as a call in progress on dev until it
  * returns; then ruda__closing(dev) says whether close has begun. */
 #define RUDA__IN_CALL(dev) \
-  _Atomic unsigned long *ruda__in_call __attribute__((cleanup(ruda__call_leave))) = ruda__call_enter(dev)
+  _Atomic unsigned long *ruda__in_call __attribute__((cleanup(ruda__call_leave), unused)) = ruda__call_enter(dev)
 static inline int ruda__closing(ruda_device *dev) {
   return atomic_load_explicit(&dev->closed, memory_order_seq_cst);
 }
