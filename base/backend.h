@@ -194,6 +194,12 @@ typedef struct ruda__backend_ops {
    * order the rank issued them. */
   int (*comm_init)(void *const *states, uint32_t n, void **ranks);
   void (*comm_destroy)(void *state, void *rank);
+  /* One rank of a communicator spanning processes (ruda_comm_init_rank):
+   * its handle in *rank; transport may be NULL. Blocking. comm_id fills
+   * the id ranks share (NULL op: none needed). */
+  int (*comm_init_rank)(void *state, uint32_t nranks, uint32_t rank, const ruda_comm_id *id,
+                        const ruda_comm_transport *transport, void **handle);
+  int (*comm_id)(void *state, ruda_comm_id *id);
   int (*collective)(void *wstate, void *rank, const ruda__coll *c, ruda_error **err);
   /* Any thread: a tensor map of d over device memory at addr (blen bytes
    * there). NULL: the backend has none (host). */

@@ -1,4 +1,5 @@
-/* comm.c - collectives between the devices of one process (ruda/comm.h).
+/* comm.c - collectives between devices (ruda/comm.h): of one process
+ * (ruda_comm_init), or one rank each in several (ruda_comm_init_rank).
  *
  * Each rank has a collective stream of its own: a private stream (not in
  * the stream table) on one of its device's workers, so that the rank's
@@ -20,7 +21,9 @@
 #include "src/api.h"
 
 struct ruda_comm {
-  uint32_t n;
+  uint32_t n;      /* ranks in all */
+  uint32_t nlocal; /* ranks in this process: the arrays below */
+  uint32_t base;   /* the rank of devs[0]; the rest follow it */
   ruda_device **devs;
   ruda__stream **streams; /* each rank's collective stream */
   void **ranks;           /* the backend's handle of each rank */
@@ -41,7 +44,7 @@ static int check_dtype(ruda_dtype t, ruda_reduce_op op, const char *fn) {
 
 /* Frees what comm_init made, however far it got (any field may be NULL). */
 static void comm_free(ruda_comm *c) {
-  for (uint32_t r = 0; c->devs != NULL && r < c->n; r++) {
+  for (uint32_t r = 0; c->devs != NULL && r < c->nlocal; r++) {
     ruda_device *dev = c->devs[r];
     if (dev == NULL) continue;
     if (c->ranks != NULL && c->ranks[r] != NULL && dev->ops->comm_destroy != NULL)
@@ -70,7 +73,7 @@ int ruda_comm_init(ruda_device *const *devices, uint32_t n, ruda_comm **out) {
   }
   ruda_comm *c = calloc(1, sizeof *c);
   if (c == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
-  c->n = n;
+  c->n = c->nlocal = n;
   c->devs = calloc(n, sizeof *c->devs);
   c->streams = calloc(n, sizeof *c->streams);
   c->ranks = calloc(n, sizeof *c->ranks);
@@ -106,12 +109,61 @@ nomem:
   return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
 }
 
+int ruda_comm_unique_id(ruda_device *dev, ruda_comm_id *id) {
+  static const char fn[] = "ruda_comm_unique_id";
+  RUDA__CHECK_DEV(dev, fn);
+  if (id == NULL) return ruda__fail(RUDA_EINVAL, "%s: id is NULL", fn);
+  memset(id, 0, sizeof *id);
+  return dev->ops->comm_id != NULL ? dev->ops->comm_id(dev->bstate, id) : 0;
+}
+
+int ruda_comm_init_rank(ruda_device *dev, uint32_t nranks, uint32_t rank, const ruda_comm_id *id,
+                        const ruda_comm_transport *transport, ruda_comm **out) {
+  static const char fn[] = "ruda_comm_init_rank";
+  if (out != NULL) *out = NULL;
+  RUDA__CHECK_DEV(dev, fn);
+  if (out == NULL) return ruda__fail(RUDA_EINVAL, "%s: out is NULL", fn);
+  if (nranks == 0 || rank >= nranks)
+    return ruda__fail(RUDA_EINVAL, "%s: rank %u of %u ranks", fn, rank, nranks);
+  if (transport != NULL && (transport->all_reduce == NULL || transport->send == NULL || transport->recv == NULL))
+    return ruda__fail(RUDA_EINVAL, "%s: the transport lacks all_reduce, send or recv", fn);
+  if (dev->ops->comm_init_rank == NULL)
+    return ruda__fail(RUDA_ENOBACKEND, "%s: the %s backend has no communicators across processes", fn,
+                      dev->ops->name);
+  ruda_comm *c = calloc(1, sizeof *c);
+  if (c == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
+  c->n = nranks;
+  c->nlocal = 1;
+  c->base = rank;
+  c->devs = calloc(1, sizeof *c->devs);
+  c->streams = calloc(1, sizeof *c->streams);
+  c->ranks = calloc(1, sizeof *c->ranks);
+  if (c->devs == NULL || c->streams == NULL || c->ranks == NULL) goto nomem;
+  uint64_t cid = __atomic_fetch_add(&next_comm_id, 1, __ATOMIC_RELAXED);
+  c->devs[0] = dev;
+  c->streams[0] = ruda__stream_private(UINT64_MAX - (1ull << 32) - cid, &dev->workers[cid % dev->nworkers]);
+  if (c->streams[0] == NULL) goto nomem;
+  int rc = dev->ops->comm_init_rank(dev->bstate, nranks, rank, id, transport, &c->ranks[0]);
+  if (rc != 0) {
+    c->ranks[0] = NULL;
+    comm_free(c);
+    return rc;
+  }
+  atomic_fetch_add(&dev->comms, 1);
+  c->live = 1;
+  *out = c;
+  return 0;
+nomem:
+  comm_free(c);
+  return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
+}
+
 uint32_t ruda_comm_size(const ruda_comm *c) { return c ? c->n : 0; }
 
 int ruda_comm_rank(const ruda_comm *c, const ruda_device *dev) {
   if (c == NULL) return -1;
-  for (uint32_t r = 0; r < c->n; r++)
-    if (c->devs[r] == dev) return (int)r;
+  for (uint32_t r = 0; r < c->nlocal; r++)
+    if (c->devs[r] == dev) return (int)(c->base + r);
   return -1;
 }
 
@@ -120,7 +172,7 @@ static int rank_of(ruda_comm *c, ruda_device *dev, const char *fn, uint32_t *ran
   RUDA__CHECK_DEV(dev, fn);
   int r = ruda_comm_rank(c, dev);
   if (r < 0) return ruda__fail(RUDA_EINVAL, "%s: the device is not a rank of this communicator", fn);
-  *rank = (uint32_t)r;
+  *rank = (uint32_t)r - c->base; /* the index of its arrays */
   return 0;
 }
 
@@ -141,7 +193,7 @@ int ruda_comm_destroy(ruda_comm *c) {
   if (c == NULL) return ruda__fail(RUDA_EINVAL, "ruda_comm_destroy: communicator is NULL");
   int rc = 0;
   /* The devices must still be open (ruda/comm.h): a closed one is freed. */
-  for (uint32_t r = 0; r < c->n; r++) {
+  for (uint32_t r = 0; r < c->nlocal; r++) {
     ruda_error *errs = NULL;
     int x = ruda_comm_sync(c, c->devs[r], &errs);
     ruda_error_free(errs);
@@ -205,7 +257,8 @@ int ruda_all_reduce(ruda_comm *c, ruda_device *dev, ruda_binding src, ruda_bindi
     return ruda__fail(RUDA_EINVAL, "%s: the %s binding starts at offset %llu, not a multiple of the %zu-byte element",
                       fn, sa % es ? "src" : "dst", (unsigned long long)(sa % es ? src.offset : dst.offset), es);
   }
-  ruda__coll k = {c->ranks[r], RUDA__COLL_ALL_REDUCE, r, r, (uint32_t)dtype, (uint32_t)op, sa, da, sl / es, dl};
+  const uint32_t me = c->base + r;
+  ruda__coll k = {c->ranks[r], RUDA__COLL_ALL_REDUCE, me, me, (uint32_t)dtype, (uint32_t)op, sa, da, sl / es, dl};
   if ((rc = issue(c, r, &k, pins, 2, &o, fn)) != 0) {
     ruda__order_abandon(&o);
     unpin_all(dev, pins, 2);
@@ -217,8 +270,8 @@ static int p2p(ruda_comm *c, ruda_device *dev, ruda_binding b, uint32_t peer, ui
   uint32_t r = 0;
   int rc = rank_of(c, dev, fn, &r);
   if (rc != 0) return rc;
-  if (peer >= c->n || peer == r)
-    return ruda__fail(RUDA_EINVAL, "%s: peer %u is %s (ranks 0..%u)", fn, peer, peer == r ? "this rank" : "no rank",
+  if (peer >= c->n || peer == c->base + r)
+    return ruda__fail(RUDA_EINVAL, "%s: peer %u is %s (ranks 0..%u)", fn, peer, peer == c->base + r ? "this rank" : "no rank",
                       c->n - 1);
   ruda__order o;
   ruda__order_init(&o);
@@ -228,7 +281,8 @@ static int p2p(ruda_comm *c, ruda_device *dev, ruda_binding b, uint32_t peer, ui
                               kind == RUDA__COLL_SEND ? RUDA__USE_READ : RUDA__USE_WRITE)) != 0)
     return rc;
   uint32_t slot = b.handle.slot;
-  ruda__coll k = {c->ranks[r], kind, r, peer, 0, 0, kind == RUDA__COLL_SEND ? a : 0, kind == RUDA__COLL_RECV ? a : 0, l, l};
+  ruda__coll k = {c->ranks[r],      kind, c->base + r, peer, 0, 0, kind == RUDA__COLL_SEND ? a : 0,
+                  kind == RUDA__COLL_RECV ? a : 0, l, l};
   if ((rc = issue(c, r, &k, &slot, 1, &o, fn)) != 0) {
     ruda__order_abandon(&o);
     unpin_all(dev, &slot, 1);

@@ -28,6 +28,10 @@ apt_install() {
 }
 
 apt_install build-essential cmake pkg-config liburcu-dev libck-dev libjemalloc-dev libcmocka-dev clang
+# Open MPI: libruda_mpi and its multi-process tests (optional to the build).
+if [ "${RUDA_MPI:-1}" != 0 ] && apt-cache show libopenmpi-dev >/dev/null 2>&1; then
+  apt_install libopenmpi-dev openmpi-bin
+fi
 
 # The driver's CUDA version as major (0: no driver).
 driver_cuda_major() {

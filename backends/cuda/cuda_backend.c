@@ -758,6 +758,8 @@ static const ruda__backend_ops cuda_ops = {
     .elapsed = cu_elapsed,
     .comm_init = ruda__cu_comm_init,
     .comm_destroy = ruda__cu_comm_destroy,
+    .comm_init_rank = ruda__cu_comm_init_rank,
+    .comm_id = ruda__cu_comm_id,
     .collective = ruda__cu_collective,
     .tensor_map = ruda__cu_tensor_map,
 };

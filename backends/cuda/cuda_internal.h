@@ -167,6 +167,10 @@ int ruda__cu_comm_init(void *const *states, uint32_t n, void **ranks);
 int ruda__cu_tensor_map(void *state, const ruda_tensor_map_desc *d, uint64_t addr, uint64_t blen,
                         ruda_tensor_map *out);
 void ruda__cu_comm_destroy(void *state, void *rank);
+/* Ranks in several processes: NCCL's unique id and ncclCommInitRank. */
+int ruda__cu_comm_id(void *state, ruda_comm_id *id);
+int ruda__cu_comm_init_rank(void *state, uint32_t nranks, uint32_t rank, const ruda_comm_id *id,
+                            const ruda_comm_transport *transport, void **handle);
 int ruda__cu_collective(void *wstate, void *rank, const ruda__coll *c, ruda_error **err);
 
 /* cuda_compile.c */

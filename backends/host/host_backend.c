@@ -308,5 +308,6 @@ const ruda__backend_ops ruda__host_backend = {
     .launch_check = host_launch_check,
     .comm_init = ruda__host_comm_init,
     .comm_destroy = ruda__host_comm_destroy,
+    .comm_init_rank = ruda__host_comm_init_rank,
     .collective = ruda__host_collective,
 };

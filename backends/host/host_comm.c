@@ -54,10 +54,13 @@ typedef struct host_exchange {
   char *broken;
 } host_exchange;
 
-/* A rank's handle: its exchange. */
+/* A rank's handle: its exchange (ranks of one process), or the
+ * application's transport (ranks in several: ruda_comm_init_rank). */
 typedef struct host_rank {
   host_exchange *x;
   uint32_t rank;
+  int external;
+  ruda_comm_transport t;
 } host_rank;
 
 static const size_t dtype_size[] = {4, 8, 4, 8};
@@ -138,7 +141,7 @@ int ruda__host_comm_init(void *const *states, uint32_t n, void **ranks) {
   uint32_t made = 0;
   if (h->src != NULL && h->box != NULL && h->here != NULL && h->asked != NULL) {
     for (; made < n; made++) {
-      host_rank *r = malloc(sizeof *r);
+      host_rank *r = calloc(1, sizeof *r); /* not external */
       if (r == NULL) break;
       r->x = h;
       r->rank = made;
@@ -157,9 +160,56 @@ int ruda__host_comm_init(void *const *states, uint32_t n, void **ranks) {
   return ruda__fail(RUDA_ENOMEM, "ruda_comm_init: out of host memory");
 }
 
+int ruda__host_comm_init_rank(void *state, uint32_t nranks, uint32_t rank, const ruda_comm_id *id,
+                              const ruda_comm_transport *transport, void **handle) {
+  (void)state;
+  (void)nranks;
+  (void)id;
+  if (transport == NULL)
+    return ruda__fail(RUDA_ENOBACKEND,
+                      "ruda_comm_init_rank: the host backend reaches ranks in other processes only through a "
+                      "transport (ruda_mpi_comm_init, or a ruda_comm_transport of your own)");
+  host_rank *r = calloc(1, sizeof *r);
+  if (r == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_comm_init_rank: out of host memory");
+  r->rank = rank;
+  r->external = 1;
+  r->t = *transport;
+  *handle = r;
+  return 0;
+}
+
+/* A collective through the application's transport, on the worker. */
+static int external_collective(host_rank *r, const ruda__coll *k, ruda_error **err) {
+  char why[300] = "";
+  int rc;
+  const char *what;
+  if (k->kind == RUDA__COLL_ALL_REDUCE) {
+    what = "all-reduce";
+    rc = r->t.all_reduce(r->t.ctx, (const void *)(uintptr_t)k->src, (void *)(uintptr_t)k->dst, k->count,
+                         (ruda_dtype)k->dtype, (ruda_reduce_op)k->op, why, sizeof why);
+  } else if (k->kind == RUDA__COLL_SEND) {
+    what = "send";
+    rc = r->t.send(r->t.ctx, (const void *)(uintptr_t)k->src, k->count, k->peer, why, sizeof why);
+  } else {
+    what = "recv";
+    rc = r->t.recv(r->t.ctx, (void *)(uintptr_t)k->dst, k->count, k->peer, why, sizeof why);
+  }
+  if (rc == 0) return 0;
+  if (rc > 0) rc = RUDA_EGENERIC; /* a transport that returned a positive code */
+  *err = ruda__error_new(rc, 0, "%s on rank %u (peer %u, %llu %s) through the transport: %.300s", what, r->rank,
+                         k->peer, (unsigned long long)k->count, k->kind == RUDA__COLL_ALL_REDUCE ? "elements" : "bytes",
+                         why[0] ? why : ruda_err_name(rc));
+  return rc;
+}
+
 void ruda__host_comm_destroy(void *state, void *rank) {
   (void)state;
   host_rank *r = rank;
+  if (r->external) {
+    if (r->t.release != NULL) r->t.release(r->t.ctx);
+    free(r);
+    return;
+  }
   host_exchange *h = r->x;
   free(r);
   pthread_mutex_lock(&h->lock);
@@ -379,6 +429,8 @@ out:
 
 int ruda__host_collective(void *wstate, void *rank, const ruda__coll *k, ruda_error **err) {
   (void)wstate;
-  host_exchange *h = ((host_rank *)rank)->x;
+  host_rank *r = rank;
+  if (r->external) return external_collective(r, k, err);
+  host_exchange *h = r->x;
   return k->kind == RUDA__COLL_ALL_REDUCE ? host_all_reduce(h, k, err) : host_p2p(h, k, err);
 }

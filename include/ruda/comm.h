@@ -1,10 +1,13 @@
-/* ruda/comm.h - collectives between devices of one process. Included by
- * ruda/ruda.h; include that instead.
+/* ruda/comm.h - collectives between devices, of one process or several.
+ * Included by ruda/ruda.h; include that instead.
  *
  * A communicator joins n open devices (one rank each, in the order given);
  * on the cuda backend it is an NCCL communicator per GPU (ncclCommInitAll,
  * NCCL loaded at run time), on the host backend the workers of the ranks
- * meet in memory. Every rank must issue the same collectives in the same
+ * meet in memory. Across processes each process joins its device as one
+ * rank (ruda_comm_init_rank): NCCL with a shared id on cuda, a transport
+ * of the application's on host; ruda/mpi.h (libruda_mpi) does both over
+ * MPI. Every rank must issue the same collectives in the same
  * order, as with NCCL; a send on one rank needs the matching recv on the
  * peer.
  *
@@ -58,6 +61,49 @@ typedef enum ruda_reduce_op {
  * it). Ranks that disagree on a collective's count, type or reduction get
  * RUDA_EINVAL listing what each brought. Blocking. */
 RUDA_EXTERN int ruda_comm_init(struct ruda_device *const *devices, uint32_t n, ruda_comm **out);
+
+/* ---- ranks in several processes ---- */
+
+/* What the ranks of one communicator share to find each other (NCCL's
+ * unique id on the cuda backend). Made by one rank, carried to the others
+ * by whatever channel the application has (ruda_mpi_comm_init uses MPI). */
+typedef struct ruda_comm_id {
+  unsigned char bytes[128];
+} ruda_comm_id;
+
+/* A transport between the processes of a communicator, for backends whose
+ * collectives do not cross processes themselves (host). Its functions run
+ * on the rank's worker, one at a time, in the order the rank issued its
+ * collectives, and return 0 or a RUDA_E* code with a message in
+ * why[0..why_len). all_reduce: dst = op over every rank's src (count
+ * elements; src == dst in place). send / recv: bytes to / from peer.
+ * release: the communicator is gone. ruda_mpi_comm_init (ruda/mpi.h)
+ * supplies one over MPI. */
+typedef struct ruda_comm_transport {
+  void *ctx;
+  int (*all_reduce)(void *ctx, const void *src, void *dst, uint64_t count, ruda_dtype dtype, ruda_reduce_op op,
+                    char *why, size_t why_len);
+  int (*send)(void *ctx, const void *src, uint64_t bytes, uint32_t peer, char *why, size_t why_len);
+  int (*recv)(void *ctx, void *dst, uint64_t bytes, uint32_t peer, char *why, size_t why_len);
+  void (*release)(void *ctx);
+} ruda_comm_transport;
+
+/* Fills *id for ruda_comm_init_rank (call it on one rank). On the host
+ * backend the id is not needed (a transport carries the data) and is
+ * zeroed. RUDA_ENOBACKEND when the cuda backend cannot load NCCL. */
+RUDA_EXTERN int ruda_comm_unique_id(struct ruda_device *dev, ruda_comm_id *id);
+
+/* Joins dev as rank `rank` of nranks ranks living in any processes (one
+ * device per rank in this call; the others call it in theirs). transport
+ * NULL: the backend's own (NCCL, with id, on cuda); the host backend needs
+ * a transport (RUDA_ENOBACKEND without one). Blocking until every rank
+ * joined (cuda) or at once (host: the transport's job). The communicator
+ * is used and destroyed as one from ruda_comm_init; ruda_comm_size is
+ * nranks and ruda_comm_rank(comm, dev) is rank. On success the
+ * communicator owns the transport (release is called when it is
+ * destroyed); on failure the caller still does. */
+RUDA_EXTERN int ruda_comm_init_rank(struct ruda_device *dev, uint32_t nranks, uint32_t rank, const ruda_comm_id *id,
+                                    const ruda_comm_transport *transport, ruda_comm **out);
 
 /* Waits for every rank's collectives, then frees the communicator. */
 RUDA_EXTERN int ruda_comm_destroy(ruda_comm *comm);

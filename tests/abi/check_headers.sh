@@ -14,7 +14,10 @@ set -eu
 headers() {
   for d in "$@"; do
     for h in "$d"/ruda/*.h; do
-      [ -e "$h" ] && echo "$h"
+      [ -e "$h" ] || continue
+      # ruda/mpi.h needs <mpi.h>: compiled only when an include dir has it.
+      if [ "$(basename "$h")" = mpi.h ] && [ "${with_mpi:-1}" = 0 ]; then continue; fi
+      echo "$h"
     done
   done
 }
@@ -37,7 +40,11 @@ compile)
   rm -rf "$work"
   mkdir -p "$work"
   incs=""
-  for d in "$@"; do incs="$incs -I$d"; done
+  with_mpi=0
+  for d in "$@"; do
+    incs="$incs -I$d"
+    [ -e "$d/mpi.h" ] && with_mpi=1
+  done
   all="$work/all.h"
   : >"$all"
   fail=0

@@ -90,9 +90,47 @@ static void two_gpus(void **state) {
   }
 }
 
+/* ruda_comm_init_rank through NCCL's unique id: one GPU allows a
+ * communicator of one rank, which still goes through ncclCommInitRank. */
+static void one_rank_by_unique_id(void **state) {
+  (void)state;
+  ruda_device *dev = gpu_open();
+  if (gpu_is_mock(dev)) {
+    test_close(dev);
+    gpu_skip("the mock driver has no NCCL");
+  }
+  ruda_comm_id id;
+  int rc = ruda_comm_unique_id(dev, &id);
+  if (rc == RUDA_ENOBACKEND) {
+    test_close(dev);
+    gpu_skip("%s", ruda_error_message(ruda_last_error()));
+  }
+  assert_ok(rc);
+  ruda_comm *comm = NULL;
+  ruda_comm_transport t = {0};
+  assert_rc(ruda_comm_init_rank(dev, 1, 0, &id, &t, &comm), RUDA_EINVAL); /* NCCL carries the data */
+  assert_ok(ruda_comm_init_rank(dev, 1, 0, &id, NULL, &comm));
+  assert_int_equal(ruda_comm_size(comm), 1);
+  float in[256], out[256];
+  for (int i = 0; i < 256; i++) in[i] = (float)i - 100.0f;
+  ruda_handle x, y;
+  assert_ok(ruda_buffer_create(dev, 0, sizeof in, &x));
+  assert_ok(ruda_buffer_create(dev, 0, sizeof out, &y));
+  test_write(dev, 0, ruda_bind(x), in, sizeof in);
+  assert_ok(ruda_all_reduce(comm, dev, ruda_bind(x), ruda_bind(y), RUDA_DTYPE_F32, RUDA_REDUCE_MAX));
+  assert_ok(ruda_comm_sync(comm, dev, NULL));
+  test_read(dev, 0, ruda_bind(y), out, sizeof out);
+  assert_memory_equal(in, out, sizeof in);
+  assert_ok(ruda_comm_destroy(comm));
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  assert_ok(ruda_buffer_free(dev, 0, y));
+  test_close(dev);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(two_gpus),
+      cmocka_unit_test(one_rank_by_unique_id),
   };
   return gpu_main("gpu_comm", tests, sizeof tests / sizeof tests[0], argc, argv);
 }

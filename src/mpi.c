@@ -1,0 +1,222 @@
+/* mpi.c - libruda_mpi: communicators across MPI processes (ruda/mpi.h).
+ *
+ * Public API only: it builds on ruda_comm_init_rank. On cuda the ranks
+ * share NCCL's unique id over MPI; on host MPI is the transport
+ * (ruda_comm_transport), whose functions the rank's worker calls one at a
+ * time in stream order. Each waits for its request by polling MPI_Test up
+ * to the deadline: MPI has no timeout of its own, and a rank that never
+ * comes must not hang the others for ever. */
+#include <limits.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ruda/mpi.h"
+
+typedef struct mpi_link {
+  MPI_Comm comm; /* a duplicate: our traffic never meets the application's */
+  int rank, size;
+  uint64_t timeout_ns; /* 0: wait for ever */
+  uint64_t seq;        /* collectives issued, for messages */
+  int broken;          /* a wait timed out: the ranks are out of step for good */
+} mpi_link;
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* RUDA_COMM_TIMEOUT, as the in-process communicators read it. */
+static uint64_t timeout_ns(void) {
+  const char *v = getenv("RUDA_COMM_TIMEOUT");
+  char *end;
+  if (v == NULL || *v == '\0') return UINT64_C(60000) * 1000000;
+  unsigned long long ms = strtoull(v, &end, 10);
+  return *end != '\0' ? UINT64_C(60000) * 1000000 : (uint64_t)ms * 1000000;
+}
+
+static int broken(mpi_link *l, char *why, size_t n) {
+  snprintf(why, n, "the communicator is broken (an earlier collective timed out); destroy it");
+  (void)l;
+  return RUDA_ETIMEDOUT;
+}
+
+/* Polls rq to completion or the deadline. */
+static int wait_req(mpi_link *l, MPI_Request *rq, MPI_Status *st, const char *what, char *why, size_t n) {
+  const uint64_t until = l->timeout_ns ? now_ns() + l->timeout_ns : UINT64_MAX;
+  for (unsigned spins = 0;; spins++) {
+    int done = 0;
+    int e = MPI_Test(rq, &done, st);
+    if (e != MPI_SUCCESS) {
+      char msg[MPI_MAX_ERROR_STRING];
+      int len = 0;
+      MPI_Error_string(e, msg, &len);
+      snprintf(why, n, "%s #%llu: MPI: %.*s", what, (unsigned long long)l->seq, len, msg);
+      return RUDA_EGENERIC;
+    }
+    if (done) return 0;
+    if (now_ns() > until) {
+      l->broken = 1;
+      snprintf(why, n,
+               "%s #%llu timed out after %llu ms waiting for the other ranks (RUDA_COMM_TIMEOUT); the "
+               "communicator is broken: destroy it",
+               what, (unsigned long long)l->seq, (unsigned long long)(l->timeout_ns / 1000000));
+      return RUDA_ETIMEDOUT;
+    }
+    if (spins > 64) sched_yield();
+  }
+}
+
+static MPI_Datatype type_of(ruda_dtype t) {
+  switch (t) {
+    case RUDA_DTYPE_F32: return MPI_FLOAT;
+    case RUDA_DTYPE_F64: return MPI_DOUBLE;
+    case RUDA_DTYPE_I32: return MPI_INT32_T;
+    default: return MPI_INT64_T;
+  }
+}
+
+static const char *const dtype_name[] = {"f32", "f64", "i32", "i64"};
+static const char *const op_name[] = {"sum", "mean", "min", "max"};
+
+/* Checks that every rank brought the same count, type and reduction: one
+ * small all-reduce of each value and its negation under MAX gives the
+ * largest and the smallest of each. */
+static int agree(mpi_link *l, uint64_t count, ruda_dtype t, ruda_reduce_op op, char *why, size_t n) {
+  int64_t v[6] = {(int64_t)count, -(int64_t)count, t, -(int64_t)t, op, -(int64_t)op}, m[6];
+  MPI_Request rq;
+  if (MPI_Iallreduce(v, m, 6, MPI_INT64_T, MPI_MAX, l->comm, &rq) != MPI_SUCCESS) {
+    snprintf(why, n, "all-reduce #%llu: MPI refused the agreement check", (unsigned long long)l->seq);
+    return RUDA_EGENERIC;
+  }
+  int rc = wait_req(l, &rq, MPI_STATUS_IGNORE, "all-reduce", why, n);
+  if (rc != 0) return rc;
+  if (m[0] == -m[1] && m[2] == -m[3] && m[4] == -m[5]) return 0;
+  snprintf(why, n,
+           "all-reduce #%llu: ranks disagree: counts %lld..%lld, types %s..%s, reductions %s..%s (rank %d brought "
+           "%llu %s %s)",
+           (unsigned long long)l->seq, (long long)-m[1], (long long)m[0], dtype_name[-m[3]], dtype_name[m[2]],
+           op_name[-m[5]], op_name[m[4]], l->rank, (unsigned long long)count, dtype_name[t], op_name[op]);
+  return RUDA_EINVAL;
+}
+
+static int t_all_reduce(void *ctx, const void *src, void *dst, uint64_t count, ruda_dtype t, ruda_reduce_op op,
+                        char *why, size_t n) {
+  mpi_link *l = ctx;
+  l->seq++;
+  if (l->broken) return broken(l, why, n);
+  if (count > INT_MAX) {
+    snprintf(why, n, "all-reduce #%llu: %llu elements; MPI counts are int", (unsigned long long)l->seq,
+             (unsigned long long)count);
+    return RUDA_ERANGE;
+  }
+  int rc = agree(l, count, t, op, why, n);
+  if (rc != 0) return rc;
+  MPI_Request rq;
+  MPI_Op mop = op == RUDA_REDUCE_MIN ? MPI_MIN : op == RUDA_REDUCE_MAX ? MPI_MAX : MPI_SUM;
+  if (MPI_Iallreduce(src == dst ? MPI_IN_PLACE : src, dst, (int)count, type_of(t), mop, l->comm, &rq) !=
+      MPI_SUCCESS) {
+    snprintf(why, n, "all-reduce #%llu: MPI_Iallreduce refused", (unsigned long long)l->seq);
+    return RUDA_EGENERIC;
+  }
+  if ((rc = wait_req(l, &rq, MPI_STATUS_IGNORE, "all-reduce", why, n)) != 0) return rc;
+  if (op == RUDA_REDUCE_MEAN) /* integers truncate, as the other backends' */
+    for (uint64_t i = 0; i < count; i++) switch (t) {
+        case RUDA_DTYPE_F32: ((float *)dst)[i] /= (float)l->size; break;
+        case RUDA_DTYPE_F64: ((double *)dst)[i] /= (double)l->size; break;
+        case RUDA_DTYPE_I32: ((int32_t *)dst)[i] /= l->size; break;
+        default: ((int64_t *)dst)[i] /= l->size; break;
+      }
+  return 0;
+}
+
+enum { TAG = 0x7275 };
+
+static int t_send(void *ctx, const void *src, uint64_t bytes, uint32_t peer, char *why, size_t n) {
+  mpi_link *l = ctx;
+  l->seq++;
+  if (l->broken) return broken(l, why, n);
+  if (bytes > INT_MAX) {
+    snprintf(why, n, "send #%llu: %llu bytes; MPI counts are int", (unsigned long long)l->seq,
+             (unsigned long long)bytes);
+    return RUDA_ERANGE;
+  }
+  MPI_Request rq;
+  if (MPI_Isend(src, (int)bytes, MPI_BYTE, (int)peer, TAG, l->comm, &rq) != MPI_SUCCESS) {
+    snprintf(why, n, "send #%llu to rank %u: MPI_Isend refused", (unsigned long long)l->seq, peer);
+    return RUDA_EGENERIC;
+  }
+  return wait_req(l, &rq, MPI_STATUS_IGNORE, "send", why, n);
+}
+
+static int t_recv(void *ctx, void *dst, uint64_t bytes, uint32_t peer, char *why, size_t n) {
+  mpi_link *l = ctx;
+  l->seq++;
+  if (l->broken) return broken(l, why, n);
+  if (bytes > INT_MAX) {
+    snprintf(why, n, "recv #%llu: %llu bytes; MPI counts are int", (unsigned long long)l->seq,
+             (unsigned long long)bytes);
+    return RUDA_ERANGE;
+  }
+  MPI_Request rq;
+  MPI_Status st;
+  if (MPI_Irecv(dst, (int)bytes, MPI_BYTE, (int)peer, TAG, l->comm, &rq) != MPI_SUCCESS) {
+    snprintf(why, n, "recv #%llu from rank %u: MPI_Irecv refused", (unsigned long long)l->seq, peer);
+    return RUDA_EGENERIC;
+  }
+  int rc = wait_req(l, &rq, &st, "recv", why, n);
+  if (rc != 0) return rc;
+  int got = 0;
+  MPI_Get_count(&st, MPI_BYTE, &got);
+  if ((uint64_t)got != bytes) {
+    snprintf(why, n, "recv #%llu from rank %u: %d bytes came, %llu expected", (unsigned long long)l->seq, peer, got,
+             (unsigned long long)bytes);
+    return RUDA_ERANGE;
+  }
+  return 0;
+}
+
+static void t_release(void *ctx) {
+  mpi_link *l = ctx;
+  /* A broken link may hold a request that never completes: leave the
+   * duplicate to MPI_Finalize rather than block here. */
+  if (!l->broken) MPI_Comm_free(&l->comm);
+  free(l);
+}
+
+int ruda_mpi_comm_init(ruda_device *dev, MPI_Comm comm, ruda_comm **out) {
+  if (out != NULL) *out = NULL;
+  if (dev == NULL || out == NULL) return RUDA_EINVAL;
+  int init = 0, level = 0, rank = 0, size = 0;
+  MPI_Initialized(&init);
+  if (init) MPI_Query_thread(&level);
+  if (!init || level < MPI_THREAD_MULTIPLE) return RUDA_EINVAL; /* the workers call MPI too */
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  if (strcmp(ruda_device_backend(dev), "host") != 0) {
+    ruda_comm_id id;
+    int rc = rank == 0 ? ruda_comm_unique_id(dev, &id) : 0;
+    MPI_Bcast(&rc, 1, MPI_INT, 0, comm);
+    if (rc != 0) return rc;
+    MPI_Bcast(id.bytes, (int)sizeof id.bytes, MPI_BYTE, 0, comm);
+    return ruda_comm_init_rank(dev, (uint32_t)size, (uint32_t)rank, &id, NULL, out);
+  }
+  mpi_link *l = calloc(1, sizeof *l);
+  if (l == NULL) return RUDA_ENOMEM;
+  if (MPI_Comm_dup(comm, &l->comm) != MPI_SUCCESS) {
+    free(l);
+    return RUDA_EGENERIC;
+  }
+  MPI_Comm_set_errhandler(l->comm, MPI_ERRORS_RETURN);
+  l->rank = rank;
+  l->size = size;
+  l->timeout_ns = timeout_ns();
+  const ruda_comm_transport t = {l, t_all_reduce, t_send, t_recv, t_release};
+  int rc = ruda_comm_init_rank(dev, (uint32_t)size, (uint32_t)rank, NULL, &t, out);
+  if (rc != 0) t_release(l);
+  return rc;
+}
