@@ -1,5 +1,5 @@
 /* ruda/mpi.h - communicators across processes launched by MPI (mpirun).
- * Link libruda_mpi (find_package(ruda): ruda::ruda_mpi) and MPI. Not
+ * Link libruda_mpi, libruda and MPI (mpicc app.c -lruda_mpi -lruda). Not
  * included by ruda/ruda.h: it needs <mpi.h>.
  *
  *   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
