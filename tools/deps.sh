@@ -28,9 +28,10 @@ apt_install() {
 }
 
 apt_install build-essential cmake pkg-config liburcu-dev libck-dev libjemalloc-dev libcmocka-dev clang
-# Open MPI: libruda_mpi and its multi-process tests (optional to the build).
-if [ "${RUDA_MPI:-1}" != 0 ] && apt-cache show libopenmpi-dev >/dev/null 2>&1; then
-  apt_install libopenmpi-dev openmpi-bin
+# Open MPI: libruda_mpi and its multi-process tests; optional to the build
+# (RUDA_MPI=0 skips it, and a system without the packages goes on).
+if [ "${RUDA_MPI:-1}" != 0 ]; then
+  apt_install libopenmpi-dev openmpi-bin || echo "note: Open MPI not installed; libruda_mpi is not built"
 fi
 
 # The driver's CUDA version as major (0: no driver).
