@@ -21,45 +21,6 @@ int ruda__cu_comm_init(void *const *states, uint32_t n, void **ranks) {
                     "has no collectives; install NCCL (or run tools/deps.sh) and rebuild");
 }
 
-_Static_assert(sizeof(ncclUniqueId) <= sizeof(ruda_comm_id), "NCCL's unique id fits a ruda_comm_id");
-
-int ruda__cu_comm_id(void *state, ruda_comm_id *id) {
-  (void)state;
-  pthread_once(&nccl_once, nccl_load);
-  if (nccl.ncclCommInitAll == NULL)
-    return ruda__fail(RUDA_ENOBACKEND, "ruda_comm_unique_id: NCCL is not available (%s); set RUDA_NCCL to its path",
-                      nccl_why);
-  ncclUniqueId u;
-  ncclResult_t res = nccl.ncclGetUniqueId(&u);
-  if (res != ncclSuccess) return nccl_fail(res, "ruda_comm_unique_id: ncclGetUniqueId");
-  memcpy(id->bytes, &u, sizeof u);
-  return 0;
-}
-
-int ruda__cu_comm_init_rank(void *state, uint32_t nranks, uint32_t rank, const ruda_comm_id *id,
-                            const ruda_comm_transport *transport, void **handle) {
-  if (transport != NULL)
-    return ruda__fail(RUDA_EINVAL,
-                      "ruda_comm_init_rank: the cuda backend's collectives go through NCCL: pass no transport, and "
-                      "the id from ruda_comm_unique_id");
-  if (id == NULL) return ruda__fail(RUDA_EINVAL, "ruda_comm_init_rank: id is NULL (ruda_comm_unique_id on one rank)");
-  pthread_once(&nccl_once, nccl_load);
-  if (nccl.ncclCommInitAll == NULL)
-    return ruda__fail(RUDA_ENOBACKEND, "ruda_comm_init_rank: NCCL is not available (%s); set RUDA_NCCL to its path",
-                      nccl_why);
-  ncclUniqueId u;
-  memcpy(&u, id->bytes, sizeof u);
-  /* NCCL takes the device from the calling thread's context: ruda's. */
-  ruda__cu_guard g;
-  if (ruda__cu_enter(state, &g) != 0) return ruda_error_code(ruda_last_error());
-  ncclComm_t comm = NULL;
-  ncclResult_t res = nccl.ncclCommInitRank(&comm, (int)nranks, u, (int)rank);
-  ruda__cu_leave(&g);
-  if (res != ncclSuccess) return nccl_fail(res, "ruda_comm_init_rank: ncclCommInitRank");
-  *handle = comm;
-  return 0;
-}
-
 void ruda__cu_comm_destroy(void *state, void *rank) {
   (void)state;
   (void)rank;
