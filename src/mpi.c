@@ -39,10 +39,21 @@ static uint64_t timeout_ns(void) {
   return *end != '\0' ? UINT64_C(60000) * 1000000 : (uint64_t)ms * 1000000;
 }
 
-static int broken(mpi_link *l, char *why, size_t n) {
-  snprintf(why, n, "the communicator is broken (an earlier collective timed out); destroy it");
-  (void)l;
-  return RUDA_ETIMEDOUT;
+/* Every transport call starts here: numbers it, refuses it on a broken
+ * link, and counts MPI cannot carry (its counts are int). */
+static int begin(mpi_link *l, const char *what, uint64_t count, const char *unit, char *why, size_t n) {
+  l->seq++;
+  if (l->broken) {
+    snprintf(why, n, "%s #%llu: the communicator is broken (an earlier collective timed out); destroy it", what,
+             (unsigned long long)l->seq);
+    return RUDA_ETIMEDOUT;
+  }
+  if (count > INT_MAX) {
+    snprintf(why, n, "%s #%llu: %llu %s; MPI counts are int", what, (unsigned long long)l->seq,
+             (unsigned long long)count, unit);
+    return RUDA_ERANGE;
+  }
+  return 0;
 }
 
 /* Polls rq to completion or the deadline. */
@@ -107,14 +118,14 @@ static int agree(mpi_link *l, uint64_t count, ruda_dtype t, ruda_reduce_op op, c
 static int t_all_reduce(void *ctx, const void *src, void *dst, uint64_t count, ruda_dtype t, ruda_reduce_op op,
                         char *why, size_t n) {
   mpi_link *l = ctx;
-  l->seq++;
-  if (l->broken) return broken(l, why, n);
-  if (count > INT_MAX) {
+  /* The count is checked after the agreement, so every rank refuses it. */
+  int rc = begin(l, "all-reduce", 0, "elements", why, n);
+  if (rc == 0) rc = agree(l, count, t, op, why, n);
+  if (rc == 0 && count > INT_MAX) {
     snprintf(why, n, "all-reduce #%llu: %llu elements; MPI counts are int", (unsigned long long)l->seq,
              (unsigned long long)count);
-    return RUDA_ERANGE;
+    rc = RUDA_ERANGE;
   }
-  int rc = agree(l, count, t, op, why, n);
   if (rc != 0) return rc;
   MPI_Request rq;
   MPI_Op mop = op == RUDA_REDUCE_MIN ? MPI_MIN : op == RUDA_REDUCE_MAX ? MPI_MAX : MPI_SUM;
@@ -138,13 +149,8 @@ enum { TAG = 0x7275 };
 
 static int t_send(void *ctx, const void *src, uint64_t bytes, uint32_t peer, char *why, size_t n) {
   mpi_link *l = ctx;
-  l->seq++;
-  if (l->broken) return broken(l, why, n);
-  if (bytes > INT_MAX) {
-    snprintf(why, n, "send #%llu: %llu bytes; MPI counts are int", (unsigned long long)l->seq,
-             (unsigned long long)bytes);
-    return RUDA_ERANGE;
-  }
+  int rc = begin(l, "send", bytes, "bytes", why, n);
+  if (rc != 0) return rc;
   MPI_Request rq;
   if (MPI_Isend(src, (int)bytes, MPI_BYTE, (int)peer, TAG, l->comm, &rq) != MPI_SUCCESS) {
     snprintf(why, n, "send #%llu to rank %u: MPI_Isend refused", (unsigned long long)l->seq, peer);
@@ -155,20 +161,15 @@ static int t_send(void *ctx, const void *src, uint64_t bytes, uint32_t peer, cha
 
 static int t_recv(void *ctx, void *dst, uint64_t bytes, uint32_t peer, char *why, size_t n) {
   mpi_link *l = ctx;
-  l->seq++;
-  if (l->broken) return broken(l, why, n);
-  if (bytes > INT_MAX) {
-    snprintf(why, n, "recv #%llu: %llu bytes; MPI counts are int", (unsigned long long)l->seq,
-             (unsigned long long)bytes);
-    return RUDA_ERANGE;
-  }
+  int rc = begin(l, "recv", bytes, "bytes", why, n);
+  if (rc != 0) return rc;
   MPI_Request rq;
   MPI_Status st;
   if (MPI_Irecv(dst, (int)bytes, MPI_BYTE, (int)peer, TAG, l->comm, &rq) != MPI_SUCCESS) {
     snprintf(why, n, "recv #%llu from rank %u: MPI_Irecv refused", (unsigned long long)l->seq, peer);
     return RUDA_EGENERIC;
   }
-  int rc = wait_req(l, &rq, &st, "recv", why, n);
+  rc = wait_req(l, &rq, &st, "recv", why, n);
   if (rc != 0) return rc;
   int got = 0;
   MPI_Get_count(&st, MPI_BYTE, &got);
