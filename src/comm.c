@@ -42,6 +42,12 @@ static int check_dtype(ruda_dtype t, ruda_reduce_op op, const char *fn) {
 
 /* ---- communicators ---- */
 
+/* A rank's collective stream on dev for communicator number id: ids from
+ * the top of the reserved range, spread over the workers by communicator. */
+static ruda__stream *collective_stream(ruda_device *dev, uint64_t id) {
+  return ruda__stream_private(UINT64_MAX - (1ull << 32) - id, &dev->workers[id % dev->nworkers]);
+}
+
 /* Frees what comm_init made, however far it got (any field may be NULL). */
 static void comm_free(ruda_comm *c) {
   for (uint32_t r = 0; c->devs != NULL && r < c->nlocal; r++) {
@@ -83,9 +89,7 @@ int ruda_comm_init(ruda_device *const *devices, uint32_t n, ruda_comm **out) {
   for (uint32_t r = 0; r < n; r++) {
     ruda_device *dev = devices[r];
     c->devs[r] = dev;
-    /* Ids from the top of the reserved range; spread over the workers by
-     * communicator. */
-    c->streams[r] = ruda__stream_private(UINT64_MAX - (1ull << 32) - id, &dev->workers[id % dev->nworkers]);
+    c->streams[r] = collective_stream(dev, id);
     if (c->streams[r] == NULL) goto nomem;
   }
   const ruda__backend_ops *ops = devices[0]->ops;
@@ -141,7 +145,7 @@ int ruda_comm_init_rank(ruda_device *dev, uint32_t nranks, uint32_t rank, const 
   if (c->devs == NULL || c->streams == NULL || c->ranks == NULL) goto nomem;
   uint64_t cid = __atomic_fetch_add(&next_comm_id, 1, __ATOMIC_RELAXED);
   c->devs[0] = dev;
-  c->streams[0] = ruda__stream_private(UINT64_MAX - (1ull << 32) - cid, &dev->workers[cid % dev->nworkers]);
+  c->streams[0] = collective_stream(dev, cid);
   if (c->streams[0] == NULL) goto nomem;
   int rc = dev->ops->comm_init_rank(dev->bstate, nranks, rank, id, transport, &c->ranks[0]);
   if (rc != 0) {
