@@ -113,7 +113,7 @@ void ruda__order_lock(ruda__order *o, const ruda__worker *w) {
     if ((seen >> 32) == (o->use[i].hi >> 32)) continue; /* last written on this worker: FIFO */
     if (seen == 0) continue; /* never used: raw memory, nothing queued on it */
     uint32_t w1 = (uint32_t)(seen >> 48);
-    if (((seen >> 32) & 0xffffu) != (o->use[i].gen & 0xffffu)) {
+    if ((((seen ^ o->use[i].hi) >> 32) & 0xffffu) != 0) { /* another generation */
       /* A stale record (written late for an earlier buffer in this
        * slot): order after every worker. */
       o->all = o->need = 1;

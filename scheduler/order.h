@@ -91,7 +91,6 @@ typedef struct ruda__order {
     _Atomic uint64_t *last; /* the slot's record */
     uint64_t hi;            /* this use's record without the ticket */
     uint32_t key;           /* lock order: the slot's index */
-    uint32_t gen;
     uint32_t write; /* RUDA__USE_WRITE or _READ */
   } use[RUDA__MAX_PINS];
   struct {
@@ -122,7 +121,6 @@ static inline void ruda__order_note(ruda__order *o, _Atomic uint64_t *last, uint
   o->use[i].last = last;
   o->use[i].hi = ruda__use_pack(w->index, gen, 0);
   o->use[i].key = key;
-  o->use[i].gen = gen;
   o->use[i].write = write;
 }
 
