@@ -368,6 +368,7 @@ static void *ruda_thread(void *p) {
           memcpy(gin[slot], in, IN_BYTES);
           start[slot] = mono_ns();
           CHECK(ruda_graph_replay_async(dev, s, g[slot], &fut[slot]));
+          if (phase) a->phase_ns[0] += mono_ns() - start[slot];
           continue;
         }
         if (staged_io) {
@@ -458,11 +459,13 @@ static void *raw_thread(void *p) {
       if (i >= (size_t)depth) {
         size_t o = first + i - (size_t)depth;
         int slot = (int)(o % (size_t)depth);
+        uint64_t tw = mono_ns();
         if (depth == 1)
           CU(ruda__cu.cuStreamSynchronize(st));
         else
           CU(ruda__cu.cuEventSynchronize(ev[slot]));
         uint64_t t = mono_ns();
+        if (phase) a->phase_ns[3] += t - tw;
         if (phase) a->lat[o - WARMUP] = t - start[slot];
         if (o == 0 || (phase && must_check(o - WARMUP)))
           check_output("raw", a->index, o, out + (size_t)slot * OUT_FLOATS);
@@ -483,6 +486,7 @@ static void *raw_thread(void *p) {
           CU(ruda__cu.cuMemcpyDtoHAsync(out + (size_t)slot * OUT_FLOATS, y, OUT_BYTES, st));
         }
         if (depth > 1) CU(ruda__cu.cuEventRecord(ev[slot], st));
+        if (phase) a->phase_ns[0] += mono_ns() - start[slot];
       }
     }
   }
@@ -579,13 +583,20 @@ static result run(ruda_device *dev, const variant *v, int threads, size_t n, int
   }
 #endif
   size_t cnt = n * (size_t)threads;
-  if (breakdown && !raw) {
+  if (breakdown) {
     double ph[4] = {0, 0, 0, 0};
     for (int i = 0; i < threads; i++)
       for (int k = 0; k < 4; k++) ph[k] += (double)a[i].phase_ns[k];
-    printf("       T=%d: mean us per request in ruda_write %.2f, 3 launches %.2f, ruda_read %.2f, "
-           "ruda_future_wait %.2f\n",
-           threads, ph[0] / cnt / 1e3, ph[1] / cnt / 1e3, ph[2] / cnt / 1e3, ph[3] / cnt / 1e3);
+    if (raw)
+      printf("       T=%d raw: mean us per request issuing %.2f, waiting %.2f\n", threads, ph[0] / cnt / 1e3,
+             ph[3] / cnt / 1e3);
+    else if (use_graphs)
+      printf("       T=%d ruda: mean us per request in ruda_graph_replay_async %.2f, ruda_future_wait %.2f\n",
+             threads, ph[0] / cnt / 1e3, ph[3] / cnt / 1e3);
+    else
+      printf("       T=%d ruda: mean us per request in ruda_write %.2f, 3 launches %.2f, ruda_read %.2f, "
+             "ruda_future_wait %.2f\n",
+             threads, ph[0] / cnt / 1e3, ph[1] / cnt / 1e3, ph[2] / cnt / 1e3, ph[3] / cnt / 1e3);
   }
   qsort(lat_all, cnt, sizeof *lat_all, cmp_u64);
   result r;
@@ -600,7 +611,7 @@ static void usage(void) {
   fprintf(stderr,
           "usage: bench_serve [-q] [-b] [-s] [-g] [-t threads[,threads...]] [-n requests] [-w workers] [-v variants]\n"
           "  -q  quick: few requests per thread\n"
-          "  -b  print where a ruda request's client time goes (each call, the wait)\n"
+          "  -b  print where a request's client time goes (ruda: each call, the wait; raw: issuing, waiting)\n"
           "  -s  ruda's requests use page-locked buffers, as the raw driver's do: the input\n"
           "      arrives in a staging block (ruda_write_staged), the output is read into one\n"
           "  -g  each request is one graph replay, in ruda (upload, launches and download\n"
