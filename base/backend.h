@@ -109,6 +109,12 @@ typedef struct ruda__backend_env {
   int (*faulted)(void *ctx);
 } ruda__backend_env;
 
+/* What exec_enter changed on the calling thread, for exec_leave. */
+typedef struct ruda__exec_guard {
+  void *prev;
+  int changed;
+} ruda__exec_guard;
+
 typedef struct ruda__backend_ops {
   const char *name;
   /* Opens the backend; fills *limits. Failure: ruda__fail(). */
@@ -170,6 +176,12 @@ typedef struct ruda__backend_ops {
    * its worker ran it (host), so a worker that saw another pass a point
    * needs nothing more; no events are recorded for ordering then. */
   int (*stream_wait)(void *wstate, void *event, ruda_error **err);
+  /* Any thread: lets the calling thread run worker ops on a worker's
+   * state it holds (scheduler/inline.c): the device's context made
+   * current, and put back by exec_leave. 0, or a failure (the command then
+   * goes to the worker). NULL: any thread can, as it is. */
+  int (*exec_enter)(void *state, ruda__exec_guard *g);
+  void (*exec_leave)(void *state, ruda__exec_guard *g);
   /* Native handles for interop: a worker's CUstream, the CUcontext. */
   void *(*native_stream)(void *wstate);
   void *(*native_context)(void *state);

@@ -43,15 +43,18 @@ static void fence_free(void *ctx, void *fence) {
 }
 
 /* On a backend without events (the host), work is complete once its
- * worker ran it, so a worker seen asleep with an empty queue has passed
- * everything pushed before: no fence is needed. The epoch is read on both
- * sides of the emptiness check, so a batch taken in between shows. */
+ * worker ran it, so a worker seen asleep with an empty queue and nobody
+ * running a command in its place (inline.c) has passed everything pushed
+ * before: no fence is needed. The epoch is read on both sides of those
+ * checks, so a batch taken in between shows. */
 static int idle(void *ctx, uint32_t w) {
   ruda_device *dev = ctx;
   if (dev->ops->event_query != NULL) return 0;
   ruda__worker *wk = &dev->workers[w];
   uint32_t e = atomic_load_explicit(&wk->idle_epoch, memory_order_seq_cst);
-  if (!(e & 1) || !cds_wfcq_empty(&wk->head, &wk->tail)) return 0;
+  if (!(e & 1) || !cds_wfcq_empty(&wk->head, &wk->tail) ||
+      atomic_load_explicit(&wk->exec, memory_order_seq_cst) != 0)
+    return 0;
   return atomic_load_explicit(&wk->idle_epoch, memory_order_seq_cst) == e;
 }
 

@@ -193,6 +193,14 @@ struct ruda__worker {
    * when they order a command after this worker's work. */
   _Atomic uint64_t done __attribute__((aligned(RUDA__CACHELINE)));
   _Atomic uint64_t completed;
+  /* Who runs this worker's commands now: 0 nobody, RUDA__EXEC_WORKER (for
+   * a batch and its progress) or RUDA__EXEC_CLIENT (a client issuing its
+   * own command in place, scheduler/inline.c). The holder owns wstate and
+   * `done`. */
+  _Atomic uint32_t exec;
+  /* Set at start: commands are observed (RUDA_WORKER_STATS, NVTX), so they
+   * all run on the worker thread, where those are kept. */
+  int observed;
   /* Cross-stream ordering (order.c), off the hot path. last_mark: the
    * newest mark pushed on this worker, which later requests may share. */
   pthread_mutex_t mark_lock;
@@ -231,8 +239,30 @@ int ruda__workers_start(struct ruda_device *dev);
 void ruda__workers_stop(struct ruda_device *dev);
 
 /* Runs one command on the worker; used by the worker loop. Returns the
- * command's result (already reported on its stream). */
+ * command's result (already reported on its stream). The caller holds
+ * w->exec. */
 int ruda__execute(ruda__worker *w, ruda__cmd *cmd);
+
+enum { RUDA__EXEC_WORKER = 1, RUDA__EXEC_CLIENT = 2 };
+
+/* w->exec: try once to take it for who; returns 0 when taken, else the
+ * holder. Released by ruda__exec_release. Acquire and release: what one
+ * holder did to wstate is seen by the next. */
+static inline uint32_t ruda__exec_try(ruda__worker *w, uint32_t who) {
+  uint32_t held = atomic_load_explicit(&w->exec, memory_order_relaxed);
+  if (held != 0) return held;
+  if (atomic_compare_exchange_strong_explicit(&w->exec, &held, who, memory_order_acquire, memory_order_relaxed))
+    return 0;
+  return held;
+}
+static inline void ruda__exec_release(ruda__worker *w) { atomic_store_explicit(&w->exec, 0, memory_order_release); }
+
+/* Client, about to wait for cmd anyway (its admission taken): runs cmd on
+ * the calling thread when w has nothing queued or running and the
+ * command needs no cross-worker wait, so the command skips the hand-over
+ * to the worker and back. 1 when it ran (cmd is then freed; its result is
+ * in its future and on its stream), 0 when the caller must push it. */
+int ruda__inline_run(ruda__worker *w, ruda__cmd *cmd);
 
 /* ---- streams ---- */
 

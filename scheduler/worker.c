@@ -176,14 +176,18 @@ static void execute_observed(ruda__worker *w, ruda__cmd *cmd, int stats, int nvt
   }
 }
 
+static int worker_stats_on(void) {
+  const char *sv = getenv("RUDA_WORKER_STATS");
+  return sv != NULL && *sv != '\0' && *sv != '0';
+}
+
 static void *worker_main(void *arg) {
   ruda__worker *w = arg;
   ruda_device *dev = w->dev;
   char name[16];
   snprintf(name, sizeof name, "ruda-w%u", w->index);
   pthread_setname_np(pthread_self(), name);
-  const char *sv = getenv("RUDA_WORKER_STATS");
-  const int stats = sv != NULL && *sv != '\0' && *sv != '0';
+  const int stats = worker_stats_on();
   const int nvtx = ruda__nvtx_on();
   ruda__nvtx_name_worker(w->index);
 
@@ -195,12 +199,19 @@ static void *worker_main(void *arg) {
     /* Read the event count first: a push after this point changes it, so
      * the wait below returns at once instead of missing the push. */
     uint32_t seen = ck_ec32_value(&w->wake);
+    /* A client may be running its own command in place (inline.c): it
+     * holds the worker's state for that one command. Yield the CPU if it
+     * takes long (the client was descheduled). */
+    for (unsigned spins = 0; ruda__exec_try(w, RUDA__EXEC_WORKER) != 0;)
+      if (++spins < 64) ruda__cpu_relax();
+      else sched_yield();
     enum cds_wfcq_ret r =
         __cds_wfcq_splice_nonblocking(&batch_head, &batch_tail, &w->head, &w->tail);
     if (r == CDS_WFCQ_RET_SRC_EMPTY) {
       atomic_fetch_add_explicit(&w->idle_epoch, 1, memory_order_seq_cst); /* odd: idle */
       const uint64_t idle_start = ruda__now_ns(), spin = (uint64_t)dev->cfg.spin_us * 1000;
       const int retiring = dev->ops->progress != NULL && dev->ops->progress(w->wstate);
+      ruda__exec_release(w);
       /* Poll before sleeping while work has been coming back within the
        * spin time (a client waiting on a result is about to send the next
        * request): the push then costs the client no wake-up system call,
@@ -229,6 +240,7 @@ static void *worker_main(void *arg) {
       continue;
     }
     if (r == CDS_WFCQ_RET_WOULDBLOCK) { /* a producer is mid-push */
+      ruda__exec_release(w);
       ruda__cpu_relax();
       continue;
     }
@@ -250,6 +262,9 @@ static void *worker_main(void *arg) {
     }
     if (dev->ops->progress != NULL) dev->ops->progress(w->wstate);
     retire(w, &unretired);
+    /* Kept after STOP: no client runs anything in place on a stopped
+     * worker's state. */
+    if (!stop) ruda__exec_release(w);
   }
   if (dev->ops->worker_stop) dev->ops->worker_stop(dev->bstate, w->wstate);
   return NULL;
@@ -307,6 +322,8 @@ int ruda__workers_start(ruda_device *dev) {
     w->own_bit = dev->nworkers <= 64 ? UINT64_C(1) << i : 0;
     w->dev = dev;
     w->wstate = NULL;
+    atomic_init(&w->exec, 0);
+    w->observed = worker_stats_on() || ruda__nvtx_on();
     w->reserve_fence = ruda__cmd_alloc(0);
     w->reserve_stop = ruda__cmd_alloc(0);
     w->reserve_future = ruda__future_new(dev, NULL, 0);
@@ -360,8 +377,7 @@ int ruda__workers_start(ruda_device *dev) {
 /* RUDA_WORKER_STATS=1: where each worker's time went, on stderr at close:
  * milliseconds and commands per kind, then polling and asleep. */
 static void print_stats(ruda_device *dev) {
-  const char *sv = getenv("RUDA_WORKER_STATS");
-  if (sv == NULL || *sv == '\0' || *sv == '0') return;
+  if (!worker_stats_on()) return;
   for (uint32_t i = 0; i < dev->nworkers; i++) {
     ruda__worker *w = &dev->workers[i];
     char line[1024];

@@ -179,7 +179,10 @@ int ruda_graph_destroy(ruda_device *dev, ruda_graph *g) {
 
 uint32_t ruda_graph_length(const ruda_graph *g) { return g ? g->n : 0; }
 
-static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, ruda_future **fut, const char *fn) {
+/* in_place: the caller waits for the replay next (ruda_graph_run), so it
+ * may run it itself when the worker is idle (scheduler/inline.c). */
+static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, ruda_future **fut, int in_place,
+                  const char *fn) {
   int rc = check_graph(dev, g, fn);
   if (rc != 0) return rc;
   ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
@@ -231,8 +234,11 @@ static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, ruda_f
     for (uint32_t gi = 0; gi < ngroups; gi++) ruda__order_lock(&o[gi], w);
     for (uint32_t gi = 0; gi < ngroups && rc == 0; gi++)
       if (ruda__order_needed(&o[gi])) rc = ruda__order_prepare(dev, &o[gi], s, cmd->seq);
-    if (rc == 0) ruda__queue_push_admitted(w, cmd);
-    else ruda__queue_unadmit(w); /* WAITs already pushed only order this stream more */
+    /* In place before the publish below, as a push would precede it. A
+     * WAIT just pushed runs first either way: in place needs the worker
+     * to have run everything queued. */
+    if (rc == 0 && !(in_place && ruda__inline_run(w, cmd))) ruda__queue_push_admitted(w, cmd);
+    else if (rc != 0) ruda__queue_unadmit(w); /* WAITs already pushed only order this stream more */
   }
   if (rc != 0) {
     atomic_fetch_sub_explicit(&g->refs, 1, memory_order_relaxed);
@@ -254,7 +260,7 @@ out:
 int ruda_graph_replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g) {
   static const char fn[] = "ruda_graph_replay";
   RUDA__CHECK_DEV(dev, fn);
-  return replay(dev, stream, g, NULL, fn);
+  return replay(dev, stream, g, NULL, 0, fn);
 }
 
 int ruda_graph_replay_async(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, ruda_future **fut) {
@@ -262,5 +268,17 @@ int ruda_graph_replay_async(ruda_device *dev, ruda_stream_id stream, ruda_graph 
   if (fut != NULL) *fut = NULL;
   RUDA__CHECK_DEV(dev, fn);
   if (fut == NULL) return ruda__fail(RUDA_EINVAL, "%s: fut is NULL", fn);
-  return replay(dev, stream, g, fut, fn);
+  return replay(dev, stream, g, fut, 0, fn);
+}
+
+int ruda_graph_run(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, ruda_error **err) {
+  static const char fn[] = "ruda_graph_run";
+  if (err != NULL) *err = NULL;
+  RUDA__CHECK_DEV(dev, fn);
+  ruda_future *f = NULL;
+  int rc = replay(dev, stream, g, &f, 1, fn);
+  if (rc != 0) return rc;
+  rc = ruda_future_wait(f, err);
+  ruda_future_free(f);
+  return rc;
 }

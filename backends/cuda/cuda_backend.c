@@ -626,6 +626,21 @@ static int cu_event_query(void *state, void *event) {
   return r != CUDA_ERROR_NOT_READY;
 }
 
+/* Any thread: a client running a worker's command in place. */
+static int cu_exec_enter(void *state, ruda__exec_guard *g) {
+  ruda__cu_guard cg;
+  if (ruda__cu_enter(state, &cg) != 0) return ruda_error_code(ruda_last_error());
+  g->prev = cg.prev;
+  g->changed = cg.changed;
+  return 0;
+}
+
+static void cu_exec_leave(void *state, ruda__exec_guard *g) {
+  (void)state;
+  ruda__cu_guard cg = {g->prev, g->changed};
+  ruda__cu_leave(&cg);
+}
+
 static void cu_event_release(void *state, void *event) {
   ruda__cu_event_put(state, event);
 }
@@ -740,6 +755,8 @@ static const ruda__backend_ops cuda_ops = {
     .launch = ruda__cu_launch,
     .record = cu_record,
     .event_wait = cu_event_wait,
+    .exec_enter = cu_exec_enter,
+    .exec_leave = cu_exec_leave,
     .event_query = cu_event_query,
     .event_release = cu_event_release,
     .stream_wait = cu_stream_wait,

@@ -63,6 +63,7 @@
 
 #include <stdint.h>
 
+#include "ruda/error.h"
 #include "ruda/export.h"
 #include "ruda/types.h"
 
@@ -110,6 +111,18 @@ RUDA_EXTERN int ruda_graph_replay(struct ruda_device *dev, ruda_stream_id stream
  * fut; otherwise as ruda_graph_replay. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_graph_replay_async(struct ruda_device *dev, ruda_stream_id stream, ruda_graph *g,
                                         ruda_future **fut);
+
+/* Replays g on stream and waits until it ran: ruda_graph_replay_async
+ * and ruda_future_wait in one call, for a request served synchronously
+ * (upload, kernels, download, result). Blocking. When stream's worker has
+ * nothing queued or running, the calling thread issues the replay itself
+ * instead of handing it to the worker and waiting for the hand-back; it
+ * is then ordered and reported exactly as if the worker had. Returns 0, a
+ * code of ruda_graph_replay_async (nothing ran, *err NULL), or the code
+ * ruda_future_wait returns, with the stream's errors in *err (free with
+ * ruda_error_free; err may be NULL). Thread-safe. */
+RUDA_EXTERN int ruda_graph_run(struct ruda_device *dev, ruda_stream_id stream, ruda_graph *g,
+                               ruda_error **err);
 
 /* Releases g. Replays already enqueued still run; the graph's memory and
  * buffers go back after the last of them. g must not be used after. */

@@ -4,6 +4,7 @@
  * is refused, failures name the command, destroy and close with replays
  * and captures in flight. */
 #include <pthread.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -510,6 +511,203 @@ static void replays_of_one_graph_never_overlap(void **state) {
   test_close(dev);
 }
 
+/* ---- ruda_graph_run ---- */
+
+/* where(x): x[i] += 1, and notes the thread it ran on. Read by the test
+ * after the run returned (the run's completion orders it). */
+static pthread_t ran_on;
+static int k_where(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  uint64_t *x = args[0];
+  for (int i = 0; i < N; i++) x[i] += 1;
+  ran_on = pthread_self();
+  return 0;
+}
+
+static ruda_graph *capture_where(ruda_device *dev, ruda_stream_id s, ruda_handle x) {
+  ruda_graph *g;
+  assert_ok(ruda_graph_begin_capture(dev, s));
+  ruda_arg a = ruda_arg_buffer(ruda_bind(x));
+  assert_ok(test_launch(dev, s, "where", &a, 1));
+  assert_ok(ruda_graph_end_capture(dev, s, &g));
+  return g;
+}
+
+/* The worker gave its state back (it does so just after completing a
+ * future, so a caller back from a sync may still find it held). */
+static void worker_idle(ruda_device *dev, ruda_stream_id s) {
+  ruda__worker *w = &dev->workers[s % dev->nworkers];
+  for (int i = 0; atomic_load(&w->exec) != 0; i++) {
+    assert_true(i < 1000000);
+    sched_yield();
+  }
+}
+
+typedef struct runner {
+  ruda_device *dev;
+  ruda_graph *g;
+  ruda_stream_id s;
+  int rc;
+  pthread_t self;
+  atomic_int done;
+} runner;
+
+static void *run_once(void *p) {
+  runner *r = p;
+  r->self = pthread_self();
+  r->rc = ruda_graph_run(r->dev, r->s, r->g, NULL);
+  atomic_store(&r->done, 1);
+  return NULL;
+}
+
+/* With the worker idle the caller issues the replay itself; with the
+ * worker busy the replay queues behind what it runs, and runs there. */
+static void run_issues_in_place_only_when_the_worker_is_idle(void **state) {
+  (void)state;
+  ruda_device *dev = open_graphs(2);
+  assert_ok(ruda_host_kernel_register(dev, "where", k_where));
+  ruda_handle x = buffer_of(dev, 0, 0);
+  assert_ok(ruda_sync(dev, 0, NULL));
+  ruda_graph *g = capture_where(dev, 0, x);
+  worker_idle(dev, 0);
+  for (int r = 0; r < 10; r++) {
+    ruda_error *err = (ruda_error *)1;
+    assert_ok(ruda_graph_run(dev, 0, g, &err));
+    assert_null(err);
+    assert_true(pthread_equal(ran_on, pthread_self()));
+  }
+  /* The worker is held by a closed gate: the run waits for it. */
+  atomic_store(&test_gate_open, 0);
+  assert_ok(test_launch(dev, 0, "gate", NULL, 0));
+  runner rn = {.dev = dev, .g = g, .s = 0};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, run_once, &rn), 0);
+  usleep(20000);
+  assert_int_equal(atomic_load(&rn.done), 0);
+  atomic_store(&test_gate_open, 1);
+  pthread_join(t, NULL);
+  assert_ok(rn.rc);
+  assert_false(pthread_equal(ran_on, rn.self));
+  assert_false(pthread_equal(ran_on, pthread_self()));
+  uint64_t got[N];
+  test_read(dev, 1, ruda_bind(x), got, sizeof got);
+  for (int i = 0; i < N; i++) assert_int_equal(got[i], (uint64_t)i + 11);
+  assert_ok(ruda_graph_destroy(dev, g));
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  test_close(dev);
+}
+
+/* Bad input is refused at the call; a failure in place is reported as the
+ * worker would have: the run's code, the stream's errors handed back. */
+static void run_reports_failures_and_refuses_bad_input(void **state) {
+  (void)state;
+  ruda_device *dev = open_graphs(2);
+  ruda_error *err = (ruda_error *)1;
+  assert_rc(ruda_graph_run(dev, 0, NULL, &err), RUDA_EINVAL);
+  assert_null(err);
+  assert_rc(ruda_graph_run(NULL, 0, NULL, NULL), RUDA_EINVAL);
+  ruda_handle x = buffer_of(dev, 0, 0);
+  ruda_graph *g;
+  assert_ok(ruda_graph_begin_capture(dev, 0));
+  assert_ok(launch1(dev, 0, "twice", x, NULL));
+  assert_ok(test_launch(dev, 0, "fail", NULL, 0));
+  assert_ok(ruda_graph_end_capture(dev, 0, &g));
+  assert_ok(ruda_sync(dev, 0, NULL));
+  worker_idle(dev, 0);
+  assert_rc(ruda_graph_run(dev, 0, g, &err), RUDA_EUNHEALTHY);
+  assert_non_null(err);
+  const ruda_error *e = ruda_error_cause(err);
+  assert_non_null(e);
+  assert_int_equal(ruda_error_code(e), RUDA_EGENERIC);
+  assert_contains(ruda_error_message(e), "command 2 (launch of fail)");
+  ruda_error_free(err);
+  assert_ok(ruda_flush(dev, 0, NULL)); /* handed over by the run */
+  assert_ok(ruda_graph_begin_capture(dev, 1));
+  assert_rc(ruda_graph_run(dev, 1, g, NULL), RUDA_EGRAPHSTATE);
+  assert_ok(ruda_graph_abort_capture(dev, 1));
+  assert_ok(ruda_graph_destroy(dev, g));
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  test_close(dev);
+}
+
+/* A run after a writer on another worker waits for it (it does not run in
+ * place over the writer), and later uses follow the run. */
+static void run_follows_a_writer_on_another_stream(void **state) {
+  (void)state;
+  ruda_device *dev = open_graphs(4);
+  assert_ok(ruda_host_kernel_register(dev, "where", k_where));
+  ruda_handle x = buffer_of(dev, 0, 0);
+  assert_ok(ruda_sync(dev, 0, NULL));
+  ruda_graph *g = capture_where(dev, 0, x);
+  const uint64_t hundred = 100;
+  atomic_store(&test_gate_open, 0);
+  assert_ok(test_launch(dev, 2, "gate", NULL, 0));
+  assert_ok(launch1(dev, 2, "set", x, &hundred));
+  runner rn = {.dev = dev, .g = g, .s = 3};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, run_once, &rn), 0);
+  usleep(20000);
+  assert_int_equal(atomic_load(&rn.done), 0);
+  atomic_store(&test_gate_open, 1);
+  pthread_join(t, NULL);
+  assert_ok(rn.rc);
+  assert_ok(launch1(dev, 1, "twice", x, NULL));
+  uint64_t got[N];
+  test_read(dev, 1, ruda_bind(x), got, sizeof got);
+  for (int i = 0; i < N; i++) assert_int_equal(got[i], 202);
+  assert_ok(ruda_graph_destroy(dev, g));
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  test_close(dev);
+}
+
+static void *run_many(void *p) {
+  racer *r = p;
+  for (int i = 0; i < 200; i++) {
+    if (ruda_graph_run(r->dev, 0, r->shared, NULL) != 0) return (void *)1;
+    if (ruda_graph_run(r->dev, r->s, r->own, NULL) != 0) return (void *)1;
+  }
+  return NULL;
+}
+
+/* Runs in place and replays through the queue, from four threads at once
+ * on a shared stream and on streams sharing workers: every increment is
+ * counted once, whoever ran it. */
+static void runs_and_replays_race_from_threads(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(3, 4096, RUDA_BACKPRESSURE_BLOCK); /* five streams on three workers */
+  assert_ok(ruda_host_kernel_register(dev, "add", k_add));
+  ruda_handle x = buffer_of(dev, 0, 0), y[4];
+  ruda_graph *g = capture_add_one(dev, 0, x), *own[4];
+  for (int i = 0; i < 4; i++) {
+    ruda_stream_id s = (ruda_stream_id)i + 1;
+    y[i] = buffer_of(dev, s, 0);
+    own[i] = capture_add_one(dev, s, y[i]);
+  }
+  pthread_t t[4];
+  racer r[4];
+  for (int i = 0; i < 4; i++) {
+    r[i] = (racer){dev, g, own[i], (ruda_stream_id)i + 1};
+    pthread_create(&t[i], NULL, i % 2 ? run_many : replay_many, &r[i]);
+  }
+  for (int i = 0; i < 4; i++) {
+    void *rc;
+    pthread_join(t[i], &rc);
+    assert_null(rc);
+  }
+  uint64_t got[N];
+  test_read(dev, 0, ruda_bind(x), got, sizeof got);
+  for (int i = 0; i < N; i++) assert_int_equal(got[i], (uint64_t)i + 800);
+  for (int k = 0; k < 4; k++) {
+    test_read(dev, (ruda_stream_id)k + 1, ruda_bind(y[k]), got, sizeof got);
+    for (int i = 0; i < N; i++) assert_int_equal(got[i], (uint64_t)i + 200);
+    assert_ok(ruda_graph_destroy(dev, own[k]));
+    assert_ok(ruda_buffer_free(dev, (ruda_stream_id)k + 1, y[k]));
+  }
+  assert_ok(ruda_graph_destroy(dev, g));
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  test_close(dev);
+}
+
 static void prepare_routes_to_the_persistent_pool(void **state) {
   (void)state;
   ruda_device *dev = open_graphs(1);
@@ -577,6 +775,10 @@ int main(int argc, char **argv) {
       cmocka_unit_test(close_frees_captures_and_graphs),
       cmocka_unit_test(replays_race_from_threads),
       cmocka_unit_test(replays_of_one_graph_never_overlap),
+      cmocka_unit_test(run_issues_in_place_only_when_the_worker_is_idle),
+      cmocka_unit_test(run_reports_failures_and_refuses_bad_input),
+      cmocka_unit_test(run_follows_a_writer_on_another_stream),
+      cmocka_unit_test(runs_and_replays_race_from_threads),
       cmocka_unit_test(prepare_routes_to_the_persistent_pool),
       cmocka_unit_test(prepare_on_the_current_stream),
   };

@@ -1,0 +1,76 @@
+/* inline.c - a client running its own command in place of its worker.
+ *
+ * A client that waits for a command right after issuing it (ruda_graph_run)
+ * gains nothing from handing it to the worker thread and waiting for the
+ * hand-back, and pays for it: two threads touch the driver's state for one
+ * request. So when the stream's worker has nothing queued and is not
+ * running anything, the client takes the worker's exec word and runs the
+ * command itself, on the worker's state, exactly as the worker would. The
+ * command still takes the worker's next ticket, so tickets and `done` keep
+ * counting the same commands in the same order (scheduler/order.h) and
+ * cross-stream ordering cannot tell the difference. Anything queued, a
+ * push racing with ours, a command that must wait for another worker, or
+ * observed workers (RUDA_TRACE, NVTX, RUDA_WORKER_STATS, which are kept on
+ * the worker thread) send the command the usual way.
+ *
+ * Thread-safe; never blocks on the device (the backend's calls return once
+ * the work is submitted). The caller pays the driver calls the worker
+ * would have made.
+ */
+#include <sched.h>
+
+#include "scheduler/device.h"
+#include "base/sync.h"
+
+/* How long a client waits for another client running in place on the
+ * same worker (one command's driver calls) before queueing instead. */
+#define TURN_WAIT_NS 50000u
+
+int ruda__inline_run(ruda__worker *w, ruda__cmd *cmd) {
+  ruda_device *dev = w->dev;
+  if (w->observed || dev->cfg.launch_blocking) return 0;
+  /* Streams sharing a worker share its device stream: a client finding
+   * another in place waits its turn (short) rather than waking the
+   * worker; a worker running a batch means work is queued: push. */
+  uint64_t deadline = 0;
+  for (unsigned spins = 0;; spins++) {
+    if (!cds_wfcq_empty(&w->head, &w->tail)) return 0;
+    uint32_t held = ruda__exec_try(w, RUDA__EXEC_CLIENT);
+    if (held == 0) break;
+    if (held == RUDA__EXEC_WORKER) return 0;
+    if (deadline == 0) deadline = ruda__now_ns() + TURN_WAIT_NS;
+    else if (ruda__now_ns() > deadline) return 0;
+    if (spins < 64) ruda__cpu_relax();
+    else sched_yield();
+  }
+  ruda__exec_guard guard = {0};
+  /* Holding exec: nothing runs on the worker, so `done` is stable. Equal
+   * to the tickets and an empty queue: nothing pushed is left to run. */
+  uint64_t t = atomic_load_explicit(&w->tickets, memory_order_seq_cst);
+  if (w->trace != NULL || atomic_load_explicit(&w->done, memory_order_relaxed) != t ||
+      !cds_wfcq_empty(&w->head, &w->tail) ||
+      (dev->ops->exec_enter != NULL && dev->ops->exec_enter(dev->bstate, &guard) != 0)) {
+    ruda__exec_release(w);
+    return 0;
+  }
+  /* Take the next ticket unless a push took it first (that command is
+   * then ahead of ours, so ours goes behind it through the queue). */
+  if (!atomic_compare_exchange_strong_explicit(&w->tickets, &t, t + 1, memory_order_seq_cst,
+                                               memory_order_relaxed)) {
+    if (dev->ops->exec_leave != NULL) dev->ops->exec_leave(dev->bstate, &guard);
+    ruda__exec_release(w);
+    return 0;
+  }
+  ruda__execute(w, cmd); /* reports a failure on the stream, completes the future */
+  ruda__cmd_free(cmd);
+  const int retiring = dev->ops->progress != NULL && dev->ops->progress(w->wstate);
+  if (dev->ops->exec_leave != NULL) dev->ops->exec_leave(dev->bstate, &guard);
+  /* The place the caller's admission took, as the worker gives it back. */
+  atomic_fetch_sub_explicit(&w->depth, 1, memory_order_relaxed);
+  ck_ec32_inc(&w->space, &ruda__ec_mp);
+  ruda__exec_release(w);
+  /* The worker may sleep without a timeout: have it poll what the
+   * command left retiring (write staging). */
+  if (retiring) ck_ec32_inc(&w->wake, &ruda__ec_mp);
+  return 1;
+}
