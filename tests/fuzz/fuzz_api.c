@@ -258,7 +258,7 @@ static void step(fuzz *z) {
       CHECK(ruda_graph_destroy(z->dev, g) == 0, "destroy");
       break;
     }
-    case 12: { /* a request graph: upload, add, download; replayed with new input */
+    case 12: { /* a request graph: upload, add, download; replayed (or run) with new input */
       if (!b->live) break;
       uint32_t v = next(z), len = b->size, times = 1 + next(z) % 3;
       unsigned char *in = NULL, *out = NULL, stack[MAXB];
@@ -280,9 +280,13 @@ static void step(fuzz *z) {
         const ruda_stream_id rs = (s + t) % NSTREAMS;
         memset(in, next(z), len);
         ruda_future *f = NULL;
-        CHECK(ruda_graph_replay_async(z->dev, rs, g, &f) == 0 && f != NULL, "replay_async");
         ruda_error *err = NULL;
-        rc = ruda_future_wait(f, &err);
+        if (next(z) & 1) { /* served in one call, in place when the worker is idle */
+          rc = ruda_graph_run(z->dev, rs, g, &err);
+        } else {
+          CHECK(ruda_graph_replay_async(z->dev, rs, g, &f) == 0 && f != NULL, "replay_async");
+          rc = ruda_future_wait(f, &err);
+        }
         int n = count_errors(err);
         CHECK(rc == 0 || (rc == RUDA_EUNHEALTHY && n > 0), "replay future: %s", ruda_err_name(rc));
         CHECK(n <= z->errors[rs], "a replay on stream %llu handed back %d errors, %d failed there",

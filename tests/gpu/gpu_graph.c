@@ -2,9 +2,11 @@
  * captures the recorded launches into a CUDA graph at the first replay and
  * launches the instantiated graph after; replays rerun the sequence once
  * each, follow other streams' writers, copies are recorded too, and a
- * graph destroyed with replays in flight lets them finish. Under the mock
+ * graph destroyed with replays in flight lets them finish, and
+ * ruda_graph_run serves requests from the calling thread. Under the mock
  * driver the same paths run against its capture emulation. */
 #include "gpu_common.h"
+#include "backends/cuda/cuda_internal.h"
 #include "scheduler/graph.h"
 #include "scheduler/submit.h"
 #include "src/api.h"
@@ -182,6 +184,49 @@ static void request_graph_moves_current_blocks(void **state) {
   test_close(dev);
 }
 
+/* ruda_graph_run serves requests synchronously: with the worker idle the
+ * calling thread issues the replay itself, and leaves that thread's
+ * current context as it found it. */
+static void run_serves_requests_in_place(void **state) {
+  (void)state;
+  ruda_device *dev = open_graph_gpu();
+  const unsigned n = 1u << 12;
+  ruda_handle h;
+  assert_ok(ruda_buffer_create(dev, 0, (uint64_t)n * 4, &h));
+  unsigned *in, *out;
+  assert_ok(ruda_staging_alloc(dev, (size_t)n * 4, (void **)&in));
+  assert_ok(ruda_staging_alloc(dev, (size_t)n * 4, (void **)&out));
+  ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(h));
+  ruda_graph *g;
+  ruda_future *f = NULL;
+  assert_ok(ruda_graph_begin_capture(dev, 0));
+  assert_ok(ruda_write_staged(dev, 0, &d, in, (size_t)n * 4));
+  step(dev, 0, h, n, 5);
+  assert_ok(ruda_read(dev, 0, &d, out, (size_t)n * 4, &f));
+  assert_ok(ruda_graph_end_capture(dev, 0, &g));
+  gpu_sync_ok(dev, 0);
+  CUcontext before = (CUcontext)1, after = (CUcontext)1;
+  ruda__cu.cuCtxGetCurrent(&before);
+  for (int r = 0; r < 20; r++) {
+    const unsigned input = r % 3 == 1 ? 7 : 5, want = r % 3 == 1 ? 0xffffffffu : 6;
+    for (unsigned i = 0; i < n; i++) in[i] = input;
+    memset(out, 0, (size_t)n * 4);
+    ruda_error *err = NULL;
+    assert_ok(ruda_graph_run(dev, (ruda_stream_id)(r % 2), g, &err));
+    assert_null(err);
+    for (unsigned i = 0; i < n; i++)
+      if (out[i] != want) fail_msg("run %d: element %u is %#x, expected %#x", r, i, out[i], want);
+  }
+  ruda__cu.cuCtxGetCurrent(&after);
+  assert_ptr_equal(before, after);
+  assert_ok(ruda_graph_destroy(dev, g));
+  assert_ok(ruda_buffer_free(dev, 0, h));
+  gpu_sync_ok(dev, 0);
+  assert_ok(ruda_staging_free(dev, in));
+  assert_ok(ruda_staging_free(dev, out));
+  test_close(dev);
+}
+
 static void destroyed_with_replays_in_flight(void **state) {
   (void)state;
   ruda_device *dev = open_graph_gpu();
@@ -202,6 +247,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(copies_are_recorded),
       cmocka_unit_test(request_graph_moves_current_blocks),
       cmocka_unit_test(destroyed_with_replays_in_flight),
+      cmocka_unit_test(run_serves_requests_in_place),
   };
   return gpu_main("gpu_graph", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
