@@ -85,16 +85,36 @@ typedef struct ruda__completion {
 } ruda__completion;
 
 /* A collective as the worker runs it (ruda/comm.h). */
-typedef enum { RUDA__COLL_ALL_REDUCE, RUDA__COLL_SEND, RUDA__COLL_RECV } ruda__coll_kind;
+typedef enum {
+  RUDA__COLL_ALL_REDUCE,
+  RUDA__COLL_SEND,
+  RUDA__COLL_RECV,
+  RUDA__COLL_REDUCE,
+  RUDA__COLL_BROADCAST,
+  RUDA__COLL_ALL_GATHER,
+  RUDA__COLL_REDUCE_SCATTER
+} ruda__coll_kind;
 
 typedef struct ruda__coll {
   void *rank_handle; /* the backend's handle of this rank (comm_init) */
-  uint32_t kind, rank, peer;
+  uint32_t kind, rank, peer; /* peer: the root of reduce and broadcast */
   uint32_t dtype, op; /* ruda_dtype, ruda_reduce_op */
   uint64_t src, dst;  /* device addresses (host pointers on the host backend) */
-  uint64_t count;     /* elements (all-reduce) or bytes (send, recv) */
+  /* Elements, or bytes for send and recv. All-gather: each rank's part
+   * (dst holds nranks of them); reduce-scatter: each rank's result (src
+   * holds nranks of them). */
+  uint64_t count;
   uint64_t dst_bytes; /* room at dst */
+  uint32_t nranks;
 } ruda__coll;
+
+/* What a collective's src and dst hold, in elements (send, recv: bytes). */
+static inline uint64_t ruda__coll_src_count(const ruda__coll *k) {
+  return k->kind == RUDA__COLL_REDUCE_SCATTER ? k->count * k->nranks : k->count;
+}
+static inline uint64_t ruda__coll_dst_count(const ruda__coll *k) {
+  return k->kind == RUDA__COLL_ALL_GATHER ? k->count * k->nranks : k->count;
+}
 
 /* What the device hands a backend at open. The backend keeps what it
  * needs (a copy of the fields, the callbacks); cfg is valid for the call

@@ -12,6 +12,7 @@
  * (backends/cuda/cuda_comm.c), an in-memory exchange between the ranks'
  * workers on host (backends/host/host_comm.c).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,12 +31,14 @@ struct ruda_comm {
   int live;               /* counted in each device's comms */
 };
 
-static const size_t dtype_size[] = {4, 8, 4, 8};
+static const size_t dtype_size[] = {4, 8, 4, 8, 2, 2, 1, 1};
+
+size_t ruda_dtype_size(ruda_dtype t) { return (unsigned)t <= RUDA_DTYPE_U8 ? dtype_size[t] : 0; }
 
 static uint64_t next_comm_id = 1;
 
 static int check_dtype(ruda_dtype t, ruda_reduce_op op, const char *fn) {
-  if ((unsigned)t > RUDA_DTYPE_I64) return ruda__fail(RUDA_EINVAL, "%s: unknown element type %d", fn, (int)t);
+  if ((unsigned)t > RUDA_DTYPE_U8) return ruda__fail(RUDA_EINVAL, "%s: unknown element type %d", fn, (int)t);
   if ((unsigned)op > RUDA_REDUCE_MAX) return ruda__fail(RUDA_EINVAL, "%s: unknown reduction %d", fn, (int)op);
   return 0;
 }
@@ -230,13 +233,21 @@ static void unpin_all(ruda_device *dev, const uint32_t *pins, uint32_t n) {
   for (uint32_t i = 0; i < n; i++) ruda__handles_unpin(&dev->handles, pins[i], NULL);
 }
 
-int ruda_all_reduce(ruda_comm *c, ruda_device *dev, ruda_binding src, ruda_binding dst, ruda_dtype dtype,
-                    ruda_reduce_op op) {
-  static const char fn[] = "ruda_all_reduce";
+static const char *const coll_name[] = {"ruda_all_reduce", "ruda_send", "ruda_recv", "ruda_reduce",
+                                        "ruda_broadcast", "ruda_all_gather", "ruda_reduce_scatter"};
+
+/* The five collectives: src read, dst written, sizes checked against the
+ * kind (ruda/comm.h), then one command on the rank's collective stream. */
+static int collective(ruda_comm *c, ruda_device *dev, ruda_binding src, ruda_binding dst, ruda_dtype dtype,
+                      ruda_reduce_op op, uint32_t root, uint32_t kind) {
+  const char *fn = coll_name[kind];
   uint32_t r = 0;
   int rc = rank_of(c, dev, fn, &r);
-  if (rc == 0) rc = check_dtype(dtype, op, fn);
+  const int reduces = kind != RUDA__COLL_BROADCAST && kind != RUDA__COLL_ALL_GATHER;
+  if (rc == 0) rc = check_dtype(dtype, reduces ? op : RUDA_REDUCE_SUM, fn);
   if (rc != 0) return rc;
+  if ((kind == RUDA__COLL_REDUCE || kind == RUDA__COLL_BROADCAST) && root >= c->n)
+    return ruda__fail(RUDA_EINVAL, "%s: root %u is no rank (ranks 0..%u)", fn, root, c->n - 1);
   ruda__stream *s = c->streams[r];
   ruda__order o;
   ruda__order_init(&o);
@@ -248,26 +259,73 @@ int ruda_all_reduce(ruda_comm *c, ruda_device *dev, ruda_binding src, ruda_bindi
     return rc;
   }
   uint32_t pins[2] = {src.handle.slot, dst.handle.slot};
-  const size_t es = dtype_size[dtype];
-  if (sl % es != 0 || dl < sl) {
-    ruda__order_abandon(&o);
-    unpin_all(dev, pins, 2);
-    return ruda__fail(RUDA_EINVAL, "%s: src holds %llu bytes, %s", fn, (unsigned long long)sl,
-                      sl % es ? "not a whole number of elements" : "more than dst");
+  const uint64_t es = dtype_size[dtype], n = c->n;
+  uint64_t count = sl / es, need = sl; /* elements per rank; dst bytes needed */
+  if (kind == RUDA__COLL_ALL_GATHER) need = sl * n;
+  if (kind == RUDA__COLL_REDUCE_SCATTER) count = sl / es / n, need = count * es;
+  const char *bad = NULL;
+  char why[160];
+  if (sl % es != 0) {
+    bad = "src does not hold a whole number of elements";
+  } else if (kind == RUDA__COLL_REDUCE_SCATTER && (sl / es) % n != 0) {
+    snprintf(why, sizeof why, "src holds %llu elements, not a multiple of the %llu ranks",
+             (unsigned long long)(sl / es), (unsigned long long)n);
+    bad = why;
+  } else if (dl < need) {
+    snprintf(why, sizeof why, "dst holds %llu bytes, %llu needed", (unsigned long long)dl, (unsigned long long)need);
+    bad = why;
+  } else if (sa % es != 0 || da % es != 0) { /* elements are loaded as their type */
+    snprintf(why, sizeof why, "the %s binding starts at offset %llu, not a multiple of the %llu-byte element",
+             sa % es ? "src" : "dst", (unsigned long long)(sa % es ? src.offset : dst.offset),
+             (unsigned long long)es);
+    bad = why;
   }
-  if (sa % es != 0 || da % es != 0) { /* elements are loaded as their type */
+  if (bad != NULL) {
     ruda__order_abandon(&o);
     unpin_all(dev, pins, 2);
-    return ruda__fail(RUDA_EINVAL, "%s: the %s binding starts at offset %llu, not a multiple of the %zu-byte element",
-                      fn, sa % es ? "src" : "dst", (unsigned long long)(sa % es ? src.offset : dst.offset), es);
+    return ruda__fail(RUDA_EINVAL, "%s: %s", fn, bad);
   }
   const uint32_t me = c->base + r;
-  ruda__coll k = {c->ranks[r], RUDA__COLL_ALL_REDUCE, me, me, (uint32_t)dtype, (uint32_t)op, sa, da, sl / es, dl};
+  ruda__coll k = {.rank_handle = c->ranks[r],
+                  .kind = kind,
+                  .rank = me,
+                  .peer = (kind == RUDA__COLL_REDUCE || kind == RUDA__COLL_BROADCAST) ? root : me,
+                  .dtype = (uint32_t)dtype,
+                  .op = reduces ? (uint32_t)op : RUDA_REDUCE_SUM,
+                  .src = sa,
+                  .dst = da,
+                  .count = count,
+                  .dst_bytes = dl,
+                  .nranks = c->n};
   if ((rc = issue(c, r, &k, pins, 2, &o, fn)) != 0) {
     ruda__order_abandon(&o);
     unpin_all(dev, pins, 2);
   }
   return rc;
+}
+
+int ruda_all_reduce(ruda_comm *c, ruda_device *dev, ruda_binding src, ruda_binding dst, ruda_dtype dtype,
+                    ruda_reduce_op op) {
+  return collective(c, dev, src, dst, dtype, op, 0, RUDA__COLL_ALL_REDUCE);
+}
+
+int ruda_reduce(ruda_comm *c, ruda_device *dev, ruda_binding src, ruda_binding dst, ruda_dtype dtype,
+                ruda_reduce_op op, uint32_t root) {
+  return collective(c, dev, src, dst, dtype, op, root, RUDA__COLL_REDUCE);
+}
+
+int ruda_broadcast(ruda_comm *c, ruda_device *dev, ruda_binding src, ruda_binding dst, ruda_dtype dtype,
+                   uint32_t root) {
+  return collective(c, dev, src, dst, dtype, RUDA_REDUCE_SUM, root, RUDA__COLL_BROADCAST);
+}
+
+int ruda_all_gather(ruda_comm *c, ruda_device *dev, ruda_binding src, ruda_binding dst, ruda_dtype dtype) {
+  return collective(c, dev, src, dst, dtype, RUDA_REDUCE_SUM, 0, RUDA__COLL_ALL_GATHER);
+}
+
+int ruda_reduce_scatter(ruda_comm *c, ruda_device *dev, ruda_binding src, ruda_binding dst, ruda_dtype dtype,
+                        ruda_reduce_op op) {
+  return collective(c, dev, src, dst, dtype, op, 0, RUDA__COLL_REDUCE_SCATTER);
 }
 
 static int p2p(ruda_comm *c, ruda_device *dev, ruda_binding b, uint32_t peer, uint32_t kind, const char *fn) {
@@ -285,8 +343,15 @@ static int p2p(ruda_comm *c, ruda_device *dev, ruda_binding b, uint32_t peer, ui
                               kind == RUDA__COLL_SEND ? RUDA__USE_READ : RUDA__USE_WRITE)) != 0)
     return rc;
   uint32_t slot = b.handle.slot;
-  ruda__coll k = {c->ranks[r],      kind, c->base + r, peer, 0, 0, kind == RUDA__COLL_SEND ? a : 0,
-                  kind == RUDA__COLL_RECV ? a : 0, l, l};
+  ruda__coll k = {.rank_handle = c->ranks[r],
+                  .kind = kind,
+                  .rank = c->base + r,
+                  .peer = peer,
+                  .src = kind == RUDA__COLL_SEND ? a : 0,
+                  .dst = kind == RUDA__COLL_RECV ? a : 0,
+                  .count = l,
+                  .dst_bytes = l,
+                  .nranks = c->n};
   if ((rc = issue(c, r, &k, &slot, 1, &o, fn)) != 0) {
     ruda__order_abandon(&o);
     unpin_all(dev, &slot, 1);

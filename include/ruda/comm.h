@@ -19,13 +19,16 @@
  * collective stream; ruda_comm_sync waits for the rank's collectives and
  * hands them back.
  *
- * Element types and reductions: f32, f64, i32, i64; sum, mean (integers
- * truncate), min, max. The devices must outlive the communicator:
- * destroy it before closing any of them.
+ * Collectives: all-reduce, reduce, broadcast, all-gather, reduce-scatter
+ * (NCCL's five), and point to point send and recv. Element types f32, f64,
+ * f16, bf16, i32, i64, i8, u8; reductions sum, mean (integers truncate),
+ * min, max (integer sums wrap, as NCCL's do). The devices must outlive the
+ * communicator: destroy it before closing any of them.
  */
 #ifndef RUDA_COMM_H
 #define RUDA_COMM_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "ruda/error.h"
@@ -40,7 +43,19 @@ extern "C" {
 typedef struct ruda_comm ruda_comm;
 
 /* Element types of collectives. */
-typedef enum ruda_dtype { RUDA_DTYPE_F32 = 0, RUDA_DTYPE_F64, RUDA_DTYPE_I32, RUDA_DTYPE_I64 } ruda_dtype;
+typedef enum ruda_dtype {
+  RUDA_DTYPE_F32 = 0,
+  RUDA_DTYPE_F64,
+  RUDA_DTYPE_I32,
+  RUDA_DTYPE_I64,
+  RUDA_DTYPE_F16,  /* IEEE binary16 */
+  RUDA_DTYPE_BF16, /* bfloat16: the upper half of an f32 */
+  RUDA_DTYPE_I8,
+  RUDA_DTYPE_U8
+} ruda_dtype;
+
+/* Bytes of one element of t, or 0 for an unknown type. */
+RUDA_EXTERN size_t ruda_dtype_size(ruda_dtype t);
 
 /* Reductions of ruda_all_reduce. */
 typedef enum ruda_reduce_op {
@@ -118,6 +133,32 @@ RUDA_EXTERN int ruda_comm_rank(const ruda_comm *comm, const struct ruda_device *
  * dev names the rank. */
 RUDA_EXTERN int ruda_all_reduce(ruda_comm *comm, struct ruda_device *dev, ruda_binding src, ruda_binding dst,
                                 ruda_dtype dtype, ruda_reduce_op op);
+
+/* dst = op over every rank's src, on the root only (other ranks' dst is
+ * not written; pass src). Sizes and bindings as for ruda_all_reduce;
+ * RUDA_EINVAL for a root that is no rank. */
+RUDA_EXTERN int ruda_reduce(ruda_comm *comm, struct ruda_device *dev, ruda_binding src, ruda_binding dst,
+                            ruda_dtype dtype, ruda_reduce_op op, uint32_t root);
+
+/* dst = the root's src, on every rank (the root's too: src and dst may be
+ * the same binding). Every rank passes a src of the same size, which
+ * gives the element count (only the root's is read: others may pass dst);
+ * dst must hold as many bytes. */
+RUDA_EXTERN int ruda_broadcast(ruda_comm *comm, struct ruda_device *dev, ruda_binding src, ruda_binding dst,
+                               ruda_dtype dtype, uint32_t root);
+
+/* dst = every rank's src, in rank order: rank r's count elements land at
+ * element r * count of dst, which must hold nranks * count elements (count:
+ * src's elements, the same on every rank). */
+RUDA_EXTERN int ruda_all_gather(ruda_comm *comm, struct ruda_device *dev, ruda_binding src, ruda_binding dst,
+                                ruda_dtype dtype);
+
+/* The all-reduce of src (nranks * count elements, the same on every rank),
+ * scattered: rank r's dst gets elements r * count .. (r + 1) * count of the
+ * result. src must hold a whole multiple of nranks elements; dst at least
+ * count elements. */
+RUDA_EXTERN int ruda_reduce_scatter(ruda_comm *comm, struct ruda_device *dev, ruda_binding src, ruda_binding dst,
+                                    ruda_dtype dtype, ruda_reduce_op op);
 
 /* Point to point: src's bytes from dev's rank to peer, where the peer's
  * matching ruda_recv writes them into dst, whose binding must be exactly
