@@ -289,7 +289,7 @@ static int collective(ruda_comm *c, ruda_device *dev, ruda_binding src, ruda_bin
   ruda__coll k = {.rank_handle = c->ranks[r],
                   .kind = kind,
                   .rank = me,
-                  .peer = (kind == RUDA__COLL_REDUCE || kind == RUDA__COLL_BROADCAST) ? root : me,
+                  .peer = (kind == RUDA__COLL_REDUCE || kind == RUDA__COLL_BROADCAST) ? root : 0,
                   .dtype = (uint32_t)dtype,
                   .op = reduces ? (uint32_t)op : RUDA_REDUCE_SUM,
                   .src = sa,

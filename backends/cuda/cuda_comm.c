@@ -49,12 +49,14 @@ int ruda__cu_comm_init_rank(void *state, uint32_t nranks, uint32_t rank, const r
 #include <dlfcn.h>
 #include <nccl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define NCCL_FUNCS(X)                                                                            \
   X(ncclGetVersion) X(ncclCommInitAll) X(ncclCommDestroy) X(ncclAllReduce) X(ncclSend) X(ncclRecv) \
-  X(ncclGetErrorString) X(ncclGetUniqueId) X(ncclCommInitRank)
+  X(ncclGetErrorString) X(ncclGetUniqueId) X(ncclCommInitRank) X(ncclReduce) X(ncclBroadcast) X(ncclAllGather)     \
+  X(ncclReduceScatter)
 
 static struct {
 #define NCCL_FIELD(name) __typeof__(&name) name;
@@ -177,7 +179,8 @@ void ruda__cu_comm_destroy(void *state, void *rank) {
   if (rank != NULL && nccl.ncclCommDestroy != NULL) nccl.ncclCommDestroy((ncclComm_t)rank);
 }
 
-static const ncclDataType_t nccl_type[] = {ncclFloat32, ncclFloat64, ncclInt32, ncclInt64};
+static const ncclDataType_t nccl_type[] = {ncclFloat32, ncclFloat64, ncclInt32, ncclInt64,
+                                           ncclFloat16, ncclBfloat16, ncclInt8,  ncclUint8};
 static const ncclRedOp_t nccl_op[] = {ncclSum, ncclAvg, ncclMin, ncclMax};
 
 int ruda__cu_collective(void *ws, void *rank, const ruda__coll *c, ruda_error **err) {
@@ -186,20 +189,46 @@ int ruda__cu_collective(void *ws, void *rank, const ruda__coll *c, ruda_error **
   cudaStream_t st = (cudaStream_t)w->stream;
   ncclResult_t res;
   const char *what;
-  if (c->kind == RUDA__COLL_ALL_REDUCE) {
-    what = "ncclAllReduce";
-    res = nccl.ncclAllReduce((const void *)(uintptr_t)c->src, (void *)(uintptr_t)c->dst, c->count,
-                             nccl_type[c->dtype], nccl_op[c->op], comm, st);
-  } else if (c->kind == RUDA__COLL_SEND) {
-    what = "ncclSend";
-    res = nccl.ncclSend((const void *)(uintptr_t)c->src, c->count, ncclUint8, (int)c->peer, comm, st);
-  } else {
-    what = "ncclRecv";
-    res = nccl.ncclRecv((void *)(uintptr_t)c->dst, c->count, ncclUint8, (int)c->peer, comm, st);
+  const void *src = (const void *)(uintptr_t)c->src;
+  void *dst = (void *)(uintptr_t)c->dst;
+  const ncclDataType_t t = nccl_type[c->dtype];
+  switch (c->kind) {
+    case RUDA__COLL_ALL_REDUCE:
+      what = "ncclAllReduce";
+      res = nccl.ncclAllReduce(src, dst, c->count, t, nccl_op[c->op], comm, st);
+      break;
+    case RUDA__COLL_REDUCE:
+      what = "ncclReduce";
+      res = nccl.ncclReduce(src, dst, c->count, t, nccl_op[c->op], (int)c->peer, comm, st);
+      break;
+    case RUDA__COLL_BROADCAST:
+      what = "ncclBroadcast";
+      res = nccl.ncclBroadcast(src, dst, c->count, t, (int)c->peer, comm, st);
+      break;
+    case RUDA__COLL_ALL_GATHER:
+      what = "ncclAllGather";
+      res = nccl.ncclAllGather(src, dst, c->count, t, comm, st);
+      break;
+    case RUDA__COLL_REDUCE_SCATTER:
+      what = "ncclReduceScatter";
+      res = nccl.ncclReduceScatter(src, dst, c->count, t, nccl_op[c->op], comm, st);
+      break;
+    case RUDA__COLL_SEND:
+      what = "ncclSend";
+      res = nccl.ncclSend(src, c->count, ncclUint8, (int)c->peer, comm, st);
+      break;
+    default:
+      what = "ncclRecv";
+      res = nccl.ncclRecv(dst, c->count, ncclUint8, (int)c->peer, comm, st);
+      break;
   }
   if (res == ncclSuccess) return 0;
-  *err = ruda__error_new(RUDA_ECUDA, res, "%s (rank %u, peer %u, %llu %s): NCCL %d.%d.%d: %s", what, c->rank,
-                         c->peer, (unsigned long long)c->count, c->kind == RUDA__COLL_ALL_REDUCE ? "elements" : "bytes",
+  const int p2p = c->kind == RUDA__COLL_SEND || c->kind == RUDA__COLL_RECV;
+  const int rooted = c->kind == RUDA__COLL_REDUCE || c->kind == RUDA__COLL_BROADCAST;
+  char with[32] = "";
+  if (p2p || rooted) snprintf(with, sizeof with, "%s %u, ", p2p ? "peer" : "root", c->peer);
+  *err = ruda__error_new(RUDA_ECUDA, res, "%s (rank %u, %s%llu %s): NCCL %d.%d.%d: %s", what, c->rank, with,
+                         (unsigned long long)c->count, p2p ? "bytes" : "elements",
                          nccl.version / 10000, nccl.version / 100 % 100, nccl.version % 100,
                          nccl.ncclGetErrorString(res));
   return RUDA_ECUDA;

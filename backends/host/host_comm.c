@@ -1,10 +1,15 @@
 /* host_comm.c - collectives of the host backend: the ranks' workers meet
- * in memory.
+ * in memory, or go through the application's transport.
  *
- * An all-reduce waits until every rank arrived with its k-th collective,
- * the last to arrive reduces into a scratch buffer, every rank copies the
- * result out and the last to leave opens the next round; a send waits in
- * its pair's mailbox until the receiver copied. A worker blocks here as a
+ * A collective (all-reduce, reduce, broadcast, all-gather, reduce-scatter)
+ * waits until every rank arrived with its k-th one, the last to arrive
+ * computes the result into a scratch buffer, every rank copies its part
+ * out and the last to leave opens the next round; a send waits in its
+ * pair's mailbox until the receiver copied. Through a transport (ranks in
+ * several processes) the four newer collectives are made of the
+ * transport's all-reduce: reduce and reduce-scatter reduce everything and
+ * keep their part; broadcast and all-gather sum bytes (u8) that only one
+ * rank contributes, so the transport needs nothing more. A worker blocks here as a
  * GPU stream waits in an NCCL kernel for its peers. One lock per
  * communicator; every wait is on its condition variable, bounded by
  * RUDA_COMM_TIMEOUT: a rank that never comes breaks the communicator
@@ -12,12 +17,14 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <time.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backends/host/host_backend.h"
+#include "base/half.h"
 #include "ruda/comm.h"
 
 /* One round at a time for all-reduces, one mailbox per ordered pair of
@@ -40,13 +47,13 @@ typedef struct host_exchange {
   uint8_t *here;    /* per rank: arrived this round */
   struct {
     uint64_t count;
-    uint32_t dtype, op;
+    uint32_t kind, dtype, op, root;
   } *asked; /* per rank, this round: what it brought */
   void *scratch;
   size_t scratch_bytes;
   uint64_t count;
-  uint32_t dtype, op;
-  int mismatch; /* ranks disagreed on count, type or op */
+  uint32_t kind, dtype, op, root;
+  int mismatch; /* ranks disagreed on the collective, count, type, op or root */
   mailbox *box; /* n x n: box[from * n + to] */
   uint64_t timeout_ns; /* RUDA_COMM_TIMEOUT; 0: wait for ever */
   /* Set once a wait timed out: the ranks are out of step for good, so
@@ -58,12 +65,12 @@ typedef struct host_exchange {
  * application's transport (ranks in several: ruda_comm_init_rank). */
 typedef struct host_rank {
   host_exchange *x;
-  uint32_t rank;
+  uint32_t rank, nranks;
   int external;
   ruda_comm_transport t;
 } host_rank;
 
-static const size_t dtype_size[] = {4, 8, 4, 8};
+static const size_t dtype_size[] = {4, 8, 4, 8, 2, 2, 1, 1};
 
 static void exchange_free(host_exchange *h) {
   pthread_mutex_destroy(&h->lock);
@@ -88,8 +95,11 @@ static uint64_t comm_timeout_ns(void) {
   return (uint64_t)ms * 1000000;
 }
 
-static const char *const dtype_name[] = {"f32", "f64", "i32", "i64"};
+static const char *const dtype_name[] = {"f32", "f64", "i32", "i64", "f16", "bf16", "i8", "u8"};
 static const char *const op_name[] = {"sum", "mean", "min", "max"};
+/* By ruda__coll_kind. */
+static const char *const kind_name[] = {"all-reduce", "send",      "recv",          "reduce",
+                                        "broadcast",  "all-gather", "reduce-scatter"};
 
 /* Waits on the exchange until ready(h, arg) holds, the exchange broke, or
  * the deadline passed (then breaks it with a message from why). Lock
@@ -163,7 +173,6 @@ int ruda__host_comm_init(void *const *states, uint32_t n, void **ranks) {
 int ruda__host_comm_init_rank(void *state, uint32_t nranks, uint32_t rank, const ruda_comm_id *id,
                               const ruda_comm_transport *transport, void **handle) {
   (void)state;
-  (void)nranks;
   (void)id;
   if (transport == NULL)
     return ruda__fail(RUDA_ENOBACKEND,
@@ -172,32 +181,75 @@ int ruda__host_comm_init_rank(void *state, uint32_t nranks, uint32_t rank, const
   host_rank *r = calloc(1, sizeof *r);
   if (r == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_comm_init_rank: out of host memory");
   r->rank = rank;
+  r->nranks = nranks;
   r->external = 1;
   r->t = *transport;
   *handle = r;
   return 0;
 }
 
+/* Broadcast and all-gather through the transport's all-reduce: a sum of
+ * bytes that one rank contributes and the others zero, exact in u8. */
+static int external_bytes(host_rank *r, const ruda__coll *k, size_t es, char *why, size_t why_len) {
+  const size_t part = (size_t)k->count * es;
+  const size_t total = k->kind == RUDA__COLL_ALL_GATHER ? part * r->nranks : part;
+  unsigned char *buf = calloc(total ? total : 1, 1);
+  if (buf == NULL) {
+    snprintf(why, why_len, "no host memory for %zu bytes", total);
+    return RUDA_ENOMEM;
+  }
+  const void *src = (const void *)(uintptr_t)k->src;
+  if (k->kind == RUDA__COLL_ALL_GATHER) memcpy(buf + part * r->rank, src, part);
+  else if (r->rank == k->peer) memcpy(buf, src, part);
+  int rc = r->t.all_reduce(r->t.ctx, buf, buf, total, RUDA_DTYPE_U8, RUDA_REDUCE_SUM, why, why_len);
+  if (rc == 0) memcpy((void *)(uintptr_t)k->dst, buf, total);
+  free(buf);
+  return rc;
+}
+
+/* Reduce and reduce-scatter through the transport's all-reduce: every
+ * rank reduces the whole source and keeps its part. */
+static int external_reduce(host_rank *r, const ruda__coll *k, size_t es, char *why, size_t why_len) {
+  const uint64_t total = ruda__coll_src_count(k);
+  void *buf = malloc(total ? (size_t)total * es : 1);
+  if (buf == NULL) {
+    snprintf(why, why_len, "no host memory for %llu bytes", (unsigned long long)(total * es));
+    return RUDA_ENOMEM;
+  }
+  int rc = r->t.all_reduce(r->t.ctx, (const void *)(uintptr_t)k->src, buf, total, (ruda_dtype)k->dtype,
+                           (ruda_reduce_op)k->op, why, why_len);
+  if (rc == 0 && k->kind == RUDA__COLL_REDUCE_SCATTER)
+    memcpy((void *)(uintptr_t)k->dst, (char *)buf + (size_t)k->count * es * r->rank, (size_t)k->count * es);
+  else if (rc == 0 && r->rank == k->peer)
+    memcpy((void *)(uintptr_t)k->dst, buf, (size_t)k->count * es);
+  free(buf);
+  return rc;
+}
+
 /* A collective through the application's transport, on the worker. */
 static int external_collective(host_rank *r, const ruda__coll *k, ruda_error **err) {
   char why[300] = "";
   int rc;
-  const char *what;
-  if (k->kind == RUDA__COLL_ALL_REDUCE) {
-    what = "all-reduce";
-    rc = r->t.all_reduce(r->t.ctx, (const void *)(uintptr_t)k->src, (void *)(uintptr_t)k->dst, k->count,
-                         (ruda_dtype)k->dtype, (ruda_reduce_op)k->op, why, sizeof why);
-  } else if (k->kind == RUDA__COLL_SEND) {
-    what = "send";
-    rc = r->t.send(r->t.ctx, (const void *)(uintptr_t)k->src, k->count, k->peer, why, sizeof why);
-  } else {
-    what = "recv";
-    rc = r->t.recv(r->t.ctx, (void *)(uintptr_t)k->dst, k->count, k->peer, why, sizeof why);
+  const size_t es = dtype_size[k->dtype];
+  switch (k->kind) {
+    case RUDA__COLL_ALL_REDUCE:
+      rc = r->t.all_reduce(r->t.ctx, (const void *)(uintptr_t)k->src, (void *)(uintptr_t)k->dst, k->count,
+                           (ruda_dtype)k->dtype, (ruda_reduce_op)k->op, why, sizeof why);
+      break;
+    case RUDA__COLL_SEND: rc = r->t.send(r->t.ctx, (const void *)(uintptr_t)k->src, k->count, k->peer, why, sizeof why); break;
+    case RUDA__COLL_RECV: rc = r->t.recv(r->t.ctx, (void *)(uintptr_t)k->dst, k->count, k->peer, why, sizeof why); break;
+    case RUDA__COLL_BROADCAST:
+    case RUDA__COLL_ALL_GATHER: rc = external_bytes(r, k, es, why, sizeof why); break;
+    default: rc = external_reduce(r, k, es, why, sizeof why); break;
   }
   if (rc == 0) return 0;
   if (rc > 0) rc = RUDA_EGENERIC; /* a transport that returned a positive code */
-  *err = ruda__error_new(rc, 0, "%s on rank %u (peer %u, %llu %s) through the transport: %.300s", what, r->rank,
-                         k->peer, (unsigned long long)k->count, k->kind == RUDA__COLL_ALL_REDUCE ? "elements" : "bytes",
+  const int p2p = k->kind == RUDA__COLL_SEND || k->kind == RUDA__COLL_RECV;
+  const int rooted = k->kind == RUDA__COLL_REDUCE || k->kind == RUDA__COLL_BROADCAST;
+  char with[32] = "";
+  if (p2p || rooted) snprintf(with, sizeof with, "%s %u, ", p2p ? "peer" : "root", k->peer);
+  *err = ruda__error_new(rc, 0, "%s on rank %u (%s%llu %s) through the transport: %.300s", kind_name[k->kind], r->rank,
+                         with, (unsigned long long)k->count, p2p ? "bytes" : dtype_name[k->dtype],
                          why[0] ? why : ruda_err_name(rc));
   return rc;
 }
@@ -229,28 +281,92 @@ void ruda__host_comm_destroy(void *state, void *rank) {
     }                                                                             \
   }                                                                               \
   static void mean_##T(T *acc, uint64_t n, uint32_t ranks) {                      \
-    for (uint64_t i = 0; i < n; i++) acc[i] /= (T)ranks;                          \
+    for (uint64_t i = 0; i < n; i++) acc[i] = (T)(acc[i] / (T)ranks);             \
   }
 REDUCE(float, float)
 REDUCE(double, double)
 REDUCE(int32_t, uint32_t)
 REDUCE(int64_t, uint64_t)
+REDUCE(int8_t, uint8_t)
+REDUCE(uint8_t, uint8_t)
 
-static void host_reduce(host_exchange *h, uint32_t n) {
-  const size_t es = dtype_size[h->dtype], bytes = h->count * es;
-  memcpy(h->scratch, h->src[0], bytes);
-  for (uint32_t r = 1; r < n; r++) switch (h->dtype) {
-      case RUDA_DTYPE_F32: reduce_float(h->scratch, h->src[r], h->count, h->op); break;
-      case RUDA_DTYPE_F64: reduce_double(h->scratch, h->src[r], h->count, h->op); break;
-      case RUDA_DTYPE_I32: reduce_int32_t(h->scratch, h->src[r], h->count, h->op); break;
-      default: reduce_int64_t(h->scratch, h->src[r], h->count, h->op); break;
-    }
-  if (h->op != RUDA_REDUCE_MEAN) return;
-  switch (h->dtype) {
-    case RUDA_DTYPE_F32: mean_float(h->scratch, h->count, n); break;
-    case RUDA_DTYPE_F64: mean_double(h->scratch, h->count, n); break;
-    case RUDA_DTYPE_I32: mean_int32_t(h->scratch, h->count, n); break;
-    default: mean_int64_t(h->scratch, h->count, n); break;
+/* f16 and bf16: each step in f32, rounded back to the type, as a device
+ * reduction step stores it. */
+#define REDUCE_HALF(NAME, TO, FROM)                                               \
+  static void reduce_##NAME(uint16_t *acc, const uint16_t *x, uint64_t n, uint32_t op) { \
+    for (uint64_t i = 0; i < n; i++) {                                            \
+      float a = TO(acc[i]), b = TO(x[i]);                                         \
+      acc[i] = FROM(op == RUDA_REDUCE_MIN ? (b < a ? b : a) : op == RUDA_REDUCE_MAX ? (b > a ? b : a) : a + b); \
+    }                                                                             \
+  }                                                                               \
+  static void mean_##NAME(uint16_t *acc, uint64_t n, uint32_t ranks) {            \
+    for (uint64_t i = 0; i < n; i++) acc[i] = FROM(TO(acc[i]) / (float)ranks);    \
+  }
+REDUCE_HALF(f16, ruda__f16_to_f32, ruda__f32_to_f16)
+REDUCE_HALF(bf16, ruda__bf16_to_f32, ruda__f32_to_bf16)
+
+/* acc = op(acc, x) over n elements of type t. */
+static void reduce_into(void *acc, const void *x, uint64_t n, uint32_t t, uint32_t op) {
+  switch (t) {
+    case RUDA_DTYPE_F32: reduce_float(acc, x, n, op); break;
+    case RUDA_DTYPE_F64: reduce_double(acc, x, n, op); break;
+    case RUDA_DTYPE_I32: reduce_int32_t(acc, x, n, op); break;
+    case RUDA_DTYPE_I64: reduce_int64_t(acc, x, n, op); break;
+    case RUDA_DTYPE_F16: reduce_f16(acc, x, n, op); break;
+    case RUDA_DTYPE_BF16: reduce_bf16(acc, x, n, op); break;
+    case RUDA_DTYPE_I8: reduce_int8_t(acc, x, n, op); break;
+    default: reduce_uint8_t(acc, x, n, op); break;
+  }
+}
+
+static void mean_of(void *acc, uint64_t n, uint32_t t, uint32_t ranks) {
+  switch (t) {
+    case RUDA_DTYPE_F32: mean_float(acc, n, ranks); break;
+    case RUDA_DTYPE_F64: mean_double(acc, n, ranks); break;
+    case RUDA_DTYPE_I32: mean_int32_t(acc, n, ranks); break;
+    case RUDA_DTYPE_I64: mean_int64_t(acc, n, ranks); break;
+    case RUDA_DTYPE_F16: mean_f16(acc, n, ranks); break;
+    case RUDA_DTYPE_BF16: mean_bf16(acc, n, ranks); break;
+    case RUDA_DTYPE_I8: mean_int8_t(acc, n, ranks); break;
+    default: mean_uint8_t(acc, n, ranks); break;
+  }
+}
+
+/* Elements of the round's scratch: what one rank brings (all-reduce,
+ * reduce, broadcast, reduce-scatter's whole source) or all of them
+ * (all-gather). */
+static uint64_t scratch_count(const host_exchange *h) {
+  return h->kind == RUDA__COLL_ALL_GATHER || h->kind == RUDA__COLL_REDUCE_SCATTER ? h->count * h->n : h->count;
+}
+
+/* The last rank to arrive: the round's result into scratch. */
+static void compute_round(host_exchange *h) {
+  const size_t es = dtype_size[h->dtype], part = (size_t)h->count * es;
+  if (h->kind == RUDA__COLL_BROADCAST) {
+    memcpy(h->scratch, h->src[h->root], part);
+    return;
+  }
+  if (h->kind == RUDA__COLL_ALL_GATHER) {
+    for (uint32_t r = 0; r < h->n; r++) memcpy((char *)h->scratch + part * r, h->src[r], part);
+    return;
+  }
+  const uint64_t n = scratch_count(h);
+  memcpy(h->scratch, h->src[0], (size_t)n * es);
+  for (uint32_t r = 1; r < h->n; r++) reduce_into(h->scratch, h->src[r], n, h->dtype, h->op);
+  if (h->op == RUDA_REDUCE_MEAN) mean_of(h->scratch, n, h->dtype, h->n);
+}
+
+/* A rank leaving the round: its part of the result into its dst. */
+static void copy_out(const host_exchange *h, const ruda__coll *k) {
+  const size_t es = dtype_size[h->dtype], part = (size_t)h->count * es;
+  void *dst = (void *)(uintptr_t)k->dst;
+  switch (h->kind) {
+    case RUDA__COLL_REDUCE:
+      if (k->rank == h->root) memcpy(dst, h->scratch, part);
+      break;
+    case RUDA__COLL_ALL_GATHER: memcpy(dst, h->scratch, part * h->n); break;
+    case RUDA__COLL_REDUCE_SCATTER: memcpy(dst, (const char *)h->scratch + part * k->rank, part); break;
+    default: memcpy(dst, h->scratch, part); break;
   }
 }
 
@@ -274,7 +390,7 @@ static int all_here(host_exchange *h, const void *arg) {
 /* Which ranks the round is still waiting for. */
 static void missing_ranks(host_exchange *h, const void *arg, char *out, size_t len) {
   const ruda__coll *k = arg;
-  int at = snprintf(out, len, "all-reduce #%llu timed out after %llu ms on rank %u: rank%s ",
+  int at = snprintf(out, len, "%s #%llu timed out after %llu ms on rank %u: rank%s ", kind_name[k->kind],
                     (unsigned long long)h->round + 1, (unsigned long long)(h->timeout_ns / 1000000), k->rank,
                     h->n - h->arrived == 1 ? "" : "s");
   int first = 1;
@@ -288,67 +404,80 @@ static void missing_ranks(host_exchange *h, const void *arg, char *out, size_t l
 
 static void previous_round(host_exchange *h, const void *arg, char *out, size_t len) {
   const ruda__coll *k = arg;
-  snprintf(out, len, "all-reduce #%llu on rank %u: ranks still leaving the previous round after %llu ms",
-           (unsigned long long)h->round + 1, k->rank, (unsigned long long)(h->timeout_ns / 1000000));
+  snprintf(out, len, "%s #%llu on rank %u: ranks still leaving the previous round after %llu ms",
+           kind_name[k->kind], (unsigned long long)h->round + 1, k->rank, (unsigned long long)(h->timeout_ns / 1000000));
 }
 
 /* What each rank brought, for the mismatch message. */
 static void describe_round(host_exchange *h, char *out, size_t len) {
   int at = 0;
   for (uint32_t r = 0; r < h->n && at >= 0 && (size_t)at < len; r++)
-    at += snprintf(out + at, len - (size_t)at, "%srank %u: %llu x %s %s", r ? ", " : "", r,
-                   (unsigned long long)h->asked[r].count,
-                   h->asked[r].dtype < 4 ? dtype_name[h->asked[r].dtype] : "?",
-                   h->asked[r].op < 4 ? op_name[h->asked[r].op] : "?");
+    if (h->here[r]) {
+      const uint32_t kind = h->asked[r].kind;
+      const int reduces = kind != RUDA__COLL_BROADCAST && kind != RUDA__COLL_ALL_GATHER;
+      const int rooted = kind == RUDA__COLL_REDUCE || kind == RUDA__COLL_BROADCAST;
+      at += snprintf(out + at, len - (size_t)at, "%srank %u: %s%s%llu x %s%s%s", r ? ", " : "", r,
+                     kind == h->kind && kind == RUDA__COLL_ALL_REDUCE ? "" : kind_name[kind],
+                     kind == h->kind && kind == RUDA__COLL_ALL_REDUCE ? "" : " ",
+                     (unsigned long long)h->asked[r].count, dtype_name[h->asked[r].dtype], reduces ? " " : "",
+                     reduces ? op_name[h->asked[r].op] : "");
+      if (rooted && at > 0 && (size_t)at < len)
+        at += snprintf(out + at, len - (size_t)at, " to root %u", h->asked[r].root);
+    }
 }
 
-static int host_all_reduce(host_exchange *h, const ruda__coll *k, ruda_error **err) {
+static int host_round(host_exchange *h, const ruda__coll *k, ruda_error **err) {
   const size_t es = dtype_size[k->dtype];
   int rc = 0;
   struct timespec ts, *dl = deadline_of(h, &ts);
   pthread_mutex_lock(&h->lock);
   if ((rc = refuse_broken(h, err)) != 0) goto out;
   /* Two phases per round: gather until every rank arrived, then leave
-   * until every rank copied the result out. A rank back for the next
-   * round waits for the last one to leave this one. */
+   * until every rank copied its part out. A rank back for the next round
+   * waits for the last one to leave this one. */
   if ((rc = wait_for(h, not_leaving, k, dl, previous_round, err)) != 0) goto out;
   if (h->arrived == 0) {
+    h->kind = k->kind;
     h->count = k->count;
     h->dtype = k->dtype;
     h->op = k->op;
+    h->root = k->peer;
     h->mismatch = 0;
     memset(h->here, 0, h->n);
-  } else if (h->count != k->count || h->dtype != k->dtype || h->op != k->op) {
+  } else if (h->kind != k->kind || h->count != k->count || h->dtype != k->dtype || h->op != k->op ||
+             h->root != k->peer) {
     h->mismatch = 1;
   }
   h->src[k->rank] = (const void *)(uintptr_t)k->src;
   h->here[k->rank] = 1;
+  h->asked[k->rank].kind = k->kind;
   h->asked[k->rank].count = k->count;
   h->asked[k->rank].dtype = k->dtype;
   h->asked[k->rank].op = k->op;
+  h->asked[k->rank].root = k->peer;
   if (++h->arrived == h->n) {
-    size_t bytes = (size_t)h->count * es;
+    size_t bytes = (size_t)scratch_count(h) * es;
     if (!h->mismatch && bytes > h->scratch_bytes) {
       void *p = realloc(h->scratch, bytes);
       if (p == NULL) h->mismatch = 2;
       else h->scratch = p, h->scratch_bytes = bytes;
     }
-    if (!h->mismatch) host_reduce(h, h->n);
+    if (!h->mismatch) compute_round(h);
     h->leaving = 1;
     pthread_cond_broadcast(&h->cond);
   }
   if ((rc = wait_for(h, all_here, k, dl, missing_ranks, err)) != 0) goto out;
   if (h->mismatch == 0) {
-    memcpy((void *)(uintptr_t)k->dst, h->scratch, (size_t)h->count * es);
+    copy_out(h, k);
   } else if (h->mismatch == 2) {
     rc = RUDA_ENOMEM;
-    *err = ruda__error_new(rc, 0, "all-reduce #%llu on rank %u: no host memory for the reduction",
+    *err = ruda__error_new(rc, 0, "%s #%llu on rank %u: no host memory for the result", kind_name[h->kind],
                            (unsigned long long)h->round + 1, k->rank);
   } else {
-    char what[300];
+    char what[400];
     describe_round(h, what, sizeof what);
     rc = RUDA_EINVAL;
-    *err = ruda__error_new(rc, 0, "all-reduce #%llu on rank %u: ranks disagree (%s)",
+    *err = ruda__error_new(rc, 0, "%s #%llu on rank %u: ranks disagree (%s)", kind_name[k->kind],
                            (unsigned long long)h->round + 1, k->rank, what);
   }
   if (++h->left == h->n) {
@@ -432,5 +561,5 @@ int ruda__host_collective(void *wstate, void *rank, const ruda__coll *k, ruda_er
   host_rank *r = rank;
   if (r->external) return external_collective(r, k, err);
   host_exchange *h = r->x;
-  return k->kind == RUDA__COLL_ALL_REDUCE ? host_all_reduce(h, k, err) : host_p2p(h, k, err);
+  return k->kind == RUDA__COLL_SEND || k->kind == RUDA__COLL_RECV ? host_p2p(h, k, err) : host_round(h, k, err);
 }

@@ -121,6 +121,26 @@ static void one_rank_by_unique_id(void **state) {
   assert_ok(ruda_comm_sync(comm, dev, NULL));
   test_read(dev, 0, ruda_bind(y), out, sizeof out);
   assert_memory_equal(in, out, sizeof in);
+  /* NCCL's other collectives and narrow types: with one rank each is a
+   * copy of its source, in whatever type (the bytes as given: 1024 of
+   * them are 512 f16, 512 bf16 or 1024 i8/u8 elements). */
+  static const ruda_dtype types[] = {RUDA_DTYPE_F16, RUDA_DTYPE_BF16, RUDA_DTYPE_I8, RUDA_DTYPE_U8, RUDA_DTYPE_F64};
+  for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+    for (int kind = 0; kind < 5; kind++) {
+      const ruda_dtype dt = types[ti];
+      memset(out, 0, sizeof out);
+      test_write(dev, 0, ruda_bind(y), out, sizeof out);
+      if (kind == 0) assert_ok(ruda_reduce(comm, dev, ruda_bind(x), ruda_bind(y), dt, RUDA_REDUCE_SUM, 0));
+      if (kind == 1) assert_ok(ruda_broadcast(comm, dev, ruda_bind(x), ruda_bind(y), dt, 0));
+      if (kind == 2) assert_ok(ruda_all_gather(comm, dev, ruda_bind(x), ruda_bind(y), dt));
+      if (kind == 3) assert_ok(ruda_reduce_scatter(comm, dev, ruda_bind(x), ruda_bind(y), dt, RUDA_REDUCE_MIN));
+      if (kind == 4) assert_ok(ruda_all_reduce(comm, dev, ruda_bind(x), ruda_bind(y), dt, RUDA_REDUCE_MEAN));
+      ruda_error *errs = NULL;
+      int src = ruda_comm_sync(comm, dev, &errs);
+      if (src != 0) fail_msg("type %d collective %d: %s", (int)dt, kind, ruda_error_message(ruda_error_cause(errs)));
+      test_read(dev, 0, ruda_bind(y), out, sizeof out);
+      if (memcmp(in, out, sizeof in) != 0) fail_msg("type %d collective %d: not a copy of the source", (int)dt, kind);
+    }
   assert_ok(ruda_comm_destroy(comm));
   assert_ok(ruda_buffer_free(dev, 0, x));
   assert_ok(ruda_buffer_free(dev, 0, y));

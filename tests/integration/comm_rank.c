@@ -11,6 +11,7 @@
 typedef struct loop {
   int calls, released, fail;
   uint64_t last_count;
+  ruda_dtype last_type;
   pthread_t caller;
 } loop;
 
@@ -26,7 +27,8 @@ static int lo_all_reduce(void *ctx, const void *src, void *dst, uint64_t count, 
     snprintf(why, n, "the test's transport refused");
     return RUDA_EGENERIC;
   }
-  memmove(dst, src, count * (t == RUDA_DTYPE_F64 || t == RUDA_DTYPE_I64 ? 8 : 4));
+  l->last_type = t;
+  memmove(dst, src, count * ruda_dtype_size(t));
   return 0;
 }
 
@@ -74,6 +76,30 @@ static void init_rank_with_a_transport(void **state) {
   assert_false(pthread_equal(l.caller, pthread_self())); /* on the worker */
   test_read(dev, 0, ruda_bind(y), out, sizeof out);
   assert_memory_equal(in, out, sizeof in);
+  /* The newer collectives go through the transport's all-reduce: reduce
+   * and reduce-scatter in their type, broadcast and all-gather as bytes. */
+  const struct {
+    int kind;
+    ruda_dtype sent;
+    uint64_t count;
+  } via[4] = {{0, RUDA_DTYPE_F32, 16}, {1, RUDA_DTYPE_U8, sizeof in}, {2, RUDA_DTYPE_U8, sizeof in},
+              {3, RUDA_DTYPE_F32, 16}};
+  for (int v = 0; v < 4; v++) {
+    memset(out, 0, sizeof out);
+    test_write(dev, 0, ruda_bind(y), out, sizeof out);
+    int calls = l.calls;
+    if (via[v].kind == 0) assert_ok(ruda_reduce(c, dev, ruda_bind(x), ruda_bind(y), RUDA_DTYPE_F32, RUDA_REDUCE_MAX, 0));
+    if (via[v].kind == 1) assert_ok(ruda_broadcast(c, dev, ruda_bind(x), ruda_bind(y), RUDA_DTYPE_F32, 0));
+    if (via[v].kind == 2) assert_ok(ruda_all_gather(c, dev, ruda_bind(x), ruda_bind(y), RUDA_DTYPE_F32));
+    if (via[v].kind == 3)
+      assert_ok(ruda_reduce_scatter(c, dev, ruda_bind(x), ruda_bind(y), RUDA_DTYPE_F32, RUDA_REDUCE_SUM));
+    assert_ok(ruda_comm_sync(c, dev, NULL));
+    assert_int_equal(l.calls, calls + 1);
+    assert_int_equal(l.last_type, via[v].sent);
+    assert_int_equal(l.last_count, via[v].count);
+    test_read(dev, 0, ruda_bind(y), out, sizeof out);
+    assert_memory_equal(in, out, sizeof in);
+  }
   /* Sends to oneself are refused at the call; the transport is not asked. */
   assert_rc(ruda_send(c, dev, ruda_bind(x), 0), RUDA_EINVAL);
   /* A transport failure comes back on the rank's stream with its words. */

@@ -1,5 +1,6 @@
 /* comm.c - collectives on the host backend: all-reduce of every type and
- * reduction across 1..4 devices, in place too, ordered after the kernels
+ * reduction across 1..4 devices, in place too; reduce, broadcast,
+ * all-gather and reduce-scatter against the CPU; ordered after the kernels
  * that wrote the sources; send and recv; every bad input; ranks that
  * disagree, a recv too small; destroy waits for what is queued. */
 #include <pthread.h>
@@ -7,6 +8,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "base/half.h"
 
 #define N 64
 
@@ -43,11 +45,21 @@ static void close_ranks(ranks *r) {
   for (uint32_t i = 0; i < r->n; i++) test_close(r->dev[i]);
 }
 
-static const size_t esize[] = {4, 8, 4, 8};
+static const size_t esize[] = {4, 8, 4, 8, 2, 2, 1, 1};
 
+static int is_int(ruda_dtype t) {
+  return t == RUDA_DTYPE_I32 || t == RUDA_DTYPE_I64 || t == RUDA_DTYPE_I8 || t == RUDA_DTYPE_U8;
+}
+
+/* Inputs every type holds exactly, whose sums over 4 ranks stay exact
+ * (bf16 keeps 8 significant bits: small integers); i8 and u8 sums wrap.
+ * A source longer than N (reduce-scatter's) adds its block number. */
 static double value(ruda_dtype t, uint32_t rank, int i) {
-  double v = (double)(rank + 1) * 10.0 + (double)i;
-  return t == RUDA_DTYPE_F32 || t == RUDA_DTYPE_F64 ? v + 0.25 : v;
+  const double block = (double)(i / N);
+  i %= N;
+  if (t == RUDA_DTYPE_BF16) return (double)(rank + 1) * 2.0 + (double)(i % 8) + block;
+  double v = (double)(rank + 1) * 10.0 + (double)i + block;
+  return is_int(t) ? v : v + 0.25;
 }
 
 static void put(void *p, ruda_dtype t, int i, double v) {
@@ -55,7 +67,11 @@ static void put(void *p, ruda_dtype t, int i, double v) {
     case RUDA_DTYPE_F32: ((float *)p)[i] = (float)v; break;
     case RUDA_DTYPE_F64: ((double *)p)[i] = v; break;
     case RUDA_DTYPE_I32: ((int32_t *)p)[i] = (int32_t)v; break;
-    default: ((int64_t *)p)[i] = (int64_t)v; break;
+    case RUDA_DTYPE_I64: ((int64_t *)p)[i] = (int64_t)v; break;
+    case RUDA_DTYPE_F16: ((uint16_t *)p)[i] = ruda__f32_to_f16((float)v); break;
+    case RUDA_DTYPE_BF16: ((uint16_t *)p)[i] = ruda__f32_to_bf16((float)v); break;
+    case RUDA_DTYPE_I8: ((int8_t *)p)[i] = (int8_t)v; break;
+    default: ((uint8_t *)p)[i] = (uint8_t)v; break;
   }
 }
 
@@ -64,8 +80,19 @@ static double get(const void *p, ruda_dtype t, int i) {
     case RUDA_DTYPE_F32: return ((const float *)p)[i];
     case RUDA_DTYPE_F64: return ((const double *)p)[i];
     case RUDA_DTYPE_I32: return ((const int32_t *)p)[i];
-    default: return (double)((const int64_t *)p)[i];
+    case RUDA_DTYPE_I64: return (double)((const int64_t *)p)[i];
+    case RUDA_DTYPE_F16: return ruda__f16_to_f32(((const uint16_t *)p)[i]);
+    case RUDA_DTYPE_BF16: return ruda__bf16_to_f32(((const uint16_t *)p)[i]);
+    case RUDA_DTYPE_I8: return ((const int8_t *)p)[i];
+    default: return ((const uint8_t *)p)[i];
   }
+}
+
+/* v as type t stores it: rounded (floats) or wrapped (i8, u8). */
+static double as_type(ruda_dtype t, double v) {
+  unsigned char b[8];
+  put(b, t, 0, v);
+  return get(b, t, 0);
 }
 
 /* The reduction over ranks of value(), as the type computes it. */
@@ -77,11 +104,15 @@ static double expect(ruda_dtype t, ruda_reduce_op op, uint32_t n, int i) {
     else if (op == RUDA_REDUCE_MAX) acc = v > acc ? v : acc;
     else acc += v;
   }
+  /* Integer sums wrap: i8 and u8 through their type, i32/i64 never
+   * reach it here. */
+  if (t == RUDA_DTYPE_I8) acc = (double)(int8_t)(uint8_t)(int64_t)acc;
+  if (t == RUDA_DTYPE_U8) acc = (double)(uint8_t)(int64_t)acc;
   if (op == RUDA_REDUCE_MEAN) {
-    if (t == RUDA_DTYPE_I32 || t == RUDA_DTYPE_I64) return (double)((int64_t)acc / (int64_t)n);
-    return acc / n;
+    if (is_int(t)) return (double)((int64_t)acc / (int64_t)n);
+    return as_type(t, acc / n);
   }
-  return acc;
+  return as_type(t, acc);
 }
 
 static void every_type_and_reduction(void **state) {
@@ -89,7 +120,7 @@ static void every_type_and_reduction(void **state) {
   for (uint32_t n = 1; n <= 4; n++) {
     ranks r;
     open_ranks(&r, n);
-    for (int t = RUDA_DTYPE_F32; t <= RUDA_DTYPE_I64; t++)
+    for (int t = RUDA_DTYPE_F32; t <= RUDA_DTYPE_U8; t++)
       for (int op = RUDA_REDUCE_SUM; op <= RUDA_REDUCE_MAX; op++) {
         const size_t bytes = N * esize[t];
         ruda_handle src[4], dst[4];
@@ -108,7 +139,7 @@ static void every_type_and_reduction(void **state) {
           test_read(r.dev[k], 1, ruda_bind(dst[k]), buf, bytes);
           for (int i = 0; i < N; i++) {
             double want = expect((ruda_dtype)t, (ruda_reduce_op)op, n, i), got = get(buf, (ruda_dtype)t, i);
-            if (got != want && !(t == RUDA_DTYPE_F32 && got == (double)(float)want))
+            if (got != want)
               fail_msg("n %u type %d op %d rank %u element %d: %g, expected %g", n, t, op, k, i, got, want);
           }
           if (k % 2 == 0) assert_ok(ruda_buffer_free(r.dev[k], 0, dst[k]));
@@ -121,6 +152,138 @@ static void every_type_and_reduction(void **state) {
 
 /* Sources written by kernels held behind a gate on user streams: the
  * all-reduce waits for them, and reads on a third stream wait for it. */
+/* Reduce (to the last rank), broadcast (from rank 1 % n), all-gather and
+ * reduce-scatter across 1..4 ranks, in several types, against the CPU;
+ * a reduce leaves the other ranks' dst alone. */
+static void rooted_and_gathering_collectives(void **state) {
+  (void)state;
+  static const ruda_dtype types[] = {RUDA_DTYPE_F32, RUDA_DTYPE_F64, RUDA_DTYPE_I64,
+                                     RUDA_DTYPE_F16, RUDA_DTYPE_BF16, RUDA_DTYPE_I8, RUDA_DTYPE_U8};
+  for (uint32_t n = 1; n <= 4; n++) {
+    ranks r;
+    open_ranks(&r, n);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+      const ruda_dtype t = types[ti];
+      const size_t es = esize[t], part = N * es;
+      const uint32_t root = n - 1, from = 1 % n;
+      ruda_handle src[4], all[4], dst[4];
+      unsigned char buf[4 * N * 8];
+      for (uint32_t k = 0; k < n; k++) {
+        /* src: N elements; all: n * N elements; dst: room for n * N. */
+        for (int i = 0; i < (int)(n * N); i++) put(buf, t, i, value(t, k, i));
+        assert_ok(ruda_buffer_create(r.dev[k], 0, part, &src[k]));
+        assert_ok(ruda_buffer_create(r.dev[k], 0, part * n, &all[k]));
+        assert_ok(ruda_buffer_create(r.dev[k], 0, part * n, &dst[k]));
+        test_write(r.dev[k], 0, ruda_bind(src[k]), buf, part);
+        test_write(r.dev[k], 0, ruda_bind(all[k]), buf, part * n);
+      }
+      /* Reduce: sentinel in every dst, only the root's changes. */
+      for (uint32_t k = 0; k < n; k++) {
+        memset(buf, 0x5a, part);
+        test_write(r.dev[k], 0, ruda_bind_range(dst[k], 0, part), buf, part);
+        assert_ok(ruda_reduce(r.comm, r.dev[k], ruda_bind(src[k]), ruda_bind_range(dst[k], 0, part), t,
+                              RUDA_REDUCE_SUM, root));
+      }
+      for (uint32_t k = 0; k < n; k++) {
+        test_read(r.dev[k], 1, ruda_bind_range(dst[k], 0, part), buf, part);
+        for (int i = 0; i < N; i++) {
+          if (k != root) {
+            if (buf[i * es] != 0x5a) fail_msg("reduce type %d: rank %u (not root) was written", t, k);
+            continue;
+          }
+          double want = expect(t, RUDA_REDUCE_SUM, n, i), got = get(buf, t, i);
+          if (got != want) fail_msg("reduce n %u type %d element %d: %g, expected %g", n, t, i, got, want);
+        }
+      }
+      /* Broadcast from rank `from`. */
+      for (uint32_t k = 0; k < n; k++)
+        assert_ok(ruda_broadcast(r.comm, r.dev[k], ruda_bind(src[k]), ruda_bind_range(dst[k], 0, part), t, from));
+      for (uint32_t k = 0; k < n; k++) {
+        test_read(r.dev[k], 1, ruda_bind_range(dst[k], 0, part), buf, part);
+        for (int i = 0; i < N; i++)
+          if (get(buf, t, i) != as_type(t, value(t, from, i)))
+            fail_msg("broadcast n %u type %d rank %u element %d: %g", n, t, k, i, get(buf, t, i));
+      }
+      /* All-gather: rank j's source at j * N. */
+      for (uint32_t k = 0; k < n; k++)
+        assert_ok(ruda_all_gather(r.comm, r.dev[k], ruda_bind(src[k]), ruda_bind(dst[k]), t));
+      for (uint32_t k = 0; k < n; k++) {
+        test_read(r.dev[k], 1, ruda_bind(dst[k]), buf, part * n);
+        for (uint32_t j = 0; j < n; j++)
+          for (int i = 0; i < N; i++)
+            if (get(buf, t, (int)j * N + i) != as_type(t, value(t, j, i)))
+              fail_msg("all-gather n %u type %d rank %u part %u element %d", n, t, k, j, i);
+      }
+      /* Reduce-scatter of n * N elements: rank k keeps part k. */
+      for (uint32_t k = 0; k < n; k++)
+        assert_ok(ruda_reduce_scatter(r.comm, r.dev[k], ruda_bind(all[k]), ruda_bind_range(dst[k], 0, part), t,
+                                      RUDA_REDUCE_MAX));
+      for (uint32_t k = 0; k < n; k++) {
+        test_read(r.dev[k], 1, ruda_bind_range(dst[k], 0, part), buf, part);
+        for (int i = 0; i < N; i++) {
+          double want = expect(t, RUDA_REDUCE_MAX, n, (int)k * N + i), got = get(buf, t, i);
+          if (got != want) fail_msg("reduce-scatter n %u type %d rank %u element %d: %g, expected %g", n, t, k, i, got, want);
+        }
+      }
+      for (uint32_t k = 0; k < n; k++) {
+        assert_ok(ruda_comm_sync(r.comm, r.dev[k], NULL));
+        assert_ok(ruda_buffer_free(r.dev[k], 0, src[k]));
+        assert_ok(ruda_buffer_free(r.dev[k], 0, all[k]));
+        assert_ok(ruda_buffer_free(r.dev[k], 0, dst[k]));
+      }
+    }
+    close_ranks(&r);
+  }
+}
+
+/* Bad sizes and roots of the newer collectives are refused at the call;
+ * ranks that bring different collectives to one round all fail it, with
+ * what each brought. */
+static void newer_collectives_refuse_and_disagree(void **state) {
+  (void)state;
+  ranks r;
+  open_ranks(&r, 2);
+  ruda_handle x, y, big;
+  assert_ok(ruda_buffer_create(r.dev[0], 0, 64, &x));
+  assert_ok(ruda_buffer_create(r.dev[0], 0, 60, &y));
+  assert_ok(ruda_buffer_create(r.dev[1], 0, 128, &big));
+  assert_rc(ruda_reduce(r.comm, r.dev[0], ruda_bind(x), ruda_bind(x), RUDA_DTYPE_F32, RUDA_REDUCE_SUM, 2), RUDA_EINVAL);
+  assert_last_error_contains("root 2 is no rank");
+  assert_rc(ruda_broadcast(r.comm, r.dev[0], ruda_bind(x), ruda_bind(x), RUDA_DTYPE_F32, 7), RUDA_EINVAL);
+  assert_rc(ruda_all_gather(r.comm, r.dev[0], ruda_bind(x), ruda_bind(x), RUDA_DTYPE_F32), RUDA_EINVAL);
+  assert_last_error_contains("dst holds 64 bytes, 128 needed");
+  /* 60 bytes of f16: 30 elements, not a multiple of... 2 ranks is fine;
+   * 15 f32 elements are not. */
+  assert_rc(ruda_reduce_scatter(r.comm, r.dev[0], ruda_bind(y), ruda_bind(x), RUDA_DTYPE_F32, RUDA_REDUCE_SUM),
+            RUDA_EINVAL);
+  assert_last_error_contains("not a multiple of the 2 ranks");
+  assert_rc(ruda_all_gather(r.comm, r.dev[0], ruda_bind(x), ruda_bind(x), (ruda_dtype)8), RUDA_EINVAL);
+  assert_int_equal(ruda_dtype_size(RUDA_DTYPE_BF16), 2);
+  assert_int_equal(ruda_dtype_size((ruda_dtype)8), 0);
+  /* Rank 0 broadcasts, rank 1 all-gathers: both fail, naming both. */
+  assert_ok(ruda_broadcast(r.comm, r.dev[0], ruda_bind(x), ruda_bind(x), RUDA_DTYPE_I8, 0));
+  assert_ok(ruda_all_gather(r.comm, r.dev[1], ruda_bind_range(big, 0, 64), ruda_bind(big), RUDA_DTYPE_I8));
+  for (uint32_t k = 0; k < 2; k++) {
+    ruda_error *errs = NULL;
+    assert_rc(ruda_comm_sync(r.comm, r.dev[k], &errs), RUDA_EUNHEALTHY);
+    const ruda_error *e = ruda_error_cause(errs);
+    assert_non_null(e);
+    assert_int_equal(ruda_error_code(e), RUDA_EINVAL);
+    assert_contains(ruda_error_message(e), "ranks disagree (rank 0: broadcast 64 x i8 to root 0, rank 1: all-gather 64 x i8)");
+    ruda_error_free(errs);
+  }
+  /* The communicator goes on working. */
+  for (uint32_t k = 0; k < 2; k++) {
+    ruda_handle h = k ? big : x;
+    assert_ok(ruda_broadcast(r.comm, r.dev[k], ruda_bind_range(h, 0, 64), ruda_bind_range(h, 0, 64), RUDA_DTYPE_U8, 1));
+  }
+  for (uint32_t k = 0; k < 2; k++) assert_ok(ruda_comm_sync(r.comm, r.dev[k], NULL));
+  assert_ok(ruda_buffer_free(r.dev[0], 0, x));
+  assert_ok(ruda_buffer_free(r.dev[0], 0, y));
+  assert_ok(ruda_buffer_free(r.dev[1], 0, big));
+  close_ranks(&r);
+}
+
 static void ordered_after_the_writers(void **state) {
   (void)state;
   ranks r;
@@ -414,6 +577,8 @@ static void close_is_refused_while_a_rank(void **state) {
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(every_type_and_reduction),
+      cmocka_unit_test(rooted_and_gathering_collectives),
+      cmocka_unit_test(newer_collectives_refuse_and_disagree),
       cmocka_unit_test(ordered_after_the_writers),
       cmocka_unit_test(send_and_recv),
       cmocka_unit_test(bad_inputs),
