@@ -14,7 +14,14 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/half.h"
 #include "ruda/mpi.h"
+
+/* Reductions of our own (MPI_Op_create) where MPI's will not do: f16 and
+ * bf16 have no MPI type (their bits travel as MPI_UINT16_T, so each needs
+ * ops of its own: sum, min, max), and Open MPI's vectorised MPI_SUM
+ * saturates 8-bit integers (op/avx, 4.1) where NCCL's sums wrap. */
+enum { OWN_F16 = 0, OWN_BF16 = 3, OWN_BYTE_SUM = 6, OWN_OPS };
 
 typedef struct mpi_link {
   MPI_Comm comm; /* a duplicate: our traffic never meets the application's */
@@ -22,6 +29,7 @@ typedef struct mpi_link {
   uint64_t timeout_ns; /* 0: wait for ever */
   uint64_t seq;        /* collectives issued, for messages */
   int broken;          /* a wait timed out: the ranks are out of step for good */
+  MPI_Op own[OWN_OPS]; /* MPI_OP_NULL where not made */
 } mpi_link;
 
 static uint64_t now_ns(void) {
@@ -87,11 +95,70 @@ static MPI_Datatype type_of(ruda_dtype t) {
     case RUDA_DTYPE_F32: return MPI_FLOAT;
     case RUDA_DTYPE_F64: return MPI_DOUBLE;
     case RUDA_DTYPE_I32: return MPI_INT32_T;
-    default: return MPI_INT64_T;
+    case RUDA_DTYPE_I64: return MPI_INT64_T;
+    case RUDA_DTYPE_I8: return MPI_INT8_T;
+    case RUDA_DTYPE_U8: return MPI_UINT8_T;
+    default: return MPI_UINT16_T; /* f16, bf16: the bits, under our ops */
   }
 }
 
-static const char *const dtype_name[] = {"f32", "f64", "i32", "i64"};
+/* inout = in op inout, element by element: each half widened to float,
+ * combined, and rounded back to nearest even, as NCCL does. */
+#define HALF_REDUCE(name, to_f32, of_f32, combine)                     \
+  static void name(void *in, void *inout, int *len, MPI_Datatype *dt) { \
+    (void)dt;                                                          \
+    const uint16_t *a = in;                                            \
+    uint16_t *b = inout;                                               \
+    for (int i = 0; i < *len; i++) {                                   \
+      const float x = to_f32(a[i]), y = to_f32(b[i]);                  \
+      b[i] = of_f32(combine);                                          \
+    }                                                                  \
+  }
+HALF_REDUCE(f16_sum, ruda__f16_to_f32, ruda__f32_to_f16, x + y)
+HALF_REDUCE(f16_min, ruda__f16_to_f32, ruda__f32_to_f16, x < y ? x : y)
+HALF_REDUCE(f16_max, ruda__f16_to_f32, ruda__f32_to_f16, x > y ? x : y)
+HALF_REDUCE(bf16_sum, ruda__bf16_to_f32, ruda__f32_to_bf16, x + y)
+HALF_REDUCE(bf16_min, ruda__bf16_to_f32, ruda__f32_to_bf16, x < y ? x : y)
+HALF_REDUCE(bf16_max, ruda__bf16_to_f32, ruda__f32_to_bf16, x > y ? x : y)
+#undef HALF_REDUCE
+
+/* Sums modulo 2^8: the same bits for i8 and u8. */
+static void byte_sum(void *in, void *inout, int *len, MPI_Datatype *dt) {
+  (void)dt;
+  const unsigned char *a = in;
+  unsigned char *b = inout;
+  for (int i = 0; i < *len; i++) b[i] = (unsigned char)(a[i] + b[i]);
+}
+
+static void own_ops_free(mpi_link *l) {
+  for (int i = 0; i < OWN_OPS; i++)
+    if (l->own[i] != MPI_OP_NULL) MPI_Op_free(&l->own[i]);
+}
+
+/* Made with the link and freed with it: ops are local objects, and the
+ * link is released (the communicator destroyed) before MPI_Finalize. */
+static int own_ops_create(mpi_link *l) {
+  static MPI_User_function *const fn[OWN_OPS] = {f16_sum, f16_min, f16_max, bf16_sum, bf16_min, bf16_max, byte_sum};
+  for (int i = 0; i < OWN_OPS; i++) l->own[i] = MPI_OP_NULL;
+  for (int i = 0; i < OWN_OPS; i++)
+    if (MPI_Op_create(fn[i], 1, &l->own[i]) != MPI_SUCCESS) {
+      l->own[i] = MPI_OP_NULL;
+      own_ops_free(l);
+      return RUDA_EGENERIC;
+    }
+  return 0;
+}
+
+/* Mean is the sum, divided afterwards. */
+static MPI_Op op_of(const mpi_link *l, ruda_dtype t, ruda_reduce_op op) {
+  const int k = op == RUDA_REDUCE_MIN ? 1 : op == RUDA_REDUCE_MAX ? 2 : 0;
+  if (t == RUDA_DTYPE_F16) return l->own[OWN_F16 + k];
+  if (t == RUDA_DTYPE_BF16) return l->own[OWN_BF16 + k];
+  if ((t == RUDA_DTYPE_I8 || t == RUDA_DTYPE_U8) && k == 0) return l->own[OWN_BYTE_SUM];
+  return k == 1 ? MPI_MIN : k == 2 ? MPI_MAX : MPI_SUM;
+}
+
+static const char *const dtype_name[] = {"f32", "f64", "i32", "i64", "f16", "bf16", "i8", "u8"};
 static const char *const op_name[] = {"sum", "mean", "min", "max"};
 
 /* Checks that every rank brought the same count, type and reduction: one
@@ -128,19 +195,32 @@ static int t_all_reduce(void *ctx, const void *src, void *dst, uint64_t count, r
   }
   if (rc != 0) return rc;
   MPI_Request rq;
-  MPI_Op mop = op == RUDA_REDUCE_MIN ? MPI_MIN : op == RUDA_REDUCE_MAX ? MPI_MAX : MPI_SUM;
-  if (MPI_Iallreduce(src == dst ? MPI_IN_PLACE : src, dst, (int)count, type_of(t), mop, l->comm, &rq) !=
+  if (MPI_Iallreduce(src == dst ? MPI_IN_PLACE : src, dst, (int)count, type_of(t), op_of(l, t, op), l->comm, &rq) !=
       MPI_SUCCESS) {
     snprintf(why, n, "all-reduce #%llu: MPI_Iallreduce refused", (unsigned long long)l->seq);
     return RUDA_EGENERIC;
   }
   if ((rc = wait_req(l, &rq, MPI_STATUS_IGNORE, "all-reduce", why, n)) != 0) return rc;
-  if (op == RUDA_REDUCE_MEAN) /* integers truncate, as the other backends' */
+  /* Mean: the sum divided here; integers truncate, as the other backends',
+   * halves divide in float and round back. */
+  if (op == RUDA_REDUCE_MEAN)
     for (uint64_t i = 0; i < count; i++) switch (t) {
         case RUDA_DTYPE_F32: ((float *)dst)[i] /= (float)l->size; break;
         case RUDA_DTYPE_F64: ((double *)dst)[i] /= (double)l->size; break;
         case RUDA_DTYPE_I32: ((int32_t *)dst)[i] /= l->size; break;
-        default: ((int64_t *)dst)[i] /= l->size; break;
+        case RUDA_DTYPE_I64: ((int64_t *)dst)[i] /= l->size; break;
+        case RUDA_DTYPE_I8: ((int8_t *)dst)[i] = (int8_t)(((int8_t *)dst)[i] / l->size); break;
+        case RUDA_DTYPE_U8: ((uint8_t *)dst)[i] = (uint8_t)(((uint8_t *)dst)[i] / l->size); break;
+        case RUDA_DTYPE_F16: {
+          uint16_t *h = (uint16_t *)dst + i;
+          *h = ruda__f32_to_f16(ruda__f16_to_f32(*h) / (float)l->size);
+          break;
+        }
+        default: {
+          uint16_t *h = (uint16_t *)dst + i;
+          *h = ruda__f32_to_bf16(ruda__bf16_to_f32(*h) / (float)l->size);
+          break;
+        }
       }
   return 0;
 }
@@ -186,6 +266,8 @@ static void t_release(void *ctx) {
   /* A broken link may hold a request that never completes: leave the
    * duplicate to MPI_Finalize rather than block here. */
   if (!l->broken) MPI_Comm_free(&l->comm);
+  /* Freeing an op a pending request uses is allowed: MPI frees it after. */
+  own_ops_free(l);
   free(l);
 }
 
@@ -213,6 +295,11 @@ int ruda_mpi_comm_init(ruda_device *dev, MPI_Comm comm, ruda_comm **out) {
     return RUDA_EGENERIC;
   }
   MPI_Comm_set_errhandler(l->comm, MPI_ERRORS_RETURN);
+  if (own_ops_create(l) != 0) {
+    MPI_Comm_free(&l->comm);
+    free(l);
+    return RUDA_EGENERIC;
+  }
   l->rank = rank;
   l->size = size;
   l->timeout_ns = timeout_ns();

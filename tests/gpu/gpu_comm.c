@@ -1,6 +1,8 @@
 /* gpu_comm.c - collectives through NCCL on two GPUs: an all-reduce in
- * place after long writer kernels on user streams, a mean in f64, and a
- * send/recv each way, all checked element by element. Skipped with fewer
+ * place after long writer kernels on user streams, a mean in f64, a
+ * send/recv each way, an all-gather, a reduce-scatter and a broadcast,
+ * all checked element by element; on one GPU, every collective and type
+ * through a one-rank communicator. Skipped with fewer
  * than two GPUs, without NCCL, and under the mock driver. */
 #include "gpu_common.h"
 
@@ -78,6 +80,37 @@ static void two_gpus(void **state) {
   test_read(d[0], 0, ruda_bind(p[0]), got, (size_t)n * 4);
   for (unsigned i = 0; i < n; i++)
     if (got[i] != 3000u + 2 * i) fail_msg("round trip element %u: %u", i, got[i]);
+  /* All-gather of rank r's r * 10^6 + i, reduce-scatter (sum) of that,
+   * then a broadcast from rank 1 in place. */
+  ruda_handle sv[2], ag[2], rs[2];
+  for (int r = 0; r < 2; r++) {
+    for (unsigned i = 0; i < n; i++) got[i] = (unsigned)r * 1000000u + i;
+    assert_ok(ruda_buffer_create(d[r], 0, (uint64_t)n * 4, &sv[r]));
+    assert_ok(ruda_buffer_create(d[r], 0, (uint64_t)n * 8, &ag[r]));
+    assert_ok(ruda_buffer_create(d[r], 0, (uint64_t)n * 4, &rs[r]));
+    test_write(d[r], 0, ruda_bind(sv[r]), got, (size_t)n * 4);
+  }
+  for (int r = 0; r < 2; r++) assert_ok(ruda_all_gather(comm, d[r], ruda_bind(sv[r]), ruda_bind(ag[r]), RUDA_DTYPE_I32));
+  for (int r = 0; r < 2; r++)
+    assert_ok(ruda_reduce_scatter(comm, d[r], ruda_bind(ag[r]), ruda_bind(rs[r]), RUDA_DTYPE_I32, RUDA_REDUCE_SUM));
+  for (int r = 0; r < 2; r++) assert_ok(ruda_broadcast(comm, d[r], ruda_bind(sv[r]), ruda_bind(sv[r]), RUDA_DTYPE_I32, 1));
+  unsigned *all = malloc((size_t)n * 8);
+  for (int r = 0; r < 2; r++) {
+    test_read(d[r], 0, ruda_bind(ag[r]), all, (size_t)n * 8);
+    for (unsigned j = 0; j < 2; j++)
+      for (unsigned i = 0; i < n; i++)
+        if (all[j * n + i] != j * 1000000u + i) fail_msg("all-gather, rank %d part %u element %u: %u", r, j, i, all[j * n + i]);
+    test_read(d[r], 0, ruda_bind(rs[r]), got, (size_t)n * 4);
+    for (unsigned i = 0; i < n; i++)
+      if (got[i] != 2 * ((unsigned)r * 1000000u + i)) fail_msg("reduce-scatter, rank %d element %u: %u", r, i, got[i]);
+    test_read(d[r], 0, ruda_bind(sv[r]), got, (size_t)n * 4);
+    for (unsigned i = 0; i < n; i++)
+      if (got[i] != 1000000u + i) fail_msg("broadcast, rank %d element %u: %u", r, i, got[i]);
+    assert_ok(ruda_buffer_free(d[r], 0, sv[r]));
+    assert_ok(ruda_buffer_free(d[r], 0, ag[r]));
+    assert_ok(ruda_buffer_free(d[r], 0, rs[r]));
+  }
+  free(all);
   free(got);
   free(dv);
   assert_ok(ruda_comm_destroy(comm));
