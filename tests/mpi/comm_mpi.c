@@ -362,7 +362,8 @@ int main(int argc, char **argv) {
     const ruda_dtype t = pairs[p][rank == 0 ? 0 : 1];
     char says[32];
     snprintf(says, sizeof says, "types %s..%s", tname[pairs[p][0]], tname[pairs[p][1]]);
-    refused(comm, dev, ruda_all_reduce(comm, dev, ruda_bind_range(src, 0, 16), ruda_bind_range(dst, 0, 16), t, RUDA_REDUCE_SUM),
+    refused(comm, dev,
+            ruda_all_reduce(comm, dev, ruda_bind_range(src, 0, 16), ruda_bind_range(dst, 0, 16), t, RUDA_REDUCE_SUM),
             "a type mismatch", says);
   }
   /* The other collectives with counts that differ (rank 0 brings 8
