@@ -108,6 +108,32 @@ typedef struct ruda_comm_transport {
  * zeroed. RUDA_ENOBACKEND when the cuda backend cannot load NCCL. */
 RUDA_EXTERN int ruda_comm_unique_id(struct ruda_device *dev, ruda_comm_id *id);
 
+/* Carries rank 0's *id to the other ranks (they pass any *id; it is
+ * filled): where is "file:PATH" (rank 0 writes PATH whole; the others wait
+ * for it; a file system every rank sees, and a path no earlier run left
+ * behind) or "tcp:HOST:PORT" (rank 0 listens on PORT, the others connect
+ * to HOST:PORT, retrying until rank 0 is there; rank 0 returns once every
+ * rank was answered). Blocking, at most RUDA_COMM_TIMEOUT ms
+ * (RUDA_ETIMEDOUT saying what was waited for). RUDA_EINVAL for a where of
+ * neither form, rank >= nranks, or ranks started for different nranks.
+ * Thread-safe. */
+RUDA_EXTERN int ruda_comm_rendezvous(const char *where, uint32_t nranks, uint32_t rank, ruda_comm_id *id);
+
+/* This process's RANK, WORLD_SIZE and LOCAL_RANK (0 when unset), as
+ * launchers such as torchrun set them: LOCAL_RANK usually picks the GPU
+ * ordinal to open. RUDA_EINVAL naming a variable missing or malformed. */
+RUDA_EXTERN int ruda_comm_env(uint32_t *rank, uint32_t *nranks, uint32_t *local_rank);
+
+/* Joins dev as this process's rank of a communicator described by the
+ * environment: RANK and WORLD_SIZE (ruda_comm_env); the rendezvous
+ * RUDA_COMM_RENDEZVOUS (file:PATH or tcp:HOST:PORT), else MASTER_ADDR and
+ * MASTER_PORT + 1 (MASTER_PORT itself may be the launcher's own store).
+ * Rank 0 makes the id (ruda_comm_unique_id), ruda_comm_rendezvous carries
+ * it, ruda_comm_init_rank joins. Blocking. The host backend needs a
+ * transport across processes: RUDA_ENOBACKEND, pointing to
+ * ruda_mpi_comm_init. */
+RUDA_EXTERN int ruda_comm_init_env(struct ruda_device *dev, ruda_comm **out);
+
 /* Joins dev as rank `rank` of nranks ranks living in any processes (one
  * device per rank in this call; the others call it in theirs). transport
  * NULL: the backend's own (NCCL, with id, on cuda); the host backend needs

@@ -180,10 +180,49 @@ static void one_rank_by_unique_id(void **state) {
   test_close(dev);
 }
 
+/* ruda_comm_init_env as a launcher leaves it for one process (RANK 0 of
+ * WORLD_SIZE 1): NCCL's id made, the rendezvous skipped, one rank. */
+static void one_rank_from_the_environment(void **state) {
+  (void)state;
+  ruda_device *dev = gpu_open();
+  if (gpu_is_mock(dev)) {
+    test_close(dev);
+    gpu_skip("the mock driver has no NCCL");
+  }
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "1", 1);
+  setenv("RUDA_COMM_RENDEZVOUS", "tcp:127.0.0.1:29999", 1);
+  ruda_comm *comm = NULL;
+  int rc = ruda_comm_init_env(dev, &comm);
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  unsetenv("RUDA_COMM_RENDEZVOUS");
+  if (rc == RUDA_ENOBACKEND) {
+    test_close(dev);
+    gpu_skip("%s", ruda_error_message(ruda_last_error()));
+  }
+  assert_ok(rc);
+  assert_int_equal(ruda_comm_size(comm), 1);
+  assert_int_equal(ruda_comm_rank(comm, dev), 0);
+  int8_t in[64], out[64];
+  for (int i = 0; i < 64; i++) in[i] = (int8_t)(i - 32);
+  ruda_handle x;
+  assert_ok(ruda_buffer_create(dev, 0, sizeof in, &x));
+  test_write(dev, 0, ruda_bind(x), in, sizeof in);
+  assert_ok(ruda_all_reduce(comm, dev, ruda_bind(x), ruda_bind(x), RUDA_DTYPE_I8, RUDA_REDUCE_SUM));
+  assert_ok(ruda_comm_sync(comm, dev, NULL));
+  test_read(dev, 0, ruda_bind(x), out, sizeof out);
+  assert_memory_equal(in, out, sizeof in);
+  assert_ok(ruda_comm_destroy(comm));
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  test_close(dev);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(two_gpus),
       cmocka_unit_test(one_rank_by_unique_id),
+      cmocka_unit_test(one_rank_from_the_environment),
   };
   return gpu_main("gpu_comm", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
