@@ -286,6 +286,7 @@ static void make_weights(ruda_device *dev, ruda_stream_id s, ruda_handle *w, rud
 }
 
 static int staged_io; /* -s */
+static int in_place;  /* -i: ruda_stream_set_in_place on each client's stream */
 static int use_graphs; /* -g: each request one graph replay (ruda and raw) */
 
 static void *ruda_thread(void *p) {
@@ -295,6 +296,7 @@ static void *ruda_thread(void *p) {
   ruda_stream_id s = (ruda_stream_id)a->index;
   const int depth = rc->v->depth;
   ruda_handle w = rc->w, b = rc->b, x, y;
+  if (in_place) CHECK(ruda_stream_set_in_place(dev, s, 1));
   if (!rc->v->shared) make_weights(dev, s, &w, &b);
   CHECK(ruda_buffer_create(dev, s, IN_BYTES, &x));
   CHECK(ruda_buffer_create(dev, s, IN_BYTES, &y));
@@ -619,7 +621,7 @@ static result run(ruda_device *dev, const variant *v, int threads, size_t n, int
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: bench_serve [-q] [-b] [-s] [-g] [-t threads[,threads...]] [-n requests] [-w workers] [-v variants]\n"
+          "usage: bench_serve [-q] [-b] [-s] [-g] [-i] [-t threads[,threads...]] [-n requests] [-w workers] [-v variants]\n"
           "  -q  quick: few requests per thread\n"
           "  -b  print where a request's client time goes (ruda: each call, the wait; raw: issuing, waiting)\n"
           "  -s  ruda's requests use page-locked buffers, as the raw driver's do: the input\n"
@@ -628,6 +630,8 @@ static void usage(void) {
           "      recorded: ruda_graph_run with 1 in flight, else ruda_graph_replay_async) and in\n"
           "      the raw loop (a CUDA graph per slot, cuGraphLaunch); the input is copied into\n"
           "      the slot's page-locked block first\n"
+          "  -i  each client's stream issues in place (ruda_stream_set_in_place): the client\n"
+          "      makes the driver calls itself while its worker is idle\n"
           "  -t  client thread counts (1..%d; default 1,4,16,64)\n"
           "  -n  timed requests per thread (default 4096; quick 256, host backend quick 65)\n"
           "  -w  ruda workers (default: RUDA_STREAMS, else ruda's default)\n"
@@ -642,7 +646,7 @@ int main(int argc, char **argv) {
   long nreq = 0;
   uint32_t workers = 0;
   int vrun[4] = {1, 1, 1, 1};
-  while ((opt = getopt(argc, argv, "bgqst:n:w:v:")) != -1) {
+  while ((opt = getopt(argc, argv, "bgiqst:n:w:v:")) != -1) {
     if (opt == 'b') {
       breakdown = 1;
     } else if (opt == 'q') {
@@ -651,6 +655,8 @@ int main(int argc, char **argv) {
       staged_io = 1;
     } else if (opt == 'g') {
       use_graphs = 1;
+    } else if (opt == 'i') {
+      in_place = 1;
     } else if (opt == 't') {
       for (char *tok = strtok(optarg, ","); tok && nt < 16; tok = strtok(NULL, ",")) {
         int v = atoi(tok);
@@ -707,6 +713,7 @@ int main(int argc, char **argv) {
          use_graphs  ? "page-locked; each request one graph replay (ruda and raw)"
          : staged_io ? "page-locked (staging)"
                      : "pageable (ruda_write, ruda_read into the caller's array)");
+  if (in_place) printf("ruda's streams issue in place (ruda_stream_set_in_place)\n");
   printf("request: write 64 KiB, 3 kernels (128x128 layer over 128 rows, bias+ReLU, row softmax), read 512 B, wait;"
          " %zu timed requests per thread after %d warm-up\n",
          n, WARMUP);

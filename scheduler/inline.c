@@ -25,6 +25,7 @@
 /* How long a client waits for another client running in place on the
  * same worker (one command's driver calls) before queueing instead. */
 #define TURN_WAIT_NS 50000u
+#define PROGRESS_EVERY 16u
 
 int ruda__inline_run(ruda__worker *w, ruda__cmd *cmd) {
   ruda_device *dev = w->dev;
@@ -63,14 +64,16 @@ int ruda__inline_run(ruda__worker *w, ruda__cmd *cmd) {
   }
   ruda__execute(w, cmd); /* reports a failure on the stream, completes the future */
   ruda__cmd_free(cmd);
-  const int retiring = dev->ops->progress != NULL && dev->ops->progress(w->wstate);
+  /* What commands left retiring (write staging whose copy ran) goes back
+   * when a wait sees a later event complete, at the worker's next batch,
+   * or here every PROGRESS_EVERY commands run in place (each poll is a
+   * driver query per pending event). The worker is not woken for it: it
+   * would take exec from the next command issued in place. */
+  if (dev->ops->progress != NULL && ++w->in_place_runs % PROGRESS_EVERY == 0) dev->ops->progress(w->wstate);
   if (dev->ops->exec_leave != NULL) dev->ops->exec_leave(dev->bstate, &guard);
   /* The place the caller's admission took, as the worker gives it back. */
   atomic_fetch_sub_explicit(&w->depth, 1, memory_order_relaxed);
   ck_ec32_inc(&w->space, &ruda__ec_mp);
   ruda__exec_release(w);
-  /* The worker may sleep without a timeout: have it poll what the
-   * command left retiring (write staging). */
-  if (retiring) ck_ec32_inc(&w->wake, &ruda__ec_mp);
   return 1;
 }

@@ -198,6 +198,7 @@ struct ruda__worker {
    * own command in place, scheduler/inline.c). The holder owns wstate and
    * `done`. */
   _Atomic uint32_t exec;
+  uint32_t in_place_runs; /* commands clients ran in place; under exec */
   /* Set at start: commands are observed (RUDA_WORKER_STATS, NVTX), so they
    * all run on the worker thread, where those are kept. */
   int observed;
@@ -280,6 +281,9 @@ struct ruda__stream {
    * and copy; the recording itself is made at the first begin. */
   _Atomic int capturing;
   _Atomic int graph_prepared;
+  /* ruda_stream_set_in_place: the caller issues this stream's commands
+   * itself when the worker is idle (scheduler/inline.c). */
+  _Atomic int in_place;
   struct ruda__capture *_Atomic cap;
   /* Error queue: workers push, drains take. */
   pthread_mutex_t err_lock;

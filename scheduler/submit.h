@@ -86,7 +86,13 @@ static inline __attribute__((always_inline)) int ruda__submit(ruda_device *dev, 
     cmd->u.launch.seq = cmd->seq;
   }
   ruda__worker *w = s->worker;
-  if (o->nuse == 0) return ruda__queue_push(w, cmd); /* no buffers, nothing to order */
+  const int in_place = atomic_load_explicit(&s->in_place, memory_order_relaxed);
+  if (o->nuse == 0) { /* no buffers, nothing to order */
+    if (__builtin_expect(!in_place, 1)) return ruda__queue_push(w, cmd);
+    int rc = ruda__queue_admit(w, s->id);
+    if (rc == 0 && !ruda__inline_run(w, cmd)) ruda__queue_push_admitted(w, cmd);
+    return rc;
+  }
   /* Admitted first: the wait for room (RUDA_BACKPRESSURE_BLOCK) happens
    * before the issue locks are taken, and a refused command leaves no
    * MARK or WAIT. */
@@ -101,7 +107,8 @@ static inline __attribute__((always_inline)) int ruda__submit(ruda_device *dev, 
     ruda__order_abandon(o);
     return rc;
   }
-  ruda__queue_push_admitted(w, cmd);
+  /* In place before the publish, as the push would be. */
+  if (__builtin_expect(!in_place, 1) || !ruda__inline_run(w, cmd)) ruda__queue_push_admitted(w, cmd);
   ruda__order_publish(o, w);
   return 0;
 }

@@ -266,6 +266,16 @@ size_t ruda_stream_ids(ruda_device *dev, ruda_stream_id *ids, size_t cap) {
   return ruda__streams_list(&dev->streams, ids, cap);
 }
 
+int ruda_stream_set_in_place(ruda_device *dev, ruda_stream_id stream, int on) {
+  static const char fn[] = "ruda_stream_set_in_place";
+  RUDA__CHECK_DEV(dev, fn);
+  int rc = 0;
+  ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
+  if (s == NULL) return rc;
+  atomic_store_explicit(&s->in_place, on != 0, memory_order_relaxed);
+  return 0;
+}
+
 void ruda__device_fault(ruda_device *dev, ruda_error *err) {
   ruda_error *expected = NULL;
   /* First fault wins; later ones are the same poisoned context. */

@@ -626,12 +626,15 @@ static int cu_event_query(void *state, void *event) {
   return r != CUDA_ERROR_NOT_READY;
 }
 
-/* Any thread: a client running a worker's command in place. */
+/* Any thread: a client running a worker's command in place. A thread
+ * with no current context keeps the device's (primary) context after, as
+ * the CUDA runtime would bind it there too: a request loop then sets it
+ * once, not twice per command. Another context is put back. */
 static int cu_exec_enter(void *state, ruda__exec_guard *g) {
   ruda__cu_guard cg;
   if (ruda__cu_enter(state, &cg) != 0) return ruda_error_code(ruda_last_error());
   g->prev = cg.prev;
-  g->changed = cg.changed;
+  g->changed = cg.changed && cg.prev != NULL;
   return 0;
 }
 

@@ -117,7 +117,8 @@ RUDA_EXTERN int ruda_graph_replay_async(struct ruda_device *dev, ruda_stream_id 
  * (upload, kernels, download, result). Blocking. When stream's worker has
  * nothing queued or running, the calling thread issues the replay itself
  * instead of handing it to the worker and waiting for the hand-back; it
- * is then ordered and reported exactly as if the worker had. Returns 0, a
+ * is then ordered and reported exactly as if the worker had (the context
+ * rule of ruda_stream_set_in_place applies). Returns 0, a
  * code of ruda_graph_replay_async (nothing ran, *err NULL), or the code
  * ruda_future_wait returns, with the stream's errors in *err (free with
  * ruda_error_free; err may be NULL). Thread-safe. */

@@ -172,6 +172,22 @@ RUDA_EXTERN ruda_stream_id ruda_stream_current(void);
  * many streams exist (which may exceed cap). Thread-safe, non-blocking. */
 RUDA_EXTERN size_t ruda_stream_ids(ruda_device *dev, ruda_stream_id *ids, size_t cap);
 
+/* on != 0: stream's writes, reads, copies and launches are issued by the
+ * calling thread itself whenever the stream's worker has nothing queued
+ * or running; the call then returns once the driver took the command
+ * (microseconds on cuda, the whole kernel on host) instead of after a
+ * queue push, and the command skips the hand-over to the worker and back.
+ * For request loops that wait for each result, where that hand-over is
+ * latency; not for a thread that issues many launches back to back, which
+ * gains from handing them over. Order, errors and results are as without
+ * it; commands go to the worker as usual while it is busy, or while the
+ * device is traced or observed (RUDA_TRACE, NVTX, RUDA_WORKER_STATS). On
+ * cuda the device's context is made current on the calling thread; a
+ * thread that had none keeps it after (as the CUDA runtime would bind
+ * it), another one is put back. Off by default. RUDA_EINVAL as any
+ * stream call. Thread-safe. */
+RUDA_EXTERN int ruda_stream_set_in_place(ruda_device *dev, ruda_stream_id stream, int on);
+
 /* ------------------------------------------------------------------ */
 /* Buffers                                                             */
 /* ------------------------------------------------------------------ */

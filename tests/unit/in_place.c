@@ -1,0 +1,257 @@
+/* in_place.c - streams whose commands the caller issues itself while the
+ * worker is idle (ruda_stream_set_in_place, scheduler/inline.c): where
+ * commands run, that a busy worker still queues them, that they are
+ * ordered after other streams' writers and reported as ever, and many
+ * threads at once on streams sharing workers (TSan). */
+#include <pthread.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "scheduler/device.h"
+
+#define N 32
+
+/* note(x): x[i] += 1, and notes the thread it ran on (read by the test
+ * after a sync or read ordered it). */
+static pthread_t ran_on;
+static int k_note(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  uint64_t *x = args[0];
+  for (int i = 0; i < N; i++) x[i] += 1;
+  ran_on = pthread_self();
+  return 0;
+}
+
+/* scale(y, x, k): y[i] = x[i] * k. */
+static int k_scale(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  uint64_t *y = args[0];
+  const uint64_t *x = args[1], k = *(const uint64_t *)args[2];
+  for (int i = 0; i < N; i++) y[i] = x[i] * k;
+  return 0;
+}
+
+/* add1(x): x[i] += 1 (note without the note: clients race). */
+static int k_add1(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  uint64_t *x = args[0];
+  for (int i = 0; i < N; i++) x[i] += 1;
+  return 0;
+}
+
+static int k_fail(const ruda_host_ctx *c, void *const *args) {
+  (void)c, (void)args;
+  return RUDA_EGENERIC;
+}
+
+static ruda_device *open_in_place(uint32_t workers) {
+  ruda_device *dev = test_open(workers, 4096, RUDA_BACKPRESSURE_BLOCK);
+  assert_ok(ruda_host_kernel_register(dev, "note", k_note));
+  assert_ok(ruda_host_kernel_register(dev, "scale", k_scale));
+  assert_ok(ruda_host_kernel_register(dev, "fail", k_fail));
+  assert_ok(ruda_host_kernel_register(dev, "add1", k_add1));
+  assert_ok(ruda_host_kernel_register(dev, "gate", test_gate_kernel));
+  atomic_store(&test_gate_open, 1);
+  return dev;
+}
+
+/* The worker handed its state back (just after completing a future, a
+ * caller back from a sync may still find it held). */
+static void worker_idle(ruda_device *dev, ruda_stream_id s) {
+  ruda__worker *w = &dev->workers[s % dev->nworkers];
+  for (int i = 0; atomic_load(&w->exec) != 0; i++) {
+    assert_true(i < 1000000);
+    sched_yield();
+  }
+}
+
+static ruda_handle zeroed(ruda_device *dev, ruda_stream_id s) {
+  ruda_handle x;
+  uint64_t z[N] = {0};
+  assert_ok(ruda_buffer_create(dev, s, sizeof z, &x));
+  test_write(dev, s, ruda_bind(x), z, sizeof z);
+  assert_ok(ruda_sync(dev, s, NULL));
+  return x;
+}
+
+static void expect_all(ruda_device *dev, ruda_stream_id s, ruda_handle x, uint64_t want) {
+  uint64_t got[N];
+  test_read(dev, s, ruda_bind(x), got, sizeof got);
+  for (int i = 0; i < N; i++)
+    if (got[i] != want) fail_msg("element %d: %llu, expected %llu", i, (unsigned long long)got[i], (unsigned long long)want);
+}
+
+static void commands_run_on_the_caller_while_the_worker_is_idle(void **state) {
+  (void)state;
+  ruda_device *dev = open_in_place(2);
+  ruda_handle x = zeroed(dev, 0);
+  ruda_arg a = ruda_arg_buffer(ruda_bind(x));
+  assert_rc(ruda_stream_set_in_place(NULL, 0, 1), RUDA_EINVAL);
+  assert_ok(ruda_stream_set_in_place(dev, 0, 1));
+  for (int r = 0; r < 5; r++) {
+    worker_idle(dev, 0);
+    assert_ok(test_launch(dev, 0, "note", &a, 1));
+    /* On the host the kernel ran inside the call. */
+    assert_true(pthread_equal(ran_on, pthread_self()));
+  }
+  expect_all(dev, 0, x, 5);
+  /* Off again: the worker runs it. */
+  assert_ok(ruda_stream_set_in_place(dev, 0, 0));
+  assert_ok(test_launch(dev, 0, "note", &a, 1));
+  assert_ok(ruda_sync(dev, 0, NULL));
+  assert_false(pthread_equal(ran_on, pthread_self()));
+  expect_all(dev, 0, x, 6);
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  test_close(dev);
+}
+
+/* One worker, held by a gate on another stream: the in-place stream's
+ * launch queues behind it, the call returns at once, and it runs on the
+ * worker after the gate. */
+static void a_busy_worker_still_queues(void **state) {
+  (void)state;
+  ruda_device *dev = open_in_place(1);
+  ruda_handle x = zeroed(dev, 0);
+  ruda_arg a = ruda_arg_buffer(ruda_bind(x));
+  assert_ok(ruda_stream_set_in_place(dev, 0, 1));
+  atomic_store(&test_gate_open, 0);
+  assert_ok(test_launch(dev, 1, "gate", NULL, 0));
+  usleep(10000); /* the worker is inside the gate */
+  ran_on = pthread_self();
+  assert_ok(test_launch(dev, 0, "note", &a, 1));
+  assert_true(pthread_equal(ran_on, pthread_self())); /* not run yet: still ours */
+  atomic_store(&test_gate_open, 1);
+  expect_all(dev, 0, x, 1);
+  assert_false(pthread_equal(ran_on, pthread_self()));
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  test_close(dev);
+}
+
+/* A writer on another worker, held by a gate: the in-place reader on
+ * stream 0 is ordered after it (its WAIT is queued, so it queues too). */
+static void ordered_after_another_streams_writer(void **state) {
+  (void)state;
+  ruda_device *dev = open_in_place(2);
+  ruda_handle x = zeroed(dev, 1), y = zeroed(dev, 0);
+  ruda_arg w = ruda_arg_buffer(ruda_bind(x));
+  const uint64_t three = 3;
+  ruda_arg sc[3] = {ruda_arg_out(ruda_bind(y)), ruda_arg_in(ruda_bind(x)), ruda_arg_scalar(&three, sizeof three)};
+  assert_ok(ruda_stream_set_in_place(dev, 0, 1));
+  atomic_store(&test_gate_open, 0);
+  assert_ok(test_launch(dev, 1, "gate", NULL, 0));
+  assert_ok(test_launch(dev, 1, "note", &w, 1)); /* x = 1, after the gate */
+  assert_ok(test_launch(dev, 0, "scale", sc, 3)); /* y = 3 x: must see x = 1 */
+  usleep(10000);
+  atomic_store(&test_gate_open, 1);
+  expect_all(dev, 0, y, 3);
+  /* And the other way: stream 1 reads what stream 0 wrote in place. */
+  worker_idle(dev, 0);
+  assert_ok(test_launch(dev, 0, "note", &w, 1)); /* x = 2, in place on worker 0 */
+  assert_true(pthread_equal(ran_on, pthread_self()));
+  expect_all(dev, 1, x, 2);
+  assert_ok(ruda_buffer_free(dev, 0, y));
+  assert_ok(ruda_buffer_free(dev, 1, x));
+  test_close(dev);
+}
+
+/* A failure in place lands on the stream as the worker's would. */
+static void failures_reach_the_stream(void **state) {
+  (void)state;
+  ruda_device *dev = open_in_place(2);
+  assert_ok(ruda_stream_set_in_place(dev, 3, 1));
+  worker_idle(dev, 3);
+  assert_ok(test_launch(dev, 3, "fail", NULL, 0));
+  ruda_error *errs = NULL;
+  assert_rc(ruda_flush(dev, 3, &errs), RUDA_EUNHEALTHY);
+  const ruda_error *e = ruda_error_cause(errs);
+  assert_non_null(e);
+  assert_int_equal(ruda_error_code(e), RUDA_EGENERIC);
+  assert_contains(ruda_error_message(e), "ruda_launch \"fail\" (stream 3, command #1)");
+  assert_int_equal(ruda_error_stream(e), 3);
+  ruda_error_free(errs);
+  assert_ok(ruda_flush(dev, 3, NULL));
+  test_close(dev);
+}
+
+typedef struct client {
+  ruda_device *dev;
+  ruda_stream_id s;
+  ruda_handle shared;
+  int in_place, bad;
+} client;
+
+/* Each request: write its own x, y = shared * k on its stream, read y. */
+static void *serve(void *p) {
+  client *c = p;
+  ruda_handle x, y;
+  if (ruda_stream_set_in_place(c->dev, c->s, c->in_place) != 0 ||
+      ruda_buffer_create(c->dev, c->s, N * 8, &x) != 0 || ruda_buffer_create(c->dev, c->s, N * 8, &y) != 0) {
+    c->bad = 1;
+    return NULL;
+  }
+  for (uint64_t r = 1; r <= 200 && !c->bad; r++) {
+    uint64_t in[N], out[N];
+    for (int i = 0; i < N; i++) in[i] = r + (uint64_t)i;
+    ruda_copy_desc dx = ruda_copy_contiguous(ruda_bind(x)), dy = ruda_copy_contiguous(ruda_bind(y));
+    ruda_arg sc[3] = {ruda_arg_out(ruda_bind(y)), ruda_arg_in(ruda_bind(c->shared)), ruda_arg_scalar(&r, 8)};
+    ruda_arg add = ruda_arg_buffer(ruda_bind(x));
+    ruda_future *f = NULL;
+    if (ruda_write(c->dev, c->s, &dx, in, sizeof in) != 0 || test_launch(c->dev, c->s, "add1", &add, 1) != 0 ||
+        test_launch(c->dev, c->s, "scale", sc, 3) != 0 || ruda_read(c->dev, c->s, &dy, out, sizeof out, &f) != 0 ||
+        ruda_future_wait(f, NULL) != 0) {
+      c->bad = 1;
+    } else {
+      for (int i = 0; i < N; i++)
+        if (out[i] != r * 7) c->bad = 1;
+    }
+    ruda_future_free(f);
+    ruda_future *g = NULL;
+    if (!c->bad && ruda_read(c->dev, c->s, &dx, out, sizeof out, &g) == 0 && ruda_future_wait(g, NULL) == 0) {
+      for (int i = 0; i < N; i++)
+        if (out[i] != r + (uint64_t)i + 1) c->bad = 1;
+    } else {
+      c->bad = 1;
+    }
+    ruda_future_free(g);
+  }
+  ruda_buffer_free(c->dev, c->s, x);
+  ruda_buffer_free(c->dev, c->s, y);
+  return NULL;
+}
+
+/* Six clients on streams sharing two workers, four in place, all reading
+ * one shared buffer: every result right. */
+static void many_clients_share_workers(void **state) {
+  (void)state;
+  ruda_device *dev = open_in_place(2);
+  ruda_handle shared;
+  uint64_t seven[N];
+  for (int i = 0; i < N; i++) seven[i] = 7;
+  assert_ok(ruda_buffer_create(dev, 0, sizeof seven, &shared));
+  test_write(dev, 0, ruda_bind(shared), seven, sizeof seven);
+  assert_ok(ruda_sync(dev, 0, NULL));
+  client c[6];
+  pthread_t t[6];
+  for (int i = 0; i < 6; i++) {
+    c[i] = (client){dev, (ruda_stream_id)(10 + i), shared, i % 3 != 2, 0};
+    assert_int_equal(pthread_create(&t[i], NULL, serve, &c[i]), 0);
+  }
+  for (int i = 0; i < 6; i++) {
+    pthread_join(t[i], NULL);
+    if (c[i].bad) fail_msg("client %d (%s) saw a wrong result or a failure", i, c[i].in_place ? "in place" : "queued");
+  }
+  assert_ok(ruda_buffer_free(dev, 0, shared));
+  test_close(dev);
+}
+
+int main(int argc, char **argv) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(commands_run_on_the_caller_while_the_worker_is_idle),
+      cmocka_unit_test(a_busy_worker_still_queues),
+      cmocka_unit_test(ordered_after_another_streams_writer),
+      cmocka_unit_test(failures_reach_the_stream),
+      cmocka_unit_test(many_clients_share_workers),
+  };
+  return test_main("unit_in_place", tests, sizeof tests / sizeof tests[0], argc, argv);
+}
