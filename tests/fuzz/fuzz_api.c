@@ -10,6 +10,8 @@
  *     cross-stream ordering (access modes included) is exact;
  *   - request graphs: a recorded upload, kernel and download replay with
  *     new input on any stream and download what the model says;
+ *   - streams switched to issuing in place (ruda_stream_set_in_place) and
+ *     back keep all of the above;
  *   - errors: each flush or sync of a stream hands back exactly the
  *     kernel failures the model counted on it, none lost, none elsewhere;
  *   - at the end every live buffer equals the model and close is clean.
@@ -129,7 +131,7 @@ static uint32_t launch(fuzz *z, ruda_stream_id s, const char *k, ruda_arg *a, ui
 }
 
 static void step(fuzz *z) {
-  const uint8_t op = next(z) % 13;
+  const uint8_t op = next(z) % 14;
   const ruda_stream_id s = next(z) % NSTREAMS;
   model_buf *b = pick(z);
   ruda_copy_desc d;
@@ -258,6 +260,9 @@ static void step(fuzz *z) {
       CHECK(ruda_graph_destroy(z->dev, g) == 0, "destroy");
       break;
     }
+    case 13: /* the stream issues in place from now on, or stops */
+      CHECK(ruda_stream_set_in_place(z->dev, s, next(z) & 1) == 0, "set_in_place");
+      break;
     case 12: { /* a request graph: upload, add, download; replayed (or run) with new input */
       if (!b->live) break;
       uint32_t v = next(z), len = b->size, times = 1 + next(z) % 3;
