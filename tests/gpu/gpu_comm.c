@@ -125,13 +125,19 @@ static void two_gpus(void **state) {
 
 /* ruda_comm_init_rank through NCCL's unique id: one GPU allows a
  * communicator of one rank, which still goes through ncclCommInitRank. */
-static void one_rank_by_unique_id(void **state) {
-  (void)state;
+/* The GPU, or a skip under the mock driver (it has no NCCL). */
+static ruda_device *open_nccl_gpu(void) {
   ruda_device *dev = gpu_open();
   if (gpu_is_mock(dev)) {
     test_close(dev);
     gpu_skip("the mock driver has no NCCL");
   }
+  return dev;
+}
+
+static void one_rank_by_unique_id(void **state) {
+  (void)state;
+  ruda_device *dev = open_nccl_gpu();
   ruda_comm_id id;
   int rc = ruda_comm_unique_id(dev, &id);
   if (rc == RUDA_ENOBACKEND) {
@@ -184,11 +190,7 @@ static void one_rank_by_unique_id(void **state) {
  * WORLD_SIZE 1): NCCL's id made, the rendezvous skipped, one rank. */
 static void one_rank_from_the_environment(void **state) {
   (void)state;
-  ruda_device *dev = gpu_open();
-  if (gpu_is_mock(dev)) {
-    test_close(dev);
-    gpu_skip("the mock driver has no NCCL");
-  }
+  ruda_device *dev = open_nccl_gpu();
   setenv("RANK", "0", 1);
   setenv("WORLD_SIZE", "1", 1);
   setenv("RUDA_COMM_RENDEZVOUS", "tcp:127.0.0.1:29999", 1);

@@ -142,46 +142,68 @@ static void copies_are_recorded(void **state) {
   test_close(dev);
 }
 
-/* A 100-launch graph replayed 50 times and destroyed at once; replays on
- * four streams share its executable graph. */
-/* A request as one graph: upload from a staging block, a step, download
- * into another block; each replay moves the blocks' current contents. */
+/* A request as one graph: upload from a staging block, a step of k = 5,
+ * download into another block. */
+typedef struct request {
+  ruda_device *dev;
+  unsigned n;
+  ruda_handle h;
+  unsigned *in, *out;
+  ruda_graph *g;
+} request;
+
+static request request_open(unsigned n) {
+  request q = {open_graph_gpu(), n, {0}, NULL, NULL, NULL};
+  assert_ok(ruda_buffer_create(q.dev, 0, (uint64_t)n * 4, &q.h));
+  assert_ok(ruda_staging_alloc(q.dev, (size_t)n * 4, (void **)&q.in));
+  assert_ok(ruda_staging_alloc(q.dev, (size_t)n * 4, (void **)&q.out));
+  ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(q.h));
+  ruda_future *f = NULL;
+  assert_ok(ruda_graph_begin_capture(q.dev, 0));
+  assert_ok(ruda_write_staged(q.dev, 0, &d, q.in, (size_t)n * 4));
+  step(q.dev, 0, q.h, n, 5);
+  assert_ok(ruda_read(q.dev, 0, &d, q.out, (size_t)n * 4, &f));
+  assert_null(f);
+  assert_ok(ruda_graph_end_capture(q.dev, 0, &q.g));
+  assert_int_equal(ruda_graph_length(q.g), 3);
+  return q;
+}
+
+/* Fills the input with v and clears the output: input 5 steps to 6; 7 is
+ * not the step's k, so it poisons (the expected output returned). */
+static unsigned request_fill(request *q, unsigned v) {
+  for (unsigned i = 0; i < q->n; i++) q->in[i] = v;
+  memset(q->out, 0, (size_t)q->n * 4);
+  return v == 5 ? 6 : 0xffffffffu;
+}
+
+static void request_check(const request *q, int r, unsigned want) {
+  for (unsigned i = 0; i < q->n; i++)
+    if (q->out[i] != want) fail_msg("request %d: element %u is %#x, expected %#x", r, i, q->out[i], want);
+}
+
+static void request_close(request *q) {
+  assert_ok(ruda_graph_destroy(q->dev, q->g));
+  assert_ok(ruda_buffer_free(q->dev, 0, q->h));
+  gpu_sync_ok(q->dev, 0);
+  assert_ok(ruda_staging_free(q->dev, q->in));
+  assert_ok(ruda_staging_free(q->dev, q->out));
+  test_close(q->dev);
+}
+
+/* Each replay moves the blocks' current contents. */
 static void request_graph_moves_current_blocks(void **state) {
   (void)state;
-  ruda_device *dev = open_graph_gpu();
-  const unsigned n = 1u << 16;
-  ruda_handle h;
-  assert_ok(ruda_buffer_create(dev, 0, (uint64_t)n * 4, &h));
-  unsigned *in, *out;
-  assert_ok(ruda_staging_alloc(dev, (size_t)n * 4, (void **)&in));
-  assert_ok(ruda_staging_alloc(dev, (size_t)n * 4, (void **)&out));
-  ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(h));
-  ruda_graph *g;
-  ruda_future *f = NULL;
-  assert_ok(ruda_graph_begin_capture(dev, 0));
-  assert_ok(ruda_write_staged(dev, 0, &d, in, (size_t)n * 4));
-  step(dev, 0, h, n, 5);
-  assert_ok(ruda_read(dev, 0, &d, out, (size_t)n * 4, &f));
-  assert_null(f);
-  assert_ok(ruda_graph_end_capture(dev, 0, &g));
-  assert_int_equal(ruda_graph_length(g), 3);
-  /* Input 5 steps to 6; input 7 is not the step's k, so it poisons. */
-  const unsigned input[3] = {5, 7, 5}, want[3] = {6, 0xffffffffu, 6};
+  request q = request_open(1u << 16);
   for (int r = 0; r < 3; r++) {
-    for (unsigned i = 0; i < n; i++) in[i] = input[r];
-    memset(out, 0, (size_t)n * 4);
-    assert_ok(ruda_graph_replay_async(dev, (ruda_stream_id)(r % 2), g, &f));
+    unsigned want = request_fill(&q, r == 1 ? 7 : 5);
+    ruda_future *f = NULL;
+    assert_ok(ruda_graph_replay_async(q.dev, (ruda_stream_id)(r % 2), q.g, &f));
     assert_ok(ruda_future_wait(f, NULL));
     ruda_future_free(f);
-    for (unsigned i = 0; i < n; i++)
-      if (out[i] != want[r]) fail_msg("replay %d: element %u is %#x, expected %#x", r, i, out[i], want[r]);
+    request_check(&q, r, want);
   }
-  assert_ok(ruda_graph_destroy(dev, g));
-  assert_ok(ruda_buffer_free(dev, 0, h));
-  gpu_sync_ok(dev, 0);
-  assert_ok(ruda_staging_free(dev, in));
-  assert_ok(ruda_staging_free(dev, out));
-  test_close(dev);
+  request_close(&q);
 }
 
 /* ruda_graph_run serves requests synchronously: with the worker idle the
@@ -189,48 +211,28 @@ static void request_graph_moves_current_blocks(void **state) {
  * had current as it found it. */
 static void run_serves_requests_in_place(void **state) {
   (void)state;
-  ruda_device *dev = open_graph_gpu();
-  const unsigned n = 1u << 12;
-  ruda_handle h;
-  assert_ok(ruda_buffer_create(dev, 0, (uint64_t)n * 4, &h));
-  unsigned *in, *out;
-  assert_ok(ruda_staging_alloc(dev, (size_t)n * 4, (void **)&in));
-  assert_ok(ruda_staging_alloc(dev, (size_t)n * 4, (void **)&out));
-  ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(h));
-  ruda_graph *g;
-  ruda_future *f = NULL;
-  assert_ok(ruda_graph_begin_capture(dev, 0));
-  assert_ok(ruda_write_staged(dev, 0, &d, in, (size_t)n * 4));
-  step(dev, 0, h, n, 5);
-  assert_ok(ruda_read(dev, 0, &d, out, (size_t)n * 4, &f));
-  assert_ok(ruda_graph_end_capture(dev, 0, &g));
-  gpu_sync_ok(dev, 0);
+  request q = request_open(1u << 12);
+  gpu_sync_ok(q.dev, 0);
   CUcontext before = (CUcontext)1, after = (CUcontext)1;
   ruda__cu.cuCtxGetCurrent(&before);
   for (int r = 0; r < 20; r++) {
-    const unsigned input = r % 3 == 1 ? 7 : 5, want = r % 3 == 1 ? 0xffffffffu : 6;
-    for (unsigned i = 0; i < n; i++) in[i] = input;
-    memset(out, 0, (size_t)n * 4);
+    unsigned want = request_fill(&q, r % 3 == 1 ? 7 : 5);
     ruda_error *err = NULL;
-    assert_ok(ruda_graph_run(dev, (ruda_stream_id)(r % 2), g, &err));
+    assert_ok(ruda_graph_run(q.dev, (ruda_stream_id)(r % 2), q.g, &err));
     assert_null(err);
-    for (unsigned i = 0; i < n; i++)
-      if (out[i] != want) fail_msg("run %d: element %u is %#x, expected %#x", r, i, out[i], want);
+    request_check(&q, r, want);
   }
   ruda__cu.cuCtxGetCurrent(&after);
   /* A thread with a context of its own gets it back; one with none keeps
    * the device's. */
   void *ctx = NULL;
-  assert_ok(ruda_cuda_context(dev, &ctx));
+  assert_ok(ruda_cuda_context(q.dev, &ctx));
   assert_ptr_equal(after, before != NULL ? before : (CUcontext)ctx);
-  assert_ok(ruda_graph_destroy(dev, g));
-  assert_ok(ruda_buffer_free(dev, 0, h));
-  gpu_sync_ok(dev, 0);
-  assert_ok(ruda_staging_free(dev, in));
-  assert_ok(ruda_staging_free(dev, out));
-  test_close(dev);
+  request_close(&q);
 }
 
+/* A 100-launch graph replayed 50 times and destroyed at once; replays on
+ * four streams share its executable graph. */
 static void destroyed_with_replays_in_flight(void **state) {
   (void)state;
   ruda_device *dev = open_graph_gpu();

@@ -11,6 +11,7 @@
 #include "scheduler/graph.h"
 #include "scheduler/submit.h"
 #include "src/api.h"
+#include "worker_idle.h"
 
 #define N 16
 
@@ -422,9 +423,10 @@ static void *replay_many(void *p) {
  * orders them: no increment lost) and each its own graph on its own
  * stream, all at once: references, recordings and replays are safe to
  * share between threads. */
-static void replays_race_from_threads(void **state) {
-  (void)state;
-  ruda_device *dev = open_graphs(5);
+/* Four threads on dev, even ones running even(), odd ones odd(), each
+ * with its racer (the shared graph on stream 0, its own on stream i + 1):
+ * every increment counted once. */
+static void race(ruda_device *dev, void *(*even)(void *), void *(*odd)(void *)) {
   ruda_handle x = buffer_of(dev, 0, 0), y[4];
   ruda_graph *g = capture_add_one(dev, 0, x), *own[4];
   for (int i = 0; i < 4; i++) {
@@ -436,7 +438,7 @@ static void replays_race_from_threads(void **state) {
   racer r[4];
   for (int i = 0; i < 4; i++) {
     r[i] = (racer){dev, g, own[i], (ruda_stream_id)i + 1};
-    pthread_create(&t[i], NULL, replay_many, &r[i]);
+    pthread_create(&t[i], NULL, i % 2 ? odd : even, &r[i]);
   }
   for (int i = 0; i < 4; i++) {
     void *rc;
@@ -454,6 +456,12 @@ static void replays_race_from_threads(void **state) {
   }
   assert_ok(ruda_graph_destroy(dev, g));
   assert_ok(ruda_buffer_free(dev, 0, x));
+}
+
+static void replays_race_from_threads(void **state) {
+  (void)state;
+  ruda_device *dev = open_graphs(5);
+  race(dev, replay_many, replay_many);
   test_close(dev);
 }
 
@@ -533,16 +541,6 @@ static ruda_graph *capture_where(ruda_device *dev, ruda_stream_id s, ruda_handle
   return g;
 }
 
-/* The worker gave its state back (it does so just after completing a
- * future, so a caller back from a sync may still find it held). */
-static void worker_idle(ruda_device *dev, ruda_stream_id s) {
-  ruda__worker *w = &dev->workers[s % dev->nworkers];
-  for (int i = 0; atomic_load(&w->exec) != 0; i++) {
-    assert_true(i < 1000000);
-    sched_yield();
-  }
-}
-
 typedef struct runner {
   ruda_device *dev;
   ruda_graph *g;
@@ -569,7 +567,7 @@ static void run_issues_in_place_only_when_the_worker_is_idle(void **state) {
   ruda_handle x = buffer_of(dev, 0, 0);
   assert_ok(ruda_sync(dev, 0, NULL));
   ruda_graph *g = capture_where(dev, 0, x);
-  worker_idle(dev, 0);
+  test_worker_idle(dev, 0);
   for (int r = 0; r < 10; r++) {
     ruda_error *err = (ruda_error *)1;
     assert_ok(ruda_graph_run(dev, 0, g, &err));
@@ -613,7 +611,7 @@ static void run_reports_failures_and_refuses_bad_input(void **state) {
   assert_ok(test_launch(dev, 0, "fail", NULL, 0));
   assert_ok(ruda_graph_end_capture(dev, 0, &g));
   assert_ok(ruda_sync(dev, 0, NULL));
-  worker_idle(dev, 0);
+  test_worker_idle(dev, 0);
   assert_rc(ruda_graph_run(dev, 0, g, &err), RUDA_EUNHEALTHY);
   assert_non_null(err);
   const ruda_error *e = ruda_error_cause(err);
@@ -676,35 +674,7 @@ static void runs_and_replays_race_from_threads(void **state) {
   (void)state;
   ruda_device *dev = test_open(3, 4096, RUDA_BACKPRESSURE_BLOCK); /* five streams on three workers */
   assert_ok(ruda_host_kernel_register(dev, "add", k_add));
-  ruda_handle x = buffer_of(dev, 0, 0), y[4];
-  ruda_graph *g = capture_add_one(dev, 0, x), *own[4];
-  for (int i = 0; i < 4; i++) {
-    ruda_stream_id s = (ruda_stream_id)i + 1;
-    y[i] = buffer_of(dev, s, 0);
-    own[i] = capture_add_one(dev, s, y[i]);
-  }
-  pthread_t t[4];
-  racer r[4];
-  for (int i = 0; i < 4; i++) {
-    r[i] = (racer){dev, g, own[i], (ruda_stream_id)i + 1};
-    pthread_create(&t[i], NULL, i % 2 ? run_many : replay_many, &r[i]);
-  }
-  for (int i = 0; i < 4; i++) {
-    void *rc;
-    pthread_join(t[i], &rc);
-    assert_null(rc);
-  }
-  uint64_t got[N];
-  test_read(dev, 0, ruda_bind(x), got, sizeof got);
-  for (int i = 0; i < N; i++) assert_int_equal(got[i], (uint64_t)i + 800);
-  for (int k = 0; k < 4; k++) {
-    test_read(dev, (ruda_stream_id)k + 1, ruda_bind(y[k]), got, sizeof got);
-    for (int i = 0; i < N; i++) assert_int_equal(got[i], (uint64_t)i + 200);
-    assert_ok(ruda_graph_destroy(dev, own[k]));
-    assert_ok(ruda_buffer_free(dev, (ruda_stream_id)k + 1, y[k]));
-  }
-  assert_ok(ruda_graph_destroy(dev, g));
-  assert_ok(ruda_buffer_free(dev, 0, x));
+  race(dev, replay_many, run_many);
   test_close(dev);
 }
 

@@ -9,6 +9,7 @@
 
 #include "common.h"
 #include "scheduler/device.h"
+#include "worker_idle.h"
 
 #define N 32
 
@@ -56,16 +57,6 @@ static ruda_device *open_in_place(uint32_t workers) {
   return dev;
 }
 
-/* The worker handed its state back (just after completing a future, a
- * caller back from a sync may still find it held). */
-static void worker_idle(ruda_device *dev, ruda_stream_id s) {
-  ruda__worker *w = &dev->workers[s % dev->nworkers];
-  for (int i = 0; atomic_load(&w->exec) != 0; i++) {
-    assert_true(i < 1000000);
-    sched_yield();
-  }
-}
-
 static ruda_handle zeroed(ruda_device *dev, ruda_stream_id s) {
   ruda_handle x;
   uint64_t z[N] = {0};
@@ -90,7 +81,7 @@ static void commands_run_on_the_caller_while_the_worker_is_idle(void **state) {
   assert_rc(ruda_stream_set_in_place(NULL, 0, 1), RUDA_EINVAL);
   assert_ok(ruda_stream_set_in_place(dev, 0, 1));
   for (int r = 0; r < 5; r++) {
-    worker_idle(dev, 0);
+    test_worker_idle(dev, 0);
     assert_ok(test_launch(dev, 0, "note", &a, 1));
     /* On the host the kernel ran inside the call. */
     assert_true(pthread_equal(ran_on, pthread_self()));
@@ -146,7 +137,7 @@ static void ordered_after_another_streams_writer(void **state) {
   atomic_store(&test_gate_open, 1);
   expect_all(dev, 0, y, 3);
   /* And the other way: stream 1 reads what stream 0 wrote in place. */
-  worker_idle(dev, 0);
+  test_worker_idle(dev, 0);
   assert_ok(test_launch(dev, 0, "note", &w, 1)); /* x = 2, in place on worker 0 */
   assert_true(pthread_equal(ran_on, pthread_self()));
   expect_all(dev, 1, x, 2);
@@ -160,7 +151,7 @@ static void failures_reach_the_stream(void **state) {
   (void)state;
   ruda_device *dev = open_in_place(2);
   assert_ok(ruda_stream_set_in_place(dev, 3, 1));
-  worker_idle(dev, 3);
+  test_worker_idle(dev, 3);
   assert_ok(test_launch(dev, 3, "fail", NULL, 0));
   ruda_error *errs = NULL;
   assert_rc(ruda_flush(dev, 3, &errs), RUDA_EUNHEALTHY);
