@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/comm_timeout.h"
 #include "base/half.h"
 #include "ruda/mpi.h"
 
@@ -36,15 +37,6 @@ static uint64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-/* RUDA_COMM_TIMEOUT, as the in-process communicators read it. */
-static uint64_t timeout_ns(void) {
-  const char *v = getenv("RUDA_COMM_TIMEOUT");
-  char *end;
-  if (v == NULL || *v == '\0') return UINT64_C(60000) * 1000000;
-  unsigned long long ms = strtoull(v, &end, 10);
-  return *end != '\0' ? UINT64_C(60000) * 1000000 : (uint64_t)ms * 1000000;
 }
 
 /* Every transport call starts here: numbers it, refuses it on a broken
@@ -302,7 +294,7 @@ int ruda_mpi_comm_init(ruda_device *dev, MPI_Comm comm, ruda_comm **out) {
   }
   l->rank = rank;
   l->size = size;
-  l->timeout_ns = timeout_ns();
+  l->timeout_ns = ruda__comm_timeout_ms() * 1000000;
   const ruda_comm_transport t = {l, t_all_reduce, t_send, t_recv, t_release};
   int rc = ruda_comm_init_rank(dev, (uint32_t)size, (uint32_t)rank, NULL, &t, out);
   if (rc != 0) t_release(l);

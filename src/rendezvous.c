@@ -9,22 +9,20 @@
  * endian on every machine ruda builds for; the magic catches anything else
  * listening on the port.
  */
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "base/comm_timeout.h"
 #include "src/api.h"
 
 #define MAGIC 0x41445552u /* "RUDA" */
@@ -43,15 +41,6 @@ static uint64_t now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-/* RUDA_COMM_TIMEOUT in ms (default 60000; 0: for ever), as collectives read it. */
-static uint64_t timeout_ms(void) {
-  const char *v = getenv("RUDA_COMM_TIMEOUT");
-  char *end;
-  if (v == NULL || *v == '\0') return 60000;
-  unsigned long long ms = strtoull(v, &end, 10);
-  return *end != '\0' ? 60000 : (uint64_t)ms;
 }
 
 static void pause_ms(unsigned ms) {
@@ -238,7 +227,7 @@ int ruda_comm_rendezvous(const char *where, uint32_t nranks, uint32_t rank, ruda
   static const char fn[] = "ruda_comm_rendezvous";
   if (where == NULL || id == NULL) return ruda__fail(RUDA_EINVAL, "%s: %s is NULL", fn, where ? "id" : "where");
   if (nranks == 0 || rank >= nranks) return ruda__fail(RUDA_EINVAL, "%s: rank %u of %u ranks", fn, rank, nranks);
-  const uint64_t limit = timeout_ms();
+  const uint64_t limit = ruda__comm_timeout_ms();
   if (strncmp(where, "file:", 5) == 0 && where[5] != '\0') {
     const char *path = where + 5;
     if (rank != 0) {

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "backends/host/host_backend.h"
+#include "base/comm_timeout.h"
 #include "base/half.h"
 #include "ruda/comm.h"
 
@@ -84,17 +85,6 @@ static void exchange_free(host_exchange *h) {
   free(h);
 }
 
-/* RUDA_COMM_TIMEOUT: milliseconds a rank waits for its peers in one
- * collective (default 60000; 0 waits for ever). */
-static uint64_t comm_timeout_ns(void) {
-  const char *v = getenv("RUDA_COMM_TIMEOUT");
-  char *end;
-  if (v == NULL || *v == '\0') return UINT64_C(60000) * 1000000;
-  unsigned long long ms = strtoull(v, &end, 10);
-  if (*end != '\0') return UINT64_C(60000) * 1000000;
-  return (uint64_t)ms * 1000000;
-}
-
 static const char *const dtype_name[] = {"f32", "f64", "i32", "i64", "f16", "bf16", "i8", "u8"};
 static const char *const op_name[] = {"sum", "mean", "min", "max"};
 /* By ruda__coll_kind. */
@@ -143,7 +133,7 @@ int ruda__host_comm_init(void *const *states, uint32_t n, void **ranks) {
   pthread_cond_init(&h->cond, &ca);
   pthread_condattr_destroy(&ca);
   h->n = n;
-  h->timeout_ns = comm_timeout_ns();
+  h->timeout_ns = ruda__comm_timeout_ms() * 1000000;
   h->src = calloc(n, sizeof *h->src);
   h->here = calloc(n, sizeof *h->here);
   h->asked = calloc(n, sizeof *h->asked);
