@@ -8,6 +8,11 @@
  * beside the nccl.h ruda was built with, e.g. NVIDIA's wheel unpacked by
  * tools/deps.sh), so a process that never makes one never needs it. Built
  * without nccl.h, collectives are refused (RUDA_ENOBACKEND).
+ *
+ * A rank across processes (ncclCommInitRankConfig) is made non-blocking
+ * where NCCL can: its creation and its calls are then polled up to
+ * RUDA_COMM_TIMEOUT, and a peer that never comes aborts the communicator
+ * (ncclCommAbort) with an error saying so, instead of hanging the rank.
  */
 #include "backends/cuda/cuda_internal.h"
 
@@ -52,19 +57,33 @@ int ruda__cu_comm_init_rank(void *state, uint32_t nranks, uint32_t rank, const r
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include "base/comm_timeout.h"
 
 #define NCCL_FUNCS(X)                                                                            \
   X(ncclGetVersion) X(ncclCommInitAll) X(ncclCommDestroy) X(ncclAllReduce) X(ncclSend) X(ncclRecv) \
   X(ncclGetErrorString) X(ncclGetUniqueId) X(ncclCommInitRank) X(ncclReduce) X(ncclBroadcast) X(ncclAllGather)     \
   X(ncclReduceScatter)
 
+/* Optional: without them ranks across processes are made blocking. */
+#define NCCL_OPTIONAL(X) X(ncclCommInitRankConfig) X(ncclCommGetAsyncError) X(ncclCommAbort) X(ncclCommFinalize)
+
 static struct {
 #define NCCL_FIELD(name) __typeof__(&name) name;
   NCCL_FUNCS(NCCL_FIELD)
+  NCCL_OPTIONAL(NCCL_FIELD)
 #undef NCCL_FIELD
   int version;
   char path[256];
 } nccl;
+
+/* A rank's handle. Non-blocking ranks are polled (nccl_settle); an aborted
+ * one refuses every later call and is only freed. */
+typedef struct nccl_rank {
+  ncclComm_t comm;
+  int nonblocking, aborted;
+} nccl_rank;
 
 static pthread_once_t nccl_once = PTHREAD_ONCE_INIT;
 static char nccl_why[600];
@@ -93,7 +112,41 @@ static void nccl_load(void) {
   }
   NCCL_FUNCS(NCCL_SYM)
 #undef NCCL_SYM
+#define NCCL_OPT(name) *(void **)&nccl.name = dlsym(lib, #name);
+  NCCL_OPTIONAL(NCCL_OPT)
+#undef NCCL_OPT
   nccl.ncclGetVersion(&nccl.version);
+}
+
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* A non-blocking rank's last call: polls ncclCommGetAsyncError while it is
+ * in progress, up to RUDA_COMM_TIMEOUT; past it the communicator is
+ * aborted (its kernels and threads stop) and ncclInProgress returned. */
+static ncclResult_t nccl_settle(nccl_rank *r, ncclResult_t res) {
+  if (!r->nonblocking || res != ncclInProgress) return res;
+  const uint64_t limit = ruda__comm_timeout_ms(), until = limit ? now_ms() + limit : UINT64_MAX;
+  for (unsigned wait = 10;; wait = wait < 1000 ? 2 * wait : 1000) {
+    ncclResult_t state = ncclInProgress;
+    if (nccl.ncclCommGetAsyncError(r->comm, &state) != ncclSuccess || state != ncclInProgress) return state;
+    if (now_ms() > until) {
+      nccl.ncclCommAbort(r->comm);
+      r->aborted = 1;
+      return ncclInProgress;
+    }
+    struct timespec ts = {0, (long)wait * 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+static nccl_rank *rank_new(ncclComm_t comm, int nonblocking) {
+  nccl_rank *r = calloc(1, sizeof *r);
+  if (r != NULL) r->comm = comm, r->nonblocking = nonblocking;
+  return r;
 }
 
 static int nccl_fail(ncclResult_t r, const char *what) {
@@ -130,7 +183,16 @@ int ruda__cu_comm_init(void *const *states, uint32_t n, void **ranks) {
     free(comms);
     return nccl_fail(res, "ruda_comm_init: ncclCommInitAll");
   }
-  for (uint32_t r = 0; r < n; r++) ranks[r] = comms[r];
+  for (uint32_t r = 0; r < n; r++) {
+    if ((ranks[r] = rank_new(comms[r], 0)) != NULL) continue;
+    for (uint32_t q = 0; q < n; q++) {
+      if (q < r) free(ranks[q]);
+      nccl.ncclCommDestroy(comms[q]);
+      ranks[q] = NULL;
+    }
+    free(comms);
+    return ruda__fail(RUDA_ENOMEM, "ruda_comm_init: out of host memory");
+  }
   free(comms);
   return 0;
 }
@@ -166,17 +228,50 @@ int ruda__cu_comm_init_rank(void *state, uint32_t nranks, uint32_t rank, const r
   /* NCCL takes the device from the calling thread's context: ruda's. */
   ruda__cu_guard g;
   if (ruda__cu_enter(state, &g) != 0) return ruda_error_code(ruda_last_error());
-  ncclComm_t comm = NULL;
-  ncclResult_t res = nccl.ncclCommInitRank(&comm, (int)nranks, u, (int)rank);
+  nccl_rank probe = {NULL, 0, 0};
+  ncclResult_t res;
+  const char *what = "ncclCommInitRank";
+  if (nccl.ncclCommInitRankConfig != NULL && nccl.ncclCommGetAsyncError != NULL && nccl.ncclCommAbort != NULL) {
+    /* Non-blocking, so that ranks that never join time out. */
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    probe.nonblocking = 1;
+    what = "ncclCommInitRankConfig";
+    res = nccl_settle(&probe, nccl.ncclCommInitRankConfig(&probe.comm, (int)nranks, u, (int)rank, &cfg));
+  } else {
+    res = nccl.ncclCommInitRank(&probe.comm, (int)nranks, u, (int)rank);
+  }
   ruda__cu_leave(&g);
-  if (res != ncclSuccess) return nccl_fail(res, "ruda_comm_init_rank: ncclCommInitRank");
-  *handle = comm;
+  if (probe.aborted)
+    return ruda__fail(RUDA_ETIMEDOUT,
+                      "ruda_comm_init_rank: rank %u of %u: the other ranks did not join within %llu ms "
+                      "(RUDA_COMM_TIMEOUT); the NCCL communicator was aborted",
+                      rank, nranks, (unsigned long long)ruda__comm_timeout_ms());
+  if (res != ncclSuccess) {
+    if (probe.comm != NULL && nccl.ncclCommAbort != NULL) nccl.ncclCommAbort(probe.comm);
+    char what_rank[96];
+    snprintf(what_rank, sizeof what_rank, "ruda_comm_init_rank: %s (rank %u of %u)", what, rank, nranks);
+    return nccl_fail(res, what_rank);
+  }
+  nccl_rank *r = rank_new(probe.comm, probe.nonblocking);
+  if (r == NULL) {
+    nccl.ncclCommDestroy(probe.comm);
+    return ruda__fail(RUDA_ENOMEM, "ruda_comm_init_rank: out of host memory");
+  }
+  *handle = r;
   return 0;
 }
 
 void ruda__cu_comm_destroy(void *state, void *rank) {
   (void)state;
-  if (rank != NULL && nccl.ncclCommDestroy != NULL) nccl.ncclCommDestroy((ncclComm_t)rank);
+  nccl_rank *r = rank;
+  if (r == NULL) return;
+  /* A non-blocking rank flushes first; one that cannot within the timeout
+   * is aborted. An aborted one was freed by NCCL already. */
+  if (!r->aborted && r->nonblocking && nccl.ncclCommFinalize != NULL)
+    nccl_settle(r, nccl.ncclCommFinalize(r->comm));
+  if (!r->aborted) nccl_settle(r, nccl.ncclCommDestroy(r->comm));
+  free(r);
 }
 
 static const ncclDataType_t nccl_type[] = {ncclFloat32, ncclFloat64, ncclInt32, ncclInt64,
@@ -185,9 +280,15 @@ static const ncclRedOp_t nccl_op[] = {ncclSum, ncclAvg, ncclMin, ncclMax};
 
 int ruda__cu_collective(void *ws, void *rank, const ruda__coll *c, ruda_error **err) {
   ruda__cu_worker *w = ws;
-  ncclComm_t comm = rank;
+  nccl_rank *r = rank;
+  ncclComm_t comm = r->comm;
   cudaStream_t st = (cudaStream_t)w->stream;
   ncclResult_t res;
+  if (r->aborted) {
+    *err = ruda__error_new(RUDA_ETIMEDOUT, 0, "rank %u: the NCCL communicator was aborted after a peer did not "
+                           "answer within RUDA_COMM_TIMEOUT; destroy it", c->rank);
+    return RUDA_ETIMEDOUT;
+  }
   const char *what;
   const void *src = (const void *)(uintptr_t)c->src;
   void *dst = (void *)(uintptr_t)c->dst;
@@ -222,7 +323,14 @@ int ruda__cu_collective(void *ws, void *rank, const ruda__coll *c, ruda_error **
       res = nccl.ncclRecv(dst, c->count, ncclUint8, (int)c->peer, comm, st);
       break;
   }
+  res = nccl_settle(r, res); /* a non-blocking rank's call may still be in progress */
   if (res == ncclSuccess) return 0;
+  if (r->aborted) {
+    *err = ruda__error_new(RUDA_ETIMEDOUT, 0, "%s (rank %u): still in progress after %llu ms (RUDA_COMM_TIMEOUT): a "
+                           "peer did not answer; the NCCL communicator was aborted, destroy it", what, c->rank,
+                           (unsigned long long)ruda__comm_timeout_ms());
+    return RUDA_ETIMEDOUT;
+  }
   const int p2p = c->kind == RUDA__COLL_SEND || c->kind == RUDA__COLL_RECV;
   const int rooted = c->kind == RUDA__COLL_REDUCE || c->kind == RUDA__COLL_BROADCAST;
   char with[32] = "";

@@ -4,6 +4,8 @@
  * all checked element by element; on one GPU, every collective and type
  * through a one-rank communicator. Skipped with fewer
  * than two GPUs, without NCCL, and under the mock driver. */
+#include <time.h>
+
 #include "gpu_common.h"
 
 static ruda_device *open_ordinal(int ordinal) {
@@ -220,11 +222,40 @@ static void one_rank_from_the_environment(void **state) {
   test_close(dev);
 }
 
+/* Rank 0 of 2 whose peer never comes: the join times out after
+ * RUDA_COMM_TIMEOUT (NCCL non-blocking, then aborted) instead of hanging. */
+static void a_rank_that_never_joins_times_out(void **state) {
+  (void)state;
+  ruda_device *dev = open_nccl_gpu();
+  ruda_comm_id id;
+  int rc = ruda_comm_unique_id(dev, &id);
+  if (rc == RUDA_ENOBACKEND) {
+    test_close(dev);
+    gpu_skip("%s", ruda_error_message(ruda_last_error()));
+  }
+  assert_ok(rc);
+  setenv("RUDA_COMM_TIMEOUT", "1500", 1);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  ruda_comm *comm = (ruda_comm *)dev;
+  rc = ruda_comm_init_rank(dev, 2, 0, &id, NULL, &comm);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  unsetenv("RUDA_COMM_TIMEOUT");
+  double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+  assert_null(comm);
+  if (rc != RUDA_ETIMEDOUT)
+    fail_msg("expected RUDA_ETIMEDOUT, got %s: %s", ruda_err_name(rc), ruda_error_message(ruda_last_error()));
+  assert_last_error_contains("did not join within 1500 ms");
+  assert_true(s >= 1.4 && s < 30.0);
+  test_close(dev); /* nothing left open: the device closes */
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(two_gpus),
       cmocka_unit_test(one_rank_by_unique_id),
       cmocka_unit_test(one_rank_from_the_environment),
+      cmocka_unit_test(a_rank_that_never_joins_times_out),
   };
   return gpu_main("gpu_comm", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
