@@ -31,7 +31,27 @@ typedef struct mpi_link {
   uint64_t seq;        /* collectives issued, for messages */
   int broken;          /* a wait timed out: the ranks are out of step for good */
   MPI_Op own[OWN_OPS]; /* MPI_OP_NULL where not made */
+  /* What MPI reads and writes: the link's own memory, never the caller's.
+   * A request that timed out stays pending, and a late peer can still
+   * complete it; it then touches these, which a broken link never frees,
+   * rather than a buffer or a stack frame long gone. */
+  int64_t agree[12]; /* the agreement check's values and maxima */
+  unsigned char *bounce;
+  size_t bounce_cap;
 } mpi_link;
+
+/* The bounce block, at least bytes long (grown only between requests). */
+static void *bounce(mpi_link *l, size_t bytes, const char *what, char *why, size_t n) {
+  if (bytes <= l->bounce_cap && l->bounce != NULL) return l->bounce;
+  unsigned char *b = realloc(l->bounce, bytes ? bytes : 1);
+  if (b == NULL) {
+    snprintf(why, n, "%s #%llu: no host memory for %zu bytes", what, (unsigned long long)l->seq, bytes);
+    return NULL;
+  }
+  l->bounce = b;
+  l->bounce_cap = bytes;
+  return b;
+}
 
 static uint64_t now_ns(void) {
   struct timespec ts;
@@ -157,7 +177,9 @@ static const char *const op_name[] = {"sum", "mean", "min", "max"};
  * small all-reduce of each value and its negation under MAX gives the
  * largest and the smallest of each. */
 static int agree(mpi_link *l, uint64_t count, ruda_dtype t, ruda_reduce_op op, char *why, size_t n) {
-  int64_t v[6] = {(int64_t)count, -(int64_t)count, t, -(int64_t)t, op, -(int64_t)op}, m[6];
+  int64_t *v = l->agree, *m = l->agree + 6;
+  const int64_t mine[6] = {(int64_t)count, -(int64_t)count, t, -(int64_t)t, op, -(int64_t)op};
+  memcpy(v, mine, sizeof mine);
   MPI_Request rq;
   if (MPI_Iallreduce(v, m, 6, MPI_INT64_T, MPI_MAX, l->comm, &rq) != MPI_SUCCESS) {
     snprintf(why, n, "all-reduce #%llu: MPI refused the agreement check", (unsigned long long)l->seq);
@@ -186,13 +208,17 @@ static int t_all_reduce(void *ctx, const void *src, void *dst, uint64_t count, r
     rc = RUDA_ERANGE;
   }
   if (rc != 0) return rc;
+  const size_t bytes = (size_t)count * ruda_dtype_size(t);
+  void *b = bounce(l, bytes, "all-reduce", why, n);
+  if (b == NULL) return RUDA_ENOMEM;
+  memcpy(b, src, bytes);
   MPI_Request rq;
-  if (MPI_Iallreduce(src == dst ? MPI_IN_PLACE : src, dst, (int)count, type_of(t), op_of(l, t, op), l->comm, &rq) !=
-      MPI_SUCCESS) {
+  if (MPI_Iallreduce(MPI_IN_PLACE, b, (int)count, type_of(t), op_of(l, t, op), l->comm, &rq) != MPI_SUCCESS) {
     snprintf(why, n, "all-reduce #%llu: MPI_Iallreduce refused", (unsigned long long)l->seq);
     return RUDA_EGENERIC;
   }
   if ((rc = wait_req(l, &rq, MPI_STATUS_IGNORE, "all-reduce", why, n)) != 0) return rc;
+  memcpy(dst, b, bytes);
   /* Mean: the sum divided here; integers truncate, as the other backends',
    * halves divide in float and round back. */
   if (op == RUDA_REDUCE_MEAN)
@@ -223,8 +249,11 @@ static int t_send(void *ctx, const void *src, uint64_t bytes, uint32_t peer, cha
   mpi_link *l = ctx;
   int rc = begin(l, "send", bytes, "bytes", why, n);
   if (rc != 0) return rc;
+  void *b = bounce(l, (size_t)bytes, "send", why, n);
+  if (b == NULL) return RUDA_ENOMEM;
+  memcpy(b, src, (size_t)bytes);
   MPI_Request rq;
-  if (MPI_Isend(src, (int)bytes, MPI_BYTE, (int)peer, TAG, l->comm, &rq) != MPI_SUCCESS) {
+  if (MPI_Isend(b, (int)bytes, MPI_BYTE, (int)peer, TAG, l->comm, &rq) != MPI_SUCCESS) {
     snprintf(why, n, "send #%llu to rank %u: MPI_Isend refused", (unsigned long long)l->seq, peer);
     return RUDA_EGENERIC;
   }
@@ -235,9 +264,11 @@ static int t_recv(void *ctx, void *dst, uint64_t bytes, uint32_t peer, char *why
   mpi_link *l = ctx;
   int rc = begin(l, "recv", bytes, "bytes", why, n);
   if (rc != 0) return rc;
+  void *b = bounce(l, (size_t)bytes, "recv", why, n);
+  if (b == NULL) return RUDA_ENOMEM;
   MPI_Request rq;
   MPI_Status st;
-  if (MPI_Irecv(dst, (int)bytes, MPI_BYTE, (int)peer, TAG, l->comm, &rq) != MPI_SUCCESS) {
+  if (MPI_Irecv(b, (int)bytes, MPI_BYTE, (int)peer, TAG, l->comm, &rq) != MPI_SUCCESS) {
     snprintf(why, n, "recv #%llu from rank %u: MPI_Irecv refused", (unsigned long long)l->seq, peer);
     return RUDA_EGENERIC;
   }
@@ -250,16 +281,21 @@ static int t_recv(void *ctx, void *dst, uint64_t bytes, uint32_t peer, char *why
              (unsigned long long)bytes);
     return RUDA_ERANGE;
   }
+  memcpy(dst, b, (size_t)bytes);
   return 0;
 }
 
 static void t_release(void *ctx) {
   mpi_link *l = ctx;
-  /* A broken link may hold a request that never completes: leave the
-   * duplicate to MPI_Finalize rather than block here. */
-  if (!l->broken) MPI_Comm_free(&l->comm);
   /* Freeing an op a pending request uses is allowed: MPI frees it after. */
   own_ops_free(l);
+  /* A broken link may hold a request that completes only when a late peer
+   * comes, or never: its duplicate is left to MPI_Finalize rather than
+   * block here, and the memory the request uses (the link itself and its
+   * bounce block) is kept for the rest of the process. */
+  if (l->broken) return;
+  MPI_Comm_free(&l->comm);
+  free(l->bounce);
   free(l);
 }
 

@@ -1,3 +1,4 @@
+#define _DEFAULT_SOURCE
 /* comm_mpi.c - communicators across processes (ruda/mpi.h), run by ctest
  * under mpirun with 2 and 4 ranks on the host backend: every all-reduce
  * type and reduction against a CPU reference, in place and not (8-bit
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ruda/mpi.h"
 
@@ -388,6 +390,29 @@ int main(int argc, char **argv) {
   OK(ruda_all_reduce(comm, dev, ruda_bind_range(src, 0, 64), ruda_bind_range(dst, 0, 64), RUDA_DTYPE_I32,
                      RUDA_REDUCE_MAX));
   OK(ruda_comm_sync(comm, dev, NULL));
+  /* A rank that comes late (RUDA_COMM_TIMEOUT 300 ms, it comes after
+   * 1.5 s): the others time out naming the timeout, the late one times
+   * out too rather than hang, and the broken communicator refuses what
+   * follows at once. */
+  setenv("RUDA_COMM_TIMEOUT", "300", 1);
+  ruda_comm *slow = NULL;
+  OK(ruda_mpi_comm_init(dev, MPI_COMM_WORLD, &slow));
+  unsetenv("RUDA_COMM_TIMEOUT");
+  const int late = size - 1;
+  if (rank == late) usleep(1500 * 1000);
+  for (int round = 0; round < 2; round++) {
+    OK(ruda_all_reduce(slow, dev, ruda_bind_range(src, 0, 64), ruda_bind_range(dst, 0, 64), RUDA_DTYPE_I32,
+                       RUDA_REDUCE_SUM));
+    errs = NULL;
+    rc = ruda_comm_sync(slow, dev, &errs);
+    e = errs ? ruda_error_cause(errs) : NULL;
+    const char *says = round == 0 ? "(RUDA_COMM_TIMEOUT)" : "the communicator is broken";
+    EXPECT(rc == RUDA_EUNHEALTHY && e != NULL && ruda_error_code(e) == RUDA_ETIMEDOUT &&
+               strstr(ruda_error_message(e), says) != NULL,
+           "a late rank, round %d: %s: %s", round, ruda_err_name(rc), e ? ruda_error_message(e) : "(no error)");
+    ruda_error_free(errs);
+  }
+  OK(ruda_comm_destroy(slow));
   EXPECT(ruda_device_close(dev, NULL) == RUDA_EBUSY, "a device in a live communicator closed");
   OK(ruda_buffer_free(dev, 0, src));
   OK(ruda_buffer_free(dev, 0, dst));
