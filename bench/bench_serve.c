@@ -529,7 +529,19 @@ typedef struct result {
 
 static uint64_t *lat_all;
 
+/* -b: ruda's own counters, read before and after a run. */
+typedef struct counters {
+  uint64_t marks, waits, in_place;
+} counters;
+
+static counters counters_of(ruda_device *dev) {
+  counters c = {atomic_load(&dev->order.marks), atomic_load(&dev->order.waits), 0};
+  for (uint32_t i = 0; i < dev->nworkers; i++) c.in_place += dev->workers[i].in_place_runs;
+  return c;
+}
+
 static result run(ruda_device *dev, const variant *v, int threads, size_t n, int raw) {
+  const counters before = counters_of(dev);
   run_ctx rc;
   memset(&rc, 0, sizeof rc);
   rc.dev = dev;
@@ -595,6 +607,12 @@ static result run(ruda_device *dev, const variant *v, int threads, size_t n, int
 #endif
   size_t cnt = n * (size_t)threads;
   if (breakdown) {
+    /* Read after every thread joined and every stream synced: exact. */
+    const counters after = counters_of(dev);
+    if (!raw)
+      printf("       T=%d ruda: %llu commands run in place by clients; ordering pushed %llu marks, %llu waits\n",
+             threads, (unsigned long long)(after.in_place - before.in_place),
+             (unsigned long long)(after.marks - before.marks), (unsigned long long)(after.waits - before.waits));
     double ph[4] = {0, 0, 0, 0};
     for (int i = 0; i < threads; i++)
       for (int k = 0; k < 4; k++) ph[k] += (double)a[i].phase_ns[k];

@@ -17,33 +17,20 @@
  * the work is submitted). The caller pays the driver calls the worker
  * would have made.
  */
-#include <sched.h>
-
 #include "scheduler/device.h"
 #include "base/sync.h"
 
-/* How long a client waits for another client running in place on the
- * same worker (one command's driver calls) before queueing instead. */
-#define TURN_WAIT_NS 50000u
 #define PROGRESS_EVERY 16u
 
 int ruda__inline_run(ruda__worker *w, ruda__cmd *cmd) {
   ruda_device *dev = w->dev;
-  if (w->observed || dev->cfg.launch_blocking) return 0;
-  /* Streams sharing a worker share its device stream: a client finding
-   * another in place waits its turn (short) rather than waking the
-   * worker; a worker running a batch means work is queued: push. */
-  uint64_t deadline = 0;
-  for (unsigned spins = 0;; spins++) {
-    if (!cds_wfcq_empty(&w->head, &w->tail)) return 0;
-    uint32_t held = ruda__exec_try(w, RUDA__EXEC_CLIENT);
-    if (held == 0) break;
-    if (held == RUDA__EXEC_WORKER) return 0;
-    if (deadline == 0) deadline = ruda__now_ns() + TURN_WAIT_NS;
-    else if (ruda__now_ns() > deadline) return 0;
-    if (spins < 64) ruda__cpu_relax();
-    else sched_yield();
-  }
+  /* Anyone running on the worker (the worker, or another client in place:
+   * streams sharing a worker share its device stream) means the command
+   * queues behind them; waiting for a turn instead spun clients against
+   * each other under load. */
+  if (w->observed || dev->cfg.launch_blocking || !cds_wfcq_empty(&w->head, &w->tail) ||
+      ruda__exec_try(w, RUDA__EXEC_CLIENT) != 0)
+    return 0;
   ruda__exec_guard guard = {0};
   /* Holding exec: nothing runs on the worker, so `done` is stable. Equal
    * to the tickets and an empty queue: nothing pushed is left to run. */
@@ -69,7 +56,7 @@ int ruda__inline_run(ruda__worker *w, ruda__cmd *cmd) {
    * or here every PROGRESS_EVERY commands run in place (each poll is a
    * driver query per pending event). The worker is not woken for it: it
    * would take exec from the next command issued in place. */
-  if (dev->ops->progress != NULL && ++w->in_place_runs % PROGRESS_EVERY == 0) dev->ops->progress(w->wstate);
+  if (++w->in_place_runs % PROGRESS_EVERY == 0 && dev->ops->progress != NULL) dev->ops->progress(w->wstate);
   if (dev->ops->exec_leave != NULL) dev->ops->exec_leave(dev->bstate, &guard);
   /* The place the caller's admission took, as the worker gives it back. */
   atomic_fetch_sub_explicit(&w->depth, 1, memory_order_relaxed);
