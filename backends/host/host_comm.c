@@ -9,7 +9,8 @@
  * several processes) the four newer collectives are made of the
  * transport's all-reduce: reduce and reduce-scatter reduce everything and
  * keep their part; broadcast and all-gather sum bytes (u8) that only one
- * rank contributes, so the transport needs nothing more. A worker blocks here as a
+ * rank contributes, so the transport needs nothing more; a small
+ * all-reduce before each checks that the ranks agree. A worker blocks here as a
  * GPU stream waits in an NCCL kernel for its peers. One lock per
  * communicator; every wait is on its condition variable, bounded by
  * RUDA_COMM_TIMEOUT: a rank that never comes breaks the communicator
@@ -216,6 +217,27 @@ static int external_reduce(host_rank *r, const ruda__coll *k, size_t es, char *w
   return rc;
 }
 
+/* The newer collectives first check, with one all-reduce (i64, max) of
+ * each value and its negation, that every rank brought the same one: the
+ * all-reduce they are made of would only see the bytes it moves (and
+ * never a root). */
+static int external_agree(host_rank *r, const ruda__coll *k, char *why, size_t n) {
+  const int64_t mine[5] = {k->kind, (int64_t)k->count, k->dtype, k->op, k->peer};
+  int64_t v[10];
+  for (int i = 0; i < 5; i++) v[2 * i] = mine[i], v[2 * i + 1] = -mine[i];
+  int rc = r->t.all_reduce(r->t.ctx, v, v, 10, RUDA_DTYPE_I64, RUDA_REDUCE_MAX, why, n);
+  if (rc != 0) return rc;
+  int same = 1;
+  for (int i = 0; i < 5; i++) same &= v[2 * i] == -v[2 * i + 1];
+  if (same) return 0;
+  /* Every value is a valid index on the rank that brought it. */
+  snprintf(why, n,
+           "ranks disagree: collectives %s..%s, counts %lld..%lld, types %s..%s, reductions %s..%s, roots %lld..%lld",
+           kind_name[-v[1]], kind_name[v[0]], (long long)-v[3], (long long)v[2], dtype_name[-v[5]], dtype_name[v[4]],
+           op_name[-v[7]], op_name[v[6]], (long long)-v[9], (long long)v[8]);
+  return RUDA_EINVAL;
+}
+
 /* A collective through the application's transport, on the worker. */
 static int external_collective(host_rank *r, const ruda__coll *k, ruda_error **err) {
   char why[300] = "";
@@ -229,8 +251,12 @@ static int external_collective(host_rank *r, const ruda__coll *k, ruda_error **e
     case RUDA__COLL_SEND: rc = r->t.send(r->t.ctx, (const void *)(uintptr_t)k->src, k->count, k->peer, why, sizeof why); break;
     case RUDA__COLL_RECV: rc = r->t.recv(r->t.ctx, (void *)(uintptr_t)k->dst, k->count, k->peer, why, sizeof why); break;
     case RUDA__COLL_BROADCAST:
-    case RUDA__COLL_ALL_GATHER: rc = external_bytes(r, k, es, why, sizeof why); break;
-    default: rc = external_reduce(r, k, es, why, sizeof why); break;
+    case RUDA__COLL_ALL_GATHER:
+      if ((rc = external_agree(r, k, why, sizeof why)) == 0) rc = external_bytes(r, k, es, why, sizeof why);
+      break;
+    default:
+      if ((rc = external_agree(r, k, why, sizeof why)) == 0) rc = external_reduce(r, k, es, why, sizeof why);
+      break;
   }
   if (rc == 0) return 0;
   if (rc > 0) rc = RUDA_EGENERIC; /* a transport that returned a positive code */

@@ -76,8 +76,9 @@ static void init_rank_with_a_transport(void **state) {
   assert_false(pthread_equal(l.caller, pthread_self())); /* on the worker */
   test_read(dev, 0, ruda_bind(y), out, sizeof out);
   assert_memory_equal(in, out, sizeof in);
-  /* The newer collectives go through the transport's all-reduce: reduce
-   * and reduce-scatter in their type, broadcast and all-gather as bytes. */
+  /* The newer collectives go through the transport's all-reduce: a check
+   * that the ranks agree, then reduce and reduce-scatter in their type,
+   * broadcast and all-gather as bytes. */
   const struct {
     int kind;
     ruda_dtype sent;
@@ -94,7 +95,7 @@ static void init_rank_with_a_transport(void **state) {
     if (via[v].kind == 3)
       assert_ok(ruda_reduce_scatter(c, dev, ruda_bind(x), ruda_bind(y), RUDA_DTYPE_F32, RUDA_REDUCE_SUM));
     assert_ok(ruda_comm_sync(c, dev, NULL));
-    assert_int_equal(l.calls, calls + 1);
+    assert_int_equal(l.calls, calls + 2); /* the agreement check, then the data */
     assert_int_equal(l.last_type, via[v].sent);
     assert_int_equal(l.last_count, via[v].count);
     test_read(dev, 0, ruda_bind(y), out, sizeof out);

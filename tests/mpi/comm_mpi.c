@@ -374,18 +374,33 @@ int main(int argc, char **argv) {
   refused(comm, dev,
           ruda_reduce(comm, dev, ruda_bind_range(src, 0, cnt * 4), ruda_bind_range(dst, 0, cnt * 4), RUDA_DTYPE_F32,
                       RUDA_REDUCE_SUM, 0),
-          "reduce with a count mismatch", NULL);
+          "reduce with a count mismatch", "counts 8..16");
   refused(comm, dev,
           ruda_broadcast(comm, dev, ruda_bind_range(src, 0, cnt * 4), ruda_bind_range(dst, 0, cnt * 4), RUDA_DTYPE_F32,
                          1 % (uint32_t)size),
-          "broadcast with a count mismatch", NULL);
+          "broadcast with a count mismatch", "counts 8..16");
   refused(comm, dev,
           ruda_all_gather(comm, dev, ruda_bind_range(src, 0, cnt), ruda_bind_range(dst, 0, size * cnt), RUDA_DTYPE_U8),
-          "all-gather with a count mismatch", NULL);
+          "all-gather with a count mismatch", "counts 8..16");
   refused(comm, dev,
           ruda_reduce_scatter(comm, dev, ruda_bind_range(src, 0, size * cnt * 2), ruda_bind_range(dst, 0, cnt * 2),
                               RUDA_DTYPE_F16, RUDA_REDUCE_MAX),
-          "reduce-scatter with a count mismatch", NULL);
+          "reduce-scatter with a count mismatch", "counts 8..16");
+  /* Ranks that disagree only on the root, or on the collective: told so
+   * (the transport would not see either). */
+  refused(comm, dev,
+          ruda_reduce(comm, dev, ruda_bind_range(src, 0, 64), ruda_bind_range(dst, 0, 64), RUDA_DTYPE_I32,
+                      RUDA_REDUCE_SUM, rank == 0 ? 0 : 1),
+          "reduce with roots that differ", "roots 0..1");
+  if (rank == 0)
+    refused(comm, dev,
+            ruda_broadcast(comm, dev, ruda_bind_range(src, 0, 64), ruda_bind_range(dst, 0, 64), RUDA_DTYPE_U8, 0),
+            "broadcast against reduce", "collectives reduce..broadcast");
+  else
+    refused(comm, dev,
+            ruda_reduce(comm, dev, ruda_bind_range(src, 0, 64), ruda_bind_range(dst, 0, 64), RUDA_DTYPE_U8,
+                        RUDA_REDUCE_SUM, 0),
+            "reduce against broadcast", "collectives reduce..broadcast");
   /* Still usable after a refused collective. */
   OK(ruda_all_reduce(comm, dev, ruda_bind_range(src, 0, 64), ruda_bind_range(dst, 0, 64), RUDA_DTYPE_I32,
                      RUDA_REDUCE_MAX));
