@@ -1,16 +1,16 @@
 /* inline.c - a client running its own command in place of its worker.
  *
- * A client that waits for a command right after issuing it (ruda_graph_run)
- * gains nothing from handing it to the worker thread and waiting for the
- * hand-back, and pays for it: two threads touch the driver's state for one
- * request. So when the stream's worker has nothing queued and is not
+ * A client that waits for a command right after issuing it (ruda_graph_run;
+ * any command on a stream set with ruda_stream_set_in_place) gains nothing
+ * from handing it to the worker thread and waiting for the hand-back, and
+ * pays for it: two threads touch the driver's state for one request. So when the stream's worker has nothing queued and is not
  * running anything, the client takes the worker's exec word and runs the
  * command itself, on the worker's state, exactly as the worker would. The
  * command still takes the worker's next ticket, so tickets and `done` keep
  * counting the same commands in the same order (scheduler/order.h) and
- * cross-stream ordering cannot tell the difference. Anything queued, a
- * push racing with ours, a command that must wait for another worker, or
- * observed workers (RUDA_TRACE, NVTX, RUDA_WORKER_STATS, which are kept on
+ * cross-stream ordering cannot tell the difference. Anything queued or
+ * running (a WAIT for another worker included), a push racing with ours,
+ * or observed workers (RUDA_TRACE, NVTX, RUDA_WORKER_STATS, which are kept on
  * the worker thread) send the command the usual way.
  *
  * Thread-safe; never blocks on the device (the backend's calls return once
