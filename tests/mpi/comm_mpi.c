@@ -428,6 +428,23 @@ int main(int argc, char **argv) {
     ruda_error_free(errs);
   }
   OK(ruda_comm_destroy(slow));
+  /* A rank that is gone (destroyed its communicator and never issues):
+   * the others time out instead of waiting for it for ever. */
+  setenv("RUDA_COMM_TIMEOUT", "300", 1);
+  ruda_comm *gone = NULL;
+  OK(ruda_mpi_comm_init(dev, MPI_COMM_WORLD, &gone));
+  unsetenv("RUDA_COMM_TIMEOUT");
+  if (rank != late) {
+    OK(ruda_all_reduce(gone, dev, ruda_bind_range(src, 0, 64), ruda_bind_range(dst, 0, 64), RUDA_DTYPE_F32,
+                       RUDA_REDUCE_MAX));
+    errs = NULL;
+    rc = ruda_comm_sync(gone, dev, &errs);
+    e = errs ? ruda_error_cause(errs) : NULL;
+    EXPECT(rc == RUDA_EUNHEALTHY && e != NULL && ruda_error_code(e) == RUDA_ETIMEDOUT,
+           "a rank that is gone: %s: %s", ruda_err_name(rc), e ? ruda_error_message(e) : "(no error)");
+    ruda_error_free(errs);
+  }
+  OK(ruda_comm_destroy(gone));
   EXPECT(ruda_device_close(dev, NULL) == RUDA_EBUSY, "a device in a live communicator closed");
   OK(ruda_buffer_free(dev, 0, src));
   OK(ruda_buffer_free(dev, 0, dst));
