@@ -137,16 +137,21 @@ static ruda_device *open_nccl_gpu(void) {
   return dev;
 }
 
-static void one_rank_by_unique_id(void **state) {
-  (void)state;
-  ruda_device *dev = open_nccl_gpu();
-  ruda_comm_id id;
-  int rc = ruda_comm_unique_id(dev, &id);
+/* NCCL's unique id, or a skip where NCCL cannot be loaded. */
+static void unique_id_or_skip(ruda_device *dev, ruda_comm_id *id) {
+  int rc = ruda_comm_unique_id(dev, id);
   if (rc == RUDA_ENOBACKEND) {
     test_close(dev);
     gpu_skip("%s", ruda_error_message(ruda_last_error()));
   }
   assert_ok(rc);
+}
+
+static void one_rank_by_unique_id(void **state) {
+  (void)state;
+  ruda_device *dev = open_nccl_gpu();
+  ruda_comm_id id;
+  unique_id_or_skip(dev, &id);
   ruda_comm *comm = NULL;
   ruda_comm_transport t = {0};
   assert_rc(ruda_comm_init_rank(dev, 1, 0, &id, &t, &comm), RUDA_EINVAL); /* NCCL carries the data */
@@ -228,17 +233,12 @@ static void a_rank_that_never_joins_times_out(void **state) {
   (void)state;
   ruda_device *dev = open_nccl_gpu();
   ruda_comm_id id;
-  int rc = ruda_comm_unique_id(dev, &id);
-  if (rc == RUDA_ENOBACKEND) {
-    test_close(dev);
-    gpu_skip("%s", ruda_error_message(ruda_last_error()));
-  }
-  assert_ok(rc);
+  unique_id_or_skip(dev, &id);
   setenv("RUDA_COMM_TIMEOUT", "1500", 1);
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   ruda_comm *comm = (ruda_comm *)dev;
-  rc = ruda_comm_init_rank(dev, 2, 0, &id, NULL, &comm);
+  int rc = ruda_comm_init_rank(dev, 2, 0, &id, NULL, &comm);
   clock_gettime(CLOCK_MONOTONIC, &t1);
   unsetenv("RUDA_COMM_TIMEOUT");
   double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
