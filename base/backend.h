@@ -108,12 +108,9 @@ typedef struct ruda__coll {
   uint32_t nranks;
 } ruda__coll;
 
-/* What a collective's src and dst hold, in elements (send, recv: bytes). */
+/* What a collective's src holds, in elements (send, recv: bytes). */
 static inline uint64_t ruda__coll_src_count(const ruda__coll *k) {
   return k->kind == RUDA__COLL_REDUCE_SCATTER ? k->count * k->nranks : k->count;
-}
-static inline uint64_t ruda__coll_dst_count(const ruda__coll *k) {
-  return k->kind == RUDA__COLL_ALL_GATHER ? k->count * k->nranks : k->count;
 }
 
 /* What the device hands a backend at open. The backend keeps what it

@@ -3,9 +3,10 @@
  * A client that waits for a command right after issuing it (ruda_graph_run;
  * any command on a stream set with ruda_stream_set_in_place) gains nothing
  * from handing it to the worker thread and waiting for the hand-back, and
- * pays for it: two threads touch the driver's state for one request. So when the stream's worker has nothing queued and is not
- * running anything, the client takes the worker's exec word and runs the
- * command itself, on the worker's state, exactly as the worker would. The
+ * pays for it: two threads touch the driver's state for one request. So
+ * when the stream's worker has nothing queued and is not running anything,
+ * the client takes the worker's exec word and runs the command itself, on
+ * the worker's state, exactly as the worker would. The
  * command still takes the worker's next ticket, so tickets and `done` keep
  * counting the same commands in the same order (scheduler/order.h) and
  * cross-stream ordering cannot tell the difference. Anything queued or
@@ -18,7 +19,6 @@
  * would have made.
  */
 #include "scheduler/device.h"
-#include "base/sync.h"
 
 #define PROGRESS_EVERY 16u
 
@@ -32,11 +32,12 @@ int ruda__inline_run(ruda__worker *w, ruda__cmd *cmd) {
       ruda__exec_try(w, RUDA__EXEC_CLIENT) != 0)
     return 0;
   ruda__exec_guard guard = {0};
-  /* Holding exec: nothing runs on the worker, so `done` is stable. Equal
-   * to the tickets and an empty queue: nothing pushed is left to run. */
+  /* Holding exec: nothing runs on the worker, so `done` is stable; equal
+   * to the tickets, nothing pushed is left to run (a push counts its
+   * ticket before it links the command, and one racing with us fails the
+   * compare-and-swap below). */
   uint64_t t = atomic_load_explicit(&w->tickets, memory_order_seq_cst);
   if (w->trace != NULL || atomic_load_explicit(&w->done, memory_order_relaxed) != t ||
-      !cds_wfcq_empty(&w->head, &w->tail) ||
       (dev->ops->exec_enter != NULL && dev->ops->exec_enter(dev->bstate, &guard) != 0)) {
     ruda__exec_release(w);
     return 0;
@@ -58,9 +59,7 @@ int ruda__inline_run(ruda__worker *w, ruda__cmd *cmd) {
    * would take exec from the next command issued in place. */
   if (++w->in_place_runs % PROGRESS_EVERY == 0 && dev->ops->progress != NULL) dev->ops->progress(w->wstate);
   if (dev->ops->exec_leave != NULL) dev->ops->exec_leave(dev->bstate, &guard);
-  /* The place the caller's admission took, as the worker gives it back. */
-  atomic_fetch_sub_explicit(&w->depth, 1, memory_order_relaxed);
-  ck_ec32_inc(&w->space, &ruda__ec_mp);
+  ruda__queue_unadmit(w); /* the place the caller's admission took */
   ruda__exec_release(w);
   return 1;
 }

@@ -258,10 +258,9 @@ static inline uint32_t ruda__exec_try(ruda__worker *w, uint32_t who) {
 }
 static inline void ruda__exec_release(ruda__worker *w) { atomic_store_explicit(&w->exec, 0, memory_order_release); }
 
-/* Client, about to wait for cmd anyway (its admission taken): runs cmd on
- * the calling thread when w has nothing queued or running and the
- * command needs no cross-worker wait, so the command skips the hand-over
- * to the worker and back. 1 when it ran (cmd is then freed; its result is
+/* Client, its admission for cmd taken: runs cmd on the calling thread
+ * when w has nothing queued or running (scheduler/inline.c), so the
+ * command skips the hand-over to the worker and back. 1 when it ran (cmd is then freed; its result is
  * in its future and on its stream), 0 when the caller must push it. */
 int ruda__inline_run(ruda__worker *w, ruda__cmd *cmd);
 

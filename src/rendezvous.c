@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "base/comm_timeout.h"
+#include "base/sync.h"
 #include "src/api.h"
 
 #define MAGIC 0x41445552u /* "RUDA" */
@@ -37,11 +38,7 @@ typedef struct answer {
   ruda_comm_id id;
 } answer;
 
-static uint64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
+static uint64_t now_ms(void) { return ruda__now_ns() / 1000000u; }
 
 static void pause_ms(unsigned ms) {
   struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};

@@ -60,6 +60,7 @@ int ruda__cu_comm_init_rank(void *state, uint32_t nranks, uint32_t rank, const r
 #include <time.h>
 
 #include "base/comm_timeout.h"
+#include "base/sync.h"
 
 #define NCCL_FUNCS(X)                                                                            \
   X(ncclGetVersion) X(ncclCommInitAll) X(ncclCommDestroy) X(ncclAllReduce) X(ncclSend) X(ncclRecv) \
@@ -118,11 +119,7 @@ static void nccl_load(void) {
   nccl.ncclGetVersion(&nccl.version);
 }
 
-static uint64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
+static uint64_t now_ms(void) { return ruda__now_ns() / 1000000u; }
 
 /* A non-blocking rank's last call: polls ncclCommGetAsyncError while it is
  * in progress, up to RUDA_COMM_TIMEOUT; past it the communicator is
