@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/staging.h"
+#include "staging/staging.h"
 #include "scheduler/graph.h"
 #include "scheduler/submit.h"
 #include "src/api.h"
@@ -153,7 +153,7 @@ static int check_layout(ruda_device *dev, const ruda__layout *l, const char *fn)
 }
 
 /* Contiguous writes larger than this go in pieces of this size, staged in
- * parallel (memory/staging_copy.c) and each pushed as soon as it is
+ * parallel (staging/copy.c) and each pushed as soon as it is
  * copied, so the host copy of later pieces overlaps the DMA of earlier
  * ones. Every piece is pushed before ruda_write returns, so later commands
  * of the caller still follow the whole write. */

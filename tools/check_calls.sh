@@ -12,10 +12,12 @@ cd "$dir"
 command -v nm >/dev/null || { echo "nm not found: skipped"; exit 77; }
 rank() {
   case "$1" in
-    ./base/* | ./backends/*) echo 0 ;;
-    ./memory/*) echo 1 ;;
-    ./scheduler/*) echo 2 ;;
-    ./src/*) echo 3 ;;
+    ./base/*) echo 0 ;;
+    ./staging/*) echo 1 ;;
+    ./backends/*) echo 2 ;;
+    ./memory/*) echo 3 ;;
+    ./scheduler/*) echo 4 ;;
+    ./src/*) echo 5 ;;
     *) echo 9 ;;
   esac
 }
@@ -31,8 +33,8 @@ for o in $objs; do
     [ -n "$d" ] || continue
     up=0
     [ "$(rank "$d")" -gt "$(rank "$o")" ] && up=1
-    # A backend calls only base and its own files.
-    if [[ $o == ./backends/* && $d != ./base/* && ${o%/*} != "${d%/*}" ]]; then up=1; fi
+    # A backend calls only base, staging and its own files.
+    if [[ $o == ./backends/* && $d != ./base/* && $d != ./staging/* && ${o%/*} != "${d%/*}" ]]; then up=1; fi
     if [ $up -eq 1 ]; then
       echo "upward call: ${o#./} needs $s from ${d#./}"
       bad=1

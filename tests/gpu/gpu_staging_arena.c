@@ -8,7 +8,7 @@
 #include <sys/mman.h>
 
 #include "common.h"
-#include "base/staging.h"
+#include "staging/staging.h"
 #include "base/error.h"
 
 typedef struct provider {

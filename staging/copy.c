@@ -1,4 +1,4 @@
-/* staging_copy.c - a small helper pool that fills staging in parallel.
+/* copy.c - a small helper pool that fills staging in parallel.
  *
  * One thread copying pageable memory into page-locked memory moves about
  * 10 GB/s; the DMA engine reads it several times faster. Large writes are
@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
-#include "base/staging.h"
+#include "staging/staging.h"
 
 typedef struct job {
   struct job *next;

@@ -1,7 +1,7 @@
-/* staging.c - the page-locked staging arena (see staging.h). */
-#include "base/staging.h"
+/* arena.c - the page-locked staging arena (see staging/staging.h). */
+#include "staging/staging.h"
 
-#include "base/jemalloc_private.h"
+#include "staging/jemalloc_private.h"
 #include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>

@@ -9,7 +9,7 @@
  * memory stays pinned for the arena's life.
  *
  * ruda links a private copy of jemalloc whose entry points are renamed
- * ruda_je_* (see CMakeLists.txt and jemalloc_private.h), so it never
+ * ruda_je_* (see CMakeLists.txt and staging/jemalloc_private.h), so it never
  * becomes the application's malloc; only this arena uses it. Staging blocks
  * go through mallocx/dallocx with the arena's flags, never plain free().
  */
@@ -57,7 +57,7 @@ void ruda__staging_usage(const ruda__staging *s, ruda_staging_stats *out);
  * suffix); defaults: a quarter of physical memory, 64 MiB. */
 void ruda__staging_env(uint64_t *limit, size_t *chunk);
 
-/* ---- parallel copies into staging (staging_copy.c) ---- */
+/* ---- parallel copies into staging (staging/copy.c) ---- */
 
 /* Runs fn(arg, i) for i in [0, n) on the calling thread and a small pool
  * of helper threads (RUDA_COPY_THREADS; default 5 with 16 or more cores,
