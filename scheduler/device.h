@@ -17,6 +17,7 @@
 #include "base/backend.h"
 #include "base/error.h"
 #include "memory/handles.h"
+#include "memory/memory.h"
 #include "memory/pool.h"
 #include "ruda/ruda.h"
 #include "scheduler/scheduler.h"

@@ -155,7 +155,6 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   dev->memory.handles = &dev->handles;
   rc = ruda__memory_init(&dev->memory, dev->nworkers);
   if (rc != 0) goto fail;
-  dev->handles.mem = &dev->memory;
   ruda__trace_open(dev);
   rc = ruda__workers_start(dev);
   if (rc != 0) goto fail;
