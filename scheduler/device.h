@@ -59,7 +59,7 @@ struct ruda_device {
   ruda__handles handles;
   ruda__memory memory; /* pools and arena (memory/pool.h) */
   /* Per worker: the private stream carrying memory's fences
-   * (scheduler/fence.c). */
+   * (scheduler/progress.c). */
   ruda__stream **fence_streams;
   struct ruda__kernel_table *kernels;
   /* Cross-stream ordering (scheduler/order.c): MARKs pushed, requests
@@ -87,7 +87,7 @@ static inline ruda__pools *ruda__stream_pools(ruda_device *dev, ruda__stream *s)
 }
 
 /* Memory's view of worker progress (base/progress.h), served by fences on
- * private streams (scheduler/fence.c). init after the workers started,
+ * private streams (scheduler/progress.c). init after the workers started,
  * before ruda__memory_init; destroy after ruda__memory_destroy. */
 int ruda__fences_init(ruda_device *dev);
 void ruda__fences_destroy(ruda_device *dev);

@@ -395,7 +395,7 @@ static void print_stats(ruda_device *dev) {
 
 void ruda__workers_stop(ruda_device *dev) {
   /* First let every worker run everything queued on it. A worker running
-   * a command may push onto another worker's queue (scheduler/fence.c:
+   * a command may push onto another worker's queue (scheduler/progress.c:
    * a fence for a buffer retired by its last unpin); had that worker
    * already reached its STOP and exited, the pushed command would never
    * run and its memory would leak. Once every worker passed this FENCE,
