@@ -535,8 +535,8 @@ typedef struct counters {
 } counters;
 
 static counters counters_of(ruda_device *dev) {
-  counters c = {atomic_load(&dev->order.marks), atomic_load(&dev->order.waits), 0};
-  for (uint32_t i = 0; i < dev->nworkers; i++) c.in_place += dev->workers[i].in_place_runs;
+  counters c = {atomic_load(&dev->sched.order.marks), atomic_load(&dev->sched.order.waits), 0};
+  for (uint32_t i = 0; i < dev->sched.nworkers; i++) c.in_place += dev->sched.workers[i].in_place_runs;
   return c;
 }
 

@@ -1,4 +1,4 @@
-/* fence.c - how memory learns that a worker's work passed a point
+/* progress.c - how memory learns that a worker's work passed a point
  * (base/progress.h), with fences: internal sync commands on a private
  * stream of each worker, one future each, polled and never waited on.
  * Any thread, workers included: a worker whose unpin retires a buffer
@@ -6,14 +6,14 @@
  */
 #include <stdlib.h>
 
-#include "scheduler/device.h"
+#include "scheduler/sched.h"
 #include "scheduler/scheduler.h"
 
 static void *fence_issue(void *ctx, uint32_t w) {
-  ruda_device *dev = ctx;
-  ruda__stream *s = dev->fence_streams[w];
+  struct ruda__sched *sch = ctx;
+  ruda__stream *s = sch->fence_streams[w];
   ruda__cmd *cmd = ruda__cmd_alloc(0);
-  struct ruda_future *fut = cmd ? ruda__future_new(dev, s, 0) : NULL;
+  struct ruda_future *fut = cmd ? ruda__future_new(sch, s, 0) : NULL;
   if (fut == NULL) {
     if (cmd) ruda__cmd_free(cmd);
     return NULL;
@@ -48,9 +48,9 @@ static void fence_free(void *ctx, void *fence) {
  * before: no fence is needed. The epoch is read on both sides of those
  * checks, so a batch taken in between shows. */
 static int idle(void *ctx, uint32_t w) {
-  ruda_device *dev = ctx;
-  if (dev->ops->event_query != NULL) return 0;
-  ruda__worker *wk = &dev->workers[w];
+  struct ruda__sched *sch = ctx;
+  if (sch->ops->event_query != NULL) return 0;
+  ruda__worker *wk = &sch->workers[w];
   uint32_t e = atomic_load_explicit(&wk->idle_epoch, memory_order_seq_cst);
   if (!(e & 1) || !cds_wfcq_empty(&wk->head, &wk->tail) ||
       atomic_load_explicit(&wk->exec, memory_order_seq_cst) != 0)
@@ -59,13 +59,13 @@ static int idle(void *ctx, uint32_t w) {
 }
 
 static uint32_t ticket(void *ctx, uint32_t w) {
-  ruda_device *dev = ctx;
-  return ruda__queue_ticket(&dev->workers[w]);
+  struct ruda__sched *sch = ctx;
+  return ruda__queue_ticket(&sch->workers[w]);
 }
 
 static int closing(void *ctx) {
-  ruda_device *dev = ctx;
-  return atomic_load_explicit(&dev->closed, memory_order_acquire);
+  struct ruda__sched *sch = ctx;
+  return atomic_load_explicit(sch->closed, memory_order_acquire);
 }
 
 static const ruda__progress_ops fence_ops = {
@@ -78,21 +78,21 @@ static const ruda__progress_ops fence_ops = {
     .closing = closing,
 };
 
-int ruda__fences_init(ruda_device *dev) {
-  dev->memory.progress.ops = &fence_ops;
-  dev->memory.progress.ctx = dev;
-  dev->fence_streams = calloc(dev->nworkers, sizeof *dev->fence_streams);
-  if (dev->fence_streams == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
-  for (uint32_t w = 0; w < dev->nworkers; w++) {
-    dev->fence_streams[w] = ruda__stream_private(UINT64_MAX - 1 - w, &dev->workers[w]);
-    if (dev->fence_streams[w] == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
+int ruda__progress_init(struct ruda__sched *sch) {
+  sch->memory->progress.ops = &fence_ops;
+  sch->memory->progress.ctx = sch;
+  sch->fence_streams = calloc(sch->nworkers, sizeof *sch->fence_streams);
+  if (sch->fence_streams == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
+  for (uint32_t w = 0; w < sch->nworkers; w++) {
+    sch->fence_streams[w] = ruda__stream_private(UINT64_MAX - 1 - w, &sch->workers[w]);
+    if (sch->fence_streams[w] == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
   }
   return 0;
 }
 
-void ruda__fences_destroy(ruda_device *dev) {
-  for (uint32_t w = 0; dev->fence_streams != NULL && w < dev->nworkers; w++)
-    ruda__stream_private_free(dev, dev->fence_streams[w], "memory fence");
-  free(dev->fence_streams);
-  dev->fence_streams = NULL;
+void ruda__progress_destroy(struct ruda__sched *sch) {
+  for (uint32_t w = 0; sch->fence_streams != NULL && w < sch->nworkers; w++)
+    ruda__stream_private_free(sch, sch->fence_streams[w], "memory fence");
+  free(sch->fence_streams);
+  sch->fence_streams = NULL;
 }

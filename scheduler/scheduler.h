@@ -124,7 +124,7 @@ struct ruda_future {
   _Atomic int finished;
   ruda_error *err;
   ruda__completion completion;
-  struct ruda_device *dev;
+  struct ruda__sched *sch;
   ruda__stream *stream;
   int drains_errors;
   /* Set by the worker when the completion has an event: the event covers
@@ -137,7 +137,7 @@ struct ruda_future {
   uint64_t stamp_ns;
 };
 
-struct ruda_future *ruda__future_new(struct ruda_device *dev, ruda__stream *s, int drains);
+struct ruda_future *ruda__future_new(struct ruda__sched *sch, ruda__stream *s, int drains);
 /* Worker: the command ran (code 0) or failed; wakes the waiter. */
 void ruda__future_submitted(struct ruda_future *f, int code);
 void ruda__future_unref(struct ruda_future *f);
@@ -180,7 +180,7 @@ struct ruda__worker {
     uint64_t ns[RUDA__CMD_COLL + 1], n[RUDA__CMD_COLL + 1];
     uint64_t poll_ns, sleep_ns;
   } stats;
-  struct ruda_device *dev;
+  struct ruda__sched *sch;
   struct ruda__trace *trace; /* RUDA_TRACE only (scheduler/trace.h); worker only */
   /* Odd while the worker sleeps with every batch it took run; read by
    * scheduler/progress.c to tell memory, on a backend whose work completes when
@@ -235,9 +235,9 @@ int ruda__queue_admit(ruda__worker *w, ruda_stream_id stream);
 void ruda__queue_push_admitted(ruda__worker *w, ruda__cmd *cmd);
 void ruda__queue_unadmit(ruda__worker *w);
 
-int ruda__workers_start(struct ruda_device *dev);
+int ruda__workers_start(struct ruda__sched *sch);
 /* Runs everything queued, stops and joins every worker. */
-void ruda__workers_stop(struct ruda_device *dev);
+void ruda__workers_stop(struct ruda__sched *sch);
 
 /* Runs one command on the worker; used by the worker loop. Returns the
  * command's result (already reported on its stream). The caller holds
@@ -312,20 +312,20 @@ typedef struct ruda__stream_table {
 void ruda__streams_init(ruda__stream_table *t);
 void ruda__streams_destroy(ruda__stream_table *t);
 /* Finds or creates the stream for id (RUDA_STREAM_CURRENT resolved). */
-ruda__stream *ruda__stream_get(struct ruda_device *dev, ruda_stream_id id);
+ruda__stream *ruda__stream_get(struct ruda__sched *sch, ruda_stream_id id);
 size_t ruda__streams_list(ruda__stream_table *t, ruda_stream_id *ids, size_t cap);
 
 /* A private stream on worker w, outside the stream table (ruda_stream_ids
  * does not list it): memory fences, collectives. NULL without memory. */
 ruda__stream *ruda__stream_private(ruda_stream_id id, ruda__worker *w);
 /* Frees one; errors nobody drained are logged as "<what> failed: ...". */
-void ruda__stream_private_free(struct ruda_device *dev, ruda__stream *s, const char *what);
+void ruda__stream_private_free(struct ruda__sched *sch, ruda__stream *s, const char *what);
 
 
 /* The stream a public call names, created at first use: RUDA_EINVAL for a
  * reserved id that names no existing stream, RUDA_ENOMEM (both recorded
  * naming fn) in *rc, NULL then. */
-ruda__stream *ruda__stream_for(struct ruda_device *dev, ruda_stream_id id, const char *fn, int *rc);
+ruda__stream *ruda__stream_for(struct ruda__sched *sch, ruda_stream_id id, const char *fn, int *rc);
 /* Calls fn for every stream. */
 void ruda__streams_each(ruda__stream_table *t, void (*fn)(ruda__stream *, void *), void *arg);
 
@@ -333,6 +333,6 @@ void ruda__streams_each(ruda__stream_table *t, void (*fn)(ruda__stream *, void *
 void ruda__stream_push_error(ruda__stream *s, ruda_error *err);
 /* Takes the stream's errors; returns 0 or RUDA_EUNHEALTHY with *out an
  * owned summary (or discards them when out is NULL). */
-int ruda__stream_drain(struct ruda_device *dev, ruda__stream *s, ruda_error **out);
+int ruda__stream_drain(struct ruda__sched *sch, ruda__stream *s, ruda_error **out);
 
 #endif /* RUDA_SCHEDULER_H */

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "scheduler/device.h"
+#include "scheduler/sched.h"
 #include "scheduler/graph.h"
 #include "base/log.h"
 
@@ -81,8 +81,8 @@ ruda_stream_id ruda_stream_current(void) {
   return __builtin_expect(id != 0, 1) ? id : number_thread_stream();
 }
 
-static ruda__stream *create(ruda_device *dev, ruda_stream_id id) {
-  ruda__stream_table *t = &dev->streams;
+static ruda__stream *create(struct ruda__sched *sch, ruda_stream_id id) {
+  ruda__stream_table *t = &sch->streams;
   pthread_mutex_lock(&t->lock);
   ruda__stream_slots *cur = atomic_load_explicit(&t->current, memory_order_relaxed);
   ruda__stream *st = cur ? find(cur, id) : NULL;
@@ -90,7 +90,7 @@ static ruda__stream *create(ruda_device *dev, ruda_stream_id id) {
   st = ruda__stream_alloc();
   if (st == NULL) goto out;
   st->id = id;
-  st->worker = &dev->workers[(id & ~(1ull << 63)) % dev->nworkers];
+  st->worker = &sch->workers[(id & ~(1ull << 63)) % sch->nworkers];
   pthread_mutex_init(&st->err_lock, NULL);
   uint64_t n = atomic_load_explicit(&t->count, memory_order_relaxed) + 1;
   if (n * 2 > cur->mask + 1) {
@@ -120,22 +120,22 @@ out:
 
 /* The table behind a cache miss, out of line so that the hit path keeps
  * few registers live. */
-static __attribute__((noinline)) ruda__stream *stream_miss(ruda_device *dev, ruda_stream_id id) {
-  ruda__stream_slots *cur = atomic_load_explicit(&dev->streams.current, memory_order_acquire);
+static __attribute__((noinline)) ruda__stream *stream_miss(struct ruda__sched *sch, ruda_stream_id id) {
+  ruda__stream_slots *cur = atomic_load_explicit(&sch->streams.current, memory_order_acquire);
   ruda__stream *st = find(cur, id);
-  if (st == NULL) st = create(dev, id);
+  if (st == NULL) st = create(sch, id);
   if (st != NULL) {
-    cache.serial = dev->serial;
+    cache.serial = sch->serial;
     cache.id = id;
     cache.stream = st;
   }
   return st;
 }
 
-ruda__stream *ruda__stream_get(ruda_device *dev, ruda_stream_id id) {
+ruda__stream *ruda__stream_get(struct ruda__sched *sch, ruda_stream_id id) {
   if (id == RUDA_STREAM_CURRENT) id = cache.current ? cache.current : number_thread_stream();
-  if (__builtin_expect(cache.serial == dev->serial && cache.id == id, 1)) return cache.stream;
-  return stream_miss(dev, id);
+  if (__builtin_expect(cache.serial == sch->serial && cache.id == id, 1)) return cache.stream;
+  return stream_miss(sch, id);
 }
 
 void ruda__streams_each(ruda__stream_table *t, void (*fn)(ruda__stream *, void *), void *arg) {
@@ -164,12 +164,12 @@ size_t ruda__streams_list(ruda__stream_table *t, ruda_stream_id *ids, size_t cap
   return a.n;
 }
 
-ruda__stream *ruda__stream_for(ruda_device *dev, ruda_stream_id id, const char *fn, int *rc) {
+ruda__stream *ruda__stream_for(struct ruda__sched *sch, ruda_stream_id id, const char *fn, int *rc) {
   if (id != RUDA_STREAM_CURRENT && id > RUDA_STREAM_EXPLICIT_MAX) {
     /* A thread's own stream that exists (ruda_stream_ids lists it) may be
      * named by its id, from any thread: how errors left on the stream of a
      * thread that exited are drained. Unknown reserved ids are refused. */
-    ruda__stream *st = find(atomic_load_explicit(&dev->streams.current, memory_order_acquire), id);
+    ruda__stream *st = find(atomic_load_explicit(&sch->streams.current, memory_order_acquire), id);
     if (st != NULL) return st;
     *rc = ruda__fail(RUDA_EINVAL,
                      "%s: stream id %llu is reserved (explicit ids are below 2^63; a thread's own stream "
@@ -177,7 +177,7 @@ ruda__stream *ruda__stream_for(ruda_device *dev, ruda_stream_id id, const char *
                      fn, (unsigned long long)id);
     return NULL;
   }
-  ruda__stream *s = ruda__stream_get(dev, id);
+  ruda__stream *s = ruda__stream_get(sch, id);
   if (s == NULL) *rc = ruda__fail(RUDA_ENOMEM, "%s: out of host memory creating stream", fn);
   return s;
 }
@@ -191,10 +191,10 @@ ruda__stream *ruda__stream_private(ruda_stream_id id, ruda__worker *w) {
   return s;
 }
 
-void ruda__stream_private_free(ruda_device *dev, ruda__stream *s, const char *what) {
+void ruda__stream_private_free(struct ruda__sched *sch, ruda__stream *s, const char *what) {
   if (s == NULL) return;
   for (ruda_error *e = s->err_head; e != NULL; e = e->next)
-    ruda__log(dev->cfg.log_level, RUDA_LOG_WARN, "%s failed: %s", what, e->msg);
+    ruda__log(sch->cfg.log_level, RUDA_LOG_WARN, "%s failed: %s", what, e->msg);
   ruda_error_free(s->err_head);
   pthread_mutex_destroy(&s->err_lock);
   free(s);
@@ -238,9 +238,9 @@ void ruda__stream_push_error(ruda__stream *s, ruda_error *err) {
   pthread_mutex_unlock(&s->err_lock);
 }
 
-int ruda__stream_drain(ruda_device *dev, ruda__stream *s, ruda_error **out) {
+int ruda__stream_drain(struct ruda__sched *sch, ruda__stream *s, ruda_error **out) {
   if (out) *out = NULL;
-  int faulted = atomic_load_explicit(&dev->faulted, memory_order_acquire);
+  int faulted = atomic_load_explicit(&sch->faulted, memory_order_acquire);
   if (atomic_load_explicit(&s->nerr, memory_order_acquire) == 0 && !faulted) return 0;
   pthread_mutex_lock(&s->err_lock);
   ruda_error *list = s->err_head;
@@ -253,7 +253,7 @@ int ruda__stream_drain(ruda_device *dev, ruda__stream *s, ruda_error **out) {
   /* The thread's last error says it too, as for any failed call. */
   ruda__fail(RUDA_EUNHEALTHY, "%s is unhealthy: %u error%s%s%s (first: %.200s)",
              RUDA__SNAME(s->id), n, n == 1 ? "" : "s", faulted ? "; the device is faulted: " : "",
-             faulted && dev->fault ? dev->fault->msg : "", list ? list->msg : "not recorded");
+             faulted && sch->fault ? sch->fault->msg : "", list ? list->msg : "not recorded");
   if (out == NULL) {
     ruda_error_free(list);
     return RUDA_EUNHEALTHY;
@@ -261,7 +261,7 @@ int ruda__stream_drain(ruda_device *dev, ruda__stream *s, ruda_error **out) {
   ruda_error *sum = ruda__error_new(
       RUDA_EUNHEALTHY, 0, "%s is unhealthy: %u error%s%s%s", RUDA__SNAME(s->id),
       n, n == 1 ? "" : "s", faulted ? "; the device is faulted: " : "",
-      faulted && dev->fault ? dev->fault->msg : "");
+      faulted && sch->fault ? sch->fault->msg : "");
   ruda_error *l = NULL;
   if (sum != NULL && lost > 0)
     l = ruda__error_new(RUDA_ENOMEM, 0,
@@ -288,4 +288,16 @@ int ruda__stream_drain(ruda_device *dev, ruda__stream *s, ruda_error **out) {
   sum->cause = list;
   *out = sum;
   return RUDA_EUNHEALTHY;
+}
+
+void ruda__sched_fault(ruda__sched *sch, ruda_error *err) {
+  ruda_error *expected = NULL;
+  /* First fault wins; later ones are the same poisoned context. */
+  if (err != NULL && __atomic_compare_exchange_n(&sch->fault, &expected, err, 0, __ATOMIC_ACQ_REL,
+                                                 __ATOMIC_ACQUIRE)) {
+    atomic_store_explicit(&sch->faulted, 1, memory_order_release);
+    return;
+  }
+  atomic_store_explicit(&sch->faulted, 1, memory_order_release);
+  ruda_error_free(err);
 }

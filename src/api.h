@@ -10,7 +10,7 @@
 #include "base/backend.h"
 #include "base/error.h"
 #include "ruda/ruda.h"
-#include "scheduler/device.h"
+#include "src/device.h"
 
 /* Calls in progress (see RUDA__CHECK_DEV). A call counts itself in its
  * thread's slot, then reads `closed`; ruda_device_close sets `closed`, then

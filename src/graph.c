@@ -24,7 +24,7 @@ static int take(ruda_device *dev, ruda_stream_id stream, const char *fn, ruda__s
   *cmds = NULL;
   *n = 0;
   int rc = 0;
-  ruda__stream *s = *sp = ruda__stream_for(dev, stream, fn, &rc);
+  ruda__stream *s = *sp = ruda__stream_for(&dev->sched, stream, fn, &rc);
   if (s == NULL) return rc;
   ruda__capture *c = atomic_load_explicit(&s->cap, memory_order_acquire);
   int open = 0;
@@ -52,7 +52,7 @@ int ruda_graph_prepare(ruda_device *dev, ruda_stream_id stream) {
   static const char fn[] = "ruda_graph_prepare";
   RUDA__CHECK_DEV(dev, fn);
   int rc = 0;
-  ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
+  ruda__stream *s = ruda__stream_for(&dev->sched, stream, fn, &rc);
   if (s == NULL) return rc;
   if (atomic_load_explicit(&s->capturing, memory_order_acquire))
     return ruda__fail(RUDA_EGRAPHSTATE, "%s: %s is capturing already", fn, RUDA__SNAME(s->id));
@@ -67,14 +67,14 @@ int ruda_graph_begin_capture(ruda_device *dev, ruda_stream_id stream) {
   static const char fn[] = "ruda_graph_begin_capture";
   RUDA__CHECK_DEV(dev, fn);
   int rc = 0;
-  ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
+  ruda__stream *s = ruda__stream_for(&dev->sched, stream, fn, &rc);
   if (s == NULL) return rc;
   uint32_t nerr = atomic_load_explicit(&s->nerr, memory_order_acquire);
-  if (nerr > 0 || atomic_load_explicit(&dev->faulted, memory_order_acquire))
+  if (nerr > 0 || atomic_load_explicit(&dev->sched.faulted, memory_order_acquire))
     return ruda__fail(RUDA_EUNHEALTHY,
                       "%s: %s holds %u unreported error(s)%s; drain them with ruda_flush first", fn,
                       RUDA__SNAME(s->id), nerr,
-                      atomic_load(&dev->faulted) ? " and the device is faulted" : "");
+                      atomic_load(&dev->sched.faulted) ? " and the device is faulted" : "");
   ruda__capture *c = ruda__capture_get(s);
   if (c == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
   pthread_mutex_lock(&c->lock);
@@ -111,7 +111,7 @@ int ruda_graph_end_capture(ruda_device *dev, ruda_stream_id stream, ruda_graph *
   if (g == NULL || (npins && slots == NULL)) {
     free(g);
     free(slots);
-    ruda__capture_discard(dev, cmds, n, NULL);
+    ruda__capture_discard(&dev->sched, cmds, n, NULL);
     free(cmds);
     return ruda__fail(RUDA_ENOMEM, "%s: out of host memory; the capture is discarded", fn);
   }
@@ -126,7 +126,7 @@ int ruda_graph_end_capture(ruda_device *dev, ruda_stream_id stream, ruda_graph *
     if (u > 0 && ruda__pin_slot(slots[u - 1]) == ruda__pin_slot(slots[i])) slots[u - 1] &= slots[i] | ~RUDA__PIN_READ;
     else slots[u++] = slots[i];
   }
-  g->dev = dev;
+  g->sch = &dev->sched;
   g->cmds = cmds;
   g->n = n;
   g->slots = slots;
@@ -135,11 +135,11 @@ int ruda_graph_end_capture(ruda_device *dev, ruda_stream_id stream, ruda_graph *
   atomic_init(&g->refs, 1);
   pthread_mutex_init(&g->exec_lock, NULL);
   pthread_mutex_init(&g->issue_lock, NULL);
-  pthread_mutex_lock(&dev->graph_lock);
-  g->next = dev->graphs;
+  pthread_mutex_lock(&dev->sched.graph_lock);
+  g->next = dev->sched.graphs;
   if (g->next) g->next->prev = g;
-  dev->graphs = g;
-  pthread_mutex_unlock(&dev->graph_lock);
+  dev->sched.graphs = g;
+  pthread_mutex_unlock(&dev->sched.graph_lock);
   *out = g;
   return 0;
 }
@@ -152,14 +152,14 @@ int ruda_graph_abort_capture(ruda_device *dev, ruda_stream_id stream) {
   uint32_t n;
   int rc = take(dev, stream, fn, &s, &cmds, &n);
   if (rc != 0) return rc;
-  ruda__capture_discard(dev, cmds, n, NULL);
+  ruda__capture_discard(&dev->sched, cmds, n, NULL);
   free(cmds);
   return 0;
 }
 
 static int check_graph(ruda_device *dev, const ruda_graph *g, const char *fn) {
   if (g == NULL) return ruda__fail(RUDA_EINVAL, "%s: graph is NULL", fn);
-  if (g->dev != dev) return ruda__fail(RUDA_EINVAL, "%s: the graph belongs to another device", fn);
+  if (g->sch != &dev->sched) return ruda__fail(RUDA_EINVAL, "%s: the graph belongs to another device", fn);
   return 0;
 }
 
@@ -168,11 +168,11 @@ int ruda_graph_destroy(ruda_device *dev, ruda_graph *g) {
   RUDA__CHECK_DEV(dev, fn);
   int rc = check_graph(dev, g, fn);
   if (rc != 0) return rc;
-  pthread_mutex_lock(&dev->graph_lock);
+  pthread_mutex_lock(&dev->sched.graph_lock);
   if (g->prev) g->prev->next = g->next;
-  else dev->graphs = g->next;
+  else dev->sched.graphs = g->next;
   if (g->next) g->next->prev = g->prev;
-  pthread_mutex_unlock(&dev->graph_lock);
+  pthread_mutex_unlock(&dev->sched.graph_lock);
   ruda__graph_unref(g, NULL);
   return 0;
 }
@@ -185,7 +185,7 @@ static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, ruda_f
                   const char *fn) {
   int rc = check_graph(dev, g, fn);
   if (rc != 0) return rc;
-  ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
+  ruda__stream *s = ruda__stream_for(&dev->sched, stream, fn, &rc);
   if (s == NULL) return rc;
   if (atomic_load_explicit(&s->capturing, memory_order_acquire))
     return ruda__fail(RUDA_EGRAPHSTATE, "%s: %s is capturing; graphs are not recorded into graphs", fn,
@@ -222,7 +222,7 @@ static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, ruda_f
   cmd->stream = s;
   cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
   cmd->u.graph.g = g;
-  if (fut != NULL && (cmd->future = ruda__future_new(dev, s, 1)) == NULL) {
+  if (fut != NULL && (cmd->future = ruda__future_new(&dev->sched, s, 1)) == NULL) {
     ruda__cmd_free(cmd);
     rc = ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
     goto out;
@@ -233,7 +233,7 @@ static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, ruda_f
   if ((rc = ruda__queue_admit(w, s->id)) == 0) {
     for (uint32_t gi = 0; gi < ngroups; gi++) ruda__order_lock(&o[gi], w);
     for (uint32_t gi = 0; gi < ngroups && rc == 0; gi++)
-      if (ruda__order_needed(&o[gi])) rc = ruda__order_prepare(dev, &o[gi], s, cmd->seq);
+      if (ruda__order_needed(&o[gi])) rc = ruda__order_prepare(&dev->sched, &o[gi], s, cmd->seq);
     /* In place before the publish below, as a push would precede it. A
      * WAIT just pushed runs first either way: in place needs the worker
      * to have run everything queued. */

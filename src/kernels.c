@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "scheduler/device.h"
+#include "src/device.h"
 #include "src/api.h"
 
 typedef struct ruda__kernel_entry {

@@ -73,14 +73,14 @@ static int push_to_worker0(const ruda_host_ctx *c, void *const *args) {
   struct timespec ts = {0, 50 * 1000 * 1000}; /* long enough for worker 0 to see a STOP */
   nanosleep(&ts, NULL);
   ruda__cmd *cmd = ruda__cmd_alloc(0);
-  pushed = ruda__future_new(push_dev, NULL, 0);
+  pushed = ruda__future_new(&push_dev->sched, NULL, 0);
   assert_non_null(cmd);
   assert_non_null(pushed);
   cmd->kind = RUDA__CMD_FENCE;
   cmd->stream = NULL;
   cmd->seq = 0;
   cmd->future = pushed;
-  ruda__queue_push_unbounded(&push_dev->workers[0], cmd);
+  ruda__queue_push_unbounded(&push_dev->sched.workers[0], cmd);
   return 0;
 }
 

@@ -8,7 +8,7 @@
 #include <sched.h>
 
 static inline void test_worker_idle(ruda_device *dev, ruda_stream_id s) {
-  ruda__worker *w = ruda__stream_get(dev, s)->worker;
+  ruda__worker *w = ruda__stream_get(&dev->sched, s)->worker;
   for (int i = 0; atomic_load(&w->exec) != 0; i++) {
     assert_true(i < 1000000);
     sched_yield();
