@@ -134,6 +134,10 @@ typedef struct ruda__exec_guard {
 
 typedef struct ruda__backend_ops {
   const char *name;
+  /* Capabilities, read by the API layer instead of naming a backend.
+   * host_kernels: kernels are C functions (ruda_host_kernel_register);
+   * otherwise they are CUDA C or images for the device (ruda_kernel_*). */
+  unsigned host_kernels : 1;
   /* Opens the backend; fills *limits. Failure: ruda__fail(). */
   int (*open)(const ruda__backend_env *env, void **state, ruda__limits *limits);
   void (*close)(void *state);

@@ -26,6 +26,11 @@ allowed() { # layer-of-file included-path
     *) return 1 ;;
   esac
 }
+files=$(find base staging memory scheduler src backends -name '*.[ch]' 2>/dev/null | sort || true)
+if [ -z "$files" ]; then
+  echo "FAIL: no sources under $root (nothing was checked)"
+  exit 1
+fi
 bad=0
 while IFS= read -r f; do
   case "$f" in
@@ -45,9 +50,9 @@ while IFS= read -r f; do
     grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"(\.\./|[^/"]*")' "$f" | sed 's/^/  /'
     bad=1
   fi
-done < <(find base staging memory scheduler src backends -name '*.[ch]' | sort)
+done <<< "$files"
 if [ "$bad" -ne 0 ]; then
   echo "FAIL: includes that run against the layers"
   exit 1
 fi
-echo "layers: every include points down ($(find base staging memory scheduler src backends -name '*.[ch]' | wc -l) files)"
+echo "layers: every include points down ($(echo "$files" | wc -l) files)"
