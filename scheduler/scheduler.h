@@ -147,6 +147,26 @@ void ruda__future_unref(struct ruda_future *f);
 /* Ways of the per-worker cache of marks already waited for (order.c). */
 #define RUDA__COVER_WAYS 8u
 
+/* A worker's fields and who may touch them. "exec holder" is whoever holds
+ * `exec` (the worker side of base/backend.h: the worker thread, or a client
+ * running one command in place).
+ *
+ *   field                          written by               read by
+ *   tail, depth, tickets           any pusher (atomics)     worker, ordering clients
+ *   head                           worker thread (splice)   in-place clients (empty?)
+ *   wake / space                   pushers / worker         worker / pushers (event counts)
+ *   index, own_bit, thread, sch,   open (before the worker  anyone
+ *     observed, reserve_*           starts)
+ *   wstate, in_place_runs          exec holder              exec holder
+ *   done                           exec holder (atomic)     anyone
+ *   exec                           compare-and-swap         anyone
+ *   completed                      any waiter (atomic max)  anyone
+ *   covered                        pushers of WAITs         pushers (atomic, lossy)
+ *   mark_lock, last_mark           clients, under mark_lock
+ *   last_idle_ns, stats, trace,    worker thread only       worker; stats and traces
+ *     idle_epoch (written)                                  after it stopped; idle_epoch
+ *                                                           by scheduler/progress.c
+ */
 struct ruda__worker {
   /* Producer side, on its own cache line. */
   struct cds_wfcq_tail tail __attribute__((aligned(RUDA__CACHELINE)));

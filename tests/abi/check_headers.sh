@@ -8,7 +8,8 @@
 #     is compiled and must reference each one unmangled (extern "C").
 #     Exits 77 (skipped) when CXX is empty or missing.
 #   check_headers.sh documented INCLUDE_DIR...
-#     Every exported declaration directly follows its own comment.
+#     Every exported declaration directly follows its own comment, which
+#     states its thread safety and whether it blocks.
 set -eu
 
 headers() {
@@ -100,10 +101,22 @@ compile)
 documented)
   fail=0
   for h in $(headers "$@"); do
-    # Each RUDA_EXTERN declaration directly follows its own comment.
+    # Each RUDA_EXTERN declaration directly follows its own comment, and
+    # the comment states the contract (ruda/ruda.h, Conventions): thread
+    # safety ("thread-safe", "not thread-safe on ...") and blocking
+    # ("non-blocking", "blocks"). An empty comment documents nothing.
     awk -v file="$h" '
-      /^RUDA_EXTERN/ && prev !~ /\*\/[ \t]*$/ { print file ":" NR ": undocumented: " $0; bad = 1 }
-      { prev = $0 }
+      !incomment && /\/\*/ { incomment = 1; text = "" }
+      incomment { text = text " " $0; if ($0 ~ /\*\//) { incomment = 0; ended = NR } }
+      /^RUDA_EXTERN/ {
+        where = file ":" NR ": "
+        if (ended != NR - 1) { print where "undocumented: " $0; bad = 1; next }
+        t = tolower(text)
+        gsub(/\/\*|\*\/|\*/, " ", t)
+        if (t !~ /[a-z]/) { print where "empty comment: " $0; bad = 1; next }
+        if (t !~ /thread-safe/) { print where "no thread safety (thread-safe / not thread-safe on ...): " $0; bad = 1 }
+        if (t !~ /non-blocking|blocks|blocking/) { print where "no blocking contract (non-blocking / blocks): " $0; bad = 1 }
+      }
       END { exit bad }
     ' "$h" || fail=1
   done
