@@ -1,7 +1,7 @@
 /* worker_idle.h - unit tests: wait until a stream's worker gave its state
  * back (scheduler/inline.c's exec word). A caller back from a sync may
  * still find it held: the worker completes the future, then finishes its
- * batch. Include after common.h and scheduler/device.h. */
+ * batch. Include after common.h and src/device.h. */
 #ifndef RUDA_TESTS_WORKER_IDLE_H
 #define RUDA_TESTS_WORKER_IDLE_H
 
