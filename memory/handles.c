@@ -2,7 +2,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/backend.h"
 #include "base/error.h"
+#include "base/progress.h"
 #include "memory/handles.h"
 
 #define LIVE (1ull << 32)

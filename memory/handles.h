@@ -30,8 +30,6 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "base/backend.h"
-#include "base/progress.h"
 #include "ruda/ruda.h"
 
 #define RUDA__SLOTS_PER_CHUNK 1024u
@@ -72,8 +70,8 @@ typedef struct ruda__handles {
    * progress table for new buffers' use records, the backend that frees
    * raw buffers, and where a pool buffer's memory goes when its last
    * reference drops (ruda__memory_retire). */
-  const ruda__progress *progress;
-  const ruda__backend_ops *ops;
+  const struct ruda__progress *progress;
+  const struct ruda__backend_ops *ops;
   void *bstate;
   void (*retire)(void *ctx, void *page, uint64_t addr, uint64_t size, uint32_t home, uint64_t users);
   void *retire_ctx;
