@@ -1,6 +1,6 @@
 /* trace.h - RUDA_TRACE=path: a timeline of what every worker ran, written
  * when the device closes as Chrome trace-event JSON (open it in
- * ui.perfetto.sch or chrome://tracing): one lane per worker, one span per
+ * ui.perfetto.dev or chrome://tracing): one lane per worker, one span per
  * command named after its kernel or kind, with its stream and command
  * number, bytes for copies, the time it waited from the client's call to
  * its worker (queued_us; commands the client submitted), an instant
