@@ -70,6 +70,9 @@ const void *ruda__planted(void) { return ruda__host_backend; }'
   plant backends/host/planted.c 'int ruda__pools_check_layout(const void *, unsigned);
 int ruda__planted(void) { return ruda__pools_check_layout(0, 0); }'
   expect fail 'backends/host/planted.c.o needs ruda__pools_check_layout' -- "$tools/check_calls.sh" "$tmp/o" "$tmp/s"
+  plant src/planted.c 'void ruda__planted_up(void) {}'
+  echo 'void ruda__planted_up(void);' >> "$tmp/s/scheduler/sched.h"
+  expect fail 'scheduler/sched.h declares ruda__planted_up, defined in src/planted.c.o' -- "$tools/check_calls.sh" "$tmp/o" "$tmp/s"
   expect fail 'no object files' -- "$tools/check_calls.sh" "$tmp/empty" "$tmp/s"
   ;;
 *) echo "usage: $0 include|calls SOURCE_ROOT [OBJECT_DIR]"; exit 2 ;;

@@ -6,7 +6,10 @@
 # src/device.c may name: everything else goes through dev->ops). Ranks, low
 # to high: base, staging, backends, memory, scheduler, src. The include check
 # (check_layers.sh) sees headers; this sees the calls, from the objects of a
-# build. A folder with no objects fails (nothing was checked).
+# build. A folder with no objects fails (nothing was checked). Last, no
+# declaration climbs: a function a layer's header declares is defined in
+# that layer (a header of scheduler/ declaring what src/ defines would let
+# the scheduler call up without an include pointing up).
 #   tools/check_calls.sh BUILD/CMakeFiles/ruda_objects.dir SOURCE_ROOT
 # Objects whose source is gone (a stale build folder) are ignored.
 set -euo pipefail
@@ -26,7 +29,7 @@ rank() { # sets R (no subshell: this runs for every symbol)
   esac
 }
 declare -A def
-objs=$(find . -name '*.c.o' | sort | while read -r o; do [ -f "$src/${o%.o}" ] && echo "$o"; done)
+objs=$(find . -name '*.c.o' | sort | while read -r o; do if [ -f "$src/${o%.o}" ]; then echo "$o"; fi; done)
 [ -n "$objs" ] || { echo "FAIL: no object files with a source under $src in $dir"; exit 1; }
 for o in $objs; do
   for s in $(nm --defined-only "$o" | awk '$2 ~ /[TDBR]/ {print $3}'); do def[$s]=$o; done
@@ -47,6 +50,30 @@ for o in $objs; do
        ! [[ $o == ./src/device.c.o && $s =~ ^ruda__[a-z]+_backend$ ]]; then up=1; fi
     if [ $up -eq 1 ]; then
       echo "call against the layers: ${o#./} needs $s from ${d#./}"
+      bad=1
+    fi
+  done
+done
+# Top-level prototypes of the headers (not static inline bodies, not
+# macros): function -> the header that declares it.
+declare -A decl
+while read -r s h; do decl[$s]=$h; done < <(
+  cd "$src" && find base staging memory scheduler src backends -name '*.h' 2>/dev/null | sort | xargs -r awk '
+    !/^[a-z]/ || /^static|[{]|return/ { next }
+    match($0, /[ *]ruda__[a-z0-9_]+\(/) { print substr($0, RSTART + 1, RLENGTH - 2), FILENAME }')
+layer() { # sets L: base, staging, memory, scheduler, src or backends/X
+  case "$1" in
+    backends/*) L=${1#backends/}; L=backends/${L%%/*} ;;
+    *) L=${1%%/*} ;;
+  esac
+}
+for o in $objs; do
+  for s in $(nm --defined-only "$o" | awk '$2 == "T" {print $3}'); do
+    h=${decl[$s]:-}
+    [ -n "$h" ] || continue
+    layer "${o#./}"; ol=$L; layer "$h"
+    if [ "$ol" != "$L" ]; then
+      echo "declaration against the layers: $h declares $s, defined in ${o#./}"
       bad=1
     fi
   done
