@@ -5,7 +5,9 @@
  * scheduler/sched.h), memory its ruda__memory (memory/memory.h) and the
  * handle table, the backend an environment at open (base/backend.h).
  * src/device.c fills the parts and hands each what it uses of the
- * others. Fields are written once at open unless marked.
+ * others. Here too: the call slots every public call counts itself in,
+ * so that close waits for the calls in progress (RUDA__CHECK_DEV). Fields
+ * are written once at open unless marked.
  */
 #ifndef RUDA_SRC_DEVICE_H
 #define RUDA_SRC_DEVICE_H
@@ -14,6 +16,7 @@
 #include <stdint.h>
 
 #include "base/backend.h"
+#include "base/error.h"
 #include "memory/handles.h"
 #include "memory/memory.h"
 #include "ruda/ruda.h"
@@ -49,5 +52,41 @@ struct ruda_device {
    * refused while any is. */
   _Atomic uint32_t comms;
 };
+
+/* Calls in progress (see RUDA__CHECK_DEV). A call counts itself in its
+ * thread's slot, then reads `closed`; ruda_device_close sets `closed`, then
+ * waits for every slot to read zero. Both sides use sequentially consistent
+ * operations, so a call either sees the device closed or is waited for:
+ * nothing a call accepted is dropped by a close that races it. */
+extern _Thread_local unsigned ruda__call_slot_id; /* 0: not assigned yet */
+unsigned ruda__call_slot_assign(void);
+
+static inline _Atomic unsigned long *ruda__call_enter(ruda_device *dev) {
+  unsigned id = ruda__call_slot_id;
+  if (id == 0) id = ruda__call_slot_assign();
+  _Atomic unsigned long *n = &dev->calls[(id - 1) % RUDA__CALL_SLOTS].n;
+  atomic_fetch_add_explicit(n, 1, memory_order_seq_cst);
+  return n;
+}
+
+static inline void ruda__call_leave(_Atomic unsigned long **n) {
+  atomic_fetch_sub_explicit(*n, 1, memory_order_release);
+}
+
+/* Shared check at the top of every public call that takes a device: a
+ * statement list, not a block, because the call stays counted until the
+ * function returns (the variable's cleanup, a GCC and Clang extension). */
+#define RUDA__CHECK_DEV(dev, fn)                                               \
+  if ((dev) == NULL) return ruda__fail(RUDA_EINVAL, "%s: device is NULL", fn); \
+  RUDA__IN_CALL(dev);                                                          \
+  if (ruda__closing(dev)) return ruda__fail(RUDA_ECLOSED, "%s: device is closed", fn)
+
+/* Counts the enclosing function as a call in progress on dev until it
+ * returns; then ruda__closing(dev) says whether close has begun. */
+#define RUDA__IN_CALL(dev) \
+  _Atomic unsigned long *ruda__in_call __attribute__((cleanup(ruda__call_leave), unused)) = ruda__call_enter(dev)
+static inline int ruda__closing(ruda_device *dev) {
+  return atomic_load_explicit(&dev->closed, memory_order_seq_cst);
+}
 
 #endif /* RUDA_SRC_DEVICE_H */
