@@ -19,7 +19,6 @@
 #include "src/device.h"
 #include "scheduler/order.h"
 #include "scheduler/submit.h"
-#include "src/api.h"
 
 struct ruda_comm {
   uint32_t n;      /* ranks in all */

@@ -196,7 +196,7 @@ unsigned ruda__call_slot_assign(void) {
   return ruda__call_slot_id;
 }
 
-/* Waits for the calls that entered before `closed` was set (src/api.h);
+/* Waits for the calls that entered before `closed` was set (src/device.h);
  * later ones see it and leave. Blocks: a call blocked on back-pressure
  * finishes because the workers still run. */
 static void calls_wait(ruda_device *dev) {

@@ -27,7 +27,7 @@ struct ruda__kernel_table; /* the kernel registry (src/kernels.c) */
 
 /* Public calls in progress on a device, counted in one of RUDA__CALL_SLOTS
  * slots per calling thread (a cache line each, so threads do not share
- * one): ruda_device_close waits until every slot reads zero (src/api.h). */
+ * one): ruda_device_close waits until every slot reads zero (below). */
 #define RUDA__CALL_SLOTS 64
 typedef struct ruda__call_slot {
   _Atomic unsigned long n;

@@ -7,7 +7,7 @@
 #include "scheduler/graph.h"
 #include "scheduler/order.h"
 #include "scheduler/submit.h"
-#include "src/api.h"
+#include "src/device.h"
 
 /* The persistent mode ruda_graph_prepare pushed ends with the capture.
  * stream: the caller's id, which names s; s->id may be a thread's own,

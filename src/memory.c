@@ -5,7 +5,6 @@
 
 #include "memory/pool.h"
 #include "src/device.h"
-#include "src/api.h"
 
 static int pools_for(ruda_device *dev, ruda_stream_id id, const char *fn, ruda__pools **pp) {
   if (id != RUDA_STREAM_CURRENT && id > RUDA_STREAM_EXPLICIT_MAX)

@@ -11,7 +11,6 @@
 
 #include "memory/pool.h"
 #include "src/device.h"
-#include "src/api.h"
 
 static int stream_pools(ruda_device *dev, ruda_stream_id id, const char *fn, ruda__stream **sp,
                         ruda__pools **pp) {

@@ -24,7 +24,7 @@
 
 #include "base/comm_timeout.h"
 #include "base/sync.h"
-#include "src/api.h"
+#include "src/device.h"
 
 #define MAGIC 0x41445552u /* "RUDA" */
 

@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "src/device.h"
-#include "src/api.h"
 
 int ruda_staging_alloc(ruda_device *dev, size_t size, void **out) {
   RUDA__CHECK_DEV(dev, "ruda_staging_alloc");
