@@ -207,3 +207,16 @@ def test_stream_objects(dev):
         s.__cuda_stream__()
     with pytest.raises(TypeError):
         dev.sync(stream="five")
+
+
+def test_asyncio_server_example_checks_every_result():
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    ex = pathlib.Path(__file__).resolve().parents[2] / "examples" / "asyncio_server.py"
+    env = dict(os.environ, RUDA_BACKEND="host")
+    r = subprocess.run([sys.executable, str(ex), "--requests", "300"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "all 300 results correct" in r.stdout
