@@ -3,7 +3,11 @@
 The same empty host kernel, launched from one thread with a descriptor
 built once; ctypes and cffi call libruda.so's ruda_launch directly. It
 justifies the C extension (docs/python.md). Usage:
-    python bench/python_ffi_overhead.py path/to/libruda.so path/to/_test_kernels.so
+    GLIBC_TUNABLES=glibc.rtld.optional_static_tls=8192 \
+      python bench/python_ffi_overhead.py path/to/libruda.so path/to/_test_kernels.so
+
+(libruda.so links jemalloc, whose initial-exec TLS needs that tunable to
+be loaded by ctypes; the extension does without: docs/python.md.)
 """
 import ctypes
 import sys

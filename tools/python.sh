@@ -31,9 +31,6 @@ log="${TMPDIR:-/tmp}/ruda-pip.log"
 if ! "$vpy" -m pip install -q --no-build-isolation --force-reinstall --no-deps ./python >"$log" 2>&1; then
   tail -n 30 "$log"; echo "python: the package did not build (log: $log)"; exit 1
 fi
-# jemalloc's initial-exec TLS needs more static TLS than glibc keeps for
-# modules loaded after start-up (docs/python.md, "Installing").
-export GLIBC_TUNABLES="${GLIBC_TUNABLES:-glibc.rtld.optional_static_tls=8192}"
 if [ "${1:-}" = --example ]; then
   RUDA_BACKEND="${RUDA_BACKEND:-auto}" "$vpy" examples/asyncio_server.py || exit 1
   exit 0

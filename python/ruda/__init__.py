@@ -25,16 +25,7 @@ import struct
 import threading
 import weakref
 
-try:
-    from . import _ruda
-except ImportError as _e:  # pragma: no cover - depends on the environment
-    if "static TLS" not in str(_e):
-        raise
-    raise ImportError(
-        "ruda's extension links jemalloc (the staging arena), whose thread-local state uses the "
-        "initial-exec TLS model; glibc keeps too little static TLS for it in a module loaded after "
-        "start-up. Start Python with GLIBC_TUNABLES=glibc.rtld.optional_static_tls=8192 in the "
-        "environment (docs/python.md, 'Installing')") from _e
+from . import _ruda
 from ._errors import *  # noqa: F401,F403  the exception classes
 from ._errors import Error, _from_c
 

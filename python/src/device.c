@@ -759,6 +759,24 @@ static PyObject *device_memory_usage(DeviceObject *self, PyObject *const *args, 
   return stats_dict(&m);
 }
 
+static PyObject *device_staging_usage(DeviceObject *self, PyObject *unused) {
+  ruda_device *d = dev_enter(self);
+  if (!d) return NULL;
+  ruda_staging_stats st;
+  int rc = ruda_staging_usage(d, &st);
+  dev_leave(self);
+  if (rc) {
+    ruda_py_raise_last(rc);
+    return NULL;
+  }
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "pinned_bytes", (unsigned long long)st.pinned_bytes,
+                       "in_use_bytes", (unsigned long long)st.in_use_bytes, "peak_bytes",
+                       (unsigned long long)st.peak_bytes, "limit_bytes", (unsigned long long)st.limit_bytes,
+                       "chunk_bytes", (unsigned long long)st.chunk_bytes, "fallback_bytes",
+                       (unsigned long long)st.fallback_bytes, "fallback_count",
+                       (unsigned long long)st.fallback_count);
+}
+
 static PyObject *device_memory_summary(DeviceObject *self, PyObject *unused) {
   char *text = NULL;
   size_t len = 0;
@@ -985,6 +1003,7 @@ static PyMethodDef device_methods[] = {
     {"memory_usage", (PyCFunction)(void (*)(void))device_memory_usage, METH_FASTCALL | METH_KEYWORDS,
      "memory_usage(stream=<all>) -> dict"},
     {"memory_summary", (PyCFunction)device_memory_summary, METH_NOARGS, "memory_summary() -> str"},
+    {"staging_usage", (PyCFunction)device_staging_usage, METH_NOARGS, "staging_usage() -> dict"},
     {"memory_cleanup", (PyCFunction)(void (*)(void))device_memory_cleanup, METH_FASTCALL | METH_KEYWORDS,
      "memory_cleanup(stream=None)"},
     {"graph_prepare", (PyCFunction)(void (*)(void))device_graph_prepare, METH_FASTCALL | METH_KEYWORDS, NULL},
