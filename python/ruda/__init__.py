@@ -259,10 +259,13 @@ class Device(_ruda.Device):
             self.trace_stop()
 
     def close(self):
-        with _open_lock:
-            _open_devices.discard(self)
-        super().close()
-        self._libraries = []
+        try:
+            super().close()
+        finally:
+            if self.closed:  # not when a communicator still holds it (EBUSY)
+                with _open_lock:
+                    _open_devices.discard(self)
+                self._libraries = []
 
 
 class _Holder:
