@@ -23,7 +23,7 @@ need() { # module, pip name
   "$vpy" -c "import $1" 2>/dev/null || "$vpy" -m pip install -q "$2" >/dev/null 2>&1 ||
     skip "$1 is not installed and pip could not fetch $2 (offline?)"
 }
-need pytest pytest
+[ "${1:-}" = --example ] || need pytest pytest
 need numpy numpy
 need scikit_build_core "scikit-build-core>=0.8"
 echo "== python: building the package (pip install --no-build-isolation ./python)"

@@ -107,3 +107,24 @@ def test_staged_round_trip_through_the_arena(cuda):
     np.frombuffer(st, np.uint32)[:] = src[::-1]
     cuda.write_staged(x, st)
     assert np.array_equal(cuda.read(x, np.empty(n, np.uint32)).wait(), src[::-1])
+
+
+def test_module_source_registers_every_kernel_once(cuda):
+    src = SRC + """
+__global__ void vectorAdd(const float *a, const float *b, float *c, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) c[i] = a[i] + b[i];
+}
+"""
+    try:
+        ks = cuda.module_source(src, ["vectorAdd", "scale<float>"], file_name="ops.cu")
+    except (ruda.ENONVRTC, ruda.ECOMPILE) as e:
+        pytest.skip(f"no NVRTC: {e}")
+    a, b = cuda.array(np.arange(8, dtype=np.float32)), cuda.array(np.ones(8, np.float32))
+    c = cuda.buffer(8, "float32")
+    cuda.kernel("vectorAdd", "PPPi").launch(1, 8, (ruda.in_(a), ruda.in_(b), ruda.out(c), 8))
+    ks["scale<float>"].launch(1, 8, (c, ruda.f32(2.0), np.int32(8)))
+    assert list(cuda.read(c, np.empty(8, np.float32)).wait()) == [2.0 * (i + 1) for i in range(8)]
+    with pytest.raises(ruda.EKERNEL) as e:
+        cuda.kernel_source("nope", SRC)
+    assert '"nope"' in e.value.message and e.value.stream == 0  # raised at the call

@@ -199,6 +199,26 @@ def test_all_reduce_over_two_host_devices():
             d.close()
 
 
+def test_all_gather_and_broadcast_over_three_host_devices():
+    devs = [ruda.Device(backend="host", streams=1) for _ in range(3)]
+    try:
+        parts = [d.array(np.full(4, r + 1, np.int32)) for r, d in enumerate(devs)]
+        wholes = [d.buffer(12, "int32") for d in devs]
+        with ruda.Comm(devs) as comm:
+            for d, p, w in zip(devs, parts, wholes):
+                comm.all_gather(d, p, w)
+            for d, p in zip(devs, parts):
+                comm.broadcast(d, p, root=2)
+            for d in devs:
+                comm.sync(d)
+        for d, p, w in zip(devs, parts, wholes):
+            assert list(d.read(w, np.empty(12, np.int32)).wait()) == [1] * 4 + [2] * 4 + [3] * 4
+            assert list(d.read(p, np.empty(4, np.int32)).wait()) == [3] * 4
+    finally:
+        for d in devs:
+            d.close()
+
+
 def test_stream_objects(dev):
     s = dev.stream()
     assert s.id == ruda.stream_current() and s == ruda.Stream(dev)
