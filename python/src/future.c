@@ -51,8 +51,7 @@ static void finish_nogil(FutureObject *f) {
     f->code = ruda_future_wait(f->fut, &f->err);
     ruda_future_free(f->fut);
     f->fut = NULL;
-    atomic_thread_fence(memory_order_release);
-    f->done = 1;
+    atomic_store_explicit(&f->done, 1, memory_order_release);
   }
   pthread_mutex_unlock(&f->lock);
 }
@@ -111,9 +110,11 @@ static PyObject *future_wait(FutureObject *self, PyObject *unused) {
 }
 
 static PyObject *future_done(FutureObject *self, PyObject *unused) {
-  int done;
-  pthread_mutex_lock(&self->lock);
-  done = self->done || (self->fut && ruda_future_poll(self->fut) == 1);
+  if (atomic_load_explicit(&self->done, memory_order_acquire)) Py_RETURN_TRUE;
+  /* A thread inside wait() holds the lock until completion: never block
+     here with the GIL held (a worker may need it for a Python kernel). */
+  if (pthread_mutex_trylock(&self->lock) != 0) Py_RETURN_FALSE;
+  int done = self->done || (self->fut && ruda_future_poll(self->fut) == 1);
   pthread_mutex_unlock(&self->lock);
   return PyBool_FromLong(done);
 }

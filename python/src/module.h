@@ -70,7 +70,7 @@ struct FutureObject {
   DeviceObject *device;
   ruda_future *fut;           /* NULL once waited and freed */
   pthread_mutex_t lock;       /* one waiter at a time, as the C API asks */
-  int done;
+  atomic_int done;
   int code;
   ruda_error *err;            /* owned until raised */
   PyObject *result;           /* what wait() returns */

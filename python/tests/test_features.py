@@ -36,6 +36,27 @@ def test_await_does_not_block_the_event_loop(dev):
     assert bytes(asyncio.run(main())) == b"wxyz"
 
 
+def test_done_never_blocks_while_another_thread_waits(dev):
+    # A thread waiting holds the future until the gate opens, and the gate
+    # kernel needs the GIL to return: done() must answer at once, not wait
+    # for the lock with the GIL held (which would deadlock).
+    import time
+    gate = threading.Event()
+    dev.host_kernel("gate2", lambda ctx, args: 0 if gate.wait(timeout=60) else ruda.ETIMEDOUT.code)
+    b = dev.buffer(4)
+    dev.write(b, b"abcd", stream=1)
+    dev.kernel("gate2").launch(1, 1, (), stream=1)
+    f = dev.read(b, stream=1)
+    waiter = threading.Thread(target=f.wait)
+    waiter.start()
+    end = time.monotonic() + 0.2
+    while time.monotonic() < end:  # calls land before and while the waiter holds it
+        assert f.done() is False
+    gate.set()
+    waiter.join()
+    assert f.done() is True and bytes(f.wait()) == b"abcd"
+
+
 def test_await_of_a_failed_future_raises(dev):
     async def main():
         dev.kernel("fail").launch(1, 1, (-41,))
