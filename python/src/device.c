@@ -457,7 +457,8 @@ static PyObject *device_sync_async(DeviceObject *self, PyObject *const *args, Py
   ruda_device *d = dev_enter(self);
   if (!d) return NULL;
   ruda_future *f = NULL;
-  int rc = ruda_sync_async(d, s, &f);
+  int rc;
+  RUDA_PY_NOGIL(rc = ruda_sync_async(d, s, &f));
   if (rc) {
     dev_leave(self);
     ruda_py_raise_last(rc);
@@ -666,7 +667,8 @@ static PyObject *device_profile_begin(DeviceObject *self, PyObject *const *args,
   ruda_device *d = dev_enter(self);
   if (!d) return NULL;
   ruda_profile_token t;
-  int rc = ruda_profile_begin(d, s, &t);
+  int rc;
+  RUDA_PY_NOGIL(rc = ruda_profile_begin(d, s, &t));
   dev_leave(self);
   if (rc) {
     ruda_py_raise_last(rc);
@@ -750,7 +752,8 @@ static PyObject *device_memory_usage(DeviceObject *self, PyObject *const *args, 
   ruda_device *d = dev_enter(self);
   if (!d) return NULL;
   ruda_memory_stats m;
-  int rc = whole ? ruda_memory_device_usage(d, &m) : ruda_memory_usage(d, s, &m);
+  int rc;
+  RUDA_PY_NOGIL(rc = whole ? ruda_memory_device_usage(d, &m) : ruda_memory_usage(d, s, &m));
   dev_leave(self);
   if (rc) {
     ruda_py_raise_last(rc);
@@ -855,7 +858,8 @@ static PyObject *device_begin_capture(DeviceObject *self, PyObject *const *args,
   if (full) return PyErr_Format(PyExc_RuntimeError, "at most %d streams capture at once", RUDA_PY_MAX_CAPTURES);
   ruda_device *d = dev_enter(self);
   if (!d) return NULL;
-  int rc = ruda_graph_begin_capture(d, s);
+  int rc;
+  RUDA_PY_NOGIL(rc = ruda_graph_begin_capture(d, s));
   dev_leave(self);
   if (rc) {
     ruda_py_raise_last(rc);
@@ -878,7 +882,8 @@ static PyObject *device_end_capture(DeviceObject *self, PyObject *const *args, P
   ruda_device *d = dev_enter(self);
   if (!d) return NULL;
   ruda_graph *g = NULL;
-  int rc = ruda_graph_end_capture(d, s, &g);
+  int rc;
+  RUDA_PY_NOGIL(rc = ruda_graph_end_capture(d, s, &g));
   dev_leave(self);
   if (rc) {
     ruda_py_raise_last(rc);
@@ -897,7 +902,8 @@ static PyObject *device_abort_capture(DeviceObject *self, PyObject *const *args,
     return NULL;
   ruda_device *d = dev_enter(self);
   if (!d) return NULL;
-  int rc = ruda_graph_abort_capture(d, s);
+  int rc;
+  RUDA_PY_NOGIL(rc = ruda_graph_abort_capture(d, s));
   dev_leave(self);
   if (rc) {
     ruda_py_raise_last(rc);

@@ -292,6 +292,8 @@ static PyObject *collective(CommObject *self, int which, PyObject *const *args, 
   if (!d) return NULL;
   int rc = RUDA_EINVAL;
   ruda_comm *c = self->comm;
+  /* Collectives return at once, but a full queue blocks under backpressure block. */
+  Py_BEGIN_ALLOW_THREADS
   switch (which) {
   case C_ALL_REDUCE: rc = ruda_all_reduce(c, d, src->b, dst->b, dt, op); break;
   case C_REDUCE: rc = ruda_reduce(c, d, src->b, dst->b, dt, op, (uint32_t)root); break;
@@ -301,6 +303,7 @@ static PyObject *collective(CommObject *self, int which, PyObject *const *args, 
   case C_SEND: rc = ruda_send(c, d, src->b, (uint32_t)root); break;
   case C_RECV: rc = ruda_recv(c, d, src->b, (uint32_t)root); break;
   }
+  Py_END_ALLOW_THREADS
   dev_leave(dv);
   if (rc) {
     ruda_py_raise_last(rc);
