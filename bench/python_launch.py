@@ -31,7 +31,7 @@ import ruda
 
 CUDA_SOURCE = r"""
 extern "C" __global__ void empty() {}
-extern "C" __global__ void axpy(const float *x, float *y, float a, unsigned n) {
+extern "C" __global__ void bench_axpy(const float *x, float *y, float a, unsigned n) {
   unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) y[i] += a * x[i];
 }
@@ -93,12 +93,12 @@ class RudaSide:
     def __init__(self):
         self.dev = ruda.Device()
         if self.dev.backend == "cuda":
-            self.dev.module_source(CUDA_SOURCE, ["empty", "axpy"])
+            self.dev.module_source(CUDA_SOURCE, ["empty", "bench_axpy"])
         else:
             lib = pathlib.Path(ruda.__file__).with_name("_test_kernels.so")
             self.dev.load_host_kernels(lib, {"empty": "", "axpy": "PPfI"})
         self.empty = self.dev.kernel("empty")
-        self.axpy = self.dev.kernel("axpy", "PPfI")
+        self.axpy = self.dev.kernel("bench_axpy" if self.dev.backend == "cuda" else "axpy", "PPfI")
         self.backend = self.dev.backend
 
     def launchers(self):
