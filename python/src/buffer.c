@@ -4,7 +4,6 @@
 #include "args.h"
 #include "module.h"
 
-#include <string.h>
 
 /* ---- Buffer ---- */
 

@@ -10,6 +10,7 @@
 #include "args.h"
 #include "module.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

@@ -9,7 +9,6 @@
 #include "module.h"
 
 #include <stdatomic.h>
-#include <stdlib.h>
 
 PyObject *ruda_py_future_new(DeviceObject *d, ruda_future *fut, PyObject *result, Py_buffer *view) {
   FutureObject *f = (FutureObject *)FutureType.tp_alloc(&FutureType, 0);

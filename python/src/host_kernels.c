@@ -7,7 +7,6 @@
  * it. For tests and small glue: a call per thread of every block. */
 #include "module.h"
 
-#include <stdatomic.h>
 
 #define SLOTS 64
 

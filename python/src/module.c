@@ -2,7 +2,6 @@
  * functions and the type registrations. */
 #include "module.h"
 
-#include <stdlib.h>
 
 PyObject *ruda_py_error_factory;
 PyObject *ruda_py_await_helper;
