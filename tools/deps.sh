@@ -34,6 +34,13 @@ if [ "${RUDA_MPI:-1}" != 0 ]; then
   apt_install libopenmpi-dev openmpi-bin || echo "note: Open MPI not installed; libruda_mpi is not built"
 fi
 
+# Python: the package in python/ and its tests (tools/python.sh); optional
+# (RUDA_PYTHON=0 skips it; without the packages that stage says skipped).
+if [ "${RUDA_PYTHON:-1}" != 0 ]; then
+  apt_install python3-dev python3-venv python3-pip python3-pytest python3-numpy ||
+    echo "note: Python packages not installed; the Python stage of tools/test.sh is skipped"
+fi
+
 # The driver's CUDA version as major (0: no driver).
 driver_cuda_major() {
   if command -v nvidia-smi >/dev/null 2>&1; then

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds ruda and runs its tests: under ASan+UBSan (leaks are failures),
 # under TSan (a data race is a failure), a short libFuzzer run of the API
-# against its shadow model (clang), then the normal build, whose ctest
-# summary ends the output.
+# against its shadow model (clang), then the normal build with its ctest
+# summary, then the Python package's pytest run (tools/python.sh).
 # GPU tests report "skipped" where no GPU is usable.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,4 +31,11 @@ if [ "$frc" -ne 0 ] && [ "$frc" -ne 77 ]; then echo "fuzzing found a violation (
 cmake -S . -B build -DRUDA_WERROR=ON >/dev/null
 cmake --build build -j"$jobs" >/dev/null
 echo "== tests"
-exec ctest --test-dir build --output-on-failure -j"$jobs"
+set +e
+ctest --test-dir build --output-on-failure -j"$jobs"
+crc=$?
+# The Python package (python/): built and tested last, so the output ends
+# with ctest's summary, then pytest's (a missing python3/pip is a skip).
+tools/python.sh
+prc=$?
+[ "$crc" -eq 0 ] && [ "$prc" -eq 0 ]

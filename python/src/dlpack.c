@@ -1,0 +1,237 @@
+/* python/src/dlpack.c - a Buffer as a DLPack tensor (versioned 1.x or the
+ * classic capsule) and as a __cuda_array_interface__ v3 dict.
+ *
+ * Ordering: an exported tensor is read by its consumer outside ruda, so
+ * before the pointer leaves, every command queued on the device so far
+ * must have run: the export syncs the device (ruda_device_sync, GIL
+ * released) and raises the errors it hands back. The layouts below are
+ * DLPack's public ABI (dlpack.h, v1.0), declared here so no header is
+ * needed at build time. */
+#include "args.h"
+#include "module.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+  int32_t device_type;
+  int32_t device_id;
+} dl_device;
+
+typedef struct {
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+} dl_dtype;
+
+typedef struct {
+  void *data;
+  dl_device device;
+  int32_t ndim;
+  dl_dtype dtype;
+  int64_t *shape;
+  int64_t *strides;
+  uint64_t byte_offset;
+} dl_tensor;
+
+typedef struct dl_managed {
+  dl_tensor t;
+  void *manager_ctx;
+  void (*deleter)(struct dl_managed *);
+} dl_managed;
+
+typedef struct dl_managed_v {
+  struct {
+    uint32_t major, minor;
+  } version;
+  void *manager_ctx;
+  void (*deleter)(struct dl_managed_v *);
+  uint64_t flags;
+  dl_tensor t;
+} dl_managed_v;
+
+enum { DL_CPU = 1, DL_CUDA = 2 };
+
+/* One allocation: the managed struct, then the shape. */
+typedef struct {
+  union {
+    dl_managed m;
+    dl_managed_v v;
+  } u;
+  PyObject *owner; /* the Buffer, alive while the tensor is */
+  int64_t shape[RUDA_MAX_RANK];
+} export_block;
+
+static void drop_owner(export_block *b) {
+  /* DLPack deleters may run on any thread, with or without the GIL. */
+  PyGILState_STATE st = PyGILState_Ensure();
+  Py_XDECREF(b->owner);
+  PyGILState_Release(st);
+  free(b);
+}
+
+static void deleter_classic(dl_managed *m) { drop_owner((export_block *)m); }
+static void deleter_versioned(dl_managed_v *m) { drop_owner((export_block *)m); }
+
+static void capsule_classic(PyObject *cap) {
+  if (PyCapsule_IsValid(cap, "used_dltensor")) return; /* the consumer owns it */
+  dl_managed *m = PyCapsule_GetPointer(cap, "dltensor");
+  if (!m) {
+    PyErr_Clear();
+    return;
+  }
+  m->deleter(m);
+}
+
+static void capsule_versioned(PyObject *cap) {
+  if (PyCapsule_IsValid(cap, "used_dltensor_versioned")) return;
+  dl_managed_v *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
+  if (!m) {
+    PyErr_Clear();
+    return;
+  }
+  m->deleter(m);
+}
+
+static int dl_device_of(BufferObject *self, dl_device *out) {
+  out->device_type = self->device->is_cuda ? DL_CUDA : DL_CPU;
+  out->device_id = self->device->is_cuda ? self->device->ordinal : 0;
+  return 0;
+}
+
+/* Syncs the device (see the ordering rule above) and returns the address. */
+static int export_ptr(BufferObject *self, uint64_t *addr) {
+  ruda_device *d = dev_enter(self->device);
+  if (!d) return -1;
+  ruda_error *err = NULL;
+  int rc;
+  RUDA_PY_NOGIL(rc = ruda_device_sync(d, &err));
+  if (rc) {
+    dev_leave(self->device);
+    if (err) ruda_py_raise_owned(rc, err);
+    else ruda_py_raise_last(rc);
+    return -1;
+  }
+  rc = ruda_binding_device_ptr(d, self->b, addr);
+  dev_leave(self->device);
+  if (rc) {
+    ruda_py_raise_last(rc);
+    return -1;
+  }
+  return 0;
+}
+
+static int check_shape(BufferObject *self) {
+  uint64_t elems = 1;
+  for (int i = 0; i < self->ndim; i++) elems *= (uint64_t)self->shape[i];
+  if (!self->dl_bits || elems * self->dl_bits / 8 > self->b.size) {
+    PyErr_Format(PyExc_ValueError, "shape and dtype describe more than the buffer's %llu bytes",
+                 (unsigned long long)self->b.size);
+    return -1;
+  }
+  return 0;
+}
+
+PyObject *ruda_py_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+  static const char *const names[] = {"stream", "max_version", "dl_device", "copy"};
+  PyObject *a[4];
+  if (ruda_py_args("__dlpack__", args, nargs, kwnames, names, 4, 0, a) < 0) return NULL;
+  if (a[3] && a[3] == Py_True) {
+    PyErr_SetString(PyExc_BufferError, "ruda exports its buffers without copying (copy=True is not supported)");
+    return NULL;
+  }
+  dl_device dev;
+  dl_device_of(self, &dev);
+  if (a[2] && a[2] != Py_None) {
+    int t, id;
+    if (!PyArg_ParseTuple(a[2], "ii", &t, &id)) return NULL;
+    if (t != dev.device_type || id != dev.device_id) {
+      PyErr_SetString(PyExc_BufferError, "a ruda buffer is exported only on its own device");
+      return NULL;
+    }
+  }
+  int versioned = 0;
+  if (a[1] && a[1] != Py_None) {
+    if (!PyTuple_Check(a[1]) || PyTuple_GET_SIZE(a[1]) < 1) {
+      PyErr_SetString(PyExc_TypeError, "max_version must be a tuple (major, minor)");
+      return NULL;
+    }
+    long major = PyLong_AsLong(PyTuple_GET_ITEM(a[1], 0));
+    if (major == -1 && PyErr_Occurred()) return NULL;
+    versioned = major >= 1;
+  }
+  /* stream: on cuda the consumer's stream; the sync below already ordered
+     it after ruda's work, so any value (None, 1, 2 or a CUstream) is fine.
+     On the host backend there is no stream: only None or -1 mean anything
+     there, and both are accepted. */
+  if (check_shape(self) < 0) return NULL;
+  uint64_t addr;
+  if (export_ptr(self, &addr) < 0) return NULL;
+  export_block *b = calloc(1, sizeof *b);
+  if (!b) return PyErr_NoMemory();
+  memcpy(b->shape, self->shape, sizeof b->shape);
+  dl_tensor t = {.data = (void *)(uintptr_t)addr, .device = dev, .ndim = self->ndim,
+                 .dtype = {self->dl_code, self->dl_bits, 1}, .shape = b->shape, .strides = NULL,
+                 .byte_offset = 0};
+  b->owner = Py_NewRef(self);
+  PyObject *cap;
+  if (versioned) {
+    b->u.v.version.major = 1;
+    b->u.v.version.minor = 0;
+    b->u.v.manager_ctx = b;
+    b->u.v.deleter = deleter_versioned;
+    b->u.v.flags = 0;
+    b->u.v.t = t;
+    cap = PyCapsule_New(&b->u.v, "dltensor_versioned", capsule_versioned);
+  } else {
+    b->u.m.t = t;
+    b->u.m.manager_ctx = b;
+    b->u.m.deleter = deleter_classic;
+    cap = PyCapsule_New(&b->u.m, "dltensor", capsule_classic);
+  }
+  if (!cap) {
+    Py_DECREF(b->owner);
+    free(b);
+  }
+  return cap;
+}
+
+PyObject *ruda_py_buffer_dlpack_device(BufferObject *self, PyObject *unused) {
+  dl_device d;
+  dl_device_of(self, &d);
+  return Py_BuildValue("(ii)", d.device_type, d.device_id);
+}
+
+static const char *typestr(BufferObject *self, char *buf) {
+  char kind = self->dl_code == 0 ? 'i' : self->dl_code == 1 ? 'u' : self->dl_code == 2 ? 'f'
+            : self->dl_code == 6 ? 'b' : 'V';
+  snprintf(buf, 16, "<%c%d", kind, self->dl_bits / 8);
+  return buf;
+}
+
+PyObject *ruda_py_buffer_cai(BufferObject *self, void *closure) {
+  if (!self->device->is_cuda) {
+    PyErr_SetString(PyExc_AttributeError,
+                    "__cuda_array_interface__ exists on the cuda backend only (use __dlpack__ on host)");
+    return NULL;
+  }
+  if (check_shape(self) < 0) return NULL;
+  uint64_t addr;
+  if (export_ptr(self, &addr) < 0) return NULL;
+  PyObject *shape = PyTuple_New(self->ndim);
+  for (int i = 0; shape && i < self->ndim; i++) {
+    PyObject *v = PyLong_FromLongLong(self->shape[i]);
+    if (!v) {
+      Py_CLEAR(shape);
+      break;
+    }
+    PyTuple_SET_ITEM(shape, i, v);
+  }
+  if (!shape) return NULL;
+  char ts[16];
+  /* stream None: the device sync above leaves nothing for a consumer to
+     wait on (v3: "no synchronization required"). */
+  return Py_BuildValue("{s:N,s:s,s:(KO),s:i,s:O,s:O}", "shape", shape, "typestr", typestr(self, ts), "data",
+                       (unsigned long long)addr, Py_False, "version", 3, "strides", Py_None, "stream", Py_None);
+}
