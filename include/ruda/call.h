@@ -31,7 +31,8 @@
  * before it with events: work the library puts on other streams without
  * such ordering is invisible to ruda. It may call ruda's non-waiting
  * functions (ruda_launch, ruda_call, ruda_write, ...; what it enqueues on
- * its own stream runs after it). It must not call functions that wait for
+ * its own stream queues behind whatever the stream held when it started).
+ * It must not call functions that wait for
  * a worker or the device (ruda_flush, ruda_sync, ruda_future_wait,
  * ruda_graph_run, a push into a full queue under RUDA_BACKPRESSURE_BLOCK),
  * nor block on other ruda streams' progress (for instance a host spin on
