@@ -35,6 +35,7 @@ int ruda__libcall_run(ruda__worker *w, const ruda__cmd *cmd, int capturing, ruda
       .capturing = capturing,
       .msg = msg,
   };
+  if (ops->call_begin != NULL) ops->call_begin(w->wstate, ctx.stream, ctx.seq);
   const int status = c->fn(&ctx, c->user);
   if (status == 0) return 0;
   msg[sizeof msg - 1] = '\0'; /* the function may have filled it to the end */
