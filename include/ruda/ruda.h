@@ -184,8 +184,10 @@ RUDA_EXTERN size_t ruda_stream_ids(ruda_device *dev, ruda_stream_id *ids, size_t
  * device is traced or observed (RUDA_TRACE, NVTX, RUDA_WORKER_STATS). On
  * cuda the device's context is made current on the calling thread; a
  * thread that had none keeps it after (as the CUDA runtime would bind
- * it), another one is put back. Off by default. RUDA_EINVAL as any
- * stream call. Thread-safe. */
+ * it), another one is put back. Library calls (ruda_call) always go to
+ * the worker: their code may issue on the buffers the caller would still
+ * hold locked. Off by default. RUDA_EINVAL as any stream call.
+ * Thread-safe. */
 RUDA_EXTERN int ruda_stream_set_in_place(ruda_device *dev, ruda_stream_id stream, int on);
 
 /* ------------------------------------------------------------------ */

@@ -431,6 +431,30 @@ static void bad_inputs_are_refused_at_the_call(void **state) {
   test_close(dev);
 }
 
+/* A full queue under RUDA_BACKPRESSURE_ERROR refuses the call whole:
+ * nothing runs, its pins go (the buffer frees at once after). */
+static void a_full_queue_refuses_the_call(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(1, 1, RUDA_BACKPRESSURE_ERROR);
+  assert_ok(ruda_host_kernel_register(dev, "gate", test_gate_kernel));
+  atomic_store(&never_called, 0);
+  ruda_handle x;
+  assert_ok(ruda_buffer_create(dev, 0, 64, &x));
+  atomic_store(&test_gate_open, 0);
+  assert_ok(test_launch(dev, 0, "gate", NULL, 0)); /* holds the one place */
+  ruda_arg b = ruda_arg_out(ruda_bind(x));
+  ruda_call_desc d = desc_of("k", never_fn, NULL, &b, 1);
+  assert_rc(ruda_call(dev, 0, &d), RUDA_EQUEUEFULL);
+  atomic_store(&test_gate_open, 1);
+  assert_ok(ruda_sync(dev, 0, NULL));
+  assert_int_equal(atomic_load(&never_called), 0);
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  assert_ok(ruda_call(dev, 0, &(ruda_call_desc){.fn = never_fn})); /* room again */
+  assert_ok(ruda_sync(dev, 0, NULL));
+  assert_int_equal(atomic_load(&never_called), 1);
+  test_close(dev);
+}
+
 /* ---- graphs ---- */
 
 static _Atomic int replays_seen, capturing_seen;
@@ -611,6 +635,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(calls_reading_one_buffer_run_at_once),
       cmocka_unit_test(a_failure_is_an_error_on_its_stream),
       cmocka_unit_test(bad_inputs_are_refused_at_the_call),
+      cmocka_unit_test(a_full_queue_refuses_the_call),
       cmocka_unit_test(capture_records_a_call_and_replays_run_it),
       cmocka_unit_test(a_failing_recorded_call_names_the_graph_and_the_call),
       cmocka_unit_test(a_call_not_capturable_is_refused_at_capture),
