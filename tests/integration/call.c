@@ -414,6 +414,7 @@ static void bad_inputs_are_refused_at_the_call(void **state) {
   assert_last_error_contains("buffer 1 binding offset 60 + size 8 is outside");
   /* A reserved id that names no stream. */
   assert_rc(ruda_call(dev, RUDA_STREAM_EXPLICIT_MAX + 5, &d), RUDA_EINVAL);
+  assert_last_error_contains("ruda_call \"k\": ");
   /* Names longer than the kept part are cut in messages. */
   char name[200];
   memset(name, 'n', sizeof name - 1);
