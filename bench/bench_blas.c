@@ -189,8 +189,14 @@ static int gemm_call(const ruda_call_ctx *c, void *user) {
   gemm_dims g;
   memcpy(&g, c->data, sizeof g);
   void **h = &worker_handle[c->worker];
-  int st = *h == NULL ? blas.create(h) : 0;
-  if (st == 0) st = blas.set_stream(*h, c->cu_stream);
+  int st = 0;
+  if (*h == NULL) { /* the worker's stream never changes: bound once */
+    st = blas.create(h);
+    if (st == 0 && (st = blas.set_stream(*h, c->cu_stream)) != 0) {
+      blas.destroy(*h);
+      *h = NULL;
+    }
+  }
   if (st == 0)
     st = cublas_dl_gemm_rm(&blas, *h, g.m, g.n, g.k, ruda_call_ptr(c, 0), ruda_call_ptr(c, 1), ruda_call_ptr(c, 2));
   if (st != 0) snprintf(c->msg, RUDA_CALL_MSG_MAX, "cuBLAS status %d", st);
@@ -262,6 +268,11 @@ static void *ruda_thread(void *p) {
   }
   ruda_graph *g = NULL;
   if (use_graphs) {
+    /* The worker's cuBLAS handle and workspace are made by a call run
+     * before the capture: cublasCreate allocates, which a capture forbids. */
+    gemm(s, "gemm1", x, rw1, h, (gemm_dims){M, HD, D});
+    gemm(s, "gemm2", h, rw2, y, (gemm_dims){M, D, HD});
+    CHECK(ruda_sync(dev, s, NULL));
     ruda_future *none = NULL;
     CHECK(ruda_graph_begin_capture(dev, s));
     CHECK(ruda_write_staged(dev, s, &xd, gin, XB));
