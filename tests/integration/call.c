@@ -627,6 +627,43 @@ static void the_function_may_issue_on_its_own_buffers(void **state) {
   test_close(dev);
 }
 
+/* RUDA_WORKER_STATS=1 counts calls as a kind of their own (and a trace's
+ * own commands beside them), printed at close. */
+static void worker_stats_count_calls(void **state) {
+  (void)state;
+  char out[] = "/tmp/ruda_call_statsXXXXXX", trace[] = "/tmp/ruda_call_traceXXXXXX";
+  int fd = mkstemp(out), tfd = mkstemp(trace);
+  assert_true(fd >= 0 && tfd >= 0);
+  close(tfd);
+  setenv("RUDA_WORKER_STATS", "1", 1);
+  fflush(stderr);
+  int saved = dup(2);
+  dup2(fd, 2);
+  ruda_device *dev = test_open(1, 65536, RUDA_BACKPRESSURE_BLOCK);
+  atomic_store(&never_called, 0);
+  ruda_call_desc d = desc_of("k", never_fn, NULL, NULL, 0);
+  assert_ok(ruda_trace_start(dev, trace));
+  for (int i = 0; i < 3; i++) assert_ok(ruda_call(dev, 0, &d));
+  assert_ok(ruda_trace_stop(dev));
+  test_close(dev);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  close(fd);
+  unsetenv("RUDA_WORKER_STATS");
+  char *s = test_slurp(out);
+  const char *call = strstr(s, " call ");
+  if (call == NULL || strncmp(strstr(call, "ms/"), "ms/3", 4) != 0) fail_msg("no count of 3 calls in: %s", s);
+  assert_contains(s, " trace ");
+  char *t = test_slurp(trace);
+  assert_contains(t, "\"name\":\"k\",\"cat\":\"call\""); /* a call's span is named after the call */
+  free(t);
+  free(s);
+  unlink(out);
+  unlink(trace);
+  assert_int_equal(atomic_load(&never_called), 3);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(runs_in_stream_order_with_its_buffers),
@@ -641,6 +678,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(a_failing_recorded_call_names_the_graph_and_the_call),
       cmocka_unit_test(a_call_not_capturable_is_refused_at_capture),
       cmocka_unit_test(the_function_may_issue_on_its_own_buffers),
+      cmocka_unit_test(worker_stats_count_calls),
   };
   return test_main("call", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
