@@ -49,11 +49,12 @@ static const char *const kind_name[] = {
     [RUDA__CMD_LAUNCH] = "launch", [RUDA__CMD_FENCE] = "fence", [RUDA__CMD_SYNC] = "sync",
     [RUDA__CMD_STOP] = "stop",   [RUDA__CMD_MARK] = "mark",   [RUDA__CMD_WAIT] = "wait",
     [RUDA__CMD_GRAPH] = "graph", [RUDA__CMD_STAMP] = "stamp", [RUDA__CMD_COLL] = "collective",
-    [RUDA__CMD_TRACE] = "trace",
+    [RUDA__CMD_CALL] = "call",   [RUDA__CMD_TRACE] = "trace",
 };
 
 const char *ruda__trace_cmd_name(const ruda__cmd *cmd) {
   if (cmd->kind == RUDA__CMD_LAUNCH && cmd->u.launch.kernel != NULL) return cmd->u.launch.kernel->name;
+  if (cmd->kind == RUDA__CMD_CALL) return cmd->u.call.name;
   return kind_name[cmd->kind];
 }
 
@@ -106,7 +107,7 @@ void ruda__trace_open(ruda_device *dev) {
 /* Commands that put work on the device, so have a device span. */
 static int device_work(int kind) {
   return kind == RUDA__CMD_WRITE || kind == RUDA__CMD_READ || kind == RUDA__CMD_COPY || kind == RUDA__CMD_LAUNCH ||
-         kind == RUDA__CMD_GRAPH || kind == RUDA__CMD_COLL;
+         kind == RUDA__CMD_GRAPH || kind == RUDA__CMD_COLL || kind == RUDA__CMD_CALL;
 }
 
 /* A timing event on w's device stream now, or NULL (no timing events on

@@ -2,13 +2,14 @@
 # Runs on the lent GPU machine (see /work/.library/device): every test
 # binary and benchmark of a build made here with -DRUDA_STATIC_DEPS=ON and
 # carried as build-gpu. Logs go to $OUT; a summary table is printed last.
-#   tools/gpu_run.sh [MODE...]   modes tests|bench|all|comm|ab|serve|trace, several run in
+#   tools/gpu_run.sh [MODE...]   modes tests|bench|all|comm|ab|serve|trace|blas, several run in
 #   order into one summary (default all) (comm: the two-GPU collectives only;
 #   ab: bench_gpu and bench_enqueue of build-gpu-base, a build of an earlier
 #   commit, and build-gpu, alternated twice, to compare two trees in one run;
 #   serve: bench_serve with pageable and page-locked request buffers and
 #   with each request one graph replay, the PyTorch peer, and bench_gpu's
-#   empty-launch sections beside them)
+#   empty-launch sections beside them; blas: bench_blas, cuBLAS through ruda_call beside
+#   the raw cuBLAS loop, with pageable and page-locked I/O and as graphs)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 modes=" ${*:-all} "
@@ -45,6 +46,7 @@ if want tests || want all; then
   run demo 60 "$B/examples/ruda_demo"
   run inference_server 60 "$B/examples/inference_server"
   run training_loop 60 "$B/examples/training_loop"
+  run mlp_blas 60 "$B/examples/mlp_blas"
   for t in "$B"/tests/gpu_* "$B"/tests/unit_* "$B"/tests/integration_*; do
     [ -x "$t" ] && [ -f "$t" ] || continue
     case "$(basename "$t")" in
@@ -66,6 +68,12 @@ if want bench || want all; then
   run bench_gpu 420 "$B/bench/bench_gpu" "$OUT/bench_gpu.csv"
   run bench_memory 120 "$B/bench/bench_memory"
   run bench_enqueue 120 "$B/bench/bench_enqueue"
+  run bench_blas 400 "$B/bench/bench_blas"
+fi
+if want blas; then
+  run bench_blas 400 "$B/bench/bench_blas"
+  run bench_blas_staged 400 "$B/bench/bench_blas" -s
+  run bench_blas_graphs 400 "$B/bench/bench_blas" -g
 fi
 if want serve; then
   run bench_serve 400 "$B/bench/bench_serve" -n 2048
