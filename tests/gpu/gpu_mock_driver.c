@@ -1145,6 +1145,15 @@ MOCK_FUNCS(MOCK_CHECK)
 EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
                                     CUdriverProcAddressQueryResult *status) {
   (void)version, (void)flags;
+#ifdef RUDA_MOCK_OMIT
+  /* A driver that lacks one symbol (tests/CMakeLists.txt): ruda must
+   * report it as a broken driver, which the tests count as a failure. */
+  if (strcmp(symbol, RUDA_MOCK_OMIT) == 0) {
+    *pfn = NULL;
+    if (status) *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return CUDA_ERROR_NOT_FOUND;
+  }
+#endif
   for (size_t i = 0; i < sizeof table / sizeof *table; i++)
     if (strcmp(table[i].name, symbol) == 0) {
       *pfn = table[i].fn;
