@@ -140,8 +140,10 @@ static void *worker(void *p) {
         ruda_buffer_free(dev, me, g);
         continue;
       }
-      launch_bump(me, g, &rc);
-      launch_bump(me, g, &rc);
+      for (int b = 0; b < 2; b++) {
+        launch_bump(me, g, &rc);
+        if (rc != 0) FAIL("thread %llu: captured launch %d: %s", (unsigned long long)t, b, ruda_err_name(rc));
+      }
       if (ruda_graph_end_capture(dev, me, &gr) != 0) {
         FAIL("thread %llu: end capture", (unsigned long long)t);
         continue;
