@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -165,14 +167,47 @@ static inline void test_write(ruda_device *dev, ruda_stream_id s, ruda_binding b
 
 /* A host kernel that holds its worker until the test opens the gate:
  * register it with ruda_host_kernel_register(dev, "gate", test_gate_kernel),
- * close with atomic_store(&test_gate_open, 0), open with 1. */
+ * close with atomic_store(&test_gate_open, 0), open with 1.
+ * test_gate_entered counts the gate kernels that started: wait for it
+ * (test_wait_count) to know a worker is inside, rather than sleeping. */
 static _Atomic int test_gate_open __attribute__((unused)) = 1;
+static _Atomic int test_gate_entered __attribute__((unused));
 
 static inline int test_gate_kernel(const ruda_host_ctx *c, void *const *args) {
   (void)c;
   (void)args;
+  atomic_fetch_add(&test_gate_entered, 1);
   while (!atomic_load(&test_gate_open)) usleep(100);
   return 0;
+}
+
+/* Waits until *counter reaches at least n; fails after 10 s. */
+static inline void test_wait_count(_Atomic int *counter, int n) {
+  for (int i = 0; atomic_load(counter) < n; i++) {
+    if (i == 100000) fail_msg("waited 10 s for a count of %d (it is %d)", n, atomic_load(counter));
+    usleep(100);
+  }
+}
+
+/* The calling thread's kernel id, for test_wait_blocked. */
+static inline pid_t test_tid(void) { return (pid_t)syscall(SYS_gettid); }
+
+/* Waits until thread tid (of this process) sleeps in a futex: positive
+ * evidence that a call blocked (on a full queue, on close), not merely
+ * that it had time to. Call it once the thread is known to have entered
+ * the call; fails after 10 s. Linux: reads /proc/self/task/TID/syscall. */
+static inline void test_wait_blocked(pid_t tid) {
+  char path[64], line[64];
+  snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
+  for (int i = 0;; i++) {
+    FILE *f = fopen(path, "r");
+    if (f == NULL) fail_msg("cannot read %s", path);
+    int got = fgets(line, sizeof line, f) != NULL;
+    fclose(f);
+    if (got && atol(line) == SYS_futex && line[0] != 'r') return;
+    if (i == 100000) fail_msg("thread %d never blocked in a futex (%s: %s)", (int)tid, path, got ? line : "");
+    usleep(100);
+  }
 }
 
 /* Runs the group, or only the test named by argv[1]: ctest starts every
