@@ -463,13 +463,20 @@ static void tensor_map_tiled_copy(void **state) {
   /* Refusals: a row stride the TMA cannot take, a tensor past the binding. */
   ruda_tensor_map_desc bad = d;
   bad.shape[1] = 3, bad.strides[0] = 3, bad.box[1] = 3; /* 12-byte rows */
+  /* The driver's refusal (the mock's, under the mock): what ruda adds is
+   * the code, the message naming the map, and the driver's raw result. */
   assert_rc(ruda_tensor_map_encode(dev, ruda_bind(hm), &bad, &map), RUDA_EINVAL);
+  assert_last_error_contains("the driver refused a rank-2 tiled map");
+  assert_int_equal(ruda_error_backend_code(ruda_last_error()), CUDA_ERROR_INVALID_VALUE);
+  /* ruda's own checks, before any driver call. */
   bad = d;
   bad.shape[0] = H + 1;
   assert_rc(ruda_tensor_map_encode(dev, ruda_bind(hm), &bad, &map), RUDA_ERANGE);
+  assert_last_error_contains("the binding holds");
   bad = d;
   bad.strides[1] = 2;
   assert_rc(ruda_tensor_map_encode(dev, ruda_bind(hm), &bad, &map), RUDA_EINVAL);
+  assert_last_error_contains("must be contiguous");
   assert_ok(ruda_buffer_free(dev, 0, hm));
   assert_ok(ruda_buffer_free(dev, 0, ho));
   test_close(dev);
