@@ -478,6 +478,12 @@ static unsigned ptx_type_size(const char *t, size_t len) {
   return bits == 8 || bits == 16 || bits == 32 || bits == 64 ? (unsigned)bits / 8 : 0;
 }
 
+/* The end of the token at t (a space, or limit). */
+static const char *type_end(const char *t, const char *limit) {
+  while (t < limit && *t != ' ') t++;
+  return t;
+}
+
 /* Reads `.entry name(params)`, its .maxntid and the static .shared of its
  * body from PTX text into f. Returns 0, or -1 when the text is not what
  * this reader knows (the caller then keeps the table's answers). */
@@ -502,7 +508,7 @@ static int ptx_describe(const char *ptx, size_t len, const char *name, struct CU
       const char *te = t;
       while (te < e && *te != ' ' && *te != '\t' && *te != '\n' && *te != '\r') te++;
       if (te == t) break;
-      if (memcmp(t, ".param", 6) == 0) any = 1;
+      if (te - t >= 6 && memcmp(t, ".param", 6) == 0) any = 1;
       else if (ptx_type_size(t, (size_t)(te - t)) != 0 && size == 0) size = ptx_type_size(t, (size_t)(te - t));
       else if (memchr(t, '[', (size_t)(te - t)) != NULL) count = (unsigned)atoi((const char *)memchr(t, '[', (size_t)(te - t)) + 1);
       t = te;
@@ -518,7 +524,7 @@ static int ptx_describe(const char *ptx, size_t len, const char *name, struct CU
   if (body == NULL) return -1;
   f->max_threads = 1024;
   for (const char *q = p; q + 8 < body; q++)
-    if (memcmp(q, ".maxntid", 8) == 0) {
+    if (memcmp(q, ".maxntid", 8) == 0) { /* the scan stops at the body's '{' at the latest */
       unsigned x = 1, y = 1, z = 1;
       sscanf(q + 8, " %u , %u , %u", &x, &y, &z);
       f->max_threads = (int)(x * y * z);
@@ -528,13 +534,13 @@ static int ptx_describe(const char *ptx, size_t len, const char *name, struct CU
   for (const char *q = body; q < end; q++) {
     if (*q == '{') depth++;
     else if (*q == '}' && --depth == 0) break;
-    else if (depth == 1 && memcmp(q, ".shared", 7) == 0 && (q == body || q[-1] != '.')) {
+    else if (depth == 1 && end - q >= 7 && memcmp(q, ".shared", 7) == 0 && (q == body || q[-1] != '.')) {
       /* ".shared .align A .bN name[count];" (an .extern one has no count) */
       const char *semi = memchr(q, ';', (size_t)(end - q));
       const char *br = semi ? memchr(q, '[', (size_t)(semi - q)) : NULL;
-      const char *ty = semi ? strstr(q, " .b") : NULL;
+      const char *ty = semi ? memmem(q, (size_t)(semi - q), " .b", 3) : NULL;
       if (br != NULL && ty != NULL && ty < br && br[1] != ']')
-        f->static_shared += atoi(br + 1) * (int)ptx_type_size(ty + 1, (size_t)(strcspn(ty + 1, " ")));
+        f->static_shared += atoi(br + 1) * (int)ptx_type_size(ty + 1, (size_t)(type_end(ty + 1, br) - (ty + 1)));
     }
   }
   return 0;
