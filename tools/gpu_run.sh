@@ -65,8 +65,11 @@ run() { # name timeout cmd...
 }
 
 if want tests || want all; then
-  # A module built ahead of time, for gpu_kernels' precompiled_images_run.
-  if command -v nvcc >/dev/null && nvcc -cubin -arch=sm_90 tests/gpu/precompiled.cu -o /tmp/ruda-precompiled.cubin \
+  # A module built ahead of time, for gpu_kernels' cubin_image_runs: the
+  # build's (made where nvcc was found at configure), else one made here.
+  if [ -f "$B/tests/precompiled.cubin" ]; then
+    export RUDA_TEST_CUBIN="$PWD/$B/tests/precompiled.cubin"
+  elif command -v nvcc >/dev/null && nvcc -cubin -arch=sm_90 tests/gpu/precompiled.cu -o /tmp/ruda-precompiled.cubin \
       >>"$OUT/tests.log" 2>&1; then
     export RUDA_TEST_CUBIN=/tmp/ruda-precompiled.cubin
   fi
