@@ -4,6 +4,7 @@
 #ifndef RUDA_TESTS_COMMON_H
 #define RUDA_TESTS_COMMON_H
 
+#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -192,22 +193,47 @@ static inline void test_wait_count(_Atomic int *counter, int n) {
 /* The calling thread's kernel id, for test_wait_blocked. */
 static inline pid_t test_tid(void) { return (pid_t)syscall(SYS_gettid); }
 
-/* Waits until thread tid (of this process) sleeps in a futex: positive
- * evidence that a call blocked (on a full queue, on close), not merely
- * that it had time to. Call it once the thread is known to have entered
- * the call; fails after 10 s. Linux: reads /proc/self/task/TID/syscall. */
-static inline void test_wait_blocked(pid_t tid) {
+/* Whether thread tid (of this process) sleeps in a futex now. Linux:
+ * reads /proc/self/task/TID/syscall. No cmocka: any thread may ask. */
+static inline int test_in_futex(pid_t tid) {
   char path[64], line[64];
   snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
-  for (int i = 0;; i++) {
-    FILE *f = fopen(path, "r");
-    if (f == NULL) fail_msg("cannot read %s", path);
-    int got = fgets(line, sizeof line, f) != NULL;
-    fclose(f);
-    if (got && atol(line) == SYS_futex && line[0] != 'r') return;
-    if (i == 100000) fail_msg("thread %d never blocked in a futex (%s: %s)", (int)tid, path, got ? line : "");
+  FILE *f = fopen(path, "r");
+  if (f == NULL) return 0;
+  int got = fgets(line, sizeof line, f) != NULL;
+  fclose(f);
+  return got && line[0] != 'r' && atol(line) == SYS_futex;
+}
+
+/* Waits until thread tid sleeps in a futex: positive evidence that a
+ * call blocked (on a full queue, on close), not merely that it had time
+ * to. Call it once the thread is known to have entered the call; fails
+ * after 10 s. */
+static inline void test_wait_blocked(pid_t tid) {
+  for (int i = 0; !test_in_futex(tid); i++) {
+    if (i == 100000) fail_msg("thread %d never blocked in a futex", (int)tid);
     usleep(100);
   }
+}
+
+/* The id of this process's thread named name (pthread_setname_np), or 0
+ * when none is. Linux: /proc/self/task/TID/comm. */
+static inline pid_t test_thread_named(const char *name) {
+  DIR *d = opendir("/proc/self/task");
+  if (d == NULL) return 0;
+  pid_t found = 0;
+  for (struct dirent *e; found == 0 && (e = readdir(d)) != NULL;) {
+    if (e->d_name[0] == '.') continue;
+    char path[300], comm[32] = "";
+    snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) continue;
+    if (fgets(comm, sizeof comm, f) != NULL) comm[strcspn(comm, "\n")] = '\0';
+    fclose(f);
+    if (strcmp(comm, name) == 0) found = (pid_t)atoi(e->d_name);
+  }
+  closedir(d);
+  return found;
 }
 
 /* Runs the group, or only the test named by argv[1]: ctest starts every
