@@ -195,8 +195,12 @@ void ruda__trace_end(ruda__worker *w, ruda__trace *t, int rc) {
   sample_memory(w, t, r->t1);
 }
 
-/* The device span of r in us since the trace's start, from its events;
- * 0 when it has none or they cannot be timed (a failed command). */
+/* The device span of r in us since the trace's start, from its events,
+ * timed against t's zero: one zero (see write_file) for every worker, so
+ * spans of different streams share the device's clock and compare
+ * exactly; only the whole device lane's placement against the host's
+ * carries the zero's wake-up error. 0 when r has no events or they cannot
+ * be timed (a failed command). */
 static int device_span(ruda_device *dev, const ruda__trace *t, const trace_rec *r, double *ts, double *dur) {
   double a, b;
   if (r->ev0 == NULL || r->ev1 == NULL || dev->ops->elapsed(dev->bstate, t->zero, r->ev0, &a) != 0 ||
@@ -239,6 +243,12 @@ static int write_file(ruda_device *dev) {
     fputs("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"ruda workers (host)\"}},\n"
           "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":2,\"args\":{\"name\":\"device\"}},\n",
           f);
+  /* The first worker's zero times every worker's events: all are events
+   * of one context, and per-worker zeros would each add their own host
+   * wake-up error, shifting streams against each other. */
+  const ruda__trace *ref = NULL;
+  for (uint32_t i = 0; i < dev->nworkers && ref == NULL; i++)
+    if (dev->traces[i]->zero != NULL) ref = dev->traces[i];
   for (uint32_t i = 0; i < dev->nworkers; i++) {
     const ruda__trace *t = dev->traces[i];
     dropped += t->dropped;
@@ -255,7 +265,7 @@ static int write_file(ruda_device *dev) {
       if (r->queued) fprintf(f, ",\"queued_us\":%.3f", (double)r->queued / 1000.0);
       fputs("}},\n", f);
       double ts, dur;
-      if (device_span(dev, t, r, &ts, &dur)) {
+      if (ref != NULL && device_span(dev, ref, r, &ts, &dur)) {
         fputs("{\"name\":\"", f);
         put_json_string(f, r->name);
         fprintf(f,

@@ -21,6 +21,8 @@ rank() {
 }
 declare -A def
 objs=$(find . -name '*.c.o' | sort | while read -r o; do [ -f "$src/${o%.o}" ] && echo "$o"; done)
+# No objects is a wrong directory or an unbuilt tree, not a clean one.
+[ -n "$objs" ] || { echo "FAIL: no object files of $src under $dir"; exit 1; }
 for o in $objs; do
   for s in $(nm --defined-only "$o" | awk '$2 ~ /[TDBR]/ {print $3}'); do def[$s]=$o; done
 done

@@ -99,14 +99,36 @@ compile)
   ;;
 documented)
   fail=0
+  n=0
   for h in $(headers "$@"); do
-    # Each RUDA_EXTERN declaration directly follows its own comment.
+    n=$((n + 1))
+    # Each RUDA_EXTERN declaration directly follows its own comment, and
+    # the comment says something: an empty one (or one of punctuation
+    # only) documents nothing.
     awk -v file="$h" '
-      /^RUDA_EXTERN/ && prev !~ /\*\/[ \t]*$/ { print file ":" NR ": undocumented: " $0; bad = 1 }
-      { prev = $0 }
+      {
+        line = $0
+        if (!incomment && line ~ /\/\*/) { incomment = 1; text = "" }
+        if (incomment) {
+          t = line
+          gsub(/\/\*|\*\/|\*/, " ", t)
+          text = text " " t
+          if (line ~ /\*\/[ \t]*$/) { incomment = 0; ended = NR; said = text }
+          else if (line ~ /\*\//) incomment = 0
+        }
+      }
+      /^RUDA_EXTERN/ {
+        if (ended != NR - 1) { print file ":" NR ": undocumented: " $0; bad = 1 }
+        else if (said !~ /[A-Za-z][A-Za-z]/) { print file ":" NR ": empty comment: " $0; bad = 1 }
+      }
       END { exit bad }
     ' "$h" || fail=1
   done
+  if [ "$n" -eq 0 ]; then
+    echo "no headers found under $*"
+    exit 1
+  fi
+  [ $fail -eq 0 ] && echo "$n headers: every exported function documented"
   exit $fail
   ;;
 *)

@@ -172,7 +172,9 @@ static void *worker(void *p) {
         continue;
       }
       launch_bump(me, g, &rc);
+      if (rc != 0) FAIL("thread %llu: captured launch: %s", (unsigned long long)t, ruda_err_name(rc));
       call_bump(me, g, &rc);
+      if (rc != 0) FAIL("thread %llu: captured call: %s", (unsigned long long)t, ruda_err_name(rc));
       if (ruda_graph_end_capture(dev, me, &gr) != 0) {
         FAIL("thread %llu: end capture", (unsigned long long)t);
         continue;
