@@ -172,6 +172,10 @@ typedef struct ruda__backend_ops {
    * can copy to and from asynchronously (blocks of ruda_staging_alloc). */
   int (*stage_owns)(void *state, const void *p, size_t size);
   int (*launch)(void *wstate, const ruda__launch_cmd *cmd, ruda_error **err);
+  /* Worker, optional: a library call (ruda_call) of stream's command seq
+   * is about to issue its own work on the worker's stream; fault reports,
+   * which name what each worker had in flight, then name it. */
+  void (*call_begin)(void *wstate, uint64_t stream, uint64_t seq);
   /* Marks "everything submitted so far" in c (event NULL: already done). */
   int (*record)(void *wstate, ruda__completion *c, ruda_error **err);
   /* Waiter side, any thread. */

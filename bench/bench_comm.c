@@ -67,25 +67,33 @@ int main(int argc, char **argv) {
   __typeof__(&ncclGroupStart) gstart = (__typeof__(&ncclGroupStart))dlsym(lib, "ncclGroupStart");
   __typeof__(&ncclGroupEnd) gend = (__typeof__(&ncclGroupEnd))dlsym(lib, "ncclGroupEnd");
   __typeof__(&ncclCommDestroy) destroy = (__typeof__(&ncclCommDestroy))dlsym(lib, "ncclCommDestroy");
+  if (!init || !allreduce || !gstart || !gend || !destroy) DIE("NCCL lacks an entry point this benchmark calls");
   ncclComm_t raw[2];
   int devs[2] = {0, 1};
-  if (init(raw, 2, devs) != ncclSuccess) DIE("ncclCommInitAll failed");
+  ncclResult_t nr = init(raw, 2, devs);
+  if (nr != ncclSuccess) DIE("ncclCommInitAll failed: result %d", (int)nr);
   CUstream st[2];
   for (int r = 0; r < 2; r++) {
     void *ctx;
-    ruda_cuda_context(d[r], &ctx);
-    ruda__cu.cuCtxSetCurrent((CUcontext)ctx);
-    ruda__cu.cuStreamCreate(&st[r], CU_STREAM_NON_BLOCKING);
+    if (ruda_cuda_context(d[r], &ctx) != 0) DIE("ruda_cuda_context: %s", ruda_error_message(ruda_last_error()));
+    CUresult cr = ruda__cu.cuCtxSetCurrent((CUcontext)ctx);
+    if (cr == CUDA_SUCCESS) cr = ruda__cu.cuStreamCreate(&st[r], CU_STREAM_NON_BLOCKING);
+    if (cr != CUDA_SUCCESS) DIE("GPU %d: cuCtxSetCurrent/cuStreamCreate: CUresult %d", r, (int)cr);
   }
 
-  printf("# bench_comm: all-reduce f32 sum in place, 2 x H200, %d iterations per size; bus GB/s\n", iters);
+  /* What was opened, not what the benchmark was written on. */
+  ruda_device_props props[2];
+  for (int r = 0; r < 2; r++)
+    if (ruda_device_get_props(d[r], &props[r]) != 0) DIE("ruda_device_get_props: %s", ruda_error_message(ruda_last_error()));
+  printf("# bench_comm: all-reduce f32 sum in place, GPU 0 %s and GPU 1 %s, %d iterations per size; bus GB/s\n",
+         props[0].name, props[1].name, iters);
   printf("| size | ruda GB/s | raw NCCL GB/s | ruda / raw |\n|---:|---:|---:|---:|\n");
   for (uint64_t bytes = 1u << 20; bytes <= (256u << 20); bytes <<= 2) {
     ruda_handle h[2];
     uint64_t ptr[2];
     for (int r = 0; r < 2; r++) {
-      if (ruda_buffer_create(d[r], 0, bytes, &h[r]) != 0) DIE("buffer");
-      ruda_binding_device_ptr(d[r], ruda_bind(h[r]), &ptr[r]);
+      if (ruda_buffer_create(d[r], 0, bytes, &h[r]) != 0 || ruda_binding_device_ptr(d[r], ruda_bind(h[r]), &ptr[r]) != 0)
+        DIE("buffer of %llu bytes on GPU %d: %s", (unsigned long long)bytes, r, ruda_error_message(ruda_last_error()));
     }
     double best_ruda = 0, best_raw = 0;
     for (int rep = 0; rep < 3; rep++) {
@@ -98,15 +106,21 @@ int main(int argc, char **argv) {
         if (ruda_comm_sync(comm, d[r], NULL) != 0) DIE("ruda_comm_sync");
       double gbs = (double)bytes * iters / ((now_ns() - t0) / 1e9) / 1e9;
       if (gbs > best_ruda) best_ruda = gbs;
+      /* The baseline's every result is checked: a failing NCCL call
+       * returns at once and would print an inflated bandwidth. */
       t0 = now_ns();
       for (int i = 0; i < iters; i++) {
-        gstart();
+        if ((nr = gstart()) != ncclSuccess) DIE("ncclGroupStart: result %d", (int)nr);
         for (int r = 0; r < 2; r++)
-          allreduce((void *)(uintptr_t)ptr[r], (void *)(uintptr_t)ptr[r], bytes / 4, ncclFloat32, ncclSum, raw[r],
-                    (cudaStream_t)st[r]);
-        gend();
+          if ((nr = allreduce((void *)(uintptr_t)ptr[r], (void *)(uintptr_t)ptr[r], bytes / 4, ncclFloat32, ncclSum,
+                              raw[r], (cudaStream_t)st[r])) != ncclSuccess)
+            DIE("ncclAllReduce (GPU %d, %llu bytes): result %d", r, (unsigned long long)bytes, (int)nr);
+        if ((nr = gend()) != ncclSuccess) DIE("ncclGroupEnd: result %d", (int)nr);
       }
-      for (int r = 0; r < 2; r++) ruda__cu.cuStreamSynchronize(st[r]);
+      for (int r = 0; r < 2; r++) {
+        CUresult cr = ruda__cu.cuStreamSynchronize(st[r]);
+        if (cr != CUDA_SUCCESS) DIE("cuStreamSynchronize (GPU %d): CUresult %d", r, (int)cr);
+      }
       gbs = (double)bytes * iters / ((now_ns() - t0) / 1e9) / 1e9;
       if (gbs > best_raw) best_raw = gbs;
     }

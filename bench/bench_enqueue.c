@@ -14,6 +14,8 @@
  * kernel function directly. The difference between the two is the price of
  * not blocking: validation, pinning, building and queueing the command, and
  * the worker's wake-up, execution and unpinning running on other threads.
+ * Mode ruda-call-1buf issues the same work as a library call (ruda_call:
+ * a and b in its copied data, the buffer read-write).
  *
  * Burst mode (-b) holds each producer's worker back until the producer has
  * issued all n launches: the stream's first command is a gate kernel that
@@ -207,17 +209,28 @@ typedef enum mode {
   MODE_RUDA_0BUF,
   MODE_RUDA_1BUF_NOPOOL,
   MODE_RUDA_0BUF_NOPOOL,
+  MODE_RUDA_CALL_1BUF, /* ruda_call of a function doing k_buf's work */
   NMODES
 } mode;
 
 static const char *mode_name[NMODES] = {"inline-1buf", "inline-0buf",        "ruda-1buf",
-                                        "ruda-0buf",   "ruda-1buf-nopool", "ruda-0buf-nopool"};
+                                        "ruda-0buf",   "ruda-1buf-nopool", "ruda-0buf-nopool",
+                                        "ruda-call-1buf"};
 
 static int mode_is_ruda(mode m) { return m >= MODE_RUDA_1BUF; }
 static int mode_has_buf(mode m) {
-  return m == MODE_INLINE_1BUF || m == MODE_RUDA_1BUF || m == MODE_RUDA_1BUF_NOPOOL;
+  return m == MODE_INLINE_1BUF || m == MODE_RUDA_1BUF || m == MODE_RUDA_1BUF_NOPOOL || m == MODE_RUDA_CALL_1BUF;
 }
-static int mode_nopool(mode m) { return m >= MODE_RUDA_1BUF_NOPOOL; }
+static int mode_nopool(mode m) { return m == MODE_RUDA_1BUF_NOPOOL || m == MODE_RUDA_0BUF_NOPOOL; }
+
+/* k_buf as a library call: a and b in the call's data. */
+static int call_buf(const ruda_call_ctx *c, void *user) {
+  (void)user;
+  uint64_t ab[2];
+  memcpy(ab, c->data, sizeof ab);
+  *(uint64_t *)ruda_call_ptr(c, 0) += ab[0] * ab[1];
+  return 0;
+}
 
 typedef struct producer {
   pthread_t thread;
@@ -278,8 +291,12 @@ static void *producer_main(void *p) {
                           .args = args,
                           .nargs = buf ? 3 : 2};
     int rc;
+    uint64_t ab[2] = {a, b};
+    ruda_call_desc cd = {.name = "call_buf", .fn = call_buf, .buffers = &args[2], .nbuffers = 1, .data = ab,
+                         .data_size = sizeof ab};
     uint64_t t0 = tick_begin();
-    if (ruda) rc = ruda_launch(w->dev, w->stream, &l);
+    if (w->m == MODE_RUDA_CALL_1BUF) rc = ruda_call(w->dev, w->stream, &cd);
+    else if (ruda) rc = ruda_launch(w->dev, w->stream, &l);
     else rc = inline_launch(fn, &l, buffers);
     uint64_t t1 = tick_end();
     if (rc != 0) DIE("launch %llu failed: %s", (unsigned long long)i, ruda_error_message(ruda_last_error()));
@@ -417,7 +434,8 @@ static void usage(const char *argv0) {
           "  -t SEC     target run length when -n is not given (default 1.0)\n"
           "  -r R       repetitions; the table shows medians (default 5)\n"
           "  -m LIST    modes (default inline-1buf,inline-0buf,ruda-1buf,ruda-0buf;\n"
-          "             also ruda-1buf-nopool,ruda-0buf-nopool: commands from malloc)\n"
+          "             also ruda-1buf-nopool,ruda-0buf-nopool: commands from malloc;\n"
+          "             ruda-call-1buf: ruda_call of a function doing ruda-1buf's kernel)\n"
           "  -s S       worker streams (default: one per producer)\n"
           "  -q Q       queue bound per stream (default: the library's; with -b, n + 64)\n"
           "  -b         burst: each worker is held until its producer has issued all n\n"
@@ -430,7 +448,7 @@ static void usage(const char *argv0) {
 
 int main(int argc, char **argv) {
   int prods[16] = {1, 2, 4, 8}, nprods = 4;
-  int modes[NMODES] = {1, 1, 1, 1, 0, 0};
+  int modes[NMODES] = {1, 1, 1, 1, 0, 0, 0};
   uint64_t n_fixed = 0;
   double target_s = 1.0;
   int reps = 5;

@@ -6,6 +6,7 @@
 
 #include "scheduler/sched.h"
 #include "scheduler/graph.h"
+#include "scheduler/libcall.h"
 #include "scheduler/order.h"
 
 /* The stream's recording, made once (never freed before the stream). */
@@ -106,6 +107,9 @@ static int run_recorded(void *arg, ruda_error **err) {
       case RUDA__CMD_READ:
         rc = ops->download(ws, cmd->u.read.dst, cmd->u.read.src, cmd->u.read.layout.bytes, err);
         break;
+      case RUDA__CMD_CALL: /* a backend with graph_replay calls this while capturing */
+        rc = ruda__libcall_run(r->w, cmd, ops->graph_replay != NULL, err);
+        break;
       default: break;
     }
     if (rc != 0) {
@@ -136,10 +140,13 @@ int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err) {
     const char *what = bad->kind == RUDA__CMD_LAUNCH  ? "launch of "
                        : bad->kind == RUDA__CMD_WRITE ? "upload"
                        : bad->kind == RUDA__CMD_READ  ? "download"
+                       : bad->kind == RUDA__CMD_CALL  ? "call "
                                                       : "copy";
+    const char *name = bad->kind == RUDA__CMD_LAUNCH ? bad->u.launch.kernel->name
+                       : bad->kind == RUDA__CMD_CALL ? bad->u.call.name
+                                                     : "";
     snprintf(msg, sizeof msg, "graph of %u commands captured on %s, command %u (%s%.64s): %.300s", g->n,
-             RUDA__SNAME(g->stream), r.failed, what,
-             bad->kind == RUDA__CMD_LAUNCH ? bad->u.launch.kernel->name : "", (*err)->msg);
+             RUDA__SNAME(g->stream), r.failed, what, name, (*err)->msg);
     memcpy((*err)->msg, msg, sizeof msg);
   }
   return rc;

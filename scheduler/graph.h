@@ -46,6 +46,9 @@ struct ruda_graph {
   pthread_mutex_t exec_lock; /* the backend's graph is made at first replay */
   void *exec;
   ruda_stream_id stream; /* captured on, for messages */
+  /* Holds library calls (ruda/call.h): replays never run in place, where
+   * the replaying client holds issue locks the calls' code may need. */
+  int calls;
   /* A use record of the graph itself (memory/handles.h's words),
    * which every replay writes: replays of one graph are ordered one after
    * another like writes of one buffer, whatever streams issue them. The

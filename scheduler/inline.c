@@ -19,11 +19,17 @@
  * would have made.
  */
 #include "scheduler/sched.h"
+#include "scheduler/graph.h"
 
 #define PROGRESS_EVERY 16u
 
 int ruda__inline_run(ruda__worker *w, ruda__cmd *cmd) {
   struct ruda__sched *sch = w->sch;
+  /* The caller holds the command's issue locks (a replay also its graph's
+   * issue lock) until it publishes, after this; a library call's function
+   * may issue on those buffers again (ruda/call.h), so calls, and graphs
+   * holding any, go to the worker, which runs them holding no lock. */
+  if (cmd->kind == RUDA__CMD_CALL || (cmd->kind == RUDA__CMD_GRAPH && cmd->u.graph.g->calls)) return 0;
   /* Anyone running on the worker (the worker, or another client in place:
    * streams sharing a worker share its device stream) means the command
    * queues behind them; waiting for a turn instead spun clients against

@@ -25,6 +25,9 @@
 
 typedef struct ruda__sched {
   uint64_t serial; /* the device's: distinguishes devices in thread-local caches */
+  /* The device's public handle, opaque here: handed to library calls
+   * (ruda_call_ctx.dev, scheduler/libcall.c) so their code can issue. */
+  ruda_device *handle;
   ruda_config cfg;
   const ruda__backend_ops *ops;
   void *bstate;

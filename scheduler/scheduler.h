@@ -39,7 +39,9 @@ typedef enum ruda__cmd_kind {
   RUDA__CMD_GRAPH, /* replay a captured graph (scheduler/graph.c) */
   RUDA__CMD_STAMP, /* profiling: mark the time the stream reaches this point */
   RUDA__CMD_COLL,  /* a collective or point-to-point transfer (backend op) */
-  RUDA__CMD_TRACE  /* tracing starts or stops on this worker (scheduler/trace.c) */
+  RUDA__CMD_CALL,  /* the caller's library function (scheduler/libcall.c) */
+  RUDA__CMD_TRACE, /* tracing starts or stops on this worker (scheduler/trace.c) */
+  RUDA__CMD_NKINDS
 } ruda__cmd_kind;
 
 #define RUDA__MAX_PINS (RUDA_MAX_ARGS + 1)
@@ -49,6 +51,17 @@ typedef enum ruda__cmd_kind {
  * commands use it). Slots stay below 2^22 (handles.h). */
 #define RUDA__PIN_READ (UINT32_C(1) << 31)
 static inline uint32_t ruda__pin_slot(uint32_t pin) { return pin & ~RUDA__PIN_READ; }
+
+/* A library call (ruda/call.h), its arrays in the command's trailing
+ * bytes. */
+typedef struct ruda__libcall_cmd {
+  ruda_call_fn fn;
+  void *user;
+  const uint64_t *addr, *size; /* nbuf each */
+  const void *data;            /* data_size bytes, or NULL */
+  uint32_t nbuf, data_size;
+  char name[RUDA_CALL_NAME_MAX];
+} ruda__libcall_cmd;
 
 typedef struct ruda__cmd {
   struct cds_wfcq_node node; /* intrusive: the queue allocates nothing */
@@ -87,6 +100,7 @@ typedef struct ruda__cmd {
       struct ruda_graph *g; /* holds a reference until it ran */
     } graph;
     ruda__coll coll;
+    ruda__libcall_cmd call;
     struct {
       struct ruda__trace *t; /* the worker's buffer from now on, or NULL */
     } trace;
@@ -197,7 +211,7 @@ struct ruda__worker {
   /* With RUDA_WORKER_STATS=1: time spent running each kind of command,
    * polling and asleep (worker only; printed when the device closes). */
   struct {
-    uint64_t ns[RUDA__CMD_COLL + 1], n[RUDA__CMD_COLL + 1];
+    uint64_t ns[RUDA__CMD_NKINDS], n[RUDA__CMD_NKINDS];
     uint64_t poll_ns, sleep_ns;
   } stats;
   struct ruda__sched *sch;

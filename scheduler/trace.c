@@ -49,11 +49,12 @@ static const char *const kind_name[] = {
     [RUDA__CMD_LAUNCH] = "launch", [RUDA__CMD_FENCE] = "fence", [RUDA__CMD_SYNC] = "sync",
     [RUDA__CMD_STOP] = "stop",   [RUDA__CMD_MARK] = "mark",   [RUDA__CMD_WAIT] = "wait",
     [RUDA__CMD_GRAPH] = "graph", [RUDA__CMD_STAMP] = "stamp", [RUDA__CMD_COLL] = "collective",
-    [RUDA__CMD_TRACE] = "trace",
+    [RUDA__CMD_CALL] = "call",   [RUDA__CMD_TRACE] = "trace",
 };
 
 const char *ruda__trace_cmd_name(const ruda__cmd *cmd) {
   if (cmd->kind == RUDA__CMD_LAUNCH && cmd->u.launch.kernel != NULL) return cmd->u.launch.kernel->name;
+  if (cmd->kind == RUDA__CMD_CALL) return cmd->u.call.name;
   return kind_name[cmd->kind];
 }
 
@@ -106,7 +107,7 @@ void ruda__trace_open(struct ruda__sched *sch) {
 /* Commands that put work on the device, so have a device span. */
 static int device_work(int kind) {
   return kind == RUDA__CMD_WRITE || kind == RUDA__CMD_READ || kind == RUDA__CMD_COPY || kind == RUDA__CMD_LAUNCH ||
-         kind == RUDA__CMD_GRAPH || kind == RUDA__CMD_COLL;
+         kind == RUDA__CMD_GRAPH || kind == RUDA__CMD_COLL || kind == RUDA__CMD_CALL;
 }
 
 /* A timing event on w's device stream now, or NULL (no timing events on
@@ -194,8 +195,12 @@ void ruda__trace_end(ruda__worker *w, ruda__trace *t, int rc) {
   sample_memory(w, t, r->t1);
 }
 
-/* The device span of r in us since the trace's start, from its events;
- * 0 when it has none or they cannot be timed (a failed command). */
+/* The device span of r in us since the trace's start, from its events,
+ * timed against t's zero: one zero (see write_file) for every worker, so
+ * spans of different streams share the device's clock and compare
+ * exactly; only the whole device lane's placement against the host's
+ * carries the zero's wake-up error. 0 when r has no events or they cannot
+ * be timed (a failed command). */
 static int device_span(struct ruda__sched *sch, const ruda__trace *t, const trace_rec *r, double *ts, double *dur) {
   double a, b;
   if (r->ev0 == NULL || r->ev1 == NULL || sch->ops->elapsed(sch->bstate, t->zero, r->ev0, &a) != 0 ||
@@ -238,6 +243,12 @@ static int write_file(struct ruda__sched *sch) {
     fputs("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"ruda workers (host)\"}},\n"
           "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":2,\"args\":{\"name\":\"device\"}},\n",
           f);
+  /* The first worker's zero times every worker's events: all are events
+   * of one context, and per-worker zeros would each add their own host
+   * wake-up error, shifting streams against each other. */
+  const ruda__trace *ref = NULL;
+  for (uint32_t i = 0; i < sch->nworkers && ref == NULL; i++)
+    if (sch->traces[i]->zero != NULL) ref = sch->traces[i];
   for (uint32_t i = 0; i < sch->nworkers; i++) {
     const ruda__trace *t = sch->traces[i];
     dropped += t->dropped;
@@ -254,7 +265,7 @@ static int write_file(struct ruda__sched *sch) {
       if (r->queued) fprintf(f, ",\"queued_us\":%.3f", (double)r->queued / 1000.0);
       fputs("}},\n", f);
       double ts, dur;
-      if (device_span(sch, t, r, &ts, &dur)) {
+      if (ref != NULL && device_span(sch, ref, r, &ts, &dur)) {
         fputs("{\"name\":\"", f);
         put_json_string(f, r->name);
         fprintf(f,

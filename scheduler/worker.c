@@ -9,6 +9,7 @@
 #include "scheduler/sched.h"
 #include "base/log.h"
 #include "scheduler/graph.h"
+#include "scheduler/libcall.h"
 #include "scheduler/nvtx.h"
 #include "scheduler/order.h"
 #include "scheduler/trace.h"
@@ -27,6 +28,7 @@ static const char *cmd_name(int kind) {
     case RUDA__CMD_GRAPH: return "graph_replay";
     case RUDA__CMD_STAMP: return "profile";
     case RUDA__CMD_COLL: return "collective";
+    case RUDA__CMD_CALL: return "call";
     case RUDA__CMD_TRACE: return "trace";
     default: return "stop";
   }
@@ -39,7 +41,9 @@ static void report(ruda__worker *w, ruda__cmd *cmd, int code, ruda_error *err) {
   if (err == NULL) err = ruda__error_new(code, 0, "%s failed", cmd_name(cmd->kind));
   if (err != NULL) {
     char ctx[RUDA__MSG_MAX];
-    const char *what = cmd->kind == RUDA__CMD_LAUNCH ? cmd->u.launch.kernel->name : "";
+    const char *what = cmd->kind == RUDA__CMD_LAUNCH ? cmd->u.launch.kernel->name
+                       : cmd->kind == RUDA__CMD_CALL ? cmd->u.call.name
+                                                     : "";
     snprintf(ctx, sizeof ctx, "ruda_%s%s%.64s%s (%s, command #%llu): %.380s", cmd_name(cmd->kind),
              *what ? " \"" : "", what, *what ? "\"" : "", RUDA__SNAME(s->id),
              (unsigned long long)cmd->seq, err->msg);
@@ -109,6 +113,9 @@ int ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
       break;
     case RUDA__CMD_COLL:
       rc = ops->collective(w->wstate, cmd->u.coll.rank_handle, &cmd->u.coll, &err);
+      break;
+    case RUDA__CMD_CALL:
+      rc = ruda__libcall_run(w, cmd, 0, &err);
       break;
     case RUDA__CMD_TRACE:
       w->trace = cmd->u.trace.t;
@@ -382,7 +389,7 @@ static void print_stats(struct ruda__sched *sch) {
     ruda__worker *w = &sch->workers[i];
     char line[1024];
     int at = snprintf(line, sizeof line, "ruda: worker %u:", i);
-    for (int k = 0; k <= RUDA__CMD_COLL && at < (int)sizeof line; k++)
+    for (int k = 0; k < RUDA__CMD_NKINDS && at < (int)sizeof line; k++)
       if (w->stats.n[k] != 0)
         at += snprintf(line + at, sizeof line - (size_t)at, " %s %.1f ms/%llu", cmd_name(k), w->stats.ns[k] / 1e6,
                        (unsigned long long)w->stats.n[k]);

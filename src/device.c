@@ -139,6 +139,7 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   /* The scheduler's root: its copies of what it reads on every command,
    * and memory's parts it pins and allocates from. */
   dev->sched.serial = dev->serial;
+  dev->sched.handle = dev;
   dev->sched.cfg = dev->cfg;
   dev->sched.ops = dev->ops;
   dev->sched.bstate = dev->bstate;

@@ -4,6 +4,7 @@
 #ifndef RUDA_TESTS_COMMON_H
 #define RUDA_TESTS_COMMON_H
 
+#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -12,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -52,8 +55,25 @@
 #define assert_last_error_contains(text) \
   assert_contains(ruda_error_message(ruda_last_error()), text)
 
-/* A host device with explicit settings, so the tester's RUDA_*
- * environment cannot change what a test exercises. */
+/* Exit code of a skipped case: every test is registered with
+ * SKIP_RETURN_CODE 77, so ctest counts it as skipped, not passed. */
+#define TEST_SKIP 77
+
+static int test_single_case __attribute__((unused)); /* set by test_main: ctest runs one case per process */
+
+/* Skips the current case. Only for what this machine lacks (no device, no
+ * driver library, no MPI, no tool): any other failure is a failure, with
+ * its message. Exits 77 when the case runs alone (as under ctest), and is
+ * cmocka's skip when a whole group runs in one process. */
+#define test_skip(...)                   \
+  do {                                   \
+    fprintf(stderr, "skipped: ");        \
+    fprintf(stderr, __VA_ARGS__);        \
+    fprintf(stderr, "\n");               \
+    if (test_single_case) exit(TEST_SKIP); \
+    skip();                              \
+  } while (0)
+
 /* A whole file as a string (malloc'd), for tests that read what ruda
  * wrote (trace files). */
 static inline char *test_slurp(const char *path) {
@@ -79,6 +99,8 @@ static inline double test_json_number(const char *ev, const char *key) {
   return strtod(p + strlen(pat), NULL);
 }
 
+/* A host device with explicit settings, so the tester's RUDA_*
+ * environment cannot change what a test exercises. */
 static inline ruda_device *test_open(uint32_t streams, uint32_t queue_bound, ruda_backpressure bp) {
   ruda_config cfg;
   ruda_config_init(&cfg);
@@ -146,14 +168,72 @@ static inline void test_write(ruda_device *dev, ruda_stream_id s, ruda_binding b
 
 /* A host kernel that holds its worker until the test opens the gate:
  * register it with ruda_host_kernel_register(dev, "gate", test_gate_kernel),
- * close with atomic_store(&test_gate_open, 0), open with 1. */
+ * close with atomic_store(&test_gate_open, 0), open with 1.
+ * test_gate_entered counts the gate kernels that started: wait for it
+ * (test_wait_count) to know a worker is inside, rather than sleeping. */
 static _Atomic int test_gate_open __attribute__((unused)) = 1;
+static _Atomic int test_gate_entered __attribute__((unused));
 
 static inline int test_gate_kernel(const ruda_host_ctx *c, void *const *args) {
   (void)c;
   (void)args;
+  atomic_fetch_add(&test_gate_entered, 1);
   while (!atomic_load(&test_gate_open)) usleep(100);
   return 0;
+}
+
+/* Waits until *counter reaches at least n; fails after 10 s. */
+static inline void test_wait_count(_Atomic int *counter, int n) {
+  for (int i = 0; atomic_load(counter) < n; i++) {
+    if (i == 100000) fail_msg("waited 10 s for a count of %d (it is %d)", n, atomic_load(counter));
+    usleep(100);
+  }
+}
+
+/* The calling thread's kernel id, for test_wait_blocked. */
+static inline pid_t test_tid(void) { return (pid_t)syscall(SYS_gettid); }
+
+/* Whether thread tid (of this process) sleeps in a futex now. Linux:
+ * reads /proc/self/task/TID/syscall. No cmocka: any thread may ask. */
+static inline int test_in_futex(pid_t tid) {
+  char path[64], line[64];
+  snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL) return 0;
+  int got = fgets(line, sizeof line, f) != NULL;
+  fclose(f);
+  return got && line[0] != 'r' && atol(line) == SYS_futex;
+}
+
+/* Waits until thread tid sleeps in a futex: positive evidence that a
+ * call blocked (on a full queue, on close), not merely that it had time
+ * to. Call it once the thread is known to have entered the call; fails
+ * after 10 s. */
+static inline void test_wait_blocked(pid_t tid) {
+  for (int i = 0; !test_in_futex(tid); i++) {
+    if (i == 100000) fail_msg("thread %d never blocked in a futex", (int)tid);
+    usleep(100);
+  }
+}
+
+/* The id of this process's thread named name (pthread_setname_np), or 0
+ * when none is. Linux: /proc/self/task/TID/comm. */
+static inline pid_t test_thread_named(const char *name) {
+  DIR *d = opendir("/proc/self/task");
+  if (d == NULL) return 0;
+  pid_t found = 0;
+  for (struct dirent *e; found == 0 && (e = readdir(d)) != NULL;) {
+    if (e->d_name[0] == '.') continue;
+    char path[300], comm[32] = "";
+    snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) continue;
+    if (fgets(comm, sizeof comm, f) != NULL) comm[strcspn(comm, "\n")] = '\0';
+    fclose(f);
+    if (strcmp(comm, name) == 0) found = (pid_t)atoi(e->d_name);
+  }
+  closedir(d);
+  return found;
 }
 
 /* Runs the group, or only the test named by argv[1]: ctest starts every
@@ -162,6 +242,7 @@ static inline int test_gate_kernel(const ruda_host_ctx *c, void *const *args) {
  * error, not a silent pass. */
 static inline int test_main(const char *group, const struct CMUnitTest *tests, size_t n, int argc,
                             char **argv) {
+  test_single_case = argc > 1;
   if (argc > 1) {
     size_t i = 0;
     while (i < n && strcmp(tests[i].name, argv[1]) != 0) i++;

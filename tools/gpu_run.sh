@@ -2,13 +2,14 @@
 # Runs on the lent GPU machine (see /work/.library/device): every test
 # binary and benchmark of a build made here with -DRUDA_STATIC_DEPS=ON and
 # carried as build-gpu. Logs go to $OUT; a summary table is printed last.
-#   tools/gpu_run.sh [MODE...]   modes tests|bench|all|comm|ab|serve|trace, several run in
+#   tools/gpu_run.sh [MODE...]   modes tests|bench|all|comm|ab|serve|trace|blas, several run in
 #   order into one summary (default all) (comm: the two-GPU collectives only;
 #   ab: bench_gpu and bench_enqueue of build-gpu-base, a build of an earlier
 #   commit, and build-gpu, alternated twice, to compare two trees in one run;
 #   serve: bench_serve with pageable and page-locked request buffers and
 #   with each request one graph replay, the PyTorch peer, and bench_gpu's
-#   empty-launch sections beside them)
+#   empty-launch sections beside them; blas: bench_blas, cuBLAS through ruda_call beside
+#   the raw cuBLAS loop, with pageable and page-locked I/O and as graphs)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 modes=" ${*:-all} "
@@ -25,31 +26,74 @@ summary="$OUT/summary.txt"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; date -u; } \
   >"$OUT/machine.txt" 2>&1
 
+# Cases a GPU run may skip: the two-GPU ones on a machine with one GPU.
+# Any other skip (a case, or a whole binary exiting 77) fails the run.
+ngpus="$(nvidia-smi -L 2>/dev/null | wc -l)"
+expected_skip() { # binary case
+  [ "$ngpus" -lt 2 ] && [ "$1:$2" = "gpu_comm:two_gpus" ]
+}
+unexpected=0
+failed=0
+
 # At most 8 files come back from $OUT, so logs are grouped: tests.log, bench.log.
+# Each test binary's skips (cmocka's "[  SKIPPED ] case" lines, or exit 77
+# for the whole binary) are listed under its line of the summary.
 run() { # name timeout cmd...
   local name="$1" t="$2"; shift 2
-  local start=$SECONDS log="$OUT/tests.log"
+  local start=$SECONDS log="$OUT/tests.log" one
   case "$name" in bench*) log="$OUT/bench.log" ;; esac
+  one="$(mktemp)"
   echo "==== $name: $*" >>"$log"
-  timeout "$t" "$@" >>"$log" 2>&1
+  timeout "$t" "$@" >"$one" 2>&1
   local rc=$?
+  cat "$one" >>"$log"
   printf '%-28s rc=%-3s %4ss\n' "$name" "$rc" "$((SECONDS - start))" | tee -a "$summary"
+  local bin="${name%%.*}" skips
+  skips="$(sed -n 's/^\[  SKIPPED \] \([A-Za-z0-9_]*\)$/\1/p' "$one" | sort -u)"
+  local whole="(all)"
+  [[ "$name" == *.* ]] && whole="${name#*.}" # one case run alone
+  [ "$rc" = 77 ] && skips="${skips:+$skips }$whole"
+  for c in $skips; do
+    if expected_skip "$bin" "$c"; then
+      printf '  skipped %s:%s (expected: %s GPU)\n' "$bin" "$c" "$ngpus" | tee -a "$summary"
+    else
+      printf '  SKIPPED %s:%s (unexpected on a GPU run)\n' "$bin" "$c" | tee -a "$summary"
+      unexpected=$((unexpected + 1))
+    fi
+  done
+  [ "$rc" = 0 ] || [ "$rc" = 77 ] || failed=$((failed + 1))
+  rm -f "$one"
 }
 
 if want tests || want all; then
-  # A module built ahead of time, for gpu_kernels' precompiled_images_run.
-  if command -v nvcc >/dev/null && nvcc -cubin -arch=sm_90 tests/gpu/precompiled.cu -o /tmp/ruda-precompiled.cubin \
+  # A module built ahead of time, for gpu_kernels' cubin_image_runs: the
+  # build's (made where nvcc was found at configure), else one made here.
+  if [ -f "$B/tests/precompiled.cubin" ]; then
+    export RUDA_TEST_CUBIN="$PWD/$B/tests/precompiled.cubin"
+  elif command -v nvcc >/dev/null && nvcc -cubin -arch=sm_90 tests/gpu/precompiled.cu -o /tmp/ruda-precompiled.cubin \
       >>"$OUT/tests.log" 2>&1; then
     export RUDA_TEST_CUBIN=/tmp/ruda-precompiled.cubin
   fi
   run demo 60 "$B/examples/ruda_demo"
   run inference_server 60 "$B/examples/inference_server"
   run training_loop 60 "$B/examples/training_loop"
+  run mlp_blas 60 "$B/examples/mlp_blas"
   for t in "$B"/tests/gpu_* "$B"/tests/unit_* "$B"/tests/integration_*; do
     [ -x "$t" ] && [ -f "$t" ] || continue
     case "$(basename "$t")" in
       # These test the no-driver paths: point the loader at nothing (as ctest does).
       gpu_fallback|gpu_staging_arena) run "$(basename "$t")" 240 env RUDA_CUDA_DRIVER=/nonexistent/libcuda.so.1 "$t" ;;
+      # Its cases hold events pending through the mock driver's hooks.
+      gpu_detach) run gpu_detach_mock 60 env RUDA_CUDA_DRIVER="$PWD/$B/tests/libruda_mockcuda.so" "$t" ;;
+      # Every case but the one that needs NVRTC absent, which runs alone below.
+      gpu_kernels)
+        for c in $(sed -n 's/^ *cmocka_unit_test(\([a-z0-9_]*\)),$/\1/p' tests/gpu/gpu_kernels.c); do
+          [ "$c" = nvrtc_missing_is_clear ] && continue
+          run "gpu_kernels.$c" 240 "$t" "$c"
+        done
+        run gpu_kernels.nvrtc_missing_is_clear 60 env RUDA_NVRTC=/nonexistent/libnvrtc.so "$t" nvrtc_missing_is_clear ;;
+      # Runs with the NVTX tool below.
+      integration_nvtx) ;;
       *) run "$(basename "$t")" 240 "$t" ;;
     esac
   done
@@ -66,6 +110,12 @@ if want bench || want all; then
   run bench_gpu 420 "$B/bench/bench_gpu" "$OUT/bench_gpu.csv"
   run bench_memory 120 "$B/bench/bench_memory"
   run bench_enqueue 120 "$B/bench/bench_enqueue"
+  run bench_blas 400 "$B/bench/bench_blas"
+fi
+if want blas; then
+  run bench_blas 400 "$B/bench/bench_blas"
+  run bench_blas_staged 400 "$B/bench/bench_blas" -s
+  run bench_blas_graphs 400 "$B/bench/bench_blas" -g
 fi
 if want serve; then
   run bench_serve 400 "$B/bench/bench_serve" -n 2048
@@ -103,4 +153,6 @@ if want comm || { want all && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; 
   run gpu_comm 120 "$B/tests/gpu_comm"
   run bench_comm 300 "$B/bench/bench_comm"
 fi
+echo "unexpected skips: $unexpected, failing runs: $failed" | tee -a "$summary"
 echo "== summary"; cat "$summary"
+[ "$unexpected" = 0 ] && [ "$failed" = 0 ]

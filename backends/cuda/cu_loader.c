@@ -21,6 +21,7 @@ typedef struct load_result {
 
 static load_result cu_result = {PTHREAD_ONCE_INIT, 0, ""};
 static load_result nvrtc_result = {PTHREAD_ONCE_INIT, 0, ""};
+static ruda__cu_status cu_status = RUDA__CU_LOADED; /* written once, under cu_result.once */
 
 static void set_result(load_result *r, int code, const char *fmt, ...) {
   va_list ap;
@@ -36,6 +37,7 @@ static void cu_load_once(void) {
   void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (lib == NULL) {
     const char *why = dlerror();
+    cu_status = RUDA__CU_NO_LIBRARY;
     set_result(&cu_result, RUDA_ENODRIVER,
                "no CUDA driver: dlopen(\"%s\") failed (%s); install the NVIDIA driver or use "
                "backend=host",
@@ -49,6 +51,9 @@ static void cu_load_once(void) {
   __typeof__(&cuDriverGetVersion) getver = (__typeof__(&cuDriverGetVersion))dlsym(lib, "cuDriverGetVersion");
   int ver = 0;
   if (getproc == NULL || getver == NULL || getver(&ver) != CUDA_SUCCESS || ver < 12000) {
+    /* Drivers before CUDA 12 lack cuGetProcAddress_v2; a newer one
+     * without it (or without cuDriverGetVersion) is a broken library. */
+    cu_status = getver != NULL && ver > 0 && ver < 12000 ? RUDA__CU_TOO_OLD : RUDA__CU_NO_SYMBOL;
     set_result(&cu_result, RUDA_ENODRIVER,
                "no usable CUDA driver: %s reports CUDA %d.%d; ruda needs a driver for CUDA 12.0 or "
                "newer",
@@ -66,6 +71,7 @@ static void cu_load_once(void) {
   if (getproc(#name, (void **)&ruda__cu.name, want, CU_GET_PROC_ADDRESS_DEFAULT, &q) !=            \
           CUDA_SUCCESS ||                                                                          \
       ruda__cu.name == NULL) {                                                                     \
+    cu_status = RUDA__CU_NO_SYMBOL;                                                                \
     set_result(&cu_result, RUDA_ENODRIVER,                                                         \
                "CUDA driver %s (CUDA %d.%d) lacks %s; update the driver", path, ver / 1000,       \
                ver % 1000 / 10, #name);                                                            \
@@ -83,6 +89,11 @@ static void cu_load_once(void) {
   if (r != CUDA_SUCCESS) {
     char d[160];
     ruda__cu_describe(r, d, sizeof d);
+    /* The toolkit's stub libcuda stands in for a driver that is not
+     * installed. */
+    cu_status = r == CUDA_ERROR_NO_DEVICE         ? RUDA__CU_NO_DEVICE
+                : r == CUDA_ERROR_STUB_LIBRARY ? RUDA__CU_NO_LIBRARY
+                                               : RUDA__CU_INIT_FAILED;
     /* A driver without a device is a different fix from a missing driver. */
     set_result(&cu_result, r == CUDA_ERROR_NO_DEVICE ? RUDA_ENOBACKEND : RUDA_ENODRIVER,
                "cuInit failed: %s (driver %s, CUDA %d.%d)", d, path, ver / 1000, ver % 1000 / 10);
@@ -95,6 +106,11 @@ int ruda__cu_load(void) {
   pthread_once(&cu_result.once, cu_load_once);
   if (cu_result.code != 0) return ruda__fail(cu_result.code, "%s", cu_result.msg);
   return 0;
+}
+
+ruda__cu_status ruda__cu_load_status(void) {
+  pthread_once(&cu_result.once, cu_load_once);
+  return cu_status;
 }
 
 /* NVRTC opens its builtins library (libnvrtc-builtins.so.X.Y) by name

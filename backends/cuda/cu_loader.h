@@ -70,6 +70,22 @@ extern ruda__nvrtc_api ruda__nvrtc;
  * Thread-safe. */
 int ruda__cu_load(void);
 
+/* What ruda__cu_load() found, finer than its code: RUDA_ENODRIVER covers
+ * a machine without a driver as well as a driver (or a stand-in) that is
+ * broken, which a caller deciding "no GPU here" must tell apart. */
+typedef enum ruda__cu_status {
+  RUDA__CU_LOADED = 0,  /* loaded, cuInit succeeded */
+  RUDA__CU_NO_LIBRARY,  /* dlopen failed, or the toolkit's stub libcuda */
+  RUDA__CU_TOO_OLD,     /* the driver reports a CUDA version before 12.0 */
+  RUDA__CU_NO_SYMBOL,   /* an entry point ruda needs is missing */
+  RUDA__CU_NO_DEVICE,   /* cuInit: CUDA_ERROR_NO_DEVICE (RUDA_ENOBACKEND) */
+  RUDA__CU_INIT_FAILED, /* cuInit failed otherwise */
+} ruda__cu_status;
+
+/* Loads the driver as ruda__cu_load() does (once per process) and says
+ * what happened; the last error is not touched. Thread-safe. */
+ruda__cu_status ruda__cu_load_status(void);
+
 /* Loads NVRTC ($RUDA_NVRTC, else libnvrtc.so.13, .so.12, .so, then the
  * toolkit's lib64), once per process. RUDA_ENONVRTC when absent. */
 int ruda__nvrtc_load(void);

@@ -123,7 +123,9 @@ static void describe_in_flight(ruda__cu_backend *b, char *out, size_t len) {
     if (w == NULL) continue;
     const char *k = atomic_load_explicit(&w->last_kernel, memory_order_relaxed);
     if (k == NULL) continue;
-    at += snprintf(out + at, len - (size_t)at, "%s kernel \"%.64s\" (%s, command #%llu)", any ? "," : "", k,
+    const int call = k == ruda__cu_call_mark; /* a library call's work, not a kernel ruda launched */
+    at += snprintf(out + at, len - (size_t)at, "%s %s%.64s%s (%s, command #%llu)", any ? "," : "",
+                   call ? "" : "kernel \"", k, call ? "" : "\"",
                    RUDA__SNAME(atomic_load_explicit(&w->last_stream, memory_order_relaxed)),
                    (unsigned long long)atomic_load_explicit(&w->last_seq, memory_order_relaxed));
     any = 1;
@@ -756,6 +758,7 @@ static const ruda__backend_ops cuda_ops = {
     .download = ruda__cu_download,
     .stage_owns = ruda__cu_stage_owns,
     .launch = ruda__cu_launch,
+    .call_begin = ruda__cu_call_begin,
     .record = cu_record,
     .event_wait = cu_event_wait,
     .exec_enter = cu_exec_enter,

@@ -98,7 +98,8 @@ typedef struct ruda__cu_worker {
    * not cover them. */
   struct ruda__cu_detached *detached;
   uint32_t *indirect; /* 16 page-locked bytes for indirect grid reads */
-  /* The last launch submitted, for fault reports. */
+  /* The last launch submitted, for fault reports: the kernel's name, or
+   * ruda__cu_call_mark for a library call (ruda_call). */
   /* Written by the worker at each launch; read by a thread that finds the
    * device faulted, to list what every worker had in flight. */
   _Atomic(const char *) last_kernel;
@@ -159,6 +160,9 @@ int ruda__cu_stage_owns(void *state, const void *p, size_t size);
 
 /* cuda_launch.c */
 int ruda__cu_launch(void *ws, const ruda__launch_cmd *cmd, ruda_error **err);
+/* A library call's work goes in flight (the call_begin op). */
+extern const char ruda__cu_call_mark[];
+void ruda__cu_call_begin(void *ws, uint64_t stream, uint64_t seq);
 int ruda__cu_launch_check(void *state, const ruda__kernel *k, const ruda_launch_desc *l);
 
 /* cuda_comm.c: collectives through NCCL (backend ops). */

@@ -94,3 +94,15 @@ int ruda__cu_launch(void *ws, const ruda__launch_cmd *cmd, ruda_error **err) {
                                 g.y, g.z, cmd->block.x, cmd->block.y, cmd->block.z, cmd->shared_mem);
   return 0;
 }
+
+/* What a library call puts on the stream has no kernel name ruda knows,
+ * and the call's own name dies with its command: fault reports name it by
+ * this mark, its stream and its command number. */
+const char ruda__cu_call_mark[] = "ruda_call";
+
+void ruda__cu_call_begin(void *ws, uint64_t stream, uint64_t seq) {
+  ruda__cu_worker *w = ws;
+  atomic_store_explicit(&w->last_kernel, ruda__cu_call_mark, memory_order_relaxed);
+  atomic_store_explicit(&w->last_stream, stream, memory_order_relaxed);
+  atomic_store_explicit(&w->last_seq, seq, memory_order_relaxed);
+}

@@ -52,6 +52,7 @@ extern "C" {
   XX(EGENERIC, -41, "execution failed")                                           \
   XX(EUNHEALTHY, -42, "stream is unhealthy: it holds unreported errors")          \
   XX(EGRAPHSTATE, -43, "graph call not allowed in the stream's capture state")    \
+  XX(ECALL, -44, "a library call run on a stream failed")                         \
   /* memory and copies */                                                         \
   XX(EBUFFERTOOBIG, -50, "buffer can never fit on the device")                    \
   XX(EOUTOFMEMORY, -51, "out of device memory")                                   \

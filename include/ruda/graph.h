@@ -1,8 +1,8 @@
 /* ruda/graph.h - graph capture and replay. Included by ruda/ruda.h;
  * include that instead.
  *
- * A stream can record the launches and device-to-device copies issued on
- * it into a graph instead of running them, and the graph can then be
+ * A stream can record the launches, library calls (ruda/call.h) and
+ * device-to-device copies issued on it into a graph instead of running them, and the graph can then be
  * replayed, on that stream or any other, as one command: on the cuda
  * backend a CUDA graph (captured on the worker at the first replay and
  * instantiated once, then one cuGraphLaunch per replay); on the host
@@ -53,7 +53,8 @@
  * RUDA_EGRAPHSTATE at the call and leaves the capture open: ruda_write
  * (it copies its source at the call), ruda_sync and ruda_sync_async,
  * launches with RUDA_LAUNCH_INDIRECT (their grid is read when they run),
- * replaying a graph, and a second begin. ruda_flush, allocations and
+ * library calls marked RUDA_CALL_NOT_CAPTURABLE, replaying a graph, and a
+ * second begin. ruda_flush, allocations and
  * frees work as usual; dry-run launches are checked and not recorded.
  * Commands issued on other streams, even ones sharing the worker, are not
  * captured.
@@ -81,9 +82,10 @@ typedef struct ruda_graph ruda_graph;
  * RUDA_EGRAPHSTATE if already prepared or capturing. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_graph_prepare(struct ruda_device *dev, ruda_stream_id stream);
 
-/* Starts recording stream's launches and copies. RUDA_EGRAPHSTATE if the
- * stream is capturing already; RUDA_EUNHEALTHY if it holds errors not yet
- * reported (drain them with ruda_flush first). Non-blocking. Thread-safe. */
+/* Starts recording stream's launches, calls and copies. RUDA_EGRAPHSTATE
+ * if the stream is capturing already; RUDA_EUNHEALTHY if it holds errors
+ * not yet reported (drain them with ruda_flush first). Thread-safe,
+ * non-blocking. */
 RUDA_EXTERN int ruda_graph_begin_capture(struct ruda_device *dev, ruda_stream_id stream);
 
 /* Stops recording and returns the graph in *out (possibly empty). A
@@ -116,6 +118,7 @@ RUDA_EXTERN int ruda_graph_replay_async(struct ruda_device *dev, ruda_stream_id 
  * and ruda_future_wait in one call, for a request served synchronously
  * (upload, kernels, download, result). Blocking. When stream's worker has
  * nothing queued or running, the calling thread issues the replay itself
+ * (unless the graph holds library calls, which run on the worker)
  * instead of handing it to the worker and waiting for the hand-back; it
  * is then ordered and reported exactly as if the worker had (the context
  * rule of ruda_stream_set_in_place applies). Returns 0, a
@@ -130,7 +133,8 @@ RUDA_EXTERN int ruda_graph_run(struct ruda_device *dev, ruda_stream_id stream, r
  * Not thread-safe on one graph: no call may use g beside it (as with any free); non-blocking. */
 RUDA_EXTERN int ruda_graph_destroy(struct ruda_device *dev, ruda_graph *g);
 
-/* Commands recorded in g (launches, copies, uploads and downloads). Thread-safe, non-blocking. */
+/* Commands recorded in g (launches, library calls, copies, uploads and
+ * downloads). Thread-safe, non-blocking. */
 RUDA_EXTERN uint32_t ruda_graph_length(const ruda_graph *g);
 
 #ifdef __cplusplus

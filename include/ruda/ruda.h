@@ -32,7 +32,7 @@
  *      to sizeof(ruda_config); ruda_device_open() refuses any other size
  *      with RUDA_EINVAL. Always fill a config with ruda_config_init().
  *    . Descriptors and result structs (ruda_copy_desc, ruda_launch_desc,
- *      ruda_pool_config, ruda_tensor_map_desc, ruda_device_props,
+ *      ruda_call_desc, ruda_pool_config, ruda_tensor_map_desc, ruda_device_props,
  *      ruda_memory_stats, ruda_pool_report, ruda_staging_stats) end in
  *      `uint64_t reserved[N]` words, which a later version may give a
  *      meaning without changing the struct's size. Callers must leave them
@@ -189,8 +189,10 @@ RUDA_EXTERN size_t ruda_stream_ids(ruda_device *dev, ruda_stream_id *ids, size_t
  * device is traced or observed (RUDA_TRACE, NVTX, RUDA_WORKER_STATS). On
  * cuda the device's context is made current on the calling thread; a
  * thread that had none keeps it after (as the CUDA runtime would bind
- * it), another one is put back. Off by default. RUDA_EINVAL as any
- * stream call. Thread-safe, non-blocking. */
+ * it), another one is put back. Library calls (ruda_call) always go to
+ * the worker: their code may issue on the buffers the caller would still
+ * hold locked. Off by default. RUDA_EINVAL as any stream call.
+ * Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_stream_set_in_place(ruda_device *dev, ruda_stream_id stream, int on);
 
 /* ------------------------------------------------------------------ */
@@ -579,9 +581,11 @@ RUDA_EXTERN void ruda_range_pop(void);
 }
 #endif
 
-/* Device properties, staging buffers, CUDA interop. */
+/* Device properties, staging buffers, CUDA interop; graphs; collectives;
+ * library calls in stream order (ruda_call). */
 #include "ruda/cuda.h"
 #include "ruda/graph.h"
 #include "ruda/comm.h"
+#include "ruda/call.h"
 
 #endif /* RUDA_RUDA_H */

@@ -100,26 +100,41 @@ compile)
   ;;
 documented)
   fail=0
+  n=0
   for h in $(headers "$@"); do
+    n=$((n + 1))
     # Each RUDA_EXTERN declaration directly follows its own comment, and
     # the comment states the contract (ruda/ruda.h, Conventions): thread
     # safety ("thread-safe", "not thread-safe on ...") and blocking
-    # ("non-blocking", "blocks"). An empty comment documents nothing.
+    # ("non-blocking", "blocks"). An empty comment (or one of punctuation
+    # only) documents nothing.
     awk -v file="$h" '
-      !incomment && /\/\*/ { incomment = 1; text = "" }
-      incomment { text = text " " $0; if ($0 ~ /\*\//) { incomment = 0; ended = NR } }
+      {
+        line = $0
+        if (!incomment && line ~ /\/\*/) { incomment = 1; text = "" }
+        if (incomment) {
+          t = line
+          gsub(/\/\*|\*\/|\*/, " ", t)
+          text = text " " t
+          if (line ~ /\*\/[ \t]*$/) { incomment = 0; ended = NR; said = tolower(text) }
+          else if (line ~ /\*\//) incomment = 0
+        }
+      }
       /^RUDA_EXTERN/ {
         where = file ":" NR ": "
         if (ended != NR - 1) { print where "undocumented: " $0; bad = 1; next }
-        t = tolower(text)
-        gsub(/\/\*|\*\/|\*/, " ", t)
-        if (t !~ /[a-z]/) { print where "empty comment: " $0; bad = 1; next }
-        if (t !~ /thread-safe/) { print where "no thread safety (thread-safe / not thread-safe on ...): " $0; bad = 1 }
-        if (t !~ /non-blocking|blocks|blocking/) { print where "no blocking contract (non-blocking / blocks): " $0; bad = 1 }
+        if (said !~ /[a-z][a-z]/) { print where "empty comment: " $0; bad = 1; next }
+        if (said !~ /thread-safe/) { print where "no thread safety (thread-safe / not thread-safe on ...): " $0; bad = 1 }
+        if (said !~ /non-blocking|blocks|blocking/) { print where "no blocking contract (non-blocking / blocks): " $0; bad = 1 }
       }
       END { exit bad }
     ' "$h" || fail=1
   done
+  if [ "$n" -eq 0 ]; then
+    echo "no headers found under $*"
+    exit 1
+  fi
+  [ $fail -eq 0 ] && echo "$n headers: every exported function documented"
   exit $fail
   ;;
 *)

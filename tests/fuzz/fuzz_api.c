@@ -12,6 +12,9 @@
  *     new input on any stream and download what the model says;
  *   - streams switched to issuing in place (ruda_stream_set_in_place) and
  *     back keep all of the above;
+ *   - library calls (ruda_call) order by their buffers' access modes like
+ *     kernels, are recorded and replayed by graphs, refuse stale handles,
+ *     and a failing one is one error on its stream;
  *   - errors: each flush or sync of a stream hands back exactly the
  *     kernel failures the model counted on it, none lost, none elsewhere;
  *   - at the end every live buffer equals the model and close is clean.
@@ -89,6 +92,19 @@ static int k_fail(const ruda_host_ctx *c, void *const *a) {
   return *(const int32_t *)a[0];
 }
 
+/* A library call: dst = src + data[0] over the first data[1] bytes, or
+ * the status data[2] when it is not 0. */
+static int call_add(const ruda_call_ctx *c, void *user) {
+  (void)user;
+  uint32_t v[3];
+  memcpy(v, c->data, sizeof v);
+  if (v[2] != 0) return (int)v[2];
+  const unsigned char *src = ruda_call_ptr(c, 0);
+  unsigned char *dst = ruda_call_ptr(c, 1);
+  for (uint32_t i = 0; i < v[1]; i++) dst[i] = (unsigned char)(src[i] + v[0]);
+  return 0;
+}
+
 /* Errors handed back by a flush or sync: the causes under the summary. */
 static int count_errors(const ruda_error *e) {
   int n = 0;
@@ -131,7 +147,7 @@ static uint32_t launch(fuzz *z, ruda_stream_id s, const char *k, ruda_arg *a, ui
 }
 
 static void step(fuzz *z) {
-  const uint8_t op = next(z) % 14;
+  const uint8_t op = next(z) % 15;
   const ruda_stream_id s = next(z) % NSTREAMS;
   model_buf *b = pick(z);
   ruda_copy_desc d;
@@ -258,6 +274,40 @@ static void step(fuzz *z) {
         for (uint32_t i = 0; i < len; i++) b->data[i] = (unsigned char)(b->data[i] + v);
       }
       CHECK(ruda_graph_destroy(z->dev, g) == 0, "destroy");
+      break;
+    }
+    case 14: { /* a library call: src read-only, dst write-only; fails, or captured and replayed */
+      model_buf *dst = pick(z);
+      const uint8_t how = next(z);
+      if (!b->made || !dst->live || dst == b) break;
+      uint32_t v[3] = {next(z), b->size < dst->size ? b->size : dst->size, (how & 3) == 1 ? 7u : 0u};
+      ruda_arg bufs[2] = {ruda_arg_in(ruda_bind(b->h)), ruda_arg_out(ruda_bind(dst->h))};
+      ruda_call_desc cd = {.name = "add", .fn = call_add, .buffers = bufs, .nbuffers = 2, .data = v,
+                           .data_size = sizeof v};
+      if (!b->live) {
+        CHECK(ruda_call(z->dev, s, &cd) == RUDA_ENOTFOUND, "a call on a freed buffer was not refused");
+        break;
+      }
+      uint32_t times = 1;
+      ruda_graph *g = NULL;
+      if ((how & 3) == 2) { /* recorded, then replayed on other streams */
+        drain(z, s, 1);
+        CHECK(ruda_graph_begin_capture(z->dev, s) == 0, "begin capture");
+        cd.flags = RUDA_CALL_NOT_CAPTURABLE;
+        CHECK(ruda_call(z->dev, s, &cd) == RUDA_EGRAPHSTATE, "a call not capturable was recorded");
+        cd.flags = 0;
+        CHECK(ruda_call(z->dev, s, &cd) == 0, "recorded call");
+        CHECK(ruda_graph_end_capture(z->dev, s, &g) == 0 && ruda_graph_length(g) == 1, "end capture");
+        times = 1 + (how >> 2) % 3;
+      }
+      for (uint32_t t = 0; t < times; t++) {
+        if (g != NULL) CHECK(ruda_graph_replay(z->dev, (s + 1 + t) % NSTREAMS, g) == 0, "replay");
+        else CHECK(ruda_call(z->dev, s, &cd) == 0, "call: %s", ruda_err_name(ruda_error_code(ruda_last_error())));
+        if (v[2] != 0) z->errors[s]++;
+        else
+          for (uint32_t i = 0; i < v[1]; i++) dst->data[i] = (unsigned char)(b->data[i] + v[0]);
+      }
+      if (g != NULL) CHECK(ruda_graph_destroy(z->dev, g) == 0, "destroy");
       break;
     }
     case 13: /* the stream issues in place from now on, or stops */

@@ -8,18 +8,6 @@
 
 #include "gpu_common.h"
 
-static ruda_device *open_ordinal(int ordinal) {
-  ruda_config cfg;
-  ruda_config_init(&cfg);
-  cfg.backend = RUDA_BACKEND_CUDA;
-  cfg.device_ordinal = ordinal;
-  cfg.num_streams = 4;
-  cfg.log_level = RUDA_LOG_ERROR;
-  cfg.cache_dir = "";
-  ruda_device *dev = NULL;
-  return ruda_device_open(&cfg, &dev) == 0 ? dev : NULL;
-}
-
 static void two_gpus(void **state) {
   (void)state;
   ruda_device *d[2] = {gpu_open(), NULL};
@@ -27,12 +15,19 @@ static void two_gpus(void **state) {
     test_close(d[0]);
     gpu_skip("the mock driver has no NCCL");
   }
-  if ((d[1] = open_ordinal(1)) == NULL) {
+  /* Only "there is no second GPU" skips; any other failure to open it
+   * fails, with its code and message. */
+  int rc = gpu_try_open_ordinal(1, 4, "", 0, &d[1]);
+  if (rc != 0) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", ruda_error_message(ruda_last_error()));
+    const char *absent = gpu_absent(rc, 1);
     test_close(d[0]);
-    gpu_skip("needs two GPUs: %s", ruda_error_message(ruda_last_error()));
+    if (absent != NULL) gpu_skip("needs two GPUs (%s): %s", absent, why);
+    fail_msg("ruda_device_open(cuda, ordinal 1): %s: %s", ruda_err_name(rc), why);
   }
   ruda_comm *comm;
-  int rc = ruda_comm_init(d, 2, &comm);
+  rc = ruda_comm_init(d, 2, &comm);
   if (rc == RUDA_ENOBACKEND) {
     test_close(d[0]);
     test_close(d[1]);

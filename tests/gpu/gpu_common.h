@@ -16,26 +16,43 @@
 
 #include "common.h"
 
-#define GPU_SKIP 77
+#include "backends/cuda/cu_loader.h"
 
-static int gpu_single_case; /* set by gpu_main: ctest runs one case per process */
+/* Skips the current case (tests/common.h): only for a machine without a
+ * GPU to test on, never for a failure of ruda's. */
+#define gpu_skip(...) test_skip(__VA_ARGS__)
 
-/* Skips the current case: exit 77 (ctest's SKIP_RETURN_CODE) when it runs
- * alone, cmocka's skip otherwise. */
-#define gpu_skip(...)                       \
-  do {                                      \
-    fprintf(stderr, "skipped: ");           \
-    fprintf(stderr, __VA_ARGS__);           \
-    fprintf(stderr, "\n");                  \
-    if (gpu_single_case) exit(GPU_SKIP);    \
-    skip();                                 \
-  } while (0)
+/* Why a cuda device open that returned rc means "no GPU here" (no driver
+ * library, a driver before CUDA 12, no device, fewer devices than the
+ * ordinal asks), or NULL when it is a failure: a driver that lacks an
+ * entry point ruda needs (a loader regression looks exactly like this),
+ * a cuInit that failed for another reason, or any other code. */
+static inline const char *gpu_absent(int rc, int ordinal) {
+  if (rc != RUDA_ENODRIVER && rc != RUDA_ENOBACKEND) return NULL;
+  switch (ruda__cu_load_status()) {
+    case RUDA__CU_NO_LIBRARY: return "no CUDA driver library";
+    case RUDA__CU_TOO_OLD: return "the CUDA driver is older than CUDA 12";
+    case RUDA__CU_NO_DEVICE: return "no CUDA device";
+    case RUDA__CU_LOADED: {
+      /* Loaded: ENOBACKEND is then the ordinal beyond the devices present. */
+      int count = 0;
+      if (rc == RUDA_ENOBACKEND && ruda__cu.cuDeviceGetCount(&count) == CUDA_SUCCESS && ordinal >= count)
+        return "fewer CUDA devices than the test needs";
+      return NULL;
+    }
+    case RUDA__CU_NO_SYMBOL:
+    case RUDA__CU_INIT_FAILED: return NULL;
+  }
+  return NULL;
+}
 
-/* A cuda device with explicit settings; NULL (with why) when none. */
-static inline int gpu_try_open(uint32_t streams, const char *cache_dir, int bounds_checked, ruda_device **out) {
+/* A cuda device with explicit settings; 0 or the open's code. */
+static inline int gpu_try_open_ordinal(int ordinal, uint32_t streams, const char *cache_dir, int bounds_checked,
+                                       ruda_device **out) {
   ruda_config cfg;
   ruda_config_init(&cfg);
   cfg.backend = RUDA_BACKEND_CUDA;
+  cfg.device_ordinal = ordinal;
   cfg.num_streams = streams;
   cfg.queue_bound = 1u << 20;
   cfg.backpressure = RUDA_BACKPRESSURE_BLOCK;
@@ -45,13 +62,25 @@ static inline int gpu_try_open(uint32_t streams, const char *cache_dir, int boun
   return ruda_device_open(&cfg, out);
 }
 
-static inline ruda_device *gpu_open_cfg(uint32_t streams, const char *cache_dir, int bounds_checked) {
+static inline int gpu_try_open(uint32_t streams, const char *cache_dir, int bounds_checked, ruda_device **out) {
+  return gpu_try_open_ordinal(0, streams, cache_dir, bounds_checked, out);
+}
+
+/* The device, a skip when this machine has none (gpu_absent), or a
+ * failure with the open's message. */
+static inline ruda_device *gpu_open_ordinal(int ordinal, uint32_t streams, const char *cache_dir, int bounds_checked) {
   ruda_device *dev = NULL;
-  int rc = gpu_try_open(streams, cache_dir, bounds_checked, &dev);
-  if (rc == RUDA_ENODRIVER || rc == RUDA_ENOBACKEND)
-    gpu_skip("no usable CUDA device: %s", ruda_error_message(ruda_last_error()));
-  if (rc != 0) fail_msg("ruda_device_open(cuda): %s: %s", ruda_err_name(rc), ruda_error_message(ruda_last_error()));
-  return dev;
+  int rc = gpu_try_open_ordinal(ordinal, streams, cache_dir, bounds_checked, &dev);
+  if (rc == 0) return dev;
+  const char *absent = gpu_absent(rc, ordinal);
+  if (absent != NULL) gpu_skip("%s: %s", absent, ruda_error_message(ruda_last_error()));
+  fail_msg("ruda_device_open(cuda, ordinal %d): %s: %s", ordinal, ruda_err_name(rc),
+           ruda_error_message(ruda_last_error()));
+  return NULL;
+}
+
+static inline ruda_device *gpu_open_cfg(uint32_t streams, const char *cache_dir, int bounds_checked) {
+  return gpu_open_ordinal(0, streams, cache_dir, bounds_checked);
 }
 
 /* The default: 4 streams, kernel cache disabled so every run compiles. */
@@ -332,17 +361,19 @@ static inline void gpu_sync_ok(ruda_device *dev, ruda_stream_id s) {
   }
 }
 
-/* Runs the group after making sure a cuda device exists; exit 77 when none
- * does, so ctest reports the case as skipped rather than passed. */
+/* Runs the group after making sure a cuda device exists: exit 77 (a
+ * skip) when this machine has none, exit 1 with the reason when opening
+ * one fails otherwise (a driver missing a symbol is not "no GPU"). */
 static inline int gpu_main(const char *group, const struct CMUnitTest *tests, size_t n, int argc, char **argv) {
-  gpu_single_case = argc > 1;
   ruda_device *dev = NULL;
   int rc = gpu_try_open(1, "", 0, &dev);
-  if (rc == RUDA_ENODRIVER || rc == RUDA_ENOBACKEND) {
-    fprintf(stderr, "%s: skipped, no usable CUDA device: %s\n", group, ruda_error_message(ruda_last_error()));
-    return GPU_SKIP;
+  if (rc != 0) {
+    const char *absent = gpu_absent(rc, 0);
+    fprintf(stderr, "%s: %s: %s\n", group, absent ? absent : "cannot open the cuda device",
+            ruda_error_message(ruda_last_error()));
+    return absent ? TEST_SKIP : 1;
   }
-  if (rc == 0) ruda_device_close(dev, NULL);
+  ruda_device_close(dev, NULL);
   return test_main(group, tests, n, argc, argv);
 }
 

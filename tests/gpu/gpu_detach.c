@@ -184,8 +184,11 @@ static void client_drops_submitted_read_without_waiting(void **state) {
   watchdog_stop(&wd, "freeing a submitted read's future");
   assert_ok(rc);
   assert_true(staging_in_use(dev) >= base + N);
-  /* Let the worker settle into its idle wait before the event completes. */
-  usleep(20000);
+  /* The worker asleep in its idle wait before the event completes: the
+   * completion must wake it. */
+  pid_t w0 = test_thread_named("ruda-w0");
+  assert_true(w0 != 0);
+  test_wait_blocked(w0);
   hold_streams(0);
   wait_staging_back(dev, base);
   assert_untouched(got, N);
@@ -194,9 +197,12 @@ static void client_drops_submitted_read_without_waiting(void **state) {
   free(got);
 }
 
+/* Releases the held streams once the closing thread waits for them (a
+ * bounded wait: 10 s, then released anyway, and the test's checks still
+ * run). No cmocka: not the main thread. */
 static void *release_later(void *arg) {
-  (void)arg;
-  usleep(100000);
+  pid_t closer = *(const pid_t *)arg;
+  for (int i = 0; i < 100000 && !test_in_futex(closer); i++) usleep(100);
   hold_streams(0);
   return NULL;
 }
@@ -224,7 +230,8 @@ static void close_with_dropped_reads_pending(void **state) {
   assert_ok(rc);
   assert_true(staging_in_use(dev) >= base + N);
   pthread_t t;
-  assert_int_equal(pthread_create(&t, NULL, release_later, NULL), 0);
+  pid_t me = test_tid();
+  assert_int_equal(pthread_create(&t, NULL, release_later, &me), 0);
   assert_ok(ruda_buffer_free(dev, 0, h));
   test_close(dev); /* waits for the held stream, then retires the reads */
   pthread_join(t, NULL);

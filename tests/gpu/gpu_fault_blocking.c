@@ -50,5 +50,5 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(blocking_mode_names_the_faulting_launch),
   };
-  return test_main("gpu_fault_blocking", tests, sizeof tests / sizeof tests[0], argc, argv);
+  return gpu_main("gpu_fault_blocking", tests, sizeof tests / sizeof tests[0], argc, argv);
 }

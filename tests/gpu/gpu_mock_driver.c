@@ -10,9 +10,12 @@
  *    than they were issued (truly asynchronous, so a staging block freed
  *    too early or a missing wait shows up as wrong data);
  *  - kernels are C functions looked up by name (the test kernels of
- *    gpu_common.h and gpu_order.c); any other kernel does nothing. The
- *    module image is only searched for the kernel's name, so NVRTC (real)
- *    still has to compile the source;
+ *    gpu_common.h and gpu_order.c), run over the launch's grid and block;
+ *    launching any other kernel fails (CUDA_ERROR_NOT_SUPPORTED), never a
+ *    silent no-op. NVRTC (real) still compiles the source: a kernel's
+ *    parameter sizes, __launch_bounds__ and static shared memory, which
+ *    ruda checks launches against, are read from that PTX (and must match
+ *    the emulation's table, else the function cannot be loaded);
  *  - launching "planted_fault" poisons the context: from then on syncs,
  *    queries and new work return CUDA_ERROR_ILLEGAL_ADDRESS, as a real
  *    illegal access does.
@@ -252,13 +255,16 @@ static void k_axpy(const unsigned g[3], const unsigned b[3], const unsigned char
   for (unsigned long long i = 0; i < n && i < t; i++) y[i] = a * x[i] + y[i];
 }
 
+/* The grid-stride loops of SRC_REDUCE and SRC_CHECKSUM, thread by
+ * thread: what each thread of the launch's shape adds. */
 static void k_reduce_sum(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
-  (void)g, (void)b;
   unsigned n = P(unsigned, 0);
   const float *x = PTR(const float, 8);
   double *out = PTR(double, 16);
+  unsigned long long t = total_threads(g, b);
   double s = 0;
-  for (unsigned i = 0; i < n; i++) s += x[i];
+  for (unsigned long long tid = 0; tid < t && tid < n; tid++)
+    for (unsigned long long i = tid; i < n; i += t) s += x[i];
   *out += s;
 }
 
@@ -284,12 +290,12 @@ static void k_step(const unsigned g[3], const unsigned b[3], const unsigned char
 }
 
 static void k_checksum(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
-  (void)g, (void)b;
   unsigned long long n = P(unsigned long long, 0);
   const unsigned *w = PTR(const unsigned, 8);
   unsigned long long *out = PTR(unsigned long long, 16);
-  unsigned long long s = 0;
-  for (unsigned long long i = 0; i < n; i++) s += (unsigned long long)w[i] * (2 * i + 1);
+  unsigned long long t = total_threads(g, b), s = 0;
+  for (unsigned long long tid = 0; tid < t && tid < n; tid++)
+    for (unsigned long long i = tid; i < n; i += t) s += (unsigned long long)w[i] * (2 * i + 1);
   *out += s;
 }
 
@@ -340,23 +346,30 @@ static void spin_sleep(long long spin) {
   if (spin > 0) usleep((useconds_t)(spin / 2000));
 }
 
+/* Their loops stride over gridDim.x * blockDim.x threads (x only). */
+static unsigned long long threads_x(const unsigned g[3], const unsigned b[3]) {
+  return (unsigned long long)g[0] * b[0];
+}
+
 static void k_order_fill(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
-  (void)g, (void)b;
   unsigned n = P(unsigned, 0);
   unsigned *buf = PTR(unsigned, 8);
   unsigned v = P(unsigned, 16);
   spin_sleep(P(long long, 24));
-  for (unsigned i = 0; i < n; i++) buf[i] = v + i;
+  unsigned long long t = threads_x(g, b);
+  for (unsigned long long tid = 0; tid < t && tid < n; tid++)
+    for (unsigned long long i = tid; i < n; i += t) buf[i] = v + (unsigned)i;
 }
 
 static void k_order_add(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
-  (void)g, (void)b;
   unsigned n = P(unsigned, 0);
   const unsigned *src = PTR(const unsigned, 8);
   unsigned *dst = PTR(unsigned, 16);
   unsigned k = P(unsigned, 24);
   spin_sleep(P(long long, 32));
-  for (unsigned i = 0; i < n; i++) dst[i] = src[i] + k;
+  unsigned long long t = threads_x(g, b);
+  for (unsigned long long tid = 0; tid < t && tid < n; tid++)
+    for (unsigned long long i = tid; i < n; i += t) dst[i] = src[i] + k;
 }
 
 static void k_access_meet(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
@@ -371,25 +384,26 @@ static void k_access_meet(const unsigned g[3], const unsigned b[3], const unsign
 }
 
 /* SRC_CXX's kernels, under their mangled names. */
+/* One element per thread of the x dimensions (blockIdx.x * blockDim.x +
+ * threadIdx.x), as the sources index. */
 static void k_vector_add(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
-  (void)g, (void)b;
   const float *x = PTR(const float, 0), *y = PTR(const float, 8);
   float *z = PTR(float, 16);
   int n = P(int, 24);
-  for (int i = 0; i < n; i++) z[i] = x[i] + y[i];
+  for (long long i = 0; i < n && (unsigned long long)i < threads_x(g, b); i++) z[i] = x[i] + y[i];
 }
 static void k_scale_f(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
-  (void)g, (void)b;
   float *x = PTR(float, 0), a = P(float, 8);
   int n = P(int, 12);
-  for (int i = 0; i < n; i++) x[i] *= a;
+  for (long long i = 0; i < n && (unsigned long long)i < threads_x(g, b); i++) x[i] *= a;
 }
+/* Four elements per thread: (blockIdx.x * block.size() + rank) * 4. */
 static void k_ns_axpy4(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
-  (void)g, (void)b;
   const float *x = PTR(const float, 0);
   float *y = PTR(float, 8), a = P(float, 16);
   int n = P(int, 20);
-  for (int i = 0; i < n; i++) y[i] = a * x[i] + y[i];
+  unsigned long long covered = (unsigned long long)g[0] * b[0] * b[1] * b[2] * 4;
+  for (long long i = 0; i < n && (unsigned long long)i < covered; i++) y[i] = a * x[i] + y[i];
 }
 static void k_block_sum(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
   const float *x = PTR(const float, 0);
@@ -431,22 +445,106 @@ static const mock_kernel kernels[] = {
 };
 
 /* Parameters sit at their natural alignment, as in the CUDA ABI. */
-static size_t param_offset(const mock_kernel *k, size_t i) {
+static size_t param_offset(const unsigned *sizes, size_t i) {
   size_t off = 0;
   for (size_t j = 0;; j++) {
-    size_t a = k->sizes[j] < 8 ? k->sizes[j] : 8;
+    size_t a = sizes[j] < 8 ? sizes[j] : 8;
     off = (off + a - 1) / a * a;
     if (j == i) return off;
-    off += k->sizes[j];
+    off += sizes[j];
   }
 }
 
 struct CUfunc_st {
   struct CUfunc_st *next; /* the module's functions, freed with it */
   char name[128];
-  const mock_kernel *k; /* NULL: unknown, runs as a no-op */
+  const mock_kernel *k; /* its emulation; NULL: none, a launch fails */
   int max_dyn_shared;
+  /* What the driver reports: read from the PTX where the image is PTX
+   * (so from what NVRTC compiled, not from this file), else the table's. */
+  int known; /* the fields below hold the kernel's, not defaults */
+  int nparams;
+  unsigned sizes[8];
+  int max_threads, static_shared;
 };
+
+/* Size of a PTX type token (".u32", ".f64", ".b8", ...), 0 if none. */
+static unsigned ptx_type_size(const char *t, size_t len) {
+  if (len < 3 || t[0] != '.' || strchr("usbf", t[1]) == NULL) return 0;
+  char digits[4] = {0};
+  if (len - 2 > 2) return 0;
+  memcpy(digits, t + 2, len - 2);
+  int bits = atoi(digits);
+  return bits == 8 || bits == 16 || bits == 32 || bits == 64 ? (unsigned)bits / 8 : 0;
+}
+
+/* The end of the token at t (a space, or limit). */
+static const char *type_end(const char *t, const char *limit) {
+  while (t < limit && *t != ' ') t++;
+  return t;
+}
+
+/* Reads `.entry name(params)`, its .maxntid and the static .shared of its
+ * body from PTX text into f. Returns 0, or -1 when the text is not what
+ * this reader knows (the caller then keeps the table's answers). */
+static int ptx_describe(const char *ptx, size_t len, const char *name, struct CUfunc_st *f) {
+  char head[160];
+  snprintf(head, sizeof head, ".entry %s(", name);
+  const char *p = NULL, *end = ptx + len;
+  for (const char *q = ptx; q + strlen(head) <= end; q++)
+    if (memcmp(q, head, strlen(head)) == 0) {
+      p = q + strlen(head);
+      break;
+    }
+  if (p == NULL) return -1;
+  f->nparams = 0;
+  while (p < end && *p != ')') {
+    const char *e = p;
+    while (e < end && *e != ',' && *e != ')') e++; /* one parameter */
+    unsigned size = 0, count = 1;
+    int any = 0;
+    for (const char *t = p; t < e;) {
+      while (t < e && (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r')) t++;
+      const char *te = t;
+      while (te < e && *te != ' ' && *te != '\t' && *te != '\n' && *te != '\r') te++;
+      if (te == t) break;
+      if (te - t >= 6 && memcmp(t, ".param", 6) == 0) any = 1;
+      else if (ptx_type_size(t, (size_t)(te - t)) != 0 && size == 0) size = ptx_type_size(t, (size_t)(te - t));
+      else if (memchr(t, '[', (size_t)(te - t)) != NULL) count = (unsigned)atoi((const char *)memchr(t, '[', (size_t)(te - t)) + 1);
+      t = te;
+    }
+    if (any) {
+      if (size == 0 || f->nparams == 8) return -1;
+      f->sizes[f->nparams++] = size * count;
+    }
+    p = e < end && *e == ',' ? e + 1 : e;
+  }
+  if (p >= end) return -1;
+  const char *body = memchr(p, '{', (size_t)(end - p));
+  if (body == NULL) return -1;
+  f->max_threads = 1024;
+  for (const char *q = p; q + 8 < body; q++)
+    if (memcmp(q, ".maxntid", 8) == 0) { /* the scan stops at the body's '{' at the latest */
+      unsigned x = 1, y = 1, z = 1;
+      sscanf(q + 8, " %u , %u , %u", &x, &y, &z);
+      f->max_threads = (int)(x * y * z);
+    }
+  f->static_shared = 0;
+  int depth = 0;
+  for (const char *q = body; q < end; q++) {
+    if (*q == '{') depth++;
+    else if (*q == '}' && --depth == 0) break;
+    else if (depth == 1 && end - q >= 7 && memcmp(q, ".shared", 7) == 0 && (q == body || q[-1] != '.')) {
+      /* ".shared .align A .bN name[count];" (an .extern one has no count) */
+      const char *semi = memchr(q, ';', (size_t)(end - q));
+      const char *br = semi ? memchr(q, '[', (size_t)(semi - q)) : NULL;
+      const char *ty = semi ? memmem(q, (size_t)(semi - q), " .b", 3) : NULL;
+      if (br != NULL && ty != NULL && ty < br && br[1] != ']')
+        f->static_shared += atoi(br + 1) * (int)ptx_type_size(ty + 1, (size_t)(type_end(ty + 1, br) - (ty + 1)));
+    }
+  }
+  return 0;
+}
 
 struct CUmod_st {
   unsigned char *image;
@@ -922,6 +1020,28 @@ static CUresult m_cuModuleGetFunction(CUfunction *f, CUmodule m, const char *nam
   for (size_t i = 0; i < sizeof kernels / sizeof *kernels; i++)
     if (strcmp(kernels[i].name, name) == 0) fn->k = &kernels[i];
   fn->max_dyn_shared = 49152;
+  fn->max_threads = 1024;
+  if (fn->k != NULL) {
+    fn->known = 1;
+    fn->nparams = fn->k->nparams;
+    memcpy(fn->sizes, fn->k->sizes, sizeof fn->sizes);
+    fn->max_threads = fn->k->max_threads;
+    fn->static_shared = fn->k->static_shared;
+  }
+  struct CUfunc_st seen = *fn;
+  if (ptx_describe((const char *)m->image, m->size, name, &seen) == 0) {
+    /* The emulation must take what the compiled kernel takes: a table
+     * that drifted from the source is this mock's bug, said loudly. */
+    if (fn->k != NULL && (seen.nparams != fn->nparams || memcmp(seen.sizes, fn->sizes, sizeof fn->sizes) != 0 ||
+                          seen.max_threads != fn->max_threads || seen.static_shared != fn->static_shared)) {
+      fprintf(stderr, "mock driver: kernel %s: its emulation does not match its PTX (%d parameters, %d threads, "
+                      "%d static shared bytes)\n", name, seen.nparams, seen.max_threads, seen.static_shared);
+      free(fn);
+      return CUDA_ERROR_INVALID_IMAGE;
+    }
+    *fn = seen;
+    fn->known = 1;
+  }
   pthread_mutex_lock(&pinned_lock);
   fn->next = m->funcs;
   m->funcs = fn;
@@ -931,8 +1051,8 @@ static CUresult m_cuModuleGetFunction(CUfunction *f, CUmodule m, const char *nam
 }
 static CUresult m_cuFuncGetAttribute(int *pi, CUfunction_attribute a, CUfunction f) {
   switch (a) {
-    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = f->k ? f->k->max_threads : 1024; break;
-    case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: *pi = f->k ? f->k->static_shared : 0; break;
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = f->max_threads; break;
+    case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: *pi = f->static_shared; break;
     case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *pi = f->max_dyn_shared; break;
     default: return CUDA_ERROR_INVALID_VALUE;
   }
@@ -940,16 +1060,16 @@ static CUresult m_cuFuncGetAttribute(int *pi, CUfunction_attribute a, CUfunction
 }
 static CUresult m_cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) {
   if (a != CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) return CUDA_ERROR_NOT_SUPPORTED;
-  int st = f->k ? f->k->static_shared : 0;
+  int st = f->static_shared;
   if (v < 0 || v + st > 232448) return CUDA_ERROR_INVALID_VALUE;
   f->max_dyn_shared = v;
   return CUDA_SUCCESS;
 }
 static CUresult m_cuFuncGetParamInfo(CUfunction f, size_t i, size_t *off, size_t *size) {
-  if (f->k == NULL) return CUDA_ERROR_NOT_SUPPORTED;
-  if (i >= (size_t)f->k->nparams) return CUDA_ERROR_INVALID_VALUE;
-  *off = param_offset(f->k, i);
-  *size = f->k->sizes[i];
+  if (!f->known) return CUDA_ERROR_NOT_SUPPORTED; /* a cubin of a kernel with no emulation */
+  if (i >= (size_t)f->nparams) return CUDA_ERROR_INVALID_VALUE;
+  *off = param_offset(f->sizes, i);
+  *size = f->sizes[i];
   return CUDA_SUCCESS;
 }
 
@@ -964,10 +1084,14 @@ static CUresult m_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigne
   if (POISONED()) return atomic_load(&sticky);
   if (!gx || !gy || !gz || !bx || !by || !bz || (unsigned long long)bx * by * bz > 1024)
     return CUDA_ERROR_INVALID_VALUE;
-  if (f->k && (unsigned long long)bx * by * bz > (unsigned)f->k->max_threads)
-    return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+  if ((unsigned long long)bx * by * bz > (unsigned)f->max_threads) return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
   if ((int)shared > f->max_dyn_shared) return CUDA_ERROR_INVALID_VALUE;
-  if (f->k == NULL) return CUDA_SUCCESS;
+  if (f->k == NULL) {
+    /* Never a silent no-op: a test whose kernel this mock cannot run
+     * would otherwise pass on what the kernel never did. */
+    fprintf(stderr, "mock driver: no emulation of kernel %s\n", f->name);
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
   op *o = op_new(run_launch);
   o->u.launch.k = f->k;
   unsigned g[3] = {gx, gy, gz}, b[3] = {bx, by, bz};
@@ -976,7 +1100,7 @@ static CUresult m_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigne
   o->u.launch.shared = shared;
   /* The driver copies parameter values at the call; so does this. */
   for (int i = 0; i < f->k->nparams; i++)
-    memcpy(o->u.launch.params + param_offset(f->k, (size_t)i), params[i], f->k->sizes[i]);
+    memcpy(o->u.launch.params + param_offset(f->k->sizes, (size_t)i), params[i], f->k->sizes[i]);
   enqueue(s, o);
   return CUDA_SUCCESS;
 }
@@ -1145,6 +1269,15 @@ MOCK_FUNCS(MOCK_CHECK)
 EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
                                     CUdriverProcAddressQueryResult *status) {
   (void)version, (void)flags;
+#ifdef RUDA_MOCK_OMIT
+  /* A driver that lacks one symbol (tests/CMakeLists.txt): ruda must
+   * report it as a broken driver, which the tests count as a failure. */
+  if (strcmp(symbol, RUDA_MOCK_OMIT) == 0) {
+    *pfn = NULL;
+    if (status) *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return CUDA_ERROR_NOT_FOUND;
+  }
+#endif
   for (size_t i = 0; i < sizeof table / sizeof *table; i++)
     if (strcmp(table[i].name, symbol) == 0) {
       *pfn = table[i].fn;

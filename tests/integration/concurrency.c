@@ -141,7 +141,8 @@ static void *churn(void *p) {
     ruda_handle h;
     uint64_t zero = 0, got = 0;
     if ((c->rc = ruda_buffer_create(c->dev, c->stream, 8, &h)) != 0) break;
-    test_write(c->dev, c->stream, ruda_bind(h), &zero, 8);
+    ruda_copy_desc zd = ruda_copy_contiguous(ruda_bind(h));
+    if ((c->rc = ruda_write(c->dev, c->stream, &zd, &zero, 8)) != 0) break; /* no cmocka off the main thread */
     ruda_arg a[2] = {ruda_arg_buffer(ruda_bind(h)), ruda_arg_scalar(&i, sizeof i)};
     for (int k = 0; k < 3 && c->rc == 0; k++) c->rc = test_launch(c->dev, c->stream, "add", a, 2);
     ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(h));

@@ -7,6 +7,7 @@
  * Y and checks it after a sync. A launch that pinned X before the free but
  * reached the queue after it would overwrite Y. Host backend. */
 #include <pthread.h>
+#include <sched.h>
 
 #include "common.h"
 
@@ -26,11 +27,13 @@ static int fill_kernel(const ruda_host_ctx *c, void *const *args) {
 typedef struct blocked_arg {
   ruda_device *dev;
   ruda_handle x;
+  _Atomic pid_t tid; /* A's thread, once it runs */
   int rc;
 } blocked_arg;
 
 static void *blocked_launch(void *p) {
   blocked_arg *a = p;
+  atomic_store(&a->tid, test_tid());
   ruda_arg arg = ruda_arg_buffer(ruda_bind(a->x));
   a->rc = test_launch(a->dev, 0, "fill", &arg, 1);
   return NULL;
@@ -52,7 +55,10 @@ static void free_waits_for_a_pinned_launch(void **state) {
   assert_ok(test_launch(dev, 0, "gate", NULL, 0)); /* the queue is full now */
   pthread_t t;
   assert_int_equal(pthread_create(&t, NULL, blocked_launch, &a), 0);
-  usleep(50000); /* A has pinned X and waits for room */
+  /* A has pinned X and waits for room: its thread sleeps in the queue's
+   * futex. */
+  while (atomic_load(&a.tid) == 0) sched_yield();
+  test_wait_blocked(atomic_load(&a.tid));
   assert_ok(ruda_buffer_free(dev, 0, a.x));
   ruda_handle y;
   assert_ok(ruda_buffer_create(dev, 0, SIZE, &y));
@@ -73,8 +79,9 @@ static void free_waits_for_a_pinned_launch(void **state) {
 typedef struct round_arg {
   ruda_device *dev;
   ruda_handle x;
-  _Atomic int go, launched;
+  _Atomic int go, launched, done;
   int refused;
+  int bad_rc; /* a launch's code other than 0 or ENOTFOUND, for the main thread to fail on */
 } round_arg;
 
 static void *launcher(void *p) {
@@ -89,8 +96,12 @@ static void *launcher(void *p) {
     int rc = test_launch(a->dev, 0, "fill", args, 48);
     if (rc == 0) atomic_fetch_add(&a->launched, 1);
     else if (rc == RUDA_ENOTFOUND) a->refused++; /* freed: refused at the call, as it must */
-    else fail_msg("launch: %s", ruda_err_name(rc));
+    else {
+      a->bad_rc = rc;
+      break;
+    }
   }
+  atomic_store(&a->done, 1);
   return NULL;
 }
 
@@ -107,7 +118,7 @@ static void free_racing_launches_never_hits_new_buffers(void **state) {
     assert_int_equal(pthread_create(&t, NULL, launcher, &a), 0);
     atomic_store(&a.go, 1);
     /* Free somewhere in the middle of A's launches. */
-    while (atomic_load(&a.launched) < 1 + round % 32) {
+    while (atomic_load(&a.launched) < 1 + round % 32 && !atomic_load(&a.done)) {
     }
     for (volatile int spin = 0; spin < (round % 7) * 100; spin++) {
     }
@@ -117,6 +128,7 @@ static void free_racing_launches_never_hits_new_buffers(void **state) {
     memset(pattern, round & 0x3f, sizeof pattern); /* never MARK */
     test_write(dev, 0, ruda_bind(y), pattern, sizeof pattern);
     pthread_join(t, NULL);
+    if (a.bad_rc != 0) fail_msg("round %d: launch: %s", round, ruda_err_name(a.bad_rc));
     assert_ok(ruda_sync(dev, 0, NULL));
     test_read(dev, 0, ruda_bind(y), got, sizeof got);
     if (memcmp(got, pattern, sizeof got) != 0) corrupted++;

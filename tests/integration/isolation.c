@@ -280,11 +280,15 @@ typedef struct leaver {
   ruda_device *dev;
   int code;
   ruda_stream_id id;
+  int rc; /* the launch's return */
 } leaver;
 
+/* The launch's own code goes back to the main thread (as l->rc), which
+ * asserts on it: no cmocka off the main thread. */
 static void *fail_and_leave(void *p) {
   leaver *l = p;
-  launch_code(l->dev, RUDA_STREAM_CURRENT, l->code);
+  ruda_arg a = ruda_arg_scalar(&l->code, sizeof l->code);
+  l->rc = test_launch(l->dev, RUDA_STREAM_CURRENT, "fail", &a, 1);
   l->id = ruda_stream_current();
   return NULL;
 }
@@ -294,10 +298,11 @@ static void *fail_and_leave(void *p) {
 static void exited_threads_errors_drain_by_id(void **state) {
   (void)state;
   ruda_device *dev = open_with_kernel(2);
-  leaver l = {dev, RUDA_ELAUNCH, 0};
+  leaver l = {.dev = dev, .code = RUDA_ELAUNCH};
   pthread_t t;
   assert_int_equal(pthread_create(&t, NULL, fail_and_leave, &l), 0);
   pthread_join(t, NULL);
+  assert_ok(l.rc);
   ruda_stream_id ids[8];
   size_t n = ruda_stream_ids(dev, ids, 8);
   int listed = 0;
@@ -318,10 +323,13 @@ static void exited_threads_errors_drain_by_id(void **state) {
 static void device_sync_collects_every_stream(void **state) {
   (void)state;
   ruda_device *dev = open_with_kernel(3);
-  leaver l[3] = {{dev, RUDA_ELAUNCH, 0}, {dev, RUDA_EINVAL, 0}, {dev, RUDA_ENOMEM, 0}};
+  leaver l[3] = {{.dev = dev, .code = RUDA_ELAUNCH}, {.dev = dev, .code = RUDA_EINVAL}, {.dev = dev, .code = RUDA_ENOMEM}};
   pthread_t t[3];
   for (int i = 0; i < 3; i++) assert_int_equal(pthread_create(&t[i], NULL, fail_and_leave, &l[i]), 0);
-  for (int i = 0; i < 3; i++) pthread_join(t[i], NULL);
+  for (int i = 0; i < 3; i++) {
+    pthread_join(t[i], NULL);
+    assert_ok(l[i].rc);
+  }
   launch_code(dev, 5, RUDA_ERANGE);
   launch_code(dev, 6, 0);
   ruda_error *err = NULL;

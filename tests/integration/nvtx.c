@@ -27,7 +27,8 @@ const char *nvtx_inject_thread(uint32_t tid);
 static void commands_are_ranges(void **state) {
   (void)state;
   const char *path = getenv("NVTX_INJECTION64_PATH");
-  if (path == NULL || *path == '\0') skip();
+  if (path == NULL || *path == '\0')
+    test_skip("NVTX_INJECTION64_PATH does not name the test tool (ctest sets it to libruda_nvtx_inject)");
   ruda_device *dev = test_open(2, 1024, RUDA_BACKPRESSURE_BLOCK);
   assert_ok(ruda_host_kernel_register(dev, "nvtx_touch", k_touch));
   ruda_handle x, y;

@@ -2,6 +2,8 @@
  * per worker, a span per command named after its kernel, copies with their
  * bytes, failures as instant events, names escaped; kernels of several
  * streams overlap in time. */
+#include <dirent.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,11 +11,26 @@
 
 #include "common.h"
 
+/* 30 ms of work: the span's length, not a way to order anything. */
 static int nap_kernel(const ruda_host_ctx *c, void *const *args) {
   (void)c;
   (void)args;
   usleep(30000);
   return 0;
+}
+
+/* The three naps of the overlap test meet before napping: each counts
+ * itself in and waits (10 s at most, else it fails) for the others, so
+ * all three spans are open at once however the workers are scheduled. */
+static _Atomic int naps_in;
+
+static int meeting_nap_kernel(const ruda_host_ctx *c, void *const *args) {
+  atomic_fetch_add(&naps_in, 1);
+  for (int waited_ms = 0; atomic_load(&naps_in) < 3; waited_ms++) {
+    if (waited_ms == 10000) return RUDA_ETIMEDOUT;
+    usleep(1000);
+  }
+  return nap_kernel(c, args);
 }
 
 static int failing_kernel(const ruda_host_ctx *c, void *const *args) {
@@ -32,7 +49,8 @@ static void trace_file_shows_streams_overlapping(void **state) {
   setenv("RUDA_TRACE", path, 1);
   ruda_device *dev = test_open(3, 1024, RUDA_BACKPRESSURE_BLOCK);
   unsetenv("RUDA_TRACE");
-  assert_ok(ruda_host_kernel_register(dev, "nap", nap_kernel));
+  atomic_store(&naps_in, 0);
+  assert_ok(ruda_host_kernel_register(dev, "nap", meeting_nap_kernel));
   assert_ok(ruda_host_kernel_register(dev, "fails", failing_kernel));
   assert_ok(ruda_host_kernel_register(dev, "we\"ird\\name", nap_kernel));
   ruda_handle x;
@@ -94,20 +112,69 @@ static void trace_file_shows_streams_overlapping(void **state) {
   unlink(path);
 }
 
+/* Entries of dir other than . and .. */
+static int dir_entries(const char *dir) {
+  DIR *d = opendir(dir);
+  assert_non_null(d);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+  closedir(d);
+  return n;
+}
+
+/* Without RUDA_TRACE the device is not tracing and writes no file: run
+ * in an empty directory, which stays empty. */
 static void no_trace_without_the_variable(void **state) {
   (void)state;
   unsetenv("RUDA_TRACE");
+  char dir[] = "/tmp/ruda-notrace-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char here[4096];
+  assert_non_null(getcwd(here, sizeof here));
+  assert_int_equal(chdir(dir), 0);
   ruda_device *dev = test_open(2, 1024, RUDA_BACKPRESSURE_BLOCK);
   assert_ok(ruda_host_kernel_register(dev, "nap", nap_kernel));
   assert_ok(test_launch(dev, 0, "nap", NULL, 0));
+  assert_rc(ruda_trace_stop(dev), RUDA_EINVAL); /* not tracing */
   test_close(dev);
+  assert_int_equal(chdir(here), 0);
+  assert_int_equal(dir_entries(dir), 0);
+  assert_int_equal(rmdir(dir), 0);
 }
 
+/* A path that cannot be opened: the device opens and runs untraced, and
+ * says why on stderr at warn level. */
 static void unwritable_path_is_a_warning(void **state) {
   (void)state;
+  char log[] = "/tmp/ruda-trace-log-XXXXXX";
+  int lfd = mkstemp(log);
+  assert_true(lfd >= 0);
+  fflush(stderr);
+  int saved = dup(2);
+  assert_true(saved >= 0);
+  assert_int_equal(dup2(lfd, 2), 2);
   setenv("RUDA_TRACE", "/nonexistent-dir/trace.json", 1);
-  ruda_device *dev = test_open(1, 1024, RUDA_BACKPRESSURE_BLOCK);
+  ruda_config cfg;
+  ruda_config_init(&cfg);
+  cfg.backend = RUDA_BACKEND_HOST;
+  cfg.num_streams = 1;
+  cfg.log_level = RUDA_LOG_WARN;
+  ruda_device *dev = NULL;
+  int rc = ruda_device_open(&cfg, &dev);
   unsetenv("RUDA_TRACE");
+  fflush(stderr);
+  assert_int_equal(dup2(saved, 2), 2);
+  close(saved);
+  close(lfd);
+  assert_ok(rc);
+  char *said = test_slurp(log);
+  unlink(log);
+  fprintf(stderr, "%s", said);
+  assert_contains(said, "ruda warn: ");
+  assert_contains(said, "/nonexistent-dir/trace.json");
+  assert_contains(said, "not tracing");
+  free(said);
+  assert_rc(ruda_trace_stop(dev), RUDA_EINVAL); /* not tracing */
   assert_ok(ruda_host_kernel_register(dev, "nap", nap_kernel));
   assert_ok(test_launch(dev, 0, "nap", NULL, 0));
   assert_rc(ruda_device_close(dev, NULL), 0);

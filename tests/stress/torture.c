@@ -2,7 +2,8 @@
  * launch -> read chains with sequence numbers, frees racing the reads
  * still queued, handles of other threads freed under their feet, flush
  * and sync storms on other threads' streams, graphs replayed on several
- * streams and destroyed with replays queued. Every byte read back is
+ * streams and destroyed with replays queued, library calls (ruda_call) in
+ * place of some of those kernels. Every byte read back is
  * checked; run under ASan and TSan by tools/test.sh.
  *   torture [-t threads] [-n iterations] */
 #include <pthread.h>
@@ -63,6 +64,35 @@ static void launch_peek(ruda_stream_id s, ruda_handle h, int *rc) {
   *rc = ruda_launch(dev, s, &l);
 }
 
+/* The same two as library calls. */
+static int call_bump_fn(const ruda_call_ctx *c, void *user) {
+  (void)user;
+  uint64_t *x = ruda_call_ptr(c, 0);
+  for (int i = 0; i < WORDS; i++) x[i]++;
+  return 0;
+}
+
+static int call_peek_fn(const ruda_call_ctx *c, void *user) {
+  (void)user;
+  const uint64_t *x = ruda_call_ptr(c, 0);
+  uint64_t s = 0;
+  for (int i = 0; i < WORDS; i++) s += x[i];
+  atomic_fetch_add_explicit(&peeked, s, memory_order_relaxed);
+  return 0;
+}
+
+static void call_bump(ruda_stream_id s, ruda_handle h, int *rc) {
+  ruda_arg a = ruda_arg_buffer(ruda_bind(h));
+  ruda_call_desc d = {.name = "bump", .fn = call_bump_fn, .buffers = &a, .nbuffers = 1};
+  *rc = ruda_call(dev, s, &d);
+}
+
+static void call_peek(ruda_stream_id s, ruda_handle h, int *rc) {
+  ruda_arg a = ruda_arg_in(ruda_bind(h));
+  ruda_call_desc d = {.name = "peek", .fn = call_peek_fn, .buffers = &a, .nbuffers = 1};
+  *rc = ruda_call(dev, s, &d);
+}
+
 static void *worker(void *p) {
   const uint64_t t = (uint64_t)(uintptr_t)p;
   const ruda_stream_id me = t;
@@ -82,7 +112,7 @@ static void *worker(void *p) {
     if (rc == 0) launch_bump(me, x, &rc);
     /* The second bump on one of four streams every thread shares (never
      * captured, so it is never recorded into someone's graph). */
-    if (rc == 0) launch_bump((uint64_t)nthreads + rng(&seed) % 4, x, &rc);
+    if (rc == 0) (rng(&seed) & 1 ? launch_bump : call_bump)((uint64_t)nthreads + rng(&seed) % 4, x, &rc);
     ruda_future *f = NULL;
     if (rc == 0) rc = ruda_read(dev, me, &d, back, sizeof back, &f);
     if (ruda_buffer_free(dev, me, x) != 0) FAIL("thread %llu: free", (unsigned long long)t);
@@ -105,7 +135,8 @@ static void *worker(void *p) {
     uint64_t hv = atomic_load(&shared_h[k]);
     ruda_handle h = {(uint32_t)(hv >> 32), (uint32_t)hv};
     if (rng(&seed) & 1) {
-      launch_peek(me, h, &rc); /* may be freed meanwhile: refused, never corrupting */
+      /* May be freed meanwhile: refused, never corrupting. */
+      (rng(&seed) & 2 ? launch_peek : call_peek)(me, h, &rc);
       if (rc != 0 && rc != RUDA_ENOTFOUND) FAIL("thread %llu: shared launch: %s", (unsigned long long)t, ruda_err_name(rc));
     } else {
       ruda_handle n;
@@ -141,7 +172,9 @@ static void *worker(void *p) {
         continue;
       }
       launch_bump(me, g, &rc);
-      launch_bump(me, g, &rc);
+      if (rc != 0) FAIL("thread %llu: captured launch: %s", (unsigned long long)t, ruda_err_name(rc));
+      call_bump(me, g, &rc);
+      if (rc != 0) FAIL("thread %llu: captured call: %s", (unsigned long long)t, ruda_err_name(rc));
       if (ruda_graph_end_capture(dev, me, &gr) != 0) {
         FAIL("thread %llu: end capture", (unsigned long long)t);
         continue;

@@ -18,7 +18,8 @@
 
 typedef struct fake_event {
   _Atomic int done;
-  int fail_code; /* set before done */
+  _Atomic int waiting; /* callers inside fake_event_wait on it */
+  int fail_code;       /* set before done */
 } fake_event;
 
 #define MAX_EVENTS 64
@@ -45,6 +46,7 @@ static int fake_event_query(void *state, void *ev) {
 static int fake_event_wait(void *state, void *ev, ruda_error **err) {
   (void)state;
   fake_event *e = ev;
+  atomic_fetch_add(&e->waiting, 1);
   while (!atomic_load(&e->done)) usleep(100);
   if (e->fail_code != 0) {
     if (err) *err = ruda__error_new(e->fail_code, 700, "injected device fault");
@@ -144,16 +146,18 @@ static void flush_at_submission_sync_at_completion(void **state) {
   pthread_t t;
   assert_int_equal(pthread_create(&t, NULL, sync_thread, &s), 0);
   wait_events(2);
-  usleep(50000);
+  /* The sync waits on the device's completion of its own event. */
+  test_wait_count(&atomic_load(&events[1])->waiting, 1);
   assert_int_equal(atomic_load(&s.done), 0);
 
-  /* The first completion releases the first future only. */
+  /* The first completion releases the first future only: the sync still
+   * waits on the second event, which nothing completed. */
   complete(0, 0);
   assert_int_equal(ruda_future_poll(f), 1);
   assert_rc(ruda_future_wait(f, NULL), 0);
   ruda_future_free(f);
-  usleep(50000);
   assert_int_equal(atomic_load(&s.done), 0);
+  assert_int_equal(atomic_load(&atomic_load(&events[1])->waiting), 1);
   complete(1, 0);
   pthread_join(t, NULL);
   assert_int_equal(s.rc, 0);

@@ -35,6 +35,7 @@ static void open_ranks(ranks *r, uint32_t n) {
     assert_ok(ruda_host_kernel_register(r->dev[i], "fill", k_fill));
   }
   atomic_store(&test_gate_open, 1);
+  atomic_store(&test_gate_entered, 0);
   assert_ok(ruda_comm_init(r->dev, n, &r->comm));
   assert_int_equal(ruda_comm_size(r->comm), n);
   for (uint32_t i = 0; i < n; i++) assert_int_equal(ruda_comm_rank(r->comm, r->dev[i]), (int)i);
@@ -290,6 +291,7 @@ static void ordered_after_the_writers(void **state) {
   open_ranks(&r, 2);
   ruda_handle x[2];
   atomic_store(&test_gate_open, 0);
+  atomic_store(&test_gate_entered, 0);
   for (uint32_t k = 0; k < 2; k++) {
     assert_ok(ruda_buffer_create(r.dev[k], 7, N * sizeof(double), &x[k]));
     double v = 1000.0 * (k + 1);
@@ -298,7 +300,7 @@ static void ordered_after_the_writers(void **state) {
     assert_ok(test_launch(r.dev[k], 7, "fill", a, 2));
     assert_ok(ruda_all_reduce(r.comm, r.dev[k], ruda_bind(x[k]), ruda_bind(x[k]), RUDA_DTYPE_F64, RUDA_REDUCE_SUM));
   }
-  usleep(20000);
+  test_wait_count(&test_gate_entered, 2); /* both ranks held before their fills */
   atomic_store(&test_gate_open, 1);
   for (uint32_t k = 0; k < 2; k++) {
     double got[N];
@@ -429,6 +431,7 @@ static void destroy_waits_for_queued_rounds(void **state) {
   ruda_handle x[2];
   for (uint32_t k = 0; k < 2; k++) assert_ok(ruda_buffer_create(r.dev[k], 0, 256, &x[k]));
   atomic_store(&test_gate_open, 0);
+  atomic_store(&test_gate_entered, 0);
   assert_ok(test_launch(r.dev[1], 0, "gate", NULL, 0));
   ruda_arg a = ruda_arg_buffer(ruda_bind(x[1]));
   double v = 1;
@@ -437,7 +440,7 @@ static void destroy_waits_for_queued_rounds(void **state) {
   for (int round = 0; round < 5; round++)
     for (uint32_t k = 0; k < 2; k++)
       assert_ok(ruda_all_reduce(r.comm, r.dev[k], ruda_bind(x[k]), ruda_bind(x[k]), RUDA_DTYPE_F32, RUDA_REDUCE_SUM));
-  usleep(10000);
+  test_wait_count(&test_gate_entered, 1); /* rank 1 held before its fill */
   atomic_store(&test_gate_open, 1);
   assert_ok(ruda_comm_destroy(r.comm));
   for (uint32_t k = 0; k < 2; k++) {

@@ -121,11 +121,12 @@ static void replay_on_another_stream_is_ordered(void **state) {
   ruda_graph *g = capture_add_one(dev, 0, x);
   /* Stream 2 will set x, but only once the gate opens... */
   atomic_store(&test_gate_open, 0);
+  atomic_store(&test_gate_entered, 0);
   assert_ok(test_launch(dev, 2, "gate", NULL, 0));
   assert_ok(launch1(dev, 2, "set", x, &hundred));
   /* ...and the replay on stream 3 must follow that set. */
   assert_ok(ruda_graph_replay(dev, 3, g));
-  usleep(20000);
+  test_wait_count(&test_gate_entered, 1); /* stream 2 is held: x is not set yet */
   atomic_store(&test_gate_open, 1);
   uint64_t got[N];
   test_read(dev, 3, ruda_bind(x), got, sizeof got);
@@ -548,10 +549,12 @@ typedef struct runner {
   int rc;
   pthread_t self;
   atomic_int done;
+  _Atomic pid_t tid;
 } runner;
 
 static void *run_once(void *p) {
   runner *r = p;
+  atomic_store(&r->tid, test_tid());
   r->self = pthread_self();
   r->rc = ruda_graph_run(r->dev, r->s, r->g, NULL);
   atomic_store(&r->done, 1);
@@ -580,7 +583,8 @@ static void run_issues_in_place_only_when_the_worker_is_idle(void **state) {
   runner rn = {.dev = dev, .g = g, .s = 0};
   pthread_t t;
   assert_int_equal(pthread_create(&t, NULL, run_once, &rn), 0);
-  usleep(20000);
+  while (atomic_load(&rn.tid) == 0) sched_yield();
+  test_wait_blocked(atomic_load(&rn.tid)); /* the run waits, as it must */
   assert_int_equal(atomic_load(&rn.done), 0);
   atomic_store(&test_gate_open, 1);
   pthread_join(t, NULL);
@@ -644,7 +648,8 @@ static void run_follows_a_writer_on_another_stream(void **state) {
   runner rn = {.dev = dev, .g = g, .s = 3};
   pthread_t t;
   assert_int_equal(pthread_create(&t, NULL, run_once, &rn), 0);
-  usleep(20000);
+  while (atomic_load(&rn.tid) == 0) sched_yield();
+  test_wait_blocked(atomic_load(&rn.tid)); /* the run waits, as it must */
   assert_int_equal(atomic_load(&rn.done), 0);
   atomic_store(&test_gate_open, 1);
   pthread_join(t, NULL);

@@ -107,8 +107,9 @@ static void a_busy_worker_still_queues(void **state) {
   ruda_arg a = ruda_arg_buffer(ruda_bind(x));
   assert_ok(ruda_stream_set_in_place(dev, 0, 1));
   atomic_store(&test_gate_open, 0);
+  atomic_store(&test_gate_entered, 0);
   assert_ok(test_launch(dev, 1, "gate", NULL, 0));
-  usleep(10000); /* the worker is inside the gate */
+  test_wait_count(&test_gate_entered, 1); /* the worker is inside the gate */
   ran_on = pthread_self();
   assert_ok(test_launch(dev, 0, "note", &a, 1));
   assert_true(pthread_equal(ran_on, pthread_self())); /* not run yet: still ours */
@@ -130,10 +131,11 @@ static void ordered_after_another_streams_writer(void **state) {
   ruda_arg sc[3] = {ruda_arg_out(ruda_bind(y)), ruda_arg_in(ruda_bind(x)), ruda_arg_scalar(&three, sizeof three)};
   assert_ok(ruda_stream_set_in_place(dev, 0, 1));
   atomic_store(&test_gate_open, 0);
+  atomic_store(&test_gate_entered, 0);
   assert_ok(test_launch(dev, 1, "gate", NULL, 0));
   assert_ok(test_launch(dev, 1, "note", &w, 1)); /* x = 1, after the gate */
+  test_wait_count(&test_gate_entered, 1); /* worker 1 is held: x is still 0 */
   assert_ok(test_launch(dev, 0, "scale", sc, 3)); /* y = 3 x: must see x = 1 */
-  usleep(10000);
   atomic_store(&test_gate_open, 1);
   expect_all(dev, 0, y, 3);
   /* And the other way: stream 1 reads what stream 0 wrote in place. */

@@ -122,11 +122,14 @@ static void more_kernels_than_cache_slots(void **state) {
 enum { LAUNCHERS = 4, LAUNCHES = 2000 };
 static ruda_device *shared_dev;
 
+/* Returns the first failing code (as a pointer-sized integer), for the
+ * main thread to assert on: no cmocka off the main thread. */
 static void *launcher(void *arg) {
   ruda_stream_id s = (ruda_stream_id)(uintptr_t)arg;
-  for (int i = 0; i < LAUNCHES; i++) assert_ok(test_launch(shared_dev, s, "swapped", NULL, 0));
-  assert_ok(ruda_sync(shared_dev, s, NULL));
-  return NULL;
+  intptr_t rc = 0;
+  for (int i = 0; i < LAUNCHES && rc == 0; i++) rc = test_launch(shared_dev, s, "swapped", NULL, 0);
+  if (rc == 0) rc = ruda_sync(shared_dev, s, NULL);
+  return (void *)rc;
 }
 
 static void replacement_under_concurrent_launches(void **state) {
@@ -137,7 +140,11 @@ static void replacement_under_concurrent_launches(void **state) {
   pthread_t t[LAUNCHERS];
   for (uintptr_t i = 0; i < LAUNCHERS; i++) assert_int_equal(pthread_create(&t[i], NULL, launcher, (void *)i), 0);
   for (int i = 0; i < 50; i++) assert_ok(ruda_host_kernel_register(shared_dev, "swapped", i % 2 ? k1 : k10));
-  for (int i = 0; i < LAUNCHERS; i++) pthread_join(t[i], NULL);
+  for (int i = 0; i < LAUNCHERS; i++) {
+    void *rc = NULL;
+    pthread_join(t[i], &rc);
+    if (rc != NULL) fail_msg("launcher %d: %s", i, ruda_err_name((int)(intptr_t)rc));
+  }
   uint64_t got = atomic_load(&total), n = (uint64_t)LAUNCHERS * LAUNCHES;
   /* got = ones + 10 * tens with ones + tens = n */
   assert_true(got >= n && got <= 10 * n && (got - n) % 9 == 0);

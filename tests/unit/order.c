@@ -239,15 +239,36 @@ typedef struct {
   ruda_device *dev;
   ruda_handle x;
   _Atomic int issued;
+  int rc, wait_rc; /* asserted by the main thread */
 } issuer;
 
 static void *write_x(void *p) {
   issuer *a = p;
   uint32_t v[16] = {0};
   ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(a->x));
-  assert_ok(ruda_write(a->dev, 0, &d, v, sizeof v));
+  a->rc = ruda_write(a->dev, 0, &d, v, sizeof v);
   atomic_store(&a->issued, 1);
   return NULL;
+}
+
+/* Waits (10 s at most) until x's use lock shows a writer that claimed it
+ * and waits for the readers issuing now. */
+static void wait_for_claimed_write(ruda_device *dev, ruda_handle x) {
+  _Atomic uint64_t *lk = ruda__handles_last(&dev->handles, x.slot) + RUDA__USE_LOCK;
+  for (int i = 0; !(atomic_load(lk) & RUDA__USE_LOCK_WRITER); i++) {
+    if (i == 100000) fail_msg("the write never claimed the use lock");
+    usleep(100);
+  }
+}
+
+/* Waits (10 s at most) until a use of x is pinned and not yet queued: a
+ * call past its pin, at or before the use lock. */
+static void wait_for_pending_use(ruda_device *dev, ruda_handle x) {
+  ruda__slot *sl = ruda__handles_slot(&dev->handles, x.slot);
+  for (int i = 0; atomic_load(&sl->pending) == 0; i++) {
+    if (i == 100000) fail_msg("no use of the buffer was ever pending");
+    usleep(100);
+  }
 }
 
 static void write_waits_for_reads_being_issued(void **state) {
@@ -261,17 +282,17 @@ static void write_waits_for_reads_being_issued(void **state) {
   ruda__order r1, r2;
   begin_issue(dev, &r1, x, 1, RUDA__USE_READ);
   begin_issue(dev, &r2, x, 2, RUDA__USE_READ);
-  issuer a = {dev, x, 0};
+  issuer a = {.dev = dev, .x = x};
   pthread_t t;
   assert_int_equal(pthread_create(&t, NULL, write_x, &a), 0);
-  usleep(50 * 1000);
+  wait_for_claimed_write(dev, x);
   /* The write cannot look at x's readers while reads are mid-issue. */
   assert_int_equal(atomic_load(&a.issued), 0);
   ruda__order_publish(&r1, &dev->sched.workers[1]);
-  usleep(20 * 1000);
-  assert_int_equal(atomic_load(&a.issued), 0);
+  assert_int_equal(atomic_load(&a.issued), 0); /* r2 still holds it */
   ruda__order_publish(&r2, &dev->sched.workers[2]);
   pthread_join(t, NULL);
+  assert_ok(a.rc);
   /* It saw both: ordered after workers 1 and 2 (both still gated). */
   assert_int_equal(marks(dev), 2);
   assert_int_equal(waits(dev), 1);
@@ -286,9 +307,9 @@ static void *read_x(void *p) {
   uint32_t v[16];
   ruda_future *f = NULL;
   ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(a->x));
-  assert_ok(ruda_read(a->dev, 3, &d, v, sizeof v, &f));
+  a->rc = ruda_read(a->dev, 3, &d, v, sizeof v, &f);
   atomic_store(&a->issued, 1);
-  assert_ok(ruda_future_wait(f, NULL));
+  if (a->rc == 0) a->wait_rc = ruda_future_wait(f, NULL);
   ruda_future_free(f);
   return NULL;
 }
@@ -303,17 +324,20 @@ static void read_waits_for_a_write_being_issued(void **state) {
    * for its publish, then orders after it. */
   ruda__order w;
   begin_issue(dev, &w, x, 1, RUDA__USE_WRITE);
-  issuer a = {dev, x, 0};
+  issuer a = {.dev = dev, .x = x};
   pthread_t t;
   assert_int_equal(pthread_create(&t, NULL, read_x, &a), 0);
-  usleep(50 * 1000);
+  wait_for_pending_use(dev, x); /* the read pinned x: at the lock the write holds */
   assert_int_equal(atomic_load(&a.issued), 0);
   ruda__order_publish(&w, &dev->sched.workers[1]);
-  while (!atomic_load(&a.issued)) usleep(1000);
+  test_wait_count(&a.issued, 1);
+  /* It waited for the publish: ordered after worker 1's write. */
   assert_int_equal(marks(dev), 1);
   assert_int_equal(waits(dev), 1);
   open_gate(1);
   pthread_join(t, NULL);
+  assert_ok(a.rc);
+  assert_ok(a.wait_rc);
   test_close(dev);
 }
 

@@ -1,0 +1,57 @@
+/* cublas_dl.h - the few cuBLAS entry points the examples and bench_blas
+ * use, loaded at run time (dlopen), so building needs no cuBLAS headers or
+ * library. The types are cuBLAS's own ABI: handles are pointers, enums
+ * ints, cudaStream_t is a CUstream. */
+#ifndef RUDA_EXAMPLES_CUBLAS_DL_H
+#define RUDA_EXAMPLES_CUBLAS_DL_H
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef struct cublas_dl {
+  void *lib;
+  int (*create)(void **handle);
+  int (*destroy)(void *handle);
+  int (*set_stream)(void *handle, void *stream);
+  int (*sgemm)(void *handle, int transa, int transb, int m, int n, int k, const float *alpha, const float *a,
+               int lda, const float *b, int ldb, const float *beta, float *c, int ldc);
+  char why[160]; /* when it failed to load */
+} cublas_dl;
+
+#define CUBLAS_DL_OP_N 0
+
+/* Loads cuBLAS (the newest soname found first, then RUDA_CUBLAS if set).
+ * 0, or -1 with b->why saying what was missing. */
+static int cublas_dl_open(cublas_dl *b) {
+  static const char *const names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so.11", "libcublas.so"};
+  const char *env = getenv("RUDA_CUBLAS");
+  b->lib = env != NULL && *env ? dlopen(env, RTLD_NOW | RTLD_LOCAL) : NULL;
+  for (size_t i = 0; b->lib == NULL && i < sizeof names / sizeof names[0]; i++)
+    b->lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+  if (b->lib == NULL) {
+    snprintf(b->why, sizeof b->why, "no cuBLAS library (libcublas.so.13/12/11; set RUDA_CUBLAS=path)");
+    return -1;
+  }
+  *(void **)&b->create = dlsym(b->lib, "cublasCreate_v2");
+  *(void **)&b->destroy = dlsym(b->lib, "cublasDestroy_v2");
+  *(void **)&b->set_stream = dlsym(b->lib, "cublasSetStream_v2");
+  *(void **)&b->sgemm = dlsym(b->lib, "cublasSgemm_v2");
+  if (b->create == NULL || b->destroy == NULL || b->set_stream == NULL || b->sgemm == NULL) {
+    snprintf(b->why, sizeof b->why, "cuBLAS lacks cublasCreate_v2/cublasSetStream_v2/cublasSgemm_v2");
+    dlclose(b->lib);
+    b->lib = NULL;
+    return -1;
+  }
+  return 0;
+}
+
+/* Row-major y[m x n] = x[m x k] w[k x n] (all dense) in cuBLAS's column-
+ * major terms: y^T = w^T x^T, i.e. no transposes with the operands swapped. */
+static int cublas_dl_gemm_rm(const cublas_dl *b, void *h, int m, int n, int k, const float *x, const float *w,
+                             float *y) {
+  const float one = 1.0f, zero = 0.0f;
+  return b->sgemm(h, CUBLAS_DL_OP_N, CUBLAS_DL_OP_N, n, m, k, &one, w, n, x, k, &zero, y, n);
+}
+
+#endif /* RUDA_EXAMPLES_CUBLAS_DL_H */

@@ -1,0 +1,163 @@
+/* gpu_call.c - library calls (ruda_call) on the cuda backend: the function
+ * gets the worker's CUstream with the device's context current on its
+ * thread, the driver work it issues there is ordered against other
+ * streams' kernels by access mode, a captured call becomes part of the
+ * CUDA graph (the function runs once, at the first replay), and its
+ * failure reaches the stream. The "library" is the driver itself
+ * (cuMemsetD8Async, cuMemcpyDtoDAsync), so the mock driver runs it too. */
+#include "gpu_common.h"
+#include "backends/cuda/cuda_internal.h"
+
+#define SPIN 40000000LL /* ~20 ms on the H200; the mock sleeps spin / 2000 us */
+
+typedef struct seen {
+  void *cu_stream, *cu_context, *current;
+  uint32_t worker;
+  int capturing, calls;
+} seen;
+
+/* Fills buffer 0 with the byte in data, on the call's stream. */
+static int memset_fn(const ruda_call_ctx *c, void *user) {
+  seen *s = user;
+  CUcontext cur = NULL;
+  ruda__cu.cuCtxGetCurrent(&cur);
+  s->cu_stream = c->cu_stream;
+  s->cu_context = c->cu_context;
+  s->current = cur;
+  s->worker = c->worker;
+  s->capturing = c->capturing;
+  s->calls++;
+  unsigned char v = *(const unsigned char *)c->data;
+  CUresult r = ruda__cu.cuMemsetD8Async((CUdeviceptr)c->addr[0], v, c->size[0], (CUstream)c->cu_stream);
+  if (r != CUDA_SUCCESS) snprintf(c->msg, RUDA_CALL_MSG_MAX, "cuMemsetD8Async: %d", (int)r);
+  return (int)r;
+}
+
+static void call_gets_the_worker_stream_and_context(void **state) {
+  (void)state;
+  ruda_device *dev = gpu_open();
+  ruda_handle x;
+  assert_ok(ruda_buffer_create(dev, 1, 4096, &x));
+  seen s = {0};
+  unsigned char v = 0x5a;
+  ruda_arg b = ruda_arg_out(ruda_bind(x));
+  ruda_call_desc d = {.name = "memset", .fn = memset_fn, .user = &s, .buffers = &b, .nbuffers = 1, .data = &v,
+                      .data_size = 1};
+  assert_ok(ruda_call(dev, 1, &d));
+  unsigned char got[4096];
+  test_read(dev, 1, ruda_bind(x), got, sizeof got);
+  for (size_t i = 0; i < sizeof got; i++) assert_int_equal(got[i], 0x5a);
+  void *stream = NULL, *ctx = NULL;
+  assert_ok(ruda_cuda_stream(dev, 1, &stream));
+  assert_ok(ruda_cuda_context(dev, &ctx));
+  assert_int_equal(s.calls, 1);
+  assert_ptr_equal(s.cu_stream, stream);
+  assert_ptr_equal(s.cu_context, ctx);
+  assert_ptr_equal(s.current, ctx); /* current on the function's thread */
+  assert_int_equal(s.worker, 1);
+  assert_int_equal(s.capturing, 0);
+  assert_ok(ruda_buffer_free(dev, 1, x));
+  test_close(dev);
+}
+
+/* y = x, by the driver, on the call's stream. */
+static int copy_fn(const ruda_call_ctx *c, void *user) {
+  (void)user;
+  return (int)ruda__cu.cuMemcpyDtoDAsync((CUdeviceptr)c->addr[1], (CUdeviceptr)c->addr[0], c->size[1],
+                                        (CUstream)c->cu_stream);
+}
+
+static void call_follows_a_kernel_writing_its_input_on_another_stream(void **state) {
+  (void)state;
+  ruda_device *dev = gpu_open();
+  assert_ok(ruda_kernel_source(dev, "order_fill", SRC_ORDER, NULL));
+  enum { N = 1 << 16 };
+  ruda_handle x, y;
+  assert_ok(ruda_buffer_create(dev, 0, N * 4, &x));
+  assert_ok(ruda_buffer_create(dev, 1, N * 4, &y));
+  unsigned *zeros = calloc(N, 4);
+  test_write(dev, 0, ruda_bind(x), zeros, N * 4);
+  test_write(dev, 1, ruda_bind(y), zeros, N * 4);
+  assert_ok(ruda_sync(dev, 0, NULL));
+  assert_ok(ruda_sync(dev, 1, NULL));
+  unsigned n = N, base = 1000;
+  long long spin = SPIN;
+  ruda_arg a[4] = {ruda_arg_scalar(&n, 4), ruda_arg_out(ruda_bind(x)), ruda_arg_scalar(&base, 4),
+                   ruda_arg_scalar(&spin, 8)};
+  ruda_launch_desc l = {.kernel = "order_fill", .grid = {64, 1, 1}, .block = {256, 1, 1}, .args = a, .nargs = 4};
+  assert_ok(ruda_launch(dev, 0, &l));
+  ruda_arg bufs[2] = {ruda_arg_in(ruda_bind(x)), ruda_arg_out(ruda_bind(y))};
+  ruda_call_desc d = {.name = "copy", .fn = copy_fn, .buffers = bufs, .nbuffers = 2};
+  assert_ok(ruda_call(dev, 1, &d));
+  unsigned *got = malloc(N * 4);
+  test_read(dev, 1, ruda_bind(y), got, N * 4);
+  for (unsigned i = 0; i < N; i++)
+    if (got[i] != base + i) fail_msg("y[%u] = %u, expected %u: the call ran before the writer", i, got[i], base + i);
+  free(got);
+  free(zeros);
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  assert_ok(ruda_buffer_free(dev, 1, y));
+  test_close(dev);
+}
+
+static void a_captured_call_is_part_of_the_graph(void **state) {
+  (void)state;
+  ruda_device *dev = gpu_open();
+  ruda_handle x;
+  assert_ok(ruda_buffer_create(dev, 0, 1024, &x));
+  seen s = {0};
+  unsigned char v = 0x3c, zeros[1024] = {0}, got[1024];
+  ruda_arg b = ruda_arg_out(ruda_bind(x));
+  ruda_call_desc d = {.name = "memset", .fn = memset_fn, .user = &s, .buffers = &b, .nbuffers = 1, .data = &v,
+                      .data_size = 1};
+  assert_ok(ruda_graph_begin_capture(dev, 0));
+  assert_ok(ruda_call(dev, 0, &d));
+  ruda_graph *g = NULL;
+  assert_ok(ruda_graph_end_capture(dev, 0, &g));
+  for (int r = 0; r < 3; r++) {
+    test_write(dev, 2, ruda_bind(x), zeros, sizeof zeros);
+    assert_ok(ruda_graph_replay(dev, 2, g));
+    test_read(dev, 2, ruda_bind(x), got, sizeof got);
+    for (size_t i = 0; i < sizeof got; i++) assert_int_equal(got[i], 0x3c);
+  }
+  /* Called once, capturing, at the first replay; the graph reran its work. */
+  assert_int_equal(s.calls, 1);
+  assert_int_equal(s.capturing, 1);
+  assert_int_equal(s.worker, 2);
+  assert_ok(ruda_graph_destroy(dev, g));
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  test_close(dev);
+}
+
+static int failing_fn(const ruda_call_ctx *c, void *user) {
+  (void)user;
+  snprintf(c->msg, RUDA_CALL_MSG_MAX, "CUBLAS_STATUS_NOT_SUPPORTED");
+  return 15;
+}
+
+static void a_failure_reaches_the_stream(void **state) {
+  (void)state;
+  ruda_device *dev = gpu_open();
+  ruda_call_desc d = {.name = "gemm", .fn = failing_fn};
+  assert_ok(ruda_call(dev, 3, &d));
+  ruda_error *err = NULL;
+  assert_rc(ruda_sync(dev, 3, &err), RUDA_EUNHEALTHY);
+  const ruda_error *e = ruda_error_cause(err);
+  assert_int_equal(ruda_error_code(e), RUDA_ECALL);
+  assert_int_equal(ruda_error_backend_code(e), 15);
+  assert_contains(ruda_error_message(e), "ruda_call \"gemm\" (stream 3, command #1): the function returned 15: "
+                                         "CUBLAS_STATUS_NOT_SUPPORTED");
+  ruda_error_free(err);
+  assert_ok(ruda_sync(dev, 3, NULL)); /* the device is not faulted */
+  test_close(dev);
+}
+
+int main(int argc, char **argv) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(call_gets_the_worker_stream_and_context),
+      cmocka_unit_test(call_follows_a_kernel_writing_its_input_on_another_stream),
+      cmocka_unit_test(a_captured_call_is_part_of_the_graph),
+      cmocka_unit_test(a_failure_reaches_the_stream),
+  };
+  return gpu_main("gpu_call", tests, sizeof tests / sizeof tests[0], argc, argv);
+}

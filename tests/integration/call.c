@@ -1,0 +1,684 @@
+/* call.c - library calls as stream commands (ruda_call, ruda/call.h) on
+ * the host backend: what the function sees, stream order, ordering against
+ * other streams' writers and readers by access mode, errors, capture and
+ * replay, refusal, bad inputs, and user code that calls back into ruda. */
+#include <pthread.h>
+#include <time.h>
+
+#include "common.h"
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Waits up to ms for *flag to become non-zero; returns it. The window in
+ * which a wrongly ordered command would show itself, never the order. */
+static int within_ms(_Atomic int *flag, unsigned ms) {
+  uint64_t until = now_ns() + (uint64_t)ms * 1000000u;
+  while (!atomic_load(flag) && now_ns() < until) usleep(100);
+  return atomic_load(flag);
+}
+
+static ruda_call_desc desc_of(const char *name, ruda_call_fn fn, void *user, const ruda_arg *bufs, uint32_t n) {
+  ruda_call_desc d = {.name = name, .fn = fn, .user = user, .buffers = bufs, .nbuffers = n};
+  return d;
+}
+
+/* ---- what the function sees, in stream order ---- */
+
+typedef struct seen {
+  ruda_call_ctx ctx;
+  uint64_t addr0, size0, size1;
+  float scale;
+  pthread_t thread;
+  char thread_name[16];
+  int calls;
+} seen;
+
+/* y[i] = x[i] * scale, scale from the call's data. */
+static int scale_fn(const ruda_call_ctx *c, void *user) {
+  seen *s = user;
+  s->ctx = *c;
+  s->addr0 = c->addr[0];
+  s->size0 = c->size[0];
+  s->size1 = c->size[1];
+  memcpy(&s->scale, c->data, sizeof s->scale);
+  s->thread = pthread_self();
+  pthread_getname_np(pthread_self(), s->thread_name, sizeof s->thread_name);
+  s->calls++;
+  const float *x = ruda_call_ptr(c, 0);
+  float *y = ruda_call_ptr(c, 1);
+  for (uint64_t i = 0; i < c->size[1] / sizeof(float); i++) y[i] = x[i] * s->scale;
+  return 0;
+}
+
+static int add_one_kernel(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  float *y = args[0];
+  for (int i = 0; i < 8; i++) y[i] += 1.0f;
+  return 0;
+}
+
+static void runs_in_stream_order_with_its_buffers(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(4, 65536, RUDA_BACKPRESSURE_BLOCK);
+  assert_ok(ruda_host_kernel_register(dev, "add_one", add_one_kernel));
+  ruda_handle x, y;
+  assert_ok(ruda_buffer_create(dev, 6, 16 * sizeof(float), &x));
+  assert_ok(ruda_buffer_create(dev, 6, 8 * sizeof(float), &y));
+  float in[16];
+  for (int i = 0; i < 16; i++) in[i] = (float)i;
+  test_write(dev, 6, ruda_bind(x), in, sizeof in);
+  seen s = {0};
+  float scale = 3.0f;
+  ruda_arg bufs[2] = {ruda_arg_in(ruda_bind_range(x, 4 * sizeof(float), 8 * sizeof(float))),
+                      ruda_arg_out(ruda_bind(y))};
+  ruda_call_desc d = desc_of("scale", scale_fn, &s, bufs, 2);
+  d.data = &scale;
+  d.data_size = sizeof scale;
+  assert_ok(ruda_call(dev, 6, &d));
+  scale = -100.0f; /* the data was copied at the call */
+  ruda_arg a = ruda_arg_buffer(ruda_bind(y));
+  assert_ok(test_launch(dev, 6, "add_one", &a, 1));
+  float out[8];
+  test_read(dev, 6, ruda_bind(y), out, sizeof out);
+  for (int i = 0; i < 8; i++) assert_true(out[i] == (float)(i + 4) * 3.0f + 1.0f);
+  assert_int_equal(s.calls, 1);
+  assert_true(s.scale == 3.0f);
+  assert_ptr_equal(s.ctx.dev, dev);
+  assert_int_equal(s.ctx.stream, 6);
+  assert_int_equal(s.ctx.seq, 2); /* after the write */
+  assert_int_equal(s.ctx.worker, 6 % 4);
+  assert_int_equal(s.ctx.nbuffers, 2);
+  assert_int_equal(s.size0, 8 * sizeof(float));
+  assert_int_equal(s.size1, 8 * sizeof(float));
+  uint64_t base = 0;
+  assert_ok(ruda_binding_device_ptr(dev, ruda_bind(x), &base));
+  assert_int_equal(s.addr0, base + 4 * sizeof(float));
+  assert_null(s.ctx.cu_stream);
+  assert_null(s.ctx.cu_context);
+  assert_int_equal(s.ctx.capturing, 0);
+  assert_int_equal(s.ctx.data_size, sizeof(float));
+  /* On its worker's thread, not the caller's. */
+  assert_false(pthread_equal(s.thread, pthread_self()));
+  assert_string_equal(s.thread_name, "ruda-w2");
+  assert_ok(ruda_buffer_free(dev, 6, x));
+  assert_ok(ruda_buffer_free(dev, 6, y));
+  test_close(dev);
+}
+
+/* ---- ordering against other streams ---- */
+
+static _Atomic int gate_seen_closed, call_ran;
+
+/* Copies buffer 0 into buffer 1, noting whether the gate was still shut. */
+static int copy_fn(const ruda_call_ctx *c, void *user) {
+  (void)user;
+  if (!atomic_load(&test_gate_open)) atomic_store(&gate_seen_closed, 1);
+  memcpy(ruda_call_ptr(c, 1), ruda_call_ptr(c, 0), c->size[1]);
+  atomic_store(&call_ran, 1);
+  return 0;
+}
+
+/* Writes 42 once the gate opens. */
+static int gated_fill_kernel(const ruda_host_ctx *c, void *const *args) {
+  test_gate_kernel(c, args);
+  *(int *)args[0] = 42;
+  return 0;
+}
+
+static void call_follows_a_writer_on_another_stream(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(4, 65536, RUDA_BACKPRESSURE_BLOCK);
+  assert_ok(ruda_host_kernel_register(dev, "gated_fill", gated_fill_kernel));
+  ruda_handle x, y;
+  assert_ok(ruda_buffer_create(dev, 1, sizeof(int), &x));
+  assert_ok(ruda_buffer_create(dev, 2, sizeof(int), &y));
+  int zero = 0;
+  test_write(dev, 1, ruda_bind(x), &zero, sizeof zero);
+  test_write(dev, 2, ruda_bind(y), &zero, sizeof zero);
+  assert_ok(ruda_sync(dev, 1, NULL));
+  assert_ok(ruda_sync(dev, 2, NULL));
+  atomic_store(&gate_seen_closed, 0);
+  atomic_store(&call_ran, 0);
+  atomic_store(&test_gate_open, 0);
+  ruda_arg w = ruda_arg_out(ruda_bind(x));
+  assert_ok(test_launch(dev, 1, "gated_fill", &w, 1));
+  ruda_arg bufs[2] = {ruda_arg_in(ruda_bind(x)), ruda_arg_out(ruda_bind(y))};
+  ruda_call_desc d = desc_of("copy", copy_fn, NULL, bufs, 2);
+  assert_ok(ruda_call(dev, 2, &d));
+  /* Unordered, the call would run now, with the writer held at the gate. */
+  assert_false(within_ms(&call_ran, 30));
+  atomic_store(&test_gate_open, 1);
+  int got = 0;
+  test_read(dev, 2, ruda_bind(y), &got, sizeof got);
+  assert_int_equal(got, 42);
+  assert_int_equal(atomic_load(&gate_seen_closed), 0);
+  assert_ok(ruda_buffer_free(dev, 1, x));
+  assert_ok(ruda_buffer_free(dev, 2, y));
+  test_close(dev);
+}
+
+/* Writes 7 into buffer 0 once the gate opens (the function may block its
+ * own worker; it blocks on the test, not on another stream). */
+static int gated_write_fn(const ruda_call_ctx *c, void *user) {
+  (void)user;
+  while (!atomic_load(&test_gate_open)) usleep(100);
+  *(int *)ruda_call_ptr(c, 0) = 7;
+  return 0;
+}
+
+static void readers_on_other_streams_follow_a_call_that_writes(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(4, 65536, RUDA_BACKPRESSURE_BLOCK);
+  ruda_handle x;
+  assert_ok(ruda_buffer_create(dev, 1, sizeof(int), &x));
+  int zero = 0;
+  test_write(dev, 1, ruda_bind(x), &zero, sizeof zero);
+  assert_ok(ruda_sync(dev, 1, NULL));
+  atomic_store(&test_gate_open, 0);
+  ruda_arg b = ruda_arg_out(ruda_bind(x));
+  ruda_call_desc d = desc_of("gated_write", gated_write_fn, NULL, &b, 1);
+  assert_ok(ruda_call(dev, 1, &d));
+  int got = -1;
+  ruda_copy_desc cd = ruda_copy_contiguous(ruda_bind(x));
+  ruda_future *f = NULL;
+  assert_ok(ruda_read(dev, 3, &cd, &got, sizeof got, &f));
+  /* The read waits for the call: unordered, it would complete now. */
+  uint64_t until = now_ns() + 30000000u;
+  while (now_ns() < until) {
+    assert_int_equal(ruda_future_poll(f), 0);
+    usleep(200);
+  }
+  atomic_store(&test_gate_open, 1);
+  assert_ok(ruda_future_wait(f, NULL));
+  ruda_future_free(f);
+  assert_int_equal(got, 7);
+  assert_ok(ruda_buffer_free(dev, 1, x));
+  test_close(dev);
+}
+
+/* A reader kernel held at the gate; a call writing the buffer on another
+ * stream must wait for it. */
+static int gated_reader_kernel(const ruda_host_ctx *c, void *const *args) { return test_gate_kernel(c, args); }
+
+static int note_gate_fn(const ruda_call_ctx *c, void *user) {
+  (void)user;
+  if (!atomic_load(&test_gate_open)) atomic_store(&gate_seen_closed, 1);
+  *(int *)ruda_call_ptr(c, 0) = 5;
+  atomic_store(&call_ran, 1);
+  return 0;
+}
+
+static void call_that_writes_waits_for_readers_on_other_streams(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(4, 65536, RUDA_BACKPRESSURE_BLOCK);
+  assert_ok(ruda_host_kernel_register(dev, "gated_reader", gated_reader_kernel));
+  ruda_handle x;
+  assert_ok(ruda_buffer_create(dev, 1, sizeof(int), &x));
+  int zero = 0;
+  test_write(dev, 1, ruda_bind(x), &zero, sizeof zero);
+  assert_ok(ruda_sync(dev, 1, NULL));
+  atomic_store(&gate_seen_closed, 0);
+  atomic_store(&call_ran, 0);
+  atomic_store(&test_gate_open, 0);
+  ruda_arg r = ruda_arg_in(ruda_bind(x));
+  assert_ok(test_launch(dev, 2, "gated_reader", &r, 1));
+  ruda_arg b = ruda_arg_out(ruda_bind(x));
+  ruda_call_desc d = desc_of("note_gate", note_gate_fn, NULL, &b, 1);
+  assert_ok(ruda_call(dev, 3, &d));
+  assert_false(within_ms(&call_ran, 30));
+  atomic_store(&test_gate_open, 1);
+  int got = 0;
+  test_read(dev, 3, ruda_bind(x), &got, sizeof got);
+  assert_int_equal(got, 5);
+  assert_int_equal(atomic_load(&gate_seen_closed), 0);
+  assert_ok(ruda_buffer_free(dev, 1, x));
+  test_close(dev);
+}
+
+/* Calls that only read one buffer, on N streams, meet (run at once);
+ * declared read-write they run one after another. */
+static _Atomic int arrived, met;
+
+static int meet_fn(const ruda_call_ctx *c, void *user) {
+  (void)c;
+  int want = *(const int *)user;
+  atomic_fetch_add(&arrived, 1);
+  uint64_t until = now_ns() + 300000000ull;
+  while (atomic_load(&arrived) < want && now_ns() < until) usleep(50);
+  if (atomic_load(&arrived) >= want) atomic_fetch_add(&met, 1);
+  return 0;
+}
+
+static int run_meeting(ruda_arg (*make)(ruda_binding)) {
+  enum { N = 3 };
+  ruda_device *dev = test_open(N, 65536, RUDA_BACKPRESSURE_BLOCK);
+  ruda_handle w;
+  assert_ok(ruda_buffer_create(dev, 0, 64, &w));
+  static char zeros[64];
+  test_write(dev, 0, ruda_bind(w), zeros, sizeof zeros);
+  assert_ok(ruda_sync(dev, 0, NULL));
+  atomic_store(&arrived, 0);
+  atomic_store(&met, 0);
+  static int want = N;
+  for (int s = 0; s < N; s++) {
+    ruda_arg b = make(ruda_bind(w));
+    ruda_call_desc d = desc_of("meet", meet_fn, &want, &b, 1);
+    assert_ok(ruda_call(dev, (ruda_stream_id)s, &d));
+  }
+  for (int s = 0; s < N; s++) assert_ok(ruda_sync(dev, (ruda_stream_id)s, NULL));
+  assert_ok(ruda_buffer_free(dev, 0, w));
+  test_close(dev);
+  return atomic_load(&met);
+}
+
+static void calls_reading_one_buffer_run_at_once(void **state) {
+  (void)state;
+  assert_int_equal(run_meeting(ruda_arg_in), 3);
+  /* The control: read-write declarations order them, so only the last meets. */
+  assert_int_equal(run_meeting(ruda_arg_buffer), 1);
+}
+
+/* ---- errors ---- */
+
+static int failing_fn(const ruda_call_ctx *c, void *user) {
+  (void)user;
+  snprintf(c->msg, RUDA_CALL_MSG_MAX, "CUBLAS_STATUS_EXECUTION_FAILED (stand-in)");
+  return 13;
+}
+
+/* Fills the whole message buffer with no terminator. */
+static int overlong_fn(const ruda_call_ctx *c, void *user) {
+  (void)user;
+  memset(c->msg, 'z', RUDA_CALL_MSG_MAX);
+  return -1;
+}
+
+static int count_fn(const ruda_call_ctx *c, void *user) {
+  (void)c;
+  atomic_fetch_add((_Atomic int *)user, 1);
+  return 0;
+}
+
+static void a_failure_is_an_error_on_its_stream(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(2, 65536, RUDA_BACKPRESSURE_BLOCK);
+  ruda_handle x;
+  assert_ok(ruda_buffer_create(dev, 3, 64, &x));
+  ruda_arg b = ruda_arg_buffer(ruda_bind(x));
+  ruda_call_desc ok = desc_of("ok", count_fn, NULL, NULL, 0);
+  static _Atomic int after;
+  atomic_store(&after, 0);
+  ok.user = (void *)&after;
+  assert_ok(ruda_call(dev, 3, &ok));                  /* command #1 */
+  ruda_call_desc bad = desc_of("sgemm layer 1", failing_fn, NULL, &b, 1);
+  assert_ok(ruda_call(dev, 3, &bad));                 /* command #2 */
+  assert_ok(ruda_call(dev, 3, &ok));                  /* later commands still run */
+  ruda_error *err = NULL;
+  assert_rc(ruda_sync(dev, 3, &err), RUDA_EUNHEALTHY);
+  assert_int_equal(atomic_load(&after), 2);
+  const ruda_error *e = ruda_error_cause(err);
+  assert_non_null(e);
+  assert_int_equal(ruda_error_code(e), RUDA_ECALL);
+  assert_int_equal(ruda_error_backend_code(e), 13);
+  assert_int_equal(ruda_error_stream(e), 3);
+  assert_contains(ruda_error_message(e), "ruda_call \"sgemm layer 1\" (stream 3, command #2)");
+  assert_contains(ruda_error_message(e), "returned 13: CUBLAS_STATUS_EXECUTION_FAILED (stand-in)");
+  assert_null(ruda_error_next(e));
+  ruda_error_free(err);
+  /* A message without its terminator is cut, not overrun; no name: "call". */
+  ruda_call_desc longer = desc_of(NULL, overlong_fn, NULL, NULL, 0);
+  assert_ok(ruda_call(dev, 3, &longer));
+  assert_rc(ruda_flush(dev, 3, &err), RUDA_EUNHEALTHY);
+  assert_contains(ruda_error_message(ruda_error_cause(err)), "ruda_call \"call\" (stream 3, command #5)");
+  assert_contains(ruda_error_message(ruda_error_cause(err)), "returned -1: zzzz");
+  assert_int_equal(ruda_error_backend_code(ruda_error_cause(err)), -1);
+  ruda_error_free(err);
+  assert_ok(ruda_sync(dev, 3, NULL)); /* drained */
+  assert_ok(ruda_buffer_free(dev, 3, x));
+  test_close(dev);
+}
+
+static _Atomic int never_called;
+
+static int never_fn(const ruda_call_ctx *c, void *user) {
+  (void)c;
+  (void)user;
+  atomic_fetch_add(&never_called, 1);
+  return 0;
+}
+
+static void bad_inputs_are_refused_at_the_call(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(2, 65536, RUDA_BACKPRESSURE_BLOCK);
+  atomic_store(&never_called, 0);
+  ruda_handle x, gone;
+  assert_ok(ruda_buffer_create(dev, 0, 64, &x));
+  assert_ok(ruda_buffer_create(dev, 0, 64, &gone));
+  assert_ok(ruda_buffer_free(dev, 0, gone));
+  ruda_arg b = ruda_arg_in(ruda_bind(x));
+  ruda_call_desc d = desc_of("k", never_fn, NULL, &b, 1);
+
+  assert_rc(ruda_call(NULL, 0, &d), RUDA_EINVAL);
+  assert_rc(ruda_call(dev, 0, NULL), RUDA_EINVAL);
+  assert_last_error_contains("desc is NULL");
+  ruda_call_desc t = d;
+  t.fn = NULL;
+  assert_rc(ruda_call(dev, 0, &t), RUDA_EINVAL);
+  assert_last_error_contains("ruda_call \"k\": fn is NULL");
+  ruda_arg many[RUDA_MAX_ARGS + 1];
+  for (int i = 0; i <= RUDA_MAX_ARGS; i++) many[i] = ruda_arg_in(ruda_bind(x));
+  t = desc_of("k", never_fn, NULL, many, RUDA_MAX_ARGS + 1);
+  assert_rc(ruda_call(dev, 0, &t), RUDA_EINVAL);
+  assert_last_error_contains("65 buffers, at most 64");
+  t.nbuffers = RUDA_MAX_ARGS; /* the most is fine: one buffer named 64 times */
+  assert_ok(ruda_call(dev, 0, &t));
+  t = d;
+  t.buffers = NULL;
+  assert_rc(ruda_call(dev, 0, &t), RUDA_EINVAL);
+  assert_last_error_contains("buffers is NULL with nbuffers 1");
+  int v = 1;
+  ruda_arg scalar = ruda_arg_scalar(&v, sizeof v);
+  t = desc_of("k", never_fn, NULL, &scalar, 1);
+  assert_rc(ruda_call(dev, 0, &t), RUDA_EINVAL);
+  assert_last_error_contains("buffer 0 has kind 1");
+  t = d;
+  t.flags = 0x80;
+  assert_rc(ruda_call(dev, 0, &t), RUDA_EINVAL);
+  assert_last_error_contains("unknown flags 0x80");
+  t = d;
+  t.reserved[2] = 1;
+  assert_rc(ruda_call(dev, 0, &t), RUDA_EINVAL);
+  assert_last_error_contains("reserved[2] is not zero");
+  static char big[RUDA_CALL_MAX_DATA + 1];
+  t = d;
+  t.data = big;
+  t.data_size = sizeof big;
+  assert_rc(ruda_call(dev, 0, &t), RUDA_EINVAL);
+  assert_last_error_contains("data_size 4097 exceeds 4096 bytes");
+  t.data = NULL;
+  t.data_size = 4;
+  assert_rc(ruda_call(dev, 0, &t), RUDA_EINVAL);
+  assert_last_error_contains("data is NULL with data_size 4");
+  /* Stale handles and ranges outside the buffer, the second buffer failing
+   * after the first was pinned: nothing is left pinned or queued. */
+  ruda_arg two[2] = {ruda_arg_in(ruda_bind(x)), ruda_arg_out(ruda_bind(gone))};
+  t = desc_of("k", never_fn, NULL, two, 2);
+  assert_rc(ruda_call(dev, 0, &t), RUDA_ENOTFOUND);
+  assert_last_error_contains("ruda_call \"k\": buffer 1 handle");
+  two[1] = ruda_arg_out(ruda_bind_range(x, 60, 8));
+  assert_rc(ruda_call(dev, 0, &t), RUDA_ERANGE);
+  assert_last_error_contains("buffer 1 binding offset 60 + size 8 is outside");
+  /* A reserved id that names no stream. */
+  assert_rc(ruda_call(dev, RUDA_STREAM_EXPLICIT_MAX + 5, &d), RUDA_EINVAL);
+  assert_last_error_contains("ruda_call \"k\": ");
+  /* Names longer than the kept part are cut in messages. */
+  char name[200];
+  memset(name, 'n', sizeof name - 1);
+  name[sizeof name - 1] = '\0';
+  t = d;
+  t.name = name;
+  t.fn = NULL;
+  assert_rc(ruda_call(dev, 0, &t), RUDA_EINVAL);
+  assert_contains(ruda_error_message(ruda_last_error()), "nnnn\": fn is NULL");
+  assert_ok(ruda_sync(dev, 0, NULL));
+  assert_int_equal(atomic_load(&never_called), 1); /* the one accepted above */
+  /* Every pin was dropped: the buffer can be freed and its slot reused. */
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  assert_ok(ruda_sync(dev, 0, NULL));
+  test_close(dev);
+}
+
+/* A full queue under RUDA_BACKPRESSURE_ERROR refuses the call whole:
+ * nothing runs, its pins go (the buffer frees at once after). */
+static void a_full_queue_refuses_the_call(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(1, 1, RUDA_BACKPRESSURE_ERROR);
+  assert_ok(ruda_host_kernel_register(dev, "gate", test_gate_kernel));
+  atomic_store(&never_called, 0);
+  ruda_handle x;
+  assert_ok(ruda_buffer_create(dev, 0, 64, &x));
+  atomic_store(&test_gate_open, 0);
+  assert_ok(test_launch(dev, 0, "gate", NULL, 0)); /* holds the one place */
+  ruda_arg b = ruda_arg_out(ruda_bind(x));
+  ruda_call_desc d = desc_of("k", never_fn, NULL, &b, 1);
+  assert_rc(ruda_call(dev, 0, &d), RUDA_EQUEUEFULL);
+  atomic_store(&test_gate_open, 1);
+  assert_ok(ruda_sync(dev, 0, NULL));
+  assert_int_equal(atomic_load(&never_called), 0);
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  assert_ok(ruda_call(dev, 0, &(ruda_call_desc){.fn = never_fn})); /* room again */
+  assert_ok(ruda_sync(dev, 0, NULL));
+  assert_int_equal(atomic_load(&never_called), 1);
+  test_close(dev);
+}
+
+/* ---- graphs ---- */
+
+static _Atomic int replays_seen, capturing_seen;
+
+/* y[0] += 1 */
+static int bump_fn(const ruda_call_ctx *c, void *user) {
+  (void)user;
+  atomic_fetch_add(&replays_seen, 1);
+  if (c->capturing) atomic_store(&capturing_seen, 1);
+  (*(int *)ruda_call_ptr(c, 0))++;
+  return 0;
+}
+
+static void capture_records_a_call_and_replays_run_it(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(4, 65536, RUDA_BACKPRESSURE_BLOCK);
+  assert_ok(ruda_host_kernel_register(dev, "gated_fill", gated_fill_kernel));
+  ruda_handle y;
+  assert_ok(ruda_buffer_create(dev, 0, sizeof(int), &y));
+  int zero = 0;
+  test_write(dev, 0, ruda_bind(y), &zero, sizeof zero);
+  atomic_store(&replays_seen, 0);
+  atomic_store(&capturing_seen, 0);
+  assert_ok(ruda_graph_begin_capture(dev, 0));
+  ruda_arg b = ruda_arg_buffer(ruda_bind(y));
+  ruda_call_desc d = desc_of("bump", bump_fn, NULL, &b, 1);
+  assert_ok(ruda_call(dev, 0, &d));
+  ruda_graph *g = NULL;
+  assert_ok(ruda_graph_end_capture(dev, 0, &g));
+  assert_int_equal(ruda_graph_length(g), 1);
+  assert_ok(ruda_sync(dev, 0, NULL));
+  assert_int_equal(atomic_load(&replays_seen), 0); /* recorded, not run */
+  assert_ok(ruda_graph_replay(dev, 0, g));
+  assert_ok(ruda_graph_replay(dev, 1, g));
+  assert_ok(ruda_graph_run(dev, 2, g, NULL)); /* not in place: the worker runs it */
+  int got = 0;
+  test_read(dev, 0, ruda_bind(y), &got, sizeof got);
+  assert_int_equal(got, 3);
+  assert_int_equal(atomic_load(&replays_seen), 3);
+  assert_int_equal(atomic_load(&capturing_seen), 0); /* host: run at each replay */
+  /* A replay follows another stream's writer of the call's buffer. */
+  atomic_store(&test_gate_open, 0);
+  ruda_arg w = ruda_arg_out(ruda_bind(y));
+  assert_ok(test_launch(dev, 3, "gated_fill", &w, 1)); /* y = 42 once open */
+  assert_ok(ruda_graph_replay(dev, 1, g));
+  atomic_store(&test_gate_open, 1);
+  test_read(dev, 1, ruda_bind(y), &got, sizeof got);
+  assert_int_equal(got, 43);
+  assert_ok(ruda_graph_destroy(dev, g));
+  assert_ok(ruda_buffer_free(dev, 0, y));
+  test_close(dev);
+}
+
+static int fail_in_graph_fn(const ruda_call_ctx *c, void *user) {
+  (void)user;
+  snprintf(c->msg, RUDA_CALL_MSG_MAX, "library said no");
+  return 3;
+}
+
+static void a_failing_recorded_call_names_the_graph_and_the_call(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(2, 65536, RUDA_BACKPRESSURE_BLOCK);
+  assert_ok(ruda_graph_begin_capture(dev, 0));
+  ruda_call_desc ok = desc_of("fine", never_fn, NULL, NULL, 0);
+  ruda_call_desc bad = desc_of("gemm2", fail_in_graph_fn, NULL, NULL, 0);
+  assert_ok(ruda_call(dev, 0, &ok));
+  assert_ok(ruda_call(dev, 0, &bad));
+  ruda_graph *g = NULL;
+  assert_ok(ruda_graph_end_capture(dev, 0, &g));
+  ruda_error *err = NULL;
+  assert_rc(ruda_graph_run(dev, 1, g, &err), RUDA_EUNHEALTHY);
+  const ruda_error *e = ruda_error_cause(err);
+  assert_int_equal(ruda_error_code(e), RUDA_ECALL);
+  assert_int_equal(ruda_error_backend_code(e), 3);
+  assert_contains(ruda_error_message(e), "ruda_graph_replay (stream 1, command #1)");
+  assert_contains(ruda_error_message(e), "graph of 2 commands captured on stream 0, command 2 (call gemm2)");
+  assert_contains(ruda_error_message(e), "returned 3: library said no");
+  ruda_error_free(err);
+  assert_ok(ruda_graph_destroy(dev, g));
+  test_close(dev);
+}
+
+static int noop_kernel(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  (void)args;
+  return 0;
+}
+
+static void a_call_not_capturable_is_refused_at_capture(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(2, 65536, RUDA_BACKPRESSURE_BLOCK);
+  assert_ok(ruda_host_kernel_register(dev, "noop", noop_kernel));
+  atomic_store(&never_called, 0);
+  ruda_handle x;
+  assert_ok(ruda_buffer_create(dev, 0, 64, &x));
+  ruda_arg b = ruda_arg_in(ruda_bind(x));
+  ruda_call_desc d = desc_of("nccl_send", never_fn, NULL, &b, 1);
+  d.flags = RUDA_CALL_NOT_CAPTURABLE;
+  assert_ok(ruda_graph_begin_capture(dev, 0));
+  assert_rc(ruda_call(dev, 0, &d), RUDA_EGRAPHSTATE);
+  assert_last_error_contains("ruda_call \"nccl_send\": stream 0 is capturing a graph");
+  assert_last_error_contains("RUDA_CALL_NOT_CAPTURABLE");
+  /* The capture stays open and records what comes next. */
+  assert_ok(test_launch(dev, 0, "noop", NULL, 0));
+  ruda_graph *g = NULL;
+  assert_ok(ruda_graph_end_capture(dev, 0, &g));
+  assert_int_equal(ruda_graph_length(g), 1);
+  /* Outside a capture the same call runs. */
+  assert_ok(ruda_call(dev, 0, &d));
+  assert_ok(ruda_sync(dev, 0, NULL));
+  assert_int_equal(atomic_load(&never_called), 1);
+  assert_ok(ruda_graph_destroy(dev, g));
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  test_close(dev);
+}
+
+/* ---- user code calling back into ruda ---- */
+
+/* Launches add_one on its own buffer from inside the call, and issues a
+ * nested call: both queue behind it on the same stream. Had the call run
+ * under its buffer's issue lock (in place), the launch would wait for that
+ * lock for ever. */
+static int reenter_fn(const ruda_call_ctx *c, void *user) {
+  ruda_handle y = *(const ruda_handle *)user;
+  *(float *)ruda_call_ptr(c, 0) = 10.0f;
+  ruda_arg a = ruda_arg_buffer(ruda_bind(y));
+  ruda_launch_desc l = {.kernel = "add_one", .grid = {1, 1, 1}, .block = {1, 1, 1}, .args = &a, .nargs = 1};
+  int rc = ruda_launch(c->dev, c->stream, &l);
+  if (rc != 0) return rc;
+  ruda_call_desc inner = desc_of("inner", count_fn, (void *)&call_ran, NULL, 0);
+  return ruda_call(c->dev, c->stream, &inner);
+}
+
+static void the_function_may_issue_on_its_own_buffers(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(2, 65536, RUDA_BACKPRESSURE_BLOCK);
+  assert_ok(ruda_host_kernel_register(dev, "add_one", add_one_kernel));
+  ruda_handle y;
+  assert_ok(ruda_buffer_create(dev, 0, 8 * sizeof(float), &y));
+  float zeros[8] = {0};
+  test_write(dev, 0, ruda_bind(y), zeros, sizeof zeros);
+  assert_ok(ruda_sync(dev, 0, NULL));
+  /* In place: the stream's other commands run on the caller's thread
+   * while its worker idles; a call still goes to the worker. */
+  assert_ok(ruda_stream_set_in_place(dev, 0, 1));
+  atomic_store(&call_ran, 0);
+  ruda_arg b = ruda_arg_out(ruda_bind(y));
+  ruda_call_desc d = desc_of("reenter", reenter_fn, &y, &b, 1);
+  assert_ok(ruda_call(dev, 0, &d));
+  /* What the function queued goes behind whatever the stream held then:
+   * the nested call, queued last, says when it all ran. */
+  assert_true(within_ms(&call_ran, 10000));
+  float got[8];
+  test_read(dev, 0, ruda_bind(y), got, sizeof got);
+  assert_true(got[0] == 11.0f && got[1] == 1.0f);
+  /* The same from a graph replayed by ruda_graph_run, which would run in
+   * place holding the graph's locks. */
+  assert_ok(ruda_graph_begin_capture(dev, 0));
+  assert_ok(ruda_call(dev, 0, &d));
+  ruda_graph *g = NULL;
+  assert_ok(ruda_graph_end_capture(dev, 0, &g));
+  atomic_store(&call_ran, 0);
+  assert_ok(ruda_graph_run(dev, 0, g, NULL));
+  assert_true(within_ms(&call_ran, 10000));
+  test_read(dev, 0, ruda_bind(y), got, sizeof got);
+  assert_true(got[0] == 11.0f && got[1] == 2.0f);
+  assert_ok(ruda_graph_destroy(dev, g));
+  assert_ok(ruda_buffer_free(dev, 0, y));
+  test_close(dev);
+}
+
+/* RUDA_WORKER_STATS=1 counts calls as a kind of their own (and a trace's
+ * own commands beside them), printed at close. */
+static void worker_stats_count_calls(void **state) {
+  (void)state;
+  char out[] = "/tmp/ruda_call_statsXXXXXX", trace[] = "/tmp/ruda_call_traceXXXXXX";
+  int fd = mkstemp(out), tfd = mkstemp(trace);
+  assert_true(fd >= 0 && tfd >= 0);
+  close(tfd);
+  setenv("RUDA_WORKER_STATS", "1", 1);
+  fflush(stderr);
+  int saved = dup(2);
+  dup2(fd, 2);
+  ruda_device *dev = test_open(1, 65536, RUDA_BACKPRESSURE_BLOCK);
+  atomic_store(&never_called, 0);
+  ruda_call_desc d = desc_of("k", never_fn, NULL, NULL, 0);
+  assert_ok(ruda_trace_start(dev, trace));
+  for (int i = 0; i < 3; i++) assert_ok(ruda_call(dev, 0, &d));
+  assert_ok(ruda_trace_stop(dev));
+  test_close(dev);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  close(fd);
+  unsetenv("RUDA_WORKER_STATS");
+  char *s = test_slurp(out);
+  const char *call = strstr(s, " call ");
+  if (call == NULL || strncmp(strstr(call, "ms/"), "ms/3", 4) != 0) fail_msg("no count of 3 calls in: %s", s);
+  assert_contains(s, " trace ");
+  char *t = test_slurp(trace);
+  assert_contains(t, "\"name\":\"k\",\"cat\":\"call\""); /* a call's span is named after the call */
+  free(t);
+  free(s);
+  unlink(out);
+  unlink(trace);
+  assert_int_equal(atomic_load(&never_called), 3);
+}
+
+int main(int argc, char **argv) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(runs_in_stream_order_with_its_buffers),
+      cmocka_unit_test(call_follows_a_writer_on_another_stream),
+      cmocka_unit_test(readers_on_other_streams_follow_a_call_that_writes),
+      cmocka_unit_test(call_that_writes_waits_for_readers_on_other_streams),
+      cmocka_unit_test(calls_reading_one_buffer_run_at_once),
+      cmocka_unit_test(a_failure_is_an_error_on_its_stream),
+      cmocka_unit_test(bad_inputs_are_refused_at_the_call),
+      cmocka_unit_test(a_full_queue_refuses_the_call),
+      cmocka_unit_test(capture_records_a_call_and_replays_run_it),
+      cmocka_unit_test(a_failing_recorded_call_names_the_graph_and_the_call),
+      cmocka_unit_test(a_call_not_capturable_is_refused_at_capture),
+      cmocka_unit_test(the_function_may_issue_on_its_own_buffers),
+      cmocka_unit_test(worker_stats_count_calls),
+  };
+  return test_main("call", tests, sizeof tests / sizeof tests[0], argc, argv);
+}
