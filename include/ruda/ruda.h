@@ -13,7 +13,9 @@
  *    same device at once. "Non-blocking" means it never waits for a worker
  *    or the device (it may still allocate host memory).
  *  - Calls on a closing device fail with RUDA_ECLOSED; a call that was in
- *    progress when ruda_device_close() started completes first. Calling
+ *    progress when ruda_device_close() started completes first, and one
+ *    that starts while close runs (a second close too) fails and is waited
+ *    for: close frees the device only once no call is left in it. Calling
  *    anything on a device handle after ruda_device_close() returned is
  *    undefined, as with any freed object.
  *
