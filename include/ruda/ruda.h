@@ -547,7 +547,9 @@ RUDA_EXTERN int ruda_profile_end(ruda_device *dev, ruda_stream_id stream, ruda_p
  * this call; RUDA_EBUSY while tracing. ruda_trace_stop waits until every
  * worker has stopped (the commands queued before it ran), writes the file
  * and closes it; RUDA_EINVAL when not tracing, RUDA_EIO if the write
- * failed. Thread-safe; stop blocks. */
+ * failed. Either without host memory: RUDA_ENOMEM, and nothing changed
+ * (not tracing after a failed start, still tracing after a failed stop).
+ * Thread-safe; stop blocks. */
 RUDA_EXTERN int ruda_trace_start(ruda_device *dev, const char *path);
 /* Ends what ruda_trace_start (or RUDA_TRACE) began and writes the file. */
 RUDA_EXTERN int ruda_trace_stop(ruda_device *dev);
