@@ -195,8 +195,10 @@ RUDA_EXTERN int ruda_reduce_scatter(ruda_comm *comm, struct ruda_device *dev, ru
 /* Point to point: src's bytes from dev's rank to peer, where the peer's
  * matching ruda_recv writes them into dst, whose binding must be exactly
  * as large (NCCL matches counts; RUDA_ERANGE on the receiver otherwise).
- * A send waits for its receiver: two ranks sending to each other first
- * wait for ever, as with NCCL; let one of them receive first. */
+ * A send waits for its receiver, whatever its size: two ranks sending to
+ * each other first wait for ever, as with NCCL (on the host backend, in
+ * one process or over MPI, until RUDA_COMM_TIMEOUT, when both fail); let
+ * one of them receive first. */
 RUDA_EXTERN int ruda_send(ruda_comm *comm, struct ruda_device *dev, ruda_binding src, uint32_t peer);
 /* The receiving side of ruda_send: dev's rank takes peer's bytes into dst. */
 RUDA_EXTERN int ruda_recv(ruda_comm *comm, struct ruda_device *dev, ruda_binding dst, uint32_t peer);
