@@ -616,14 +616,17 @@ static int dial(const struct addrinfo *ai, uint64_t until) {
   return -1;
 }
 
-/* One conversation with rank 0: 0 with *id filled (committed), 1 to try
- * again (no rank 0 yet, or it dropped us before answering), or a failure
- * every rank shares. */
+enum { ASK_DONE = 0, ASK_AGAIN = 1, ASK_LATE = 2 };
+
+/* One conversation with rank 0: ASK_DONE with *id filled (committed),
+ * ASK_AGAIN (rank 0 dropped us before answering: try again), ASK_LATE (the
+ * deadline passed), or a failure every rank shares (negative, via
+ * ruda__fail). */
 static int ask_once(int s, uint32_t nranks, uint32_t rank, ruda_comm_id *id, const job_key *key, uint64_t until,
-                    uint64_t limit, const char *hostport, const char *fn) {
+                    const char *hostport, const char *fn) {
   challenge ch;
   int e = io_all(s, &ch, sizeof ch, 0, until);
-  if (e != 0) return e == ETIMEDOUT ? -ETIMEDOUT : 1;
+  if (e != 0) return e == ETIMEDOUT ? ASK_LATE : ASK_AGAIN;
   if (ch.magic != MAGIC || ch.kind != MSG_CHALLENGE)
     return ruda__fail(RUDA_EINVAL, "%s: %s answered, but is not a ruda rank 0", fn, hostport);
   hello h;
@@ -636,7 +639,7 @@ static int ask_once(int s, uint32_t nranks, uint32_t rank, ruda_comm_id *id, con
   tag_of(key, ch.nonce, NULL, &h, offsetof(hello, tag), h.tag);
   reply a;
   if ((e = io_all(s, &h, sizeof h, 1, until)) != 0 || (e = io_all(s, &a, sizeof a, 0, until)) != 0)
-    return e == ETIMEDOUT ? -ETIMEDOUT : 1;
+    return e == ETIMEDOUT ? ASK_LATE : ASK_AGAIN;
   if (a.magic == MAGIC && a.kind == MSG_STRANGER)
     return ruda__fail(RUDA_EINVAL, "%s: rank 0 at %s did not accept rank %u's proof of membership: the ranks' keys "
                       "differ (this rank's: %s; set RUDA_COMM_SECRET alike on every rank)", fn, hostport, rank, key->source);
@@ -659,7 +662,7 @@ static int ask_once(int s, uint32_t nranks, uint32_t rank, ruda_comm_id *id, con
   k.left_ms = until == UINT64_MAX ? UINT32_MAX : until > now ? (uint32_t)(until - now) : 0;
   tag_of(key, ch.nonce, h.nonce, &k, offsetof(ack, tag), k.tag);
   if ((e = io_all(s, &k, sizeof k, 1, until)) != 0 || (e = io_all(s, &a, sizeof a, 0, until)) != 0) {
-    if (e == ETIMEDOUT) return -ETIMEDOUT;
+    if (e == ETIMEDOUT) return ASK_LATE;
     return ruda__fail(RUDA_EIO, "%s: rank 0 at %s went away before confirming the id to rank %u", fn, hostport, rank);
   }
   tag_of(key, ch.nonce, h.nonce, &a, offsetof(reply, tag), t);
@@ -667,8 +670,7 @@ static int ask_once(int s, uint32_t nranks, uint32_t rank, ruda_comm_id *id, con
     return ruda__fail(RUDA_EINVAL, "%s: %s answered rank %u, but not as this job's rank 0 (its key differs)", fn,
                       hostport, rank);
 verdict:
-  if (a.status == 0) return 0;
-  (void)limit;
+  if (a.status == 0) return ASK_DONE;
   return ruda__fail((int)a.status, "%s: rank 0 at %s gave up (%s); so does rank %u", fn, hostport,
                     ruda_err_name((int)a.status), rank);
 }
@@ -683,15 +685,15 @@ static int tcp_ask(const char *hostport, uint32_t nranks, uint32_t rank, ruda_co
   job_key_get(&key);
   for (unsigned wait = 5;; wait = wait < 200 ? 2 * wait : 200) {
     int s = dial(ai, until);
-    rc = 1;
+    rc = ASK_AGAIN;
     if (s >= 0) {
       ruda_comm_id got;
-      rc = ask_once(s, nranks, rank, &got, &key, until, limit, hostport, fn);
+      rc = ask_once(s, nranks, rank, &got, &key, until, hostport, fn);
       close(s);
-      if (rc == 0) *id = got;
+      if (rc == ASK_DONE) *id = got;
     }
-    if (rc <= 0 && rc != -ETIMEDOUT) break;
-    if (rc == -ETIMEDOUT || now_ms() > until) {
+    if (rc <= 0) break; /* done, or a failure every rank shares */
+    if (rc == ASK_LATE || now_ms() > until) {
       rc = ruda__fail(RUDA_ETIMEDOUT, "%s: rank %u could not reach rank 0 at %s within %llu ms (RUDA_COMM_TIMEOUT)",
                       fn, rank, hostport, (unsigned long long)limit);
       break;
