@@ -407,7 +407,10 @@ RUDA_EXTERN int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_
  * negative RUDA_E* code; the worker queues it on the stream. A kernel runs
  * on a worker thread and must not call ruda functions that wait for a
  * worker (flush, sync, future waits, or a push into a full queue under
- * RUDA_BACKPRESSURE_BLOCK): if that worker is its own, it deadlocks. */
+ * RUDA_BACKPRESSURE_BLOCK): if that worker is its own, it deadlocks.
+ * Non-waiting calls are fine, also on the buffers its own launch uses or
+ * replaying the graph it belongs to, wherever it runs (a kernel issued in
+ * place runs on the issuing thread, holding nothing of ruda's). */
 typedef struct ruda_host_ctx {
   ruda_dim3 grid_dim, block_dim, block_idx, thread_idx;
   void *shared;   /* shared_mem bytes, per block */
