@@ -278,6 +278,15 @@ static inline void ruda__exec_release(ruda__worker *w) { atomic_store_explicit(&
  * in its future and on its stream), 0 when the caller must push it. */
 int ruda__inline_run(ruda__worker *w, ruda__cmd *cmd);
 
+/* ruda__inline_run in two steps, for a command holding issue locks
+ * (scheduler/order.h): claim takes w's exec word and its next ticket (1,
+ * with guard filled; 0: push the command as usual), in place of the push;
+ * the caller then publishes, releases its locks and calls finish, which
+ * runs cmd (freeing it) and gives w back. Nothing of ruda's is held
+ * while cmd's user code runs. */
+int ruda__inline_claim(ruda__worker *w, const ruda__cmd *cmd, ruda__exec_guard *guard);
+void ruda__inline_finish(ruda__worker *w, ruda__cmd *cmd, ruda__exec_guard *guard);
+
 /* ---- streams ---- */
 
 /* Cache-line aligned, client fields first (allocate with

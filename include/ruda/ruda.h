@@ -13,7 +13,9 @@
  *    same device at once. "Non-blocking" means it never waits for a worker
  *    or the device (it may still allocate host memory).
  *  - Calls on a closing device fail with RUDA_ECLOSED; a call that was in
- *    progress when ruda_device_close() started completes first. Calling
+ *    progress when ruda_device_close() started completes first, and one
+ *    that starts while close runs (a second close too) fails and is waited
+ *    for: close frees the device only once no call is left in it. Calling
  *    anything on a device handle after ruda_device_close() returned is
  *    undefined, as with any freed object.
  *
@@ -407,7 +409,10 @@ RUDA_EXTERN int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_
  * negative RUDA_E* code; the worker queues it on the stream. A kernel runs
  * on a worker thread and must not call ruda functions that wait for a
  * worker (flush, sync, future waits, or a push into a full queue under
- * RUDA_BACKPRESSURE_BLOCK): if that worker is its own, it deadlocks. */
+ * RUDA_BACKPRESSURE_BLOCK): if that worker is its own, it deadlocks.
+ * Non-waiting calls are fine, also on the buffers its own launch uses or
+ * replaying the graph it belongs to, wherever it runs (a kernel issued in
+ * place runs on the issuing thread, holding nothing of ruda's). */
 typedef struct ruda_host_ctx {
   ruda_dim3 grid_dim, block_dim, block_idx, thread_idx;
   void *shared;   /* shared_mem bytes, per block */
@@ -547,7 +552,9 @@ RUDA_EXTERN int ruda_profile_end(ruda_device *dev, ruda_stream_id stream, ruda_p
  * this call; RUDA_EBUSY while tracing. ruda_trace_stop waits until every
  * worker has stopped (the commands queued before it ran), writes the file
  * and closes it; RUDA_EINVAL when not tracing, RUDA_EIO if the write
- * failed. Thread-safe; stop blocks. */
+ * failed. Either without host memory: RUDA_ENOMEM, and nothing changed
+ * (not tracing after a failed start, still tracing after a failed stop).
+ * Thread-safe; stop blocks. */
 RUDA_EXTERN int ruda_trace_start(ruda_device *dev, const char *path);
 /* Ends what ruda_trace_start (or RUDA_TRACE) began and writes the file. */
 RUDA_EXTERN int ruda_trace_stop(ruda_device *dev);
