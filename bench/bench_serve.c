@@ -50,6 +50,9 @@
 #include <unistd.h>
 
 #include "ruda/ruda.h"
+/* -b reads the scheduler's own counters (struct ruda_device): bench_serve
+ * links the internal library on every backend. */
+#include "scheduler/device.h"
 
 #ifdef RUDA_BENCH_CUDA
 #include "backends/cuda/cu_loader.h"

@@ -23,6 +23,7 @@
  * bench_serve is the full serving study (docs/benchmarks.md). */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
