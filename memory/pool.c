@@ -245,6 +245,16 @@ void ruda__pools_release_unused(ruda__pools *p) {
   pool_release_unused(&p->persistent);
 }
 
+uint64_t ruda__pools_give_back(ruda__pools *p) {
+  pthread_mutex_lock(&p->lock);
+  ruda__pools_poll_retired(p);
+  ruda__pools_release_unused(p);
+  uint64_t kept = p->persistent.reserved;
+  for (uint32_t i = 0; i < p->npools; i++) kept += p->pools[i].reserved;
+  pthread_mutex_unlock(&p->lock);
+  return kept;
+}
+
 /* Room for need more bytes of pages under the pool's cap? Unused pages
  * go first. */
 static int cap_check(ruda__pool *pool, uint64_t need, uint64_t request, const char *fn) {

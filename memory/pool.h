@@ -228,6 +228,13 @@ int ruda__pools_check_layout(const ruda_pool_config *pools, uint32_t n);
 void ruda__memory_set_layout(ruda__memory *mem, const ruda_pool_config *pools, uint32_t n);
 int ruda__pools_install(ruda__pools *p, const ruda_pool_config *pools, uint32_t n, const char *fn);
 
+/* A stream whose thread exited (scheduler/stream_exit.c): gives every page
+ * p caches back to the arena, those whose fences passed at once, and
+ * returns the bytes p still reserves (pages with live buffers or behind
+ * a fence; 0: p holds no memory).
+ * Takes p's lock. Any thread. */
+uint64_t ruda__pools_give_back(ruda__pools *p);
+
 /* ---- shared between pool.c, arena.c and the memory report ---- */
 /* Both with pools->lock held. */
 void ruda__pools_poll_retired(ruda__pools *p);

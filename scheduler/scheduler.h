@@ -290,6 +290,13 @@ struct ruda__stream {
   _Atomic uint32_t nerr;
   _Atomic uint64_t lost; /* errors that could not be recorded (no memory) */
   struct ruda__profile *profiles; /* open profiles, owned by src/profile.c, under err_lock */
+  /* A thread's own stream (scheduler/stream_exit.c): its thread's life,
+   * the worker's ticket count seen once the thread had exited (+1; 0: not
+   * seen yet), and set once it was retired: drained, its pages given
+   * back, no longer listed or found by id. */
+  struct ruda__thread_life *life;
+  uint64_t exit_ticket;
+  _Atomic int retired;
 } __attribute__((aligned(RUDA__CACHELINE)));
 
 /* A zeroed stream, cache-line aligned; free() releases it. */
@@ -307,6 +314,8 @@ typedef struct ruda__stream_table {
   struct ruda__stream_slots *retired;
   pthread_mutex_t lock; /* inserts only */
   _Atomic uint64_t count;
+  pthread_mutex_t reap_lock;         /* one ruda__streams_reap at a time */
+  _Atomic uint32_t thread_creations; /* threads' own streams made, to pace reaping */
 } ruda__stream_table;
 
 void ruda__streams_init(ruda__stream_table *t);
@@ -326,6 +335,17 @@ void ruda__stream_private_free(struct ruda_device *dev, ruda__stream *s, const c
  * reserved id that names no existing stream, RUDA_ENOMEM (both recorded
  * naming fn) in *rc, NULL then. */
 ruda__stream *ruda__stream_for(struct ruda_device *dev, ruda_stream_id id, const char *fn, int *rc);
+/* Threads' own streams (scheduler/stream_exit.c). life_get: the calling
+ * thread's life record with a reference for a new stream (NULL without
+ * memory: the stream is then never retired); life_put drops one. */
+struct ruda__thread_life *ruda__thread_life_get(void);
+void ruda__thread_life_put(struct ruda__thread_life *life);
+/* Retires the streams of threads that exited whose work every worker has
+ * run and whose errors were drained: gives their pools' pages back and
+ * stops listing them. Skips when another reap is running. Any thread;
+ * takes pool locks, never waits for the device. */
+void ruda__streams_reap(struct ruda_device *dev);
+
 /* Calls fn for every stream. */
 void ruda__streams_each(ruda__stream_table *t, void (*fn)(ruda__stream *, void *), void *arg);
 

@@ -43,6 +43,8 @@ void ruda__streams_init(ruda__stream_table *t) {
   t->retired = NULL;
   pthread_mutex_init(&t->lock, NULL);
   atomic_init(&t->count, 0);
+  pthread_mutex_init(&t->reap_lock, NULL);
+  atomic_init(&t->thread_creations, 0);
 }
 
 static ruda__stream *find(ruda__stream_slots *s, ruda_stream_id id) {
@@ -92,10 +94,13 @@ static ruda__stream *create(ruda_device *dev, ruda_stream_id id) {
   st->id = id;
   st->worker = &dev->workers[(id & ~(1ull << 63)) % dev->nworkers];
   pthread_mutex_init(&st->err_lock, NULL);
+  /* The calling thread's own stream: retired once the thread exits. */
+  if (id == cache.current && id > RUDA_STREAM_EXPLICIT_MAX) st->life = ruda__thread_life_get();
   uint64_t n = atomic_load_explicit(&t->count, memory_order_relaxed) + 1;
   if (n * 2 > cur->mask + 1) {
     ruda__stream_slots *bigger = slots_new((cur->mask + 1) * 2);
     if (bigger == NULL) {
+      ruda__thread_life_put(st->life);
       pthread_mutex_destroy(&st->err_lock);
       free(st);
       st = NULL;
@@ -123,7 +128,14 @@ out:
 static __attribute__((noinline)) ruda__stream *stream_miss(ruda_device *dev, ruda_stream_id id) {
   ruda__stream_slots *cur = atomic_load_explicit(&dev->streams.current, memory_order_acquire);
   ruda__stream *st = find(cur, id);
-  if (st == NULL) st = create(dev, id);
+  if (st == NULL) {
+    st = create(dev, id);
+    /* Threads that come and go (one per connection) retire the streams
+     * of those gone, every sixteenth new thread. */
+    if (st != NULL && st->life != NULL &&
+        (atomic_fetch_add_explicit(&dev->streams.thread_creations, 1, memory_order_relaxed) & 15) == 15)
+      ruda__streams_reap(dev);
+  }
   if (st != NULL) {
     cache.serial = dev->serial;
     cache.id = id;
@@ -154,6 +166,7 @@ typedef struct list_arg {
 
 static void list_one(ruda__stream *st, void *p) {
   list_arg *a = p;
+  if (atomic_load_explicit(&st->retired, memory_order_acquire)) return;
   if (a->n < a->cap) a->ids[a->n] = st->id;
   a->n++;
 }
@@ -170,10 +183,10 @@ ruda__stream *ruda__stream_for(ruda_device *dev, ruda_stream_id id, const char *
      * named by its id, from any thread: how errors left on the stream of a
      * thread that exited are drained. Unknown reserved ids are refused. */
     ruda__stream *st = find(atomic_load_explicit(&dev->streams.current, memory_order_acquire), id);
-    if (st != NULL) return st;
+    if (st != NULL && !atomic_load_explicit(&st->retired, memory_order_acquire)) return st;
     *rc = ruda__fail(RUDA_EINVAL,
                      "%s: stream id %llu is reserved (explicit ids are below 2^63; a thread's own stream "
-                     "is named by RUDA_STREAM_CURRENT, or by its id once ruda_stream_ids lists it)",
+                     "is named by RUDA_STREAM_CURRENT, or by its id while ruda_stream_ids lists it)",
                      fn, (unsigned long long)id);
     return NULL;
   }
@@ -204,6 +217,7 @@ static void free_stream(ruda__stream *st, void *unused) {
   (void)unused;
   ruda__capture_free(atomic_load(&st->cap));
   ruda_error_free(st->err_head);
+  ruda__thread_life_put(st->life);
   pthread_mutex_destroy(&st->err_lock);
   free(st);
 }
@@ -217,6 +231,7 @@ void ruda__streams_destroy(ruda__stream_table *t) {
     r = p;
   }
   pthread_mutex_destroy(&t->lock);
+  pthread_mutex_destroy(&t->reap_lock);
   /* Invalidate this thread's cache; other threads compare the serial. */
   cache.serial = 0;
 }

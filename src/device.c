@@ -263,6 +263,7 @@ size_t ruda_stream_ids(ruda_device *dev, ruda_stream_id *ids, size_t cap) {
   if (dev == NULL) return 0;
   RUDA__IN_CALL(dev);
   if (ruda__closing(dev)) return 0;
+  ruda__streams_reap(dev); /* exited threads' drained streams are not listed */
   return ruda__streams_list(&dev->streams, ids, cap);
 }
 

@@ -169,7 +169,12 @@ RUDA_EXTERN uint32_t ruda_device_num_streams(const ruda_device *dev);
 RUDA_EXTERN ruda_stream_id ruda_stream_current(void);
 
 /* Writes up to cap ids of the streams used so far into ids; returns how
- * many streams exist (which may exceed cap). Thread-safe, non-blocking. */
+ * many streams exist (which may exceed cap). A thread's own stream is
+ * listed while its thread runs and, after the thread exited, until its
+ * work has run and its errors were drained (ruda_sync by this id, or
+ * ruda_device_sync); it is then retired without any call: its cached
+ * pages go back to the device's arena and its id is refused like one
+ * never handed out. Thread-safe, non-blocking. */
 RUDA_EXTERN size_t ruda_stream_ids(ruda_device *dev, ruda_stream_id *ids, size_t cap);
 
 /* on != 0: stream's writes, reads, copies and launches are issued by the
