@@ -127,6 +127,7 @@ struct ruda_future {
   struct ruda_device *dev;
   ruda__stream *stream;
   int drains_errors;
+  int held; /* handed to the caller: counted in the device's held_futures */
   /* Set by the worker when the completion has an event: the event covers
    * the worker's commands up to order_pos, which ordering may take as done
    * once a waiter saw it complete (scheduler/order.c). */
@@ -138,6 +139,9 @@ struct ruda_future {
 };
 
 struct ruda_future *ruda__future_new(struct ruda_device *dev, ruda__stream *s, int drains);
+/* A public call hands f (may be NULL) to its caller: counted until
+ * ruda_future_free. */
+void ruda__future_hand_out(struct ruda_future *f);
 /* Worker: the command ran (code 0) or failed; wakes the waiter. */
 void ruda__future_submitted(struct ruda_future *f, int code);
 void ruda__future_unref(struct ruda_future *f);

@@ -223,6 +223,12 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
                       "ruda_device_close: the device is a rank of %u live communicator%s; ruda_comm_destroy %s "
                       "first (the device stays open)",
                       comms, comms == 1 ? "" : "s", comms == 1 ? "it" : "them");
+  uint64_t futures = atomic_load_explicit(&dev->held_futures, memory_order_acquire);
+  if (futures != 0 && !atomic_load(&dev->closed))
+    return ruda__fail(RUDA_EBUSY,
+                      "ruda_device_close: %llu future%s from ruda_read, ruda_sync_async or "
+                      "ruda_graph_replay_async still held; ruda_future_free %s first (the device stays open)",
+                      (unsigned long long)futures, futures == 1 ? "" : "s", futures == 1 ? "it" : "them");
   if (atomic_exchange(&dev->closed, 1))
     return ruda__fail(RUDA_ECLOSED, "ruda_device_close: device already closed");
   calls_wait(dev);

@@ -143,8 +143,16 @@ RUDA_EXTERN int ruda_device_open(const ruda_config *cfg, ruda_device **out);
  * progress on other threads when close starts are waited for, and what
  * they enqueued runs before close returns; calls that start after it began
  * fail with RUDA_ECLOSED. Calls that start after close returned use a freed
- * handle (undefined): stop other threads before the handle dies. Blocks
- * until calls in progress and the workers are done. */
+ * handle (undefined): stop other threads before the handle dies.
+ * Refuses with RUDA_EBUSY, the device staying open, while the caller holds
+ * a future (from ruda_read, ruda_sync_async or ruda_graph_replay_async)
+ * not yet given to ruda_future_free, or while the device is a rank of a
+ * live communicator: those are freed without naming the device, so they
+ * must go first. What is freed by naming the device goes with it: close
+ * destroys live graphs, frees staging blocks and drops open profile
+ * tokens (ruda_graph_destroy, ruda_staging_free and ruda_profile_end on
+ * them after close are calls on a freed handle). Blocks until calls in
+ * progress and the workers are done. */
 RUDA_EXTERN int ruda_device_close(ruda_device *dev, ruda_error **errors);
 
 /* Name of the backend in use ("host" or "cuda"). Thread-safe. */
@@ -302,7 +310,8 @@ RUDA_EXTERN int ruda_future_wait(ruda_future *fut, ruda_error **err);
 /* Frees a future. A future not yet waited is detached: the work still
  * runs and its result is dropped (a read's dst is then never written,
  * except a dst in staging memory, which the device may already have
- * filled). NULL is a no-op. */
+ * filled). NULL is a no-op. Every future must be freed before
+ * ruda_device_close (which refuses with RUDA_EBUSY until then). */
 RUDA_EXTERN void ruda_future_free(ruda_future *fut);
 
 /* ------------------------------------------------------------------ */
