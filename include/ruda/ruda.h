@@ -429,10 +429,12 @@ typedef struct ruda_host_ctx {
 /* A host kernel: one call per thread; 0 or a negative RUDA_E* code. */
 typedef int (*ruda_host_kernel_fn)(const ruda_host_ctx *ctx, void *const *args);
 
-/* Registers (or replaces) a host kernel. RUDA_ENOBACKEND on a cuda device.
- * Launches of it are not checked against a signature (see
- * ruda_host_kernel_register_typed, which a CUDA kernel always has).
- * Thread-safe. */
+/* Registers (or replaces) a host kernel without a signature: launches of
+ * it are not checked, so one with too few arguments makes fn read past
+ * args (a crash) and a wrong order runs silently. Only for a kernel that
+ * checks ctx->nargs itself; prefer ruda_host_kernel_register_typed (how
+ * to write a host kernel: docs/host_backend.md). RUDA_ENOBACKEND on a cuda
+ * device. Thread-safe. */
 RUDA_EXTERN int ruda_host_kernel_register(ruda_device *dev, const char *name,
                                           ruda_host_kernel_fn fn);
 
