@@ -65,6 +65,11 @@ RUDA_EXTERN const char *ruda_version(void);
  * RUDA_VERSION_NUMBER). Thread-safe. */
 RUDA_EXTERN int ruda_version_number(void);
 
+/* ruda_version() under the name 0.1.0 gave it first; kept for the 0.1
+ * series, where nothing is removed (the version policy: README). New code
+ * calls ruda_version(). Thread-safe. */
+RUDA_EXTERN const char *ruda_version_string(void);
+
 /* ------------------------------------------------------------------ */
 /* Device                                                              */
 /* ------------------------------------------------------------------ */
