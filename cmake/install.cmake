@@ -51,6 +51,12 @@ if(RUDA_HAVE_MPI)
   install(FILES ${PROJECT_BINARY_DIR}/ruda_mpi.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 endif()
 
+# The examples, to build against this install (examples/CMakeLists.txt
+# stands alone).
+install(FILES examples/CMakeLists.txt examples/demo.c examples/inference_server.c examples/training_loop.c
+              examples/train_mpi.c examples/linear_model.h
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/ruda/examples)
+
 include(CMakePackageConfigHelpers)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/rudaConfig.cmake.in
   ${PROJECT_BINARY_DIR}/rudaConfig.cmake INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ruda)

@@ -79,6 +79,18 @@ foreach(exe ${pcexes})
   message(STATUS "pkg-config ${exe}: ${out}")
 endforeach()
 
+# The installed examples build on their own against the install and run
+# (on the host backend).
+run("configuring the installed examples" ${CMAKE_COMMAND} -S ${prefix}/share/ruda/examples
+    -B ${WORK_DIR}/examples -DCMAKE_PREFIX_PATH=${prefix})
+run("building the installed examples" ${CMAKE_COMMAND} --build ${WORK_DIR}/examples)
+set(ENV{RUDA_BACKEND} host)
+run("the installed demo" ${WORK_DIR}/examples/ruda_demo)
+message(STATUS "installed examples: ${out}")
+if(want_mpi AND NOT EXISTS ${WORK_DIR}/examples/train_mpi)
+  message(FATAL_ERROR "the installed examples did not build train_mpi against ruda::ruda_mpi")
+endif()
+
 if(major EQUAL 0 AND minor GREATER 0)
   math(EXPR older "${minor} - 1")
   execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build-older
