@@ -44,6 +44,8 @@ fi
 ctest --test-dir build-nocuda --output-on-failure -j"$jobs" >"${TMPDIR:-/tmp}/ruda-nocuda.log" 2>&1 || {
   cat "${TMPDIR:-/tmp}/ruda-nocuda.log"; echo "the build without CUDA failed its tests"; exit 1; }
 grep -E "tests passed|tests failed" "${TMPDIR:-/tmp}/ruda-nocuda.log"
+build-nocuda/examples/ruda_demo | grep "built without CUDA support" || {
+  echo "the demo of the build without CUDA did not say the cuda backend is not built"; exit 1; }
 cmake -S . -B build -DRUDA_WERROR=ON >/dev/null
 cmake --build build -j"$jobs" >/dev/null
 echo "== tests"
