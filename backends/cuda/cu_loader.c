@@ -37,8 +37,7 @@ static void cu_load_once(void) {
   if (lib == NULL) {
     const char *why = dlerror();
     set_result(&cu_result, RUDA_ENODRIVER,
-               "no CUDA driver: dlopen(\"%s\") failed (%s); install the NVIDIA driver or use "
-               "backend=host",
+               "no CUDA driver: dlopen(\"%s\") failed (%s): the NVIDIA driver is not installed",
                path, why ? why : "unknown reason");
     return;
   }
