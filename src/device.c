@@ -273,6 +273,13 @@ size_t ruda_stream_ids(ruda_device *dev, ruda_stream_id *ids, size_t cap) {
   return ruda__streams_list(&dev->streams, ids, cap);
 }
 
+int ruda_stream_name(ruda_stream_id id, char *buf, size_t len) {
+  if (buf == NULL || len == 0) return ruda__fail(RUDA_EINVAL, "ruda_stream_name: buf is NULL or len is 0");
+  char name[RUDA__STREAM_NAME_MAX];
+  snprintf(buf, len, "%s", ruda__stream_name(id == RUDA_STREAM_CURRENT ? ruda_stream_current() : id, name));
+  return 0;
+}
+
 int ruda_stream_set_in_place(ruda_device *dev, ruda_stream_id stream, int on) {
   static const char fn[] = "ruda_stream_set_in_place";
   RUDA__CHECK_DEV(dev, fn);

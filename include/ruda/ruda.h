@@ -190,6 +190,13 @@ RUDA_EXTERN ruda_stream_id ruda_stream_current(void);
  * never handed out. Thread-safe, non-blocking. */
 RUDA_EXTERN size_t ruda_stream_ids(ruda_device *dev, ruda_stream_id *ids, size_t cap);
 
+/* The name messages give stream id (RUDA_STREAM_CURRENT: the calling
+ * thread's), into buf of len bytes, cut to fit: "stream 5" for an
+ * explicit id, "thread stream #3" for a thread's own (whose id, as
+ * ruda_stream_ids lists it, is 2^63 + 3). RUDA_EINVAL when buf is NULL or
+ * len is 0. Thread-safe, non-blocking. */
+RUDA_EXTERN int ruda_stream_name(ruda_stream_id id, char *buf, size_t len);
+
 /* on != 0: stream's writes, reads, copies and launches are issued by the
  * calling thread itself whenever the stream's worker has nothing queued
  * or running; the call then returns once the driver took the command

@@ -100,7 +100,15 @@ static void an_exited_stream_with_errors_stays_until_drained(void **state) {
   ruda_error *err = NULL;
   assert_rc(ruda_sync(dev, id, &err), RUDA_EUNHEALTHY);
   assert_non_null(err);
+  /* The id ruda_stream_ids gave is the stream the message names. */
+  char name[64];
+  assert_ok(ruda_stream_name(id, name, sizeof name));
+  assert_contains(name, "thread stream #");
+  assert_contains(ruda_error_message(err), name);
   ruda_error_free(err);
+  assert_rc(ruda_stream_name(id, NULL, 4), RUDA_EINVAL);
+  assert_ok(ruda_stream_name(5, name, 4));
+  assert_string_equal(name, "str"); /* cut to fit */
   assert_int_equal(ruda_stream_ids(dev, NULL, 0), 0);
   /* Its id is refused once retired, like any id never handed out. */
   assert_rc(ruda_flush(dev, id, NULL), RUDA_EINVAL);
