@@ -253,6 +253,17 @@ void ruda__stream_push_error(ruda__stream *s, ruda_error *err) {
   pthread_mutex_unlock(&s->err_lock);
 }
 
+/* An error's message as a summary quotes it: whole words, with " ..."
+ * where it had to be cut to fit room bytes. */
+static const char *excerpt_of(const char *m, char *buf, size_t room) {
+  size_t n = strlen(m);
+  if (n < room) return m;
+  n = room > 5 ? room - 5 : 0;
+  while (n > 0 && m[n] != ' ') n--;
+  snprintf(buf, room, "%.*s ...", (int)n, m);
+  return buf;
+}
+
 int ruda__stream_drain(ruda_device *dev, ruda__stream *s, ruda_error **out) {
   if (out) *out = NULL;
   int faulted = atomic_load_explicit(&dev->faulted, memory_order_acquire);
@@ -265,18 +276,27 @@ int ruda__stream_drain(ruda_device *dev, ruda__stream *s, ruda_error **out) {
   pthread_mutex_unlock(&s->err_lock);
   if (n == 0 && !faulted) return 0;
 
+  /* The stream that saw the fault first holds its report among its own
+   * errors: the summary then points there instead of repeating it. */
+  int fault_below = 0;
+  for (const ruda_error *e = list; faulted && dev->fault && e != NULL && !fault_below; e = e->next)
+    fault_below = strstr(e->msg, dev->fault->msg) != NULL;
+  const char *faulted_is = fault_below ? "; the device is faulted (the first report is among these errors)"
+                                       : "; the device is faulted: ";
   /* The thread's last error says it too, as for any failed call. */
-  ruda__fail(RUDA_EUNHEALTHY, "%s is unhealthy: %u error%s%s%s (first: %.200s)",
-             RUDA__SNAME(s->id), n, n == 1 ? "" : "s", faulted ? "; the device is faulted: " : "",
-             faulted && dev->fault ? dev->fault->msg : "", list ? list->msg : "not recorded");
+  char excerpt[RUDA__MSG_MAX], first[RUDA__MSG_MAX];
+  const int quote_fault = faulted && dev->fault != NULL && !fault_below;
+  ruda__fail(RUDA_EUNHEALTHY, "%s is unhealthy: %u error%s%s%s (first: %s)", RUDA__SNAME(s->id), n,
+             n == 1 ? "" : "s", faulted ? faulted_is : "", quote_fault ? excerpt_of(dev->fault->msg, excerpt, 160) : "",
+             list ? excerpt_of(list->msg, first, 200) : "not recorded");
   if (out == NULL) {
     ruda_error_free(list);
     return RUDA_EUNHEALTHY;
   }
   ruda_error *sum = ruda__error_new(
       RUDA_EUNHEALTHY, 0, "%s is unhealthy: %u error%s%s%s", RUDA__SNAME(s->id),
-      n, n == 1 ? "" : "s", faulted ? "; the device is faulted: " : "",
-      faulted && dev->fault ? dev->fault->msg : "");
+      n, n == 1 ? "" : "s", faulted ? faulted_is : "",
+      quote_fault ? excerpt_of(dev->fault->msg, excerpt, RUDA__MSG_MAX - 128) : "");
   ruda_error *l = NULL;
   if (sum != NULL && lost > 0)
     l = ruda__error_new(RUDA_ENOMEM, 0,
