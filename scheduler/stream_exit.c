@@ -11,8 +11,9 @@
  * stream whose thread exited, whose worker has run every command pushed
  * before that was seen, with no error waiting, no capture, no open profile
  * and no live buffer, gives its pools' pages back to the arena (where the
- * next thread's stream takes them) and is retired. Its record stays until
- * close: a call racing the retirement may still hold it.
+ * next thread's stream takes them), hands its empty pools to the next
+ * stream that needs some, and is retired. Its record (192 bytes) stays
+ * until close: a call naming the id as it retires may still hold it.
  */
 #include <stdlib.h>
 
@@ -59,8 +60,8 @@ void ruda__thread_life_put(struct ruda__thread_life *life) {
 }
 
 /* Under reap_lock: exit_ticket is written here only. */
-static void reap_one(ruda__stream *st, void *unused) {
-  (void)unused;
+static void reap_one(ruda__stream *st, void *arg) {
+  ruda_device *dev = arg;
   if (st->life == NULL || atomic_load_explicit(&st->retired, memory_order_relaxed) ||
       !atomic_load_explicit(&st->life->exited, memory_order_acquire))
     return;
@@ -78,11 +79,16 @@ static void reap_one(ruda__stream *st, void *unused) {
   if (profiling) return;
   ruda__pools *p = atomic_load_explicit(&st->pools, memory_order_acquire);
   if (p != NULL && ruda__pools_give_back(p) != 0) return; /* pages in use or behind a fence: later */
+  /* The empty pools go to the next stream that needs some. */
+  if (p != NULL && atomic_compare_exchange_strong_explicit(&st->pools, &p, NULL, memory_order_acq_rel,
+                                                           memory_order_relaxed) &&
+      !ruda__pools_recycle(&dev->memory, p))
+    atomic_store_explicit(&st->pools, p, memory_order_release);
   atomic_store_explicit(&st->retired, 1, memory_order_release);
 }
 
 void ruda__streams_reap(ruda_device *dev) {
   if (pthread_mutex_trylock(&dev->streams.reap_lock) != 0) return;
-  ruda__streams_each(&dev->streams, reap_one, NULL);
+  ruda__streams_each(&dev->streams, reap_one, dev);
   pthread_mutex_unlock(&dev->streams.reap_lock);
 }
