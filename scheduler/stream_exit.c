@@ -32,6 +32,9 @@ static __thread struct ruda__thread_life *own_life;
 
 static void thread_exited(void *p) {
   struct ruda__thread_life *life = p;
+  /* A later destructor of this thread that calls ruda gets a new record
+   * (and this hook runs again for it), never this one once it is freed. */
+  own_life = NULL;
   atomic_store_explicit(&life->exited, 1, memory_order_release);
   ruda__thread_life_put(life);
 }
