@@ -187,7 +187,8 @@ RUDA_EXTERN ruda_stream_id ruda_stream_current(void);
  * work has run and its errors were drained (ruda_sync by this id, or
  * ruda_device_sync); it is then retired without any call: its cached
  * pages go back to the device's arena and its id is refused like one
- * never handed out. Thread-safe, non-blocking. */
+ * never handed out (listing is one of the moments that happens, so it may
+ * take those streams' pool locks briefly). Thread-safe, non-blocking. */
 RUDA_EXTERN size_t ruda_stream_ids(ruda_device *dev, ruda_stream_id *ids, size_t cap);
 
 /* The name messages give stream id (RUDA_STREAM_CURRENT: the calling
