@@ -69,6 +69,10 @@ struct ruda_device {
   /* Live communicators this device is a rank of (src/comm.c): close is
    * refused while any is. */
   _Atomic uint32_t comms;
+  /* Futures handed to the caller (ruda_read, ruda_sync_async,
+   * ruda_graph_replay_async) and not freed yet: close refuses while any
+   * is held, since freeing one needs the device. */
+  _Atomic uint64_t held_futures;
   /* Graphs not destroyed yet (scheduler/graph.c), freed at close. */
   pthread_mutex_t graph_lock;
   struct ruda_graph *graphs;

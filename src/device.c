@@ -239,6 +239,12 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
                         "ruda_device_close: the device is a rank of %u live communicator%s; ruda_comm_destroy %s "
                         "first (the device stays open)",
                         comms, comms == 1 ? "" : "s", comms == 1 ? "it" : "them");
+    uint64_t futures = atomic_load_explicit(&dev->held_futures, memory_order_acquire);
+    if (futures != 0 && !atomic_load(&dev->closed))
+      return ruda__fail(RUDA_EBUSY,
+                        "ruda_device_close: %llu future%s from ruda_read, ruda_sync_async or "
+                        "ruda_graph_replay_async still held; ruda_future_free %s first (the device stays open)",
+                        (unsigned long long)futures, futures == 1 ? "" : "s", futures == 1 ? "it" : "them");
     if (atomic_exchange(&dev->closed, 1)) return ruda__call_closed(dev, &ruda__in_call, "ruda_device_close");
   }
   calls_wait(dev);
@@ -285,7 +291,15 @@ size_t ruda_stream_ids(ruda_device *dev, ruda_stream_id *ids, size_t cap) {
   if (dev == NULL) return 0;
   RUDA__IN_CALL(dev);
   if (ruda__closing(dev)) return 0;
+  ruda__streams_reap(dev); /* exited threads' drained streams are not listed */
   return ruda__streams_list(&dev->streams, ids, cap);
+}
+
+int ruda_stream_name(ruda_stream_id id, char *buf, size_t len) {
+  if (buf == NULL || len == 0) return ruda__fail(RUDA_EINVAL, "ruda_stream_name: buf is NULL or len is 0");
+  char name[RUDA__STREAM_NAME_MAX];
+  snprintf(buf, len, "%s", ruda__stream_name(id == RUDA_STREAM_CURRENT ? ruda_stream_current() : id, name));
+  return 0;
 }
 
 int ruda_stream_set_in_place(ruda_device *dev, ruda_stream_id stream, int on) {

@@ -278,7 +278,9 @@ int ruda_graph_replay_async(ruda_device *dev, ruda_stream_id stream, ruda_graph 
   if (fut != NULL) *fut = NULL;
   RUDA__CHECK_DEV(dev, fn);
   if (fut == NULL) return ruda__fail(RUDA_EINVAL, "%s: fut is NULL", fn);
-  return replay(dev, stream, g, fut, 0, fn);
+  int rc = replay(dev, stream, g, fut, 0, fn);
+  if (rc == 0) ruda__future_hand_out(*fut);
+  return rc;
 }
 
 int ruda_graph_run(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, ruda_error **err) {
