@@ -50,6 +50,9 @@
 #include <unistd.h>
 
 #include "ruda/ruda.h"
+/* -b reads the scheduler's own counters (struct ruda_device): bench_serve
+ * links the internal library on every backend. */
+#include "src/device.h"
 
 #ifdef RUDA_BENCH_CUDA
 #include "backends/cuda/cu_loader.h"
@@ -637,9 +640,10 @@ static result run(ruda_device *dev, const variant *v, int threads, size_t n, int
   return r;
 }
 
-static void usage(void) {
-  fprintf(stderr,
-          "usage: bench_serve [-q] [-b] [-s] [-g] [-i] [-t threads[,threads...]] [-n requests] [-w workers] [-v variants]\n"
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: bench_serve [-h] [-q] [-b] [-s] [-g] [-i] [-t threads[,threads...]] [-n requests] [-w workers] [-v variants]\n"
+          "  -h  this help\n"
           "  -q  quick: few requests per thread\n"
           "  -b  print where a request's client time goes (ruda: each call, the wait; raw: issuing, waiting)\n"
           "  -s  ruda's requests use page-locked buffers, as the raw driver's do: the input\n"
@@ -664,8 +668,11 @@ int main(int argc, char **argv) {
   long nreq = 0;
   uint32_t workers = 0;
   int vrun[4] = {1, 1, 1, 1};
-  while ((opt = getopt(argc, argv, "bgiqst:n:w:v:")) != -1) {
-    if (opt == 'b') {
+  while ((opt = getopt(argc, argv, "hbgiqst:n:w:v:")) != -1) {
+    if (opt == 'h') {
+      usage(stdout);
+      return 0;
+    } else if (opt == 'b') {
       breakdown = 1;
     } else if (opt == 'q') {
       quick = 1;
@@ -679,7 +686,7 @@ int main(int argc, char **argv) {
       for (char *tok = strtok(optarg, ","); tok && nt < 16; tok = strtok(NULL, ",")) {
         int v = atoi(tok);
         if (v < 1 || v > MAXT) {
-          usage();
+          usage(stderr);
           return 2;
         }
         ts[nt++] = v;
@@ -693,12 +700,12 @@ int main(int argc, char **argv) {
       for (char *tok = strtok(optarg, ","); tok; tok = strtok(NULL, ","))
         if (atoi(tok) >= 1 && atoi(tok) <= 4) vrun[atoi(tok) - 1] = 1;
     } else {
-      usage();
+      usage(stderr);
       return 2;
     }
   }
   if (optind < argc) {
-    usage();
+    usage(stderr);
     return 2;
   }
 

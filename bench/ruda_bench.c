@@ -6,14 +6,17 @@
  *   ruda-bench [--json FILE] [--csv FILE] [--plot DIR] [-q] SUBCOMMAND [options]
  *     launch   launches/s by client threads, each on its own stream
  *     overlap  kernels of a chosen duration on 1..S streams at once:
- *              achieved concurrency (busy kernel time / wall) vs ideal
+ *              achieved concurrency (S x one stream's wall / the wall
+ *              of S streams) vs ideal
  *     upload   host-to-device bandwidth by size (ruda_write vs cuMemcpyHtoD)
  *     latency  what one launch costs its caller (p50, p99), one thread
  *     alloc    buffer create+free pairs per second by size
  *     graph    a graph of N empty kernels replayed: us per kernel, beside
  *              the same kernels launched one by one
  *     serve    request round trips by threads: upload 64 KiB, one kernel,
- *              download 512 B, wait (bench_serve is the full study)
+ *              download 512 B, wait (bench_serve is the full study);
+ *              --graph: the request recorded once and replayed with
+ *              ruda_graph_run, beside a raw CUDA graph (bench_serve -g)
  *     profile  one short kernel timed with profile tokens against raw
  *              timing events around the same kernel
  *     all      every one of them
@@ -23,6 +26,7 @@
  * bench_serve is the full serving study (docs/benchmarks.md). */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,9 +76,16 @@ static void add(const char *bench, const char *variant, double x, double value, 
   r->value = value;
 }
 
+/* Where it goes: rewritten in place on a terminal, a line each in a log. */
 static void progress(const char *what, double x) {
-  fprintf(stderr, "\rruda-bench: %s %g ...          ", what, x);
+  if (isatty(STDERR_FILENO)) fprintf(stderr, "\rruda-bench: %s %g ...          ", what, x);
+  else fprintf(stderr, "ruda-bench: %s %g ...\n", what, x);
   fflush(stderr);
+}
+
+/* Clears the progress line before a result row (terminals only). */
+static void progress_done(void) {
+  if (isatty(STDERR_FILENO)) fprintf(stderr, "\r");
 }
 
 /* ---- kernels ---- */
@@ -205,7 +216,7 @@ static void bench_launch(const int *ts, int nt, size_t n) {
       b = (double)n * ts[i] / timed(ts[i], 1, n, 0);
       add("launch", "raw", ts[i], b, "launches/s");
     }
-    fprintf(stderr, "\r");
+    progress_done();
     if (on_cuda) printf("  %7d %14.0f %14.0f %8.3f\n", ts[i], r, b, r / b);
     else printf("  %7d %14.0f\n", ts[i], r);
   }
@@ -213,24 +224,29 @@ static void bench_launch(const int *ts, int nt, size_t n) {
 
 /* ---- overlap: achieved concurrency of kernels on S streams ---- */
 
+/* The kernels' time is measured, not taken from their nominal duration,
+ * which a spin kernel need not keep exactly: concurrency is the work of S
+ * streams run one after another (S times one stream's wall, measured
+ * first) over the wall of S at once, so one stream is 1 by construction. */
 static void bench_overlap(const int *ss, int ns, size_t k, double us) {
   const uint64_t spin = (uint64_t)(us * 1000.0);
-  printf("\noverlap: %zu kernels of %.0f us per stream, streams at once; concurrency = busy kernel time / wall"
-         " (ideal: the stream count)\n",
+  printf("\noverlap: %zu kernels of %.0f us per stream, streams at once; concurrency = S x one stream's wall"
+         " / wall of S streams (ideal: the stream count)\n",
          k, us);
   printf("  %7s %14s %14s\n", "streams", "ruda", on_cuda ? "raw driver" : "-");
+  progress("overlap, one stream alone", 1);
+  const double one = timed(1, 0, k, spin), one_raw = on_cuda ? timed(1, 1, k, spin) : 0;
   for (int i = 0; i < ns; i++) {
     progress("overlap, streams", ss[i]);
-    const double busy = (double)ss[i] * (double)k * us / 1e6;
-    double r = busy / timed(ss[i], 0, k, spin);
+    double r = (double)ss[i] * one / timed(ss[i], 0, k, spin);
     add("overlap", "ruda", ss[i], r, "concurrency");
     add("overlap", "ideal", ss[i], ss[i], "concurrency");
     double b = 0;
     if (on_cuda) {
-      b = busy / timed(ss[i], 1, k, spin);
+      b = (double)ss[i] * one_raw / timed(ss[i], 1, k, spin);
       add("overlap", "raw", ss[i], b, "concurrency");
     }
-    fprintf(stderr, "\r");
+    progress_done();
     if (on_cuda) printf("  %7d %14.2f %14.2f\n", ss[i], r, b);
     else printf("  %7d %14.2f\n", ss[i], r);
   }
@@ -277,7 +293,7 @@ static void bench_upload(const int *mib, int nm) {
 #endif
     CHECK(ruda_buffer_free(dev, 0, h));
     free(src);
-    fprintf(stderr, "\r");
+    progress_done();
     if (on_cuda) printf("  %7d %14.2f %14.2f\n", mib[i], best, raw);
     else printf("  %7d %14.2f\n", mib[i], best);
   }
@@ -333,7 +349,7 @@ static void bench_latency(size_t n) {
     const double p50 = (double)t[n / 2], p99 = (double)t[(size_t)(0.99 * (double)(n - 1))];
     add("latency", raw ? "raw" : "ruda", 50, p50, "ns");
     add("latency", raw ? "raw" : "ruda", 99, p99, "ns");
-    fprintf(stderr, "\r");
+    progress_done();
     printf("  %10s %10.0f %10.0f\n", raw ? "raw driver" : "ruda", p50, p99);
   }
   free(t);
@@ -378,7 +394,7 @@ static void bench_alloc(const int *kib, int nk, size_t n) {
       add("alloc", "raw", kib[i], b, "pairs/s");
     }
 #endif
-    fprintf(stderr, "\r");
+    progress_done();
     if (on_cuda) printf("  %7d %14.0f %14.0f\n", kib[i], r, b);
     else printf("  %7d %14.0f\n", kib[i], r);
   }
@@ -413,7 +429,7 @@ static void bench_graph(const int *ks, int nk, int replays) {
     double one = (double)(now_ns() - t0) / 1e3 / ((double)replays * ks[i]);
     add("graph", "replayed", ks[i], per, "us/kernel");
     add("graph", "one by one", ks[i], one, "us/kernel");
-    fprintf(stderr, "\r");
+    progress_done();
     printf("  %7d %14.3f %14.3f\n", ks[i], per, one);
   }
 }
@@ -423,7 +439,7 @@ static void bench_graph(const int *ks, int nk, int replays) {
 enum { REQ_IN = 16384, REQ_OUT = 128 }; /* floats: 64 KiB in, 512 B out */
 
 typedef struct serve_job {
-  int index, raw;
+  int index, raw, graph;
   size_t n;
   uint64_t *lat;
   pthread_barrier_t *go;
@@ -452,6 +468,17 @@ static void *run_serve(void *p) {
     memcpy(hin, in, REQ_IN * sizeof(float));
     fn = raw_fn("rb_twice");
   }
+  CUgraphExec ge = NULL;
+  if (j->raw && j->graph) { /* the request recorded once as a CUDA graph */
+    CUgraph graph = NULL;
+    CU(ruda__cu.cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    CU(ruda__cu.cuMemcpyHtoDAsync(dx, hin, REQ_IN * sizeof(float), st));
+    CU(ruda__cu.cuLaunchKernel(fn, 1, 1, 1, 128, 1, 1, 0, st, params, NULL));
+    CU(ruda__cu.cuMemcpyDtoHAsync(hout, dy, REQ_OUT * sizeof(float), st));
+    CU(ruda__cu.cuStreamEndCapture(st, &graph));
+    CU(ruda__cu.cuGraphInstantiateWithFlags(&ge, graph, 0));
+    CU(ruda__cu.cuGraphDestroy(graph));
+  }
 #endif
   ruda_handle x = {0, 0}, y = {0, 0};
   if (!j->raw) {
@@ -463,12 +490,32 @@ static void *run_serve(void *p) {
   ruda_arg a[2] = {ruda_arg_in(ruda_bind(x)), ruda_arg_out(ruda_bind(y))};
   ruda_launch_desc l = {.kernel = "rb_twice", .grid = {1, 1, 1}, .block = {on_cuda ? 128 : 1, 1, 1}, .args = a,
                         .nargs = 2};
+  /* --graph: the request (upload from a staging block, the kernel, the
+   * download into another) recorded once, then one ruda_graph_run each:
+   * what bench_serve -g measures. */
+  ruda_graph *g = NULL;
+  void *sin = NULL, *sout = NULL;
+  if (!j->raw && j->graph) {
+    CHECK(ruda_staging_alloc(dev, REQ_IN * sizeof(float), &sin));
+    CHECK(ruda_staging_alloc(dev, REQ_OUT * sizeof(float), &sout));
+    memcpy(sin, in, REQ_IN * sizeof(float));
+    ruda_future *none = NULL;
+    CHECK(ruda_graph_begin_capture(dev, s));
+    CHECK(ruda_write_staged(dev, s, &xd, sin, REQ_IN * sizeof(float)));
+    CHECK(ruda_launch(dev, s, &l));
+    CHECK(ruda_read(dev, s, &yd, sout, REQ_OUT * sizeof(float), &none)); /* recorded: none stays NULL */
+    CHECK(ruda_graph_end_capture(dev, s, &g));
+  }
   pthread_barrier_wait(j->go);
   for (size_t r = 0; r < j->n; r++) {
     uint64_t t0 = now_ns();
     const float *got = out;
 #ifdef RUDA_BENCH_CUDA
-    if (j->raw) {
+    if (j->raw && j->graph) {
+      CU(ruda__cu.cuGraphLaunch(ge, st));
+      CU(ruda__cu.cuStreamSynchronize(st));
+      got = hout;
+    } else if (j->raw) {
       CU(ruda__cu.cuMemcpyHtoDAsync(dx, hin, REQ_IN * sizeof(float), st));
       CU(ruda__cu.cuLaunchKernel(fn, 1, 1, 1, 128, 1, 1, 0, st, params, NULL));
       CU(ruda__cu.cuMemcpyDtoHAsync(hout, dy, REQ_OUT * sizeof(float), st));
@@ -476,7 +523,10 @@ static void *run_serve(void *p) {
       got = hout;
     } else
 #endif
-    {
+    if (g != NULL) {
+      CHECK(ruda_graph_run(dev, s, g, NULL));
+      got = sout;
+    } else {
       ruda_future *f = NULL;
       CHECK(ruda_write(dev, s, &xd, in, REQ_IN * sizeof(float)));
       CHECK(ruda_launch(dev, s, &l));
@@ -488,6 +538,7 @@ static void *run_serve(void *p) {
     if (got[REQ_OUT - 1] != 2.0f * in[REQ_OUT - 1]) atomic_store(j->wrong, 1);
   }
 #ifdef RUDA_BENCH_CUDA
+  if (ge != NULL) CU(ruda__cu.cuGraphExecDestroy(ge));
   if (j->raw) {
     CU(ruda__cu.cuMemFreeHost(hin));
     CU(ruda__cu.cuMemFreeHost(hout));
@@ -496,6 +547,11 @@ static void *run_serve(void *p) {
     CU(ruda__cu.cuStreamDestroy(st));
   }
 #endif
+  if (g != NULL) {
+    CHECK(ruda_graph_destroy(dev, g));
+    CHECK(ruda_staging_free(dev, sin));
+    CHECK(ruda_staging_free(dev, sout));
+  }
   if (!j->raw) {
     CHECK(ruda_buffer_free(dev, s, x));
     CHECK(ruda_buffer_free(dev, s, y));
@@ -505,7 +561,7 @@ static void *run_serve(void *p) {
 }
 
 /* Requests/s and p50 latency (us) of `threads` threads doing n round trips. */
-static void serve_run(int threads, int raw, size_t n, double *rps, double *p50) {
+static void serve_run(int threads, int raw, int graph, size_t n, double *rps, double *p50) {
   pthread_barrier_t go;
   pthread_barrier_init(&go, NULL, (unsigned)threads + 1);
   serve_job j[MAXT];
@@ -514,7 +570,7 @@ static void serve_run(int threads, int raw, size_t n, double *rps, double *p50) 
   _Atomic int wrong = 0;
   if (lat == NULL) die("malloc", RUDA_ENOMEM);
   for (int i = 0; i < threads; i++) {
-    j[i] = (serve_job){i, raw, n, lat + (size_t)i * n, &go, &wrong};
+    j[i] = (serve_job){i, raw, graph, n, lat + (size_t)i * n, &go, &wrong};
     if (pthread_create(&t[i], NULL, run_serve, &j[i]) != 0) die("pthread_create", RUDA_EINVAL);
   }
   pthread_barrier_wait(&go);
@@ -526,26 +582,27 @@ static void serve_run(int threads, int raw, size_t n, double *rps, double *p50) 
   free(lat);
   pthread_barrier_destroy(&go);
   if (atomic_load(&wrong)) {
-    fprintf(stderr, "ruda-bench: serve: a %s result was wrong\n", raw ? "raw" : "ruda");
+    fprintf(stderr, "ruda-bench: serve: a %s%s result was wrong\n", raw ? "raw" : "ruda", graph ? " graph" : "");
     exit(1);
   }
 }
 
-static void bench_serve(const int *ts, int nt, size_t n) {
-  printf("\nserve: each thread on its own stream: upload 64 KiB, one kernel, download 512 B, wait; results checked"
-         " (requests/s, p50 us)\n");
-  printf("  %7s %14s %8s %14s %8s %8s\n", "threads", "ruda", "p50", on_cuda ? "raw driver" : "-", on_cuda ? "p50" : "",
-         on_cuda ? "ratio" : "");
+static void bench_serve(const int *ts, int nt, size_t n, int graph) {
+  printf("\nserve%s: each thread on its own stream: upload 64 KiB, one kernel, download 512 B, wait%s; results "
+         "checked (requests/s, p50 us)\n",
+         graph ? " --graph" : "", graph ? ", recorded once as a graph and replayed by ruda_graph_run" : "");
+  printf("  %7s %14s %8s %14s %8s %8s\n", "threads", graph ? "ruda graph" : "ruda", "p50",
+         on_cuda ? (graph ? "raw graph" : "raw driver") : "-", on_cuda ? "p50" : "", on_cuda ? "ratio" : "");
   for (int i = 0; i < nt; i++) {
-    progress("serve, threads", ts[i]);
+    progress(graph ? "serve --graph, threads" : "serve, threads", ts[i]);
     double r, rp, b = 0, bp = 0;
-    serve_run(ts[i], 0, n, &r, &rp);
-    add("serve", "ruda", ts[i], r, "requests/s");
+    serve_run(ts[i], 0, graph, n, &r, &rp);
+    add("serve", graph ? "ruda graph" : "ruda", ts[i], r, "requests/s");
     if (on_cuda) {
-      serve_run(ts[i], 1, n, &b, &bp);
-      add("serve", "raw", ts[i], b, "requests/s");
+      serve_run(ts[i], 1, graph, n, &b, &bp);
+      add("serve", graph ? "raw graph" : "raw", ts[i], b, "requests/s");
     }
-    fprintf(stderr, "\r");
+    progress_done();
     if (on_cuda) printf("  %7d %14.0f %8.1f %14.0f %8.1f %8.3f\n", ts[i], r, rp, b, bp, r / b);
     else printf("  %7d %14.0f %8.1f\n", ts[i], r, rp);
   }
@@ -607,7 +664,7 @@ static void bench_profile(const int *kus, int nk, int n) {
       CU(ruda__cu.cuStreamDestroy(st));
     }
 #endif
-    fprintf(stderr, "\r");
+    progress_done();
     if (on_cuda) printf("  %9d %12.2f %12.2f %10.2f\n", kus[i], ruda, raw, ruda - raw);
     else printf("  %9d %12.2f\n", kus[i], ruda);
   }
@@ -677,6 +734,7 @@ static void usage(FILE *f) {
           "  alloc    buffer create+free pairs/s by size                      [-a 1,1024 (KiB)] [-n pairs]\n"
           "  graph    replay of N empty kernels vs one-by-one launches          [-g 10,100 (kernels)]\n"
           "  serve    request round trips/s by threads (64 KiB up, a kernel, 512 B down) [-t] [-n]\n"
+          "           [--graph: the request recorded as a graph, beside a raw CUDA graph]\n"
           "  profile  a short kernel timed by profile tokens vs raw events   [-p 1,2,20 (kernel us)]\n"
           "  all      every one of them with their defaults\n"
           "The raw driver runs beside ruda on the cuda backend. --json/--csv write every figure;\n"
@@ -703,6 +761,7 @@ int main(int argc, char **argv) {
   int ts[16] = {1, 2, 4, 8, 16}, nt = 5, ss[16] = {1, 2, 4, 8, 16}, nss = 5, mib[16] = {1, 16, 256}, nm = 3;
   int kib[16] = {1, 1024}, na = 2, gk[16] = {10, 100}, ng = 2, pk[16] = {1, 2, 20}, np = 3;
   long n = 0, k = 0, workers = 0;
+  int serve_graph = 0;
   double us = 200;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -713,6 +772,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--csv") && v) csv = argv[++i];
     else if (!strcmp(a, "--plot") && v) plot = argv[++i];
     else if (!strcmp(a, "-q")) quick = 1;
+    else if (!strcmp(a, "--graph")) serve_graph = 1;
     else if (!strcmp(a, "-t") && v) nt = parse_list(argv[++i], ts, 16);
     else if (!strcmp(a, "-s") && v) nss = parse_list(argv[++i], ss, 16);
     else if (!strcmp(a, "-m") && v) nm = parse_list(argv[++i], mib, 16);
@@ -785,7 +845,9 @@ int main(int argc, char **argv) {
   if (all || !strcmp(sub, "alloc")) bench_alloc(kib, na, n > 0 ? (size_t)n : quick || !on_cuda ? 6400 : 64000);
   if (all || !strcmp(sub, "graph")) bench_graph(gk, ng, quick || !on_cuda ? 20 : 200);
   if (all || !strcmp(sub, "profile")) bench_profile(pk, np, quick || !on_cuda ? 50 : 500);
-  if (all || !strcmp(sub, "serve")) bench_serve(ts, nt, n > 0 && !all ? (size_t)n : quick || !on_cuda ? 200 : 4000);
+  const size_t serve_n = n > 0 && !all ? (size_t)n : quick || !on_cuda ? 200 : 4000;
+  if ((all || !strcmp(sub, "serve")) && !serve_graph) bench_serve(ts, nt, serve_n, 0);
+  if (all || (!strcmp(sub, "serve") && serve_graph)) bench_serve(ts, nt, serve_n, 1);
   if (plot != NULL && json == NULL) {
     snprintf(json_in_plot, sizeof json_in_plot, "%s/ruda_bench.json", plot);
     if (mkdir(plot, 0777) != 0 && errno != EEXIST) die("creating the --plot folder", RUDA_EIO);

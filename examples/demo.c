@@ -33,6 +33,10 @@ static int axpy_host(const ruda_host_ctx *c, void *const *args) {
   return 0;
 }
 
+/* Its signature: launches are checked against it (docs/host_backend.md). */
+static const ruda_host_param axpy_params[] = {
+    {RUDA_ARG_SCALAR, 4}, {RUDA_ARG_BUFFER, 0}, {RUDA_ARG_BUFFER, 0}, {RUDA_ARG_SCALAR, 4}};
+
 static const char axpy_cuda[] =
     "extern \"C\" __global__ void axpy(float a, const float *x, float *y, unsigned n) {\n"
     "  unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\n"
@@ -167,7 +171,7 @@ int main(void) {
     return 1;
   }
   int rc = strcmp(ruda_device_backend(dev), "host") == 0
-               ? ruda_host_kernel_register(dev, "axpy", axpy_host)
+               ? ruda_host_kernel_register_typed(dev, "axpy", axpy_host, axpy_params, 4)
                : ruda_kernel_source(dev, "axpy", axpy_cuda, NULL);
   if (rc != 0) {
     fprintf(stderr, "registering axpy: %s\n", ruda_error_message(ruda_last_error()));

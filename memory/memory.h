@@ -45,6 +45,8 @@ typedef struct ruda__memory {
   uint32_t nworkers;
   pthread_mutex_t all_lock;
   struct ruda__pools *all;
+  /* Pools of retired streams, empty, for the next new stream (all_lock). */
+  struct ruda__pools *spare;
   /* Gives the pools' unused pages back to the arena before an
    * out-of-memory retry (memory/pool.c; own: the caller's, locked). */
   void (*reclaim)(struct ruda__memory *mem, struct ruda__pools *own);

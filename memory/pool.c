@@ -125,10 +125,58 @@ uint32_t ruda_memory_default_pools(ruda_pool_config *pools, uint32_t cap) {
   return n;
 }
 
+/* A spare pools (ruda__pools_recycle) made over to stream id on worker,
+ * its high-water marks reset; NULL when there is none. */
+static ruda__pools *take_spare(ruda__memory *mem, uint32_t worker, ruda_stream_id id) {
+  pthread_mutex_lock(&mem->all_lock);
+  ruda__pools *p = mem->spare;
+  if (p != NULL) mem->spare = p->spare_next;
+  pthread_mutex_unlock(&mem->all_lock);
+  if (p == NULL) return NULL;
+  pthread_mutex_lock(&p->lock);
+  p->spare_next = NULL;
+  p->stream_id = id;
+  p->worker = worker;
+  p->peak_in_use = p->peak_reserved = 0;
+  for (uint32_t i = 0; i <= p->npools; i++) {
+    ruda__pool *pool = i < p->npools ? &p->pools[i] : &p->persistent;
+    pool->peak_nallocs = pool->peak_in_use = pool->peak_reserved = 0;
+  }
+  pthread_mutex_unlock(&p->lock);
+  return p;
+}
+
+int ruda__pools_recycle(ruda__memory *mem, ruda__pools *p) {
+  pthread_mutex_lock(&mem->layout_lock);
+  pthread_mutex_lock(&p->lock);
+  int empty = p->mode_depth == 0 && p->dry_depth == 0 && p->retired == NULL &&
+              atomic_load_explicit(&p->incoming, memory_order_acquire) == NULL && p->npools == mem->nlayout;
+  for (uint32_t i = 0; empty && i <= p->npools; i++) {
+    const ruda__pool *pool = i < p->npools ? &p->pools[i] : &p->persistent;
+    empty = pool->reserved == 0 && pool->nallocs == 0 &&
+            (i == p->npools || memcmp(&pool->cfg, &mem->layout[i], sizeof pool->cfg) == 0);
+  }
+  pthread_mutex_unlock(&p->lock);
+  pthread_mutex_unlock(&mem->layout_lock);
+  if (!empty) return 0;
+  pthread_mutex_lock(&mem->all_lock);
+  p->spare_next = mem->spare;
+  mem->spare = p;
+  pthread_mutex_unlock(&mem->all_lock);
+  return 1;
+}
+
 ruda__pools *ruda__pools_of(ruda__memory *mem, ruda__pools *_Atomic *slot, uint32_t worker,
                            ruda_stream_id id) {
   ruda__pools *p = atomic_load_explicit(slot, memory_order_acquire);
   if (p != NULL) return p;
+  if ((p = take_spare(mem, worker, id)) != NULL) {
+    ruda__pools *expected = NULL;
+    if (atomic_compare_exchange_strong_explicit(slot, &expected, p, memory_order_acq_rel, memory_order_acquire))
+      return p;
+    ruda__pools_recycle(mem, p); /* another thread made the stream's pools first */
+    return expected;
+  }
   p = calloc(1, sizeof *p);
   if (p == NULL) return NULL;
   pthread_mutex_init(&p->lock, NULL);
@@ -247,6 +295,16 @@ static void pool_release_unused(ruda__pool *pool) {
 void ruda__pools_release_unused(ruda__pools *p) {
   for (uint32_t i = 0; i < p->npools; i++) pool_release_unused(&p->pools[i]);
   pool_release_unused(&p->persistent);
+}
+
+uint64_t ruda__pools_give_back(ruda__pools *p) {
+  pthread_mutex_lock(&p->lock);
+  ruda__pools_poll_retired(p);
+  ruda__pools_release_unused(p);
+  uint64_t kept = p->persistent.reserved;
+  for (uint32_t i = 0; i < p->npools; i++) kept += p->pools[i].reserved;
+  pthread_mutex_unlock(&p->lock);
+  return kept;
 }
 
 /* Room for need more bytes of pages under the pool's cap? Unused pages

@@ -80,6 +80,7 @@ typedef struct ruda__pools {
   uint32_t nslots;
   uint64_t peak_in_use, peak_reserved; /* whole-stream high-water marks */
   struct ruda__pools *all_next;
+  struct ruda__pools *spare_next; /* on mem->spare (ruda__pools_recycle) */
 } ruda__pools;
 
 /* A stream's pools, made at first use and published in *slot: the stream
@@ -110,6 +111,20 @@ int ruda__memory_back(ruda__memory *mem, void *page, uint64_t tagged, const char
 int ruda__pools_check_layout(const ruda_pool_config *pools, uint32_t n);
 void ruda__memory_set_layout(ruda__memory *mem, const ruda_pool_config *pools, uint32_t n);
 int ruda__pools_install(ruda__pools *p, const ruda_pool_config *pools, uint32_t n, const char *fn);
+
+/* A stream whose thread exited (scheduler/stream_exit.c): gives every page
+ * p caches back to the arena, those whose fences passed at once, and
+ * returns the bytes p still reserves (pages with live buffers or behind
+ * a fence; 0: p holds no memory).
+ * Takes p's lock. Any thread. */
+uint64_t ruda__pools_give_back(ruda__pools *p);
+/* Keeps p, which its retired stream no longer names, for the next stream
+ * that needs pools (ruda__pools_of), so exited threads leave no pool
+ * bookkeeping behind. Refuses (0) unless p holds nothing: no pages, no
+ * buffer waiting on a fence, no mode or dry run open, the current layout.
+ * 1 when taken. A caller still holding p (a call racing the retirement)
+ * stays memory-safe: p is never freed before close. Any thread. */
+int ruda__pools_recycle(ruda__memory *mem, ruda__pools *p);
 
 /* For the memory report, both with pools->lock held: takes back retired
  * buffers whose fences passed; gives unused pages to the arena. */

@@ -123,7 +123,14 @@ int ruda_future_wait(ruda_future *f, ruda_error **err) {
   return f->code;
 }
 
+void ruda__future_hand_out(struct ruda_future *f) {
+  if (f == NULL) return;
+  f->held = 1;
+  atomic_fetch_add_explicit(&f->sch->held_futures, 1, memory_order_relaxed);
+}
+
 void ruda_future_free(ruda_future *f) {
   if (f == NULL) return;
+  if (f->held) atomic_fetch_sub_explicit(&f->sch->held_futures, 1, memory_order_release);
   ruda__future_unref(f);
 }

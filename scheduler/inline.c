@@ -14,6 +14,17 @@
  * or observed workers (RUDA_TRACE, NVTX, RUDA_WORKER_STATS, which are kept on
  * the worker thread) send the command the usual way.
  *
+ * The claim (exec and the ticket) and the run are two steps: a command
+ * with buffers claims its place while it holds their issue locks, exactly
+ * where a push would be, publishes its ordering record and releases the
+ * locks (a graph replay also its graph's issue lock), and only then runs.
+ * The claimed ticket is the command's place in the worker's order: a
+ * later command on this worker queues behind it (exec is held), one on
+ * another worker orders after it through a MARK, which the worker reaches
+ * after we let go. So the user code a command runs (a host kernel) may
+ * issue commands on the buffers its own command uses, or replay its own
+ * graph, as it may on the worker thread: no lock of ruda's is held.
+ *
  * Thread-safe; never blocks on the device (the backend's calls return once
  * the work is submitted). The caller pays the driver calls the worker
  * would have made.
@@ -23,12 +34,11 @@
 
 #define PROGRESS_EVERY 16u
 
-int ruda__inline_run(ruda__worker *w, ruda__cmd *cmd) {
+int ruda__inline_claim(ruda__worker *w, const ruda__cmd *cmd, ruda__exec_guard *guard) {
   struct ruda__sched *sch = w->sch;
-  /* The caller holds the command's issue locks (a replay also its graph's
-   * issue lock) until it publishes, after this; a library call's function
-   * may issue on those buffers again (ruda/call.h), so calls, and graphs
-   * holding any, go to the worker, which runs them holding no lock. */
+  /* ruda/call.h promises a library call's function runs on its worker's
+   * thread (libraries keep per-thread handles), so calls, and graphs
+   * holding any, go to the worker. */
   if (cmd->kind == RUDA__CMD_CALL || (cmd->kind == RUDA__CMD_GRAPH && cmd->u.graph.g->calls)) return 0;
   /* Anyone running on the worker (the worker, or another client in place:
    * streams sharing a worker share its device stream) means the command
@@ -37,14 +47,14 @@ int ruda__inline_run(ruda__worker *w, ruda__cmd *cmd) {
   if (w->observed || sch->cfg.launch_blocking || !cds_wfcq_empty(&w->head, &w->tail) ||
       ruda__exec_try(w, RUDA__EXEC_CLIENT) != 0)
     return 0;
-  ruda__exec_guard guard = {0};
+  *guard = (ruda__exec_guard){0};
   /* Holding exec: nothing runs on the worker, so `done` is stable; equal
    * to the tickets, nothing pushed is left to run (a push counts its
    * ticket before it links the command, and one racing with us fails the
    * compare-and-swap below). */
   uint64_t t = atomic_load_explicit(&w->tickets, memory_order_seq_cst);
   if (w->trace != NULL || atomic_load_explicit(&w->done, memory_order_relaxed) != t ||
-      (sch->ops->exec_enter != NULL && sch->ops->exec_enter(sch->bstate, &guard) != 0)) {
+      (sch->ops->exec_enter != NULL && sch->ops->exec_enter(sch->bstate, guard) != 0)) {
     ruda__exec_release(w);
     return 0;
   }
@@ -52,10 +62,15 @@ int ruda__inline_run(ruda__worker *w, ruda__cmd *cmd) {
    * then ahead of ours, so ours goes behind it through the queue). */
   if (!atomic_compare_exchange_strong_explicit(&w->tickets, &t, t + 1, memory_order_seq_cst,
                                                memory_order_relaxed)) {
-    if (sch->ops->exec_leave != NULL) sch->ops->exec_leave(sch->bstate, &guard);
+    if (sch->ops->exec_leave != NULL) sch->ops->exec_leave(sch->bstate, guard);
     ruda__exec_release(w);
     return 0;
   }
+  return 1;
+}
+
+void ruda__inline_finish(ruda__worker *w, ruda__cmd *cmd, ruda__exec_guard *guard) {
+  struct ruda__sched *sch = w->sch;
   ruda__execute(w, cmd); /* reports a failure on the stream, completes the future */
   ruda__cmd_free(cmd);
   /* What commands left retiring (write staging whose copy ran) goes back
@@ -64,8 +79,14 @@ int ruda__inline_run(ruda__worker *w, ruda__cmd *cmd) {
    * driver query per pending event). The worker is not woken for it: it
    * would take exec from the next command issued in place. */
   if (++w->in_place_runs % PROGRESS_EVERY == 0 && sch->ops->progress != NULL) sch->ops->progress(w->wstate);
-  if (sch->ops->exec_leave != NULL) sch->ops->exec_leave(sch->bstate, &guard);
+  if (sch->ops->exec_leave != NULL) sch->ops->exec_leave(sch->bstate, guard);
   ruda__queue_unadmit(w); /* the place the caller's admission took */
   ruda__exec_release(w);
+}
+
+int ruda__inline_run(ruda__worker *w, ruda__cmd *cmd) {
+  ruda__exec_guard guard;
+  if (!ruda__inline_claim(w, cmd, &guard)) return 0;
+  ruda__inline_finish(w, cmd, &guard);
   return 1;
 }

@@ -141,6 +141,7 @@ struct ruda_future {
   struct ruda__sched *sch;
   ruda__stream *stream;
   int drains_errors;
+  int held; /* handed to the caller: counted in the device's held_futures */
   /* Set by the worker when the completion has an event: the event covers
    * the worker's commands up to order_pos, which ordering may take as done
    * once a waiter saw it complete (scheduler/order.c). */
@@ -152,6 +153,9 @@ struct ruda_future {
 };
 
 struct ruda_future *ruda__future_new(struct ruda__sched *sch, ruda__stream *s, int drains);
+/* A public call hands f (may be NULL) to its caller: counted until
+ * ruda_future_free. */
+void ruda__future_hand_out(struct ruda_future *f);
 /* Worker: the command ran (code 0) or failed; wakes the waiter. */
 void ruda__future_submitted(struct ruda_future *f, int code);
 void ruda__future_unref(struct ruda_future *f);
@@ -217,7 +221,7 @@ struct ruda__worker {
   struct ruda__sched *sch;
   struct ruda__trace *trace; /* RUDA_TRACE only (scheduler/trace.h); worker only */
   /* Odd while the worker sleeps with every batch it took run; read by
-   * scheduler/progress.c to tell memory, on a backend whose work completes when
+   * scheduler/fence.c to tell memory, on a backend whose work completes when
    * it runs, that everything pushed earlier is done. */
   _Atomic uint32_t idle_epoch;
   /* Progress, on its own line: the worker stores `done` after each command
@@ -298,6 +302,15 @@ static inline void ruda__exec_release(ruda__worker *w) { atomic_store_explicit(&
  * in its future and on its stream), 0 when the caller must push it. */
 int ruda__inline_run(ruda__worker *w, ruda__cmd *cmd);
 
+/* ruda__inline_run in two steps, for a command holding issue locks
+ * (scheduler/order.h): claim takes w's exec word and its next ticket (1,
+ * with guard filled; 0: push the command as usual), in place of the push;
+ * the caller then publishes, releases its locks and calls finish, which
+ * runs cmd (freeing it) and gives w back. Nothing of ruda's is held
+ * while cmd's user code runs. */
+int ruda__inline_claim(ruda__worker *w, const ruda__cmd *cmd, ruda__exec_guard *guard);
+void ruda__inline_finish(ruda__worker *w, ruda__cmd *cmd, ruda__exec_guard *guard);
+
 /* ---- streams ---- */
 
 /* Cache-line aligned, client fields first (allocate with
@@ -324,6 +337,13 @@ struct ruda__stream {
   _Atomic uint32_t nerr;
   _Atomic uint64_t lost; /* errors that could not be recorded (no memory) */
   struct ruda__profile *profiles; /* open profiles, owned by src/profile.c, under err_lock */
+  /* A thread's own stream (scheduler/stream_exit.c): its thread's life,
+   * the worker's ticket count seen once the thread had exited (+1; 0: not
+   * seen yet), and set once it was retired: drained, its pages given
+   * back, no longer listed or found by id. */
+  struct ruda__thread_life *life;
+  uint64_t exit_ticket;
+  _Atomic int retired;
 } __attribute__((aligned(RUDA__CACHELINE)));
 
 /* A zeroed stream, cache-line aligned; free() releases it. */
@@ -341,6 +361,8 @@ typedef struct ruda__stream_table {
   struct ruda__stream_slots *retired;
   pthread_mutex_t lock; /* inserts only */
   _Atomic uint64_t count;
+  pthread_mutex_t reap_lock;         /* one ruda__streams_reap at a time */
+  _Atomic uint32_t thread_creations; /* threads' own streams made, to pace reaping */
 } ruda__stream_table;
 
 void ruda__streams_init(ruda__stream_table *t);
@@ -360,6 +382,17 @@ void ruda__stream_private_free(struct ruda__sched *sch, ruda__stream *s, const c
  * reserved id that names no existing stream, RUDA_ENOMEM (both recorded
  * naming fn) in *rc, NULL then. */
 ruda__stream *ruda__stream_for(struct ruda__sched *sch, ruda_stream_id id, const char *fn, int *rc);
+/* Threads' own streams (scheduler/stream_exit.c). life_get: the calling
+ * thread's life record with a reference for a new stream (NULL without
+ * memory: the stream is then never retired); life_put drops one. */
+struct ruda__thread_life *ruda__thread_life_get(void);
+void ruda__thread_life_put(struct ruda__thread_life *life);
+/* Retires the streams of threads that exited whose work every worker has
+ * run and whose errors were drained: gives their pools' pages back and
+ * stops listing them. Skips when another reap is running. Any thread;
+ * takes pool locks, never waits for the device. */
+void ruda__streams_reap(struct ruda__sched *sch);
+
 /* Calls fn for every stream. */
 void ruda__streams_each(ruda__stream_table *t, void (*fn)(ruda__stream *, void *), void *arg);
 

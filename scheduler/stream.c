@@ -43,6 +43,8 @@ void ruda__streams_init(ruda__stream_table *t) {
   t->retired = NULL;
   pthread_mutex_init(&t->lock, NULL);
   atomic_init(&t->count, 0);
+  pthread_mutex_init(&t->reap_lock, NULL);
+  atomic_init(&t->thread_creations, 0);
 }
 
 static ruda__stream *find(ruda__stream_slots *s, ruda_stream_id id) {
@@ -92,10 +94,13 @@ static ruda__stream *create(struct ruda__sched *sch, ruda_stream_id id) {
   st->id = id;
   st->worker = &sch->workers[(id & ~(1ull << 63)) % sch->nworkers];
   pthread_mutex_init(&st->err_lock, NULL);
+  /* The calling thread's own stream: retired once the thread exits. */
+  if (id == cache.current && id > RUDA_STREAM_EXPLICIT_MAX) st->life = ruda__thread_life_get();
   uint64_t n = atomic_load_explicit(&t->count, memory_order_relaxed) + 1;
   if (n * 2 > cur->mask + 1) {
     ruda__stream_slots *bigger = slots_new((cur->mask + 1) * 2);
     if (bigger == NULL) {
+      ruda__thread_life_put(st->life);
       pthread_mutex_destroy(&st->err_lock);
       free(st);
       st = NULL;
@@ -123,7 +128,14 @@ out:
 static __attribute__((noinline)) ruda__stream *stream_miss(struct ruda__sched *sch, ruda_stream_id id) {
   ruda__stream_slots *cur = atomic_load_explicit(&sch->streams.current, memory_order_acquire);
   ruda__stream *st = find(cur, id);
-  if (st == NULL) st = create(sch, id);
+  if (st == NULL) {
+    st = create(sch, id);
+    /* Threads that come and go (one per connection) retire the streams
+     * of those gone, every sixteenth new thread. */
+    if (st != NULL && st->life != NULL &&
+        (atomic_fetch_add_explicit(&sch->streams.thread_creations, 1, memory_order_relaxed) & 15) == 15)
+      ruda__streams_reap(sch);
+  }
   if (st != NULL) {
     cache.serial = sch->serial;
     cache.id = id;
@@ -154,6 +166,7 @@ typedef struct list_arg {
 
 static void list_one(ruda__stream *st, void *p) {
   list_arg *a = p;
+  if (atomic_load_explicit(&st->retired, memory_order_acquire)) return;
   if (a->n < a->cap) a->ids[a->n] = st->id;
   a->n++;
 }
@@ -170,10 +183,10 @@ ruda__stream *ruda__stream_for(struct ruda__sched *sch, ruda_stream_id id, const
      * named by its id, from any thread: how errors left on the stream of a
      * thread that exited are drained. Unknown reserved ids are refused. */
     ruda__stream *st = find(atomic_load_explicit(&sch->streams.current, memory_order_acquire), id);
-    if (st != NULL) return st;
+    if (st != NULL && !atomic_load_explicit(&st->retired, memory_order_acquire)) return st;
     *rc = ruda__fail(RUDA_EINVAL,
                      "%s: stream id %llu is reserved (explicit ids are below 2^63; a thread's own stream "
-                     "is named by RUDA_STREAM_CURRENT, or by its id once ruda_stream_ids lists it)",
+                     "is named by RUDA_STREAM_CURRENT, or by its id while ruda_stream_ids lists it)",
                      fn, (unsigned long long)id);
     return NULL;
   }
@@ -204,6 +217,7 @@ static void free_stream(ruda__stream *st, void *unused) {
   (void)unused;
   ruda__capture_free(atomic_load(&st->cap));
   ruda_error_free(st->err_head);
+  ruda__thread_life_put(st->life);
   pthread_mutex_destroy(&st->err_lock);
   free(st);
 }
@@ -217,6 +231,7 @@ void ruda__streams_destroy(ruda__stream_table *t) {
     r = p;
   }
   pthread_mutex_destroy(&t->lock);
+  pthread_mutex_destroy(&t->reap_lock);
   /* Invalidate this thread's cache; other threads compare the serial. */
   cache.serial = 0;
 }
@@ -238,6 +253,17 @@ void ruda__stream_push_error(ruda__stream *s, ruda_error *err) {
   pthread_mutex_unlock(&s->err_lock);
 }
 
+/* An error's message as a summary quotes it: whole words, with " ..."
+ * where it had to be cut to fit room bytes. */
+static const char *excerpt_of(const char *m, char *buf, size_t room) {
+  size_t n = strlen(m);
+  if (n < room) return m;
+  n = room > 5 ? room - 5 : 0;
+  while (n > 0 && m[n] != ' ') n--;
+  snprintf(buf, room, "%.*s ...", (int)n, m);
+  return buf;
+}
+
 int ruda__stream_drain(struct ruda__sched *sch, ruda__stream *s, ruda_error **out) {
   if (out) *out = NULL;
   int faulted = atomic_load_explicit(&sch->faulted, memory_order_acquire);
@@ -250,18 +276,27 @@ int ruda__stream_drain(struct ruda__sched *sch, ruda__stream *s, ruda_error **ou
   pthread_mutex_unlock(&s->err_lock);
   if (n == 0 && !faulted) return 0;
 
+  /* The stream that saw the fault first holds its report among its own
+   * errors: the summary then points there instead of repeating it. */
+  int fault_below = 0;
+  for (const ruda_error *e = list; faulted && sch->fault && e != NULL && !fault_below; e = e->next)
+    fault_below = strstr(e->msg, sch->fault->msg) != NULL;
+  const char *faulted_is = fault_below ? "; the device is faulted (the first report is among these errors)"
+                                       : "; the device is faulted: ";
   /* The thread's last error says it too, as for any failed call. */
-  ruda__fail(RUDA_EUNHEALTHY, "%s is unhealthy: %u error%s%s%s (first: %.200s)",
-             RUDA__SNAME(s->id), n, n == 1 ? "" : "s", faulted ? "; the device is faulted: " : "",
-             faulted && sch->fault ? sch->fault->msg : "", list ? list->msg : "not recorded");
+  char excerpt[RUDA__MSG_MAX], first[RUDA__MSG_MAX];
+  const int quote_fault = faulted && sch->fault != NULL && !fault_below;
+  ruda__fail(RUDA_EUNHEALTHY, "%s is unhealthy: %u error%s%s%s (first: %s)", RUDA__SNAME(s->id), n,
+             n == 1 ? "" : "s", faulted ? faulted_is : "", quote_fault ? excerpt_of(sch->fault->msg, excerpt, 160) : "",
+             list ? excerpt_of(list->msg, first, 200) : "not recorded");
   if (out == NULL) {
     ruda_error_free(list);
     return RUDA_EUNHEALTHY;
   }
   ruda_error *sum = ruda__error_new(
       RUDA_EUNHEALTHY, 0, "%s is unhealthy: %u error%s%s%s", RUDA__SNAME(s->id),
-      n, n == 1 ? "" : "s", faulted ? "; the device is faulted: " : "",
-      faulted && sch->fault ? sch->fault->msg : "");
+      n, n == 1 ? "" : "s", faulted ? faulted_is : "",
+      quote_fault ? excerpt_of(sch->fault->msg, excerpt, RUDA__MSG_MAX - 128) : "");
   ruda_error *l = NULL;
   if (sum != NULL && lost > 0)
     l = ruda__error_new(RUDA_ENOMEM, 0,

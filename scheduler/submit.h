@@ -107,9 +107,14 @@ static inline __attribute__((always_inline)) int ruda__submit(struct ruda__sched
     ruda__order_abandon(o);
     return rc;
   }
-  /* In place before the publish, as the push would be. */
-  if (__builtin_expect(!in_place, 1) || !ruda__inline_run(w, cmd)) ruda__queue_push_admitted(w, cmd);
+  /* In place: the ticket is claimed where the push would be, before the
+   * publish; the command runs after the issue locks are released, so a
+   * host kernel may issue commands on its own buffers (inline.c). */
+  ruda__exec_guard guard;
+  const int claimed = __builtin_expect(in_place, 0) && ruda__inline_claim(w, cmd, &guard);
+  if (!claimed) ruda__queue_push_admitted(w, cmd);
   ruda__order_publish(o, w);
+  if (claimed) ruda__inline_finish(w, cmd, &guard);
   return 0;
 }
 

@@ -329,21 +329,29 @@ void ruda__trace_close(struct ruda__sched *sch, int write) {
 /* Hands each worker its buffer, or takes it back (stop), in the order of
  * its queue: a TRACE command, which the worker runs like any other. A stop
  * waits until every worker ran it; after that no worker writes a buffer.
- * Pushed outside the queue bound, like close's commands. */
+ * Pushed outside the queue bound, like close's commands. All or nothing:
+ * every command (and a stop's futures) is allocated before the first
+ * push, so a failure (RUDA_ENOMEM) leaves every worker as it was and
+ * there is nothing to undo; once pushing starts nothing can fail. */
 static int tell_workers(struct ruda__sched *sch, int stop, const char *fn) {
-  ruda_future **f = stop ? calloc(sch->nworkers, sizeof *f) : NULL;
-  if (stop && f == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
-  int rc = 0;
-  for (uint32_t i = 0; i < sch->nworkers && rc == 0; i++) {
-    ruda__cmd *cmd = ruda__cmd_alloc(0);
-    if (cmd != NULL && stop && (f[i] = ruda__future_new(sch, NULL, 0)) == NULL) {
-      ruda__cmd_free(cmd);
-      cmd = NULL;
-    }
-    if (cmd == NULL) {
-      rc = ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
-      break;
-    }
+  const uint32_t n = sch->nworkers;
+  ruda__cmd **cmds = calloc(n, sizeof *cmds);
+  ruda_future **f = stop ? calloc(n, sizeof *f) : NULL;
+  int ok = cmds != NULL && (!stop || f != NULL);
+  for (uint32_t i = 0; ok && i < n; i++) {
+    ok = (cmds[i] = ruda__cmd_alloc(0)) != NULL;
+    if (ok && stop) ok = (f[i] = ruda__future_new(sch, NULL, 0)) != NULL;
+  }
+  if (!ok) {
+    for (uint32_t i = 0; cmds != NULL && i < n; i++)
+      if (cmds[i] != NULL) ruda__cmd_free(cmds[i]);
+    for (uint32_t i = 0; f != NULL && i < n; i++) free(f[i]); /* never pushed: a plain block */
+    free(cmds);
+    free(f);
+    return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    ruda__cmd *cmd = cmds[i];
     cmd->kind = RUDA__CMD_TRACE;
     cmd->stream = NULL; /* the device's own command */
     cmd->seq = 0;
@@ -351,13 +359,13 @@ static int tell_workers(struct ruda__sched *sch, int stop, const char *fn) {
     cmd->future = stop ? f[i] : NULL;
     ruda__queue_push_unbounded(&sch->workers[i], cmd);
   }
-  for (uint32_t i = 0; stop && i < sch->nworkers; i++) {
-    if (f[i] == NULL) continue;
+  for (uint32_t i = 0; stop && i < n; i++) {
     ruda_future_wait(f[i], NULL);
     ruda_future_free(f[i]);
   }
+  free(cmds);
   free(f);
-  return rc;
+  return 0;
 }
 
 int ruda__trace_start(struct ruda__sched *sch, const char *path, const char *fn) {
@@ -367,8 +375,7 @@ int ruda__trace_start(struct ruda__sched *sch, const char *path, const char *fn)
     rc = ruda__fail(RUDA_EBUSY, "%s: already tracing to %s (ruda_trace_stop first)", fn, sch->trace_path);
   else if ((rc = make_traces(sch, path, fn)) == 0) {
     atomic_store_explicit(&sch->tracing, 1, memory_order_release);
-    if ((rc = tell_workers(sch, 0, fn)) != 0) { /* some may have it: take it back */
-      tell_workers(sch, 1, fn);
+    if ((rc = tell_workers(sch, 0, fn)) != 0) { /* no worker has its buffer */
       atomic_store_explicit(&sch->tracing, 0, memory_order_relaxed);
       free_traces(sch);
     }
@@ -384,7 +391,9 @@ int ruda__trace_stop(struct ruda__sched *sch, const char *fn) {
     rc = ruda__fail(RUDA_EINVAL, "%s: not tracing", fn);
   } else {
     atomic_store_explicit(&sch->tracing, 0, memory_order_relaxed);
-    if ((rc = tell_workers(sch, 1, fn)) == 0) {
+    if ((rc = tell_workers(sch, 1, fn)) != 0) { /* every worker still traces */
+      atomic_store_explicit(&sch->tracing, 1, memory_order_relaxed);
+    } else {
       char path[512];
       snprintf(path, sizeof path, "%s", sch->trace_path);
       if (write_file(sch) != 0) rc = ruda__fail(RUDA_EIO, "%s: writing the trace file %s failed", fn, path);

@@ -344,6 +344,7 @@ int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src
     goto unpin;
   }
   *fut = f;
+  ruda__future_hand_out(f);
   return 0;
 unpin:
   ruda__order_abandon(&o); /* a no-op once published */
@@ -584,7 +585,9 @@ int ruda_sync_async(ruda_device *dev, ruda_stream_id stream, ruda_future **fut) 
   RUDA__CHECK_DEV(dev, "ruda_sync_async");
   if (fut == NULL) return ruda__fail(RUDA_EINVAL, "ruda_sync_async: fut is NULL");
   ruda__stream *s;
-  return control(dev, stream, RUDA__CMD_SYNC, "ruda_sync_async", &s, fut);
+  int rc = control(dev, stream, RUDA__CMD_SYNC, "ruda_sync_async", &s, fut);
+  if (rc == 0) ruda__future_hand_out(*fut);
+  return rc;
 }
 
 int ruda_sync(ruda_device *dev, ruda_stream_id stream, ruda_error **errors) {

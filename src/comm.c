@@ -16,9 +16,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/comm_timeout.h"
 #include "src/device.h"
 #include "scheduler/order.h"
 #include "scheduler/submit.h"
+#include "src/api.h"
 
 struct ruda_comm {
   uint32_t n;      /* ranks in all */
@@ -71,6 +73,8 @@ int ruda_comm_init(ruda_device *const *devices, uint32_t n, ruda_comm **out) {
   if (out != NULL) *out = NULL;
   if (devices == NULL || out == NULL) return ruda__fail(RUDA_EINVAL, "%s: %s is NULL", fn, devices ? "out" : "devices");
   if (n == 0) return ruda__fail(RUDA_EINVAL, "%s: no devices", fn);
+  int trc = ruda__comm_timeout_check(fn);
+  if (trc != 0) return trc;
   for (uint32_t r = 0; r < n; r++) {
     RUDA__CHECK_DEV(devices[r], fn);
     if (devices[r]->ops != devices[0]->ops)
@@ -131,6 +135,8 @@ int ruda_comm_init_rank(ruda_device *dev, uint32_t nranks, uint32_t rank, const 
   if (out == NULL) return ruda__fail(RUDA_EINVAL, "%s: out is NULL", fn);
   if (nranks == 0 || rank >= nranks)
     return ruda__fail(RUDA_EINVAL, "%s: rank %u of %u ranks", fn, rank, nranks);
+  int trc = ruda__comm_timeout_check(fn);
+  if (trc != 0) return trc;
   if (transport != NULL && (transport->all_reduce == NULL || transport->send == NULL || transport->recv == NULL))
     return ruda__fail(RUDA_EINVAL, "%s: the transport lacks all_reduce, send or recv", fn);
   if (dev->ops->comm_init_rank == NULL)

@@ -197,12 +197,24 @@ unsigned ruda__call_slot_assign(void) {
   return ruda__call_slot_id;
 }
 
-/* Waits for the calls that entered before `closed` was set (src/device.h);
- * later ones see it and leave. Blocks: a call blocked on back-pressure
- * finishes because the workers still run. */
+int ruda__call_closed(ruda_device *dev, _Atomic unsigned long **slot, const char *fn) {
+  ruda__test_point(RUDA__HOOK_CALL_CLOSED, dev);
+  ruda__call_leave(slot);
+  *slot = NULL;
+  /* dev may be freed from here on. */
+  return ruda__fail(RUDA_ECLOSED, "%s: device is closed", fn);
+}
+
+/* Waits until no call is counted on dev (src/api.h). After `closed` is
+ * set, the calls that entered before it run to their end, and later ones
+ * see it and leave. Blocks: a call blocked on back-pressure finishes
+ * because the workers still run. */
 static void calls_wait(ruda_device *dev) {
   for (unsigned i = 0; i < RUDA__CALL_SLOTS; i++)
-    while (atomic_load_explicit(&dev->calls[i].n, memory_order_seq_cst) != 0) sched_yield();
+    while (atomic_load_explicit(&dev->calls[i].n, memory_order_seq_cst) != 0) {
+      ruda__test_point(RUDA__HOOK_CLOSE_WAITING, dev);
+      sched_yield();
+    }
 }
 
 typedef struct collect_arg {
@@ -226,15 +238,26 @@ static void collect(ruda__stream *s, void *p) {
 int ruda_device_close(ruda_device *dev, ruda_error **errors) {
   if (errors) *errors = NULL;
   if (dev == NULL) return ruda__fail(RUDA_EINVAL, "ruda_device_close: device is NULL");
-  uint32_t comms = atomic_load(&dev->comms);
-  if (comms != 0 && !atomic_load(&dev->closed))
-    return ruda__fail(RUDA_EBUSY,
-                      "ruda_device_close: the device is a rank of %u live communicator%s; ruda_comm_destroy %s "
-                      "first (the device stays open)",
-                      comms, comms == 1 ? "" : "s", comms == 1 ? "it" : "them");
-  if (atomic_exchange(&dev->closed, 1))
-    return ruda__fail(RUDA_ECLOSED, "ruda_device_close: device already closed");
+  {
+    /* Counted like any call while it looks, so a second close racing the
+     * first is waited for before the device is freed. */
+    RUDA__IN_CALL(dev);
+    uint32_t comms = atomic_load(&dev->comms);
+    if (comms != 0 && !atomic_load(&dev->closed))
+      return ruda__fail(RUDA_EBUSY,
+                        "ruda_device_close: the device is a rank of %u live communicator%s; ruda_comm_destroy %s "
+                        "first (the device stays open)",
+                        comms, comms == 1 ? "" : "s", comms == 1 ? "it" : "them");
+    uint64_t futures = atomic_load_explicit(&dev->sched.held_futures, memory_order_acquire);
+    if (futures != 0 && !atomic_load(&dev->closed))
+      return ruda__fail(RUDA_EBUSY,
+                        "ruda_device_close: %llu future%s from ruda_read, ruda_sync_async or "
+                        "ruda_graph_replay_async still held; ruda_future_free %s first (the device stays open)",
+                        (unsigned long long)futures, futures == 1 ? "" : "s", futures == 1 ? "it" : "them");
+    if (atomic_exchange(&dev->closed, 1)) return ruda__call_closed(dev, &ruda__in_call, "ruda_device_close");
+  }
   calls_wait(dev);
+  ruda__test_point(RUDA__HOOK_CLOSE_WAITED, dev);
   ruda__workers_stop(&dev->sched);
   ruda__trace_close(&dev->sched, 1);
 
@@ -256,6 +279,11 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
   dev->ops->close(dev->bstate);
   ruda_error_free(dev->sched.fault);
   free(dev->sched.workers);
+  /* A call that started while close ran may have entered its slot after
+   * the first wait; it only reads `closed` and leaves, and is waited for
+   * here, before the slots and the device go. */
+  ruda__test_point(RUDA__HOOK_CLOSE_FREE, dev);
+  calls_wait(dev);
   free(dev->calls);
   free(dev);
   return a.unhealthy ? RUDA_EUNHEALTHY : 0;
@@ -272,7 +300,15 @@ size_t ruda_stream_ids(ruda_device *dev, ruda_stream_id *ids, size_t cap) {
   if (dev == NULL) return 0;
   RUDA__IN_CALL(dev);
   if (ruda__closing(dev)) return 0;
+  ruda__streams_reap(&dev->sched); /* exited threads' drained streams are not listed */
   return ruda__streams_list(&dev->sched.streams, ids, cap);
+}
+
+int ruda_stream_name(ruda_stream_id id, char *buf, size_t len) {
+  if (buf == NULL || len == 0) return ruda__fail(RUDA_EINVAL, "ruda_stream_name: buf is NULL or len is 0");
+  char name[RUDA__STREAM_NAME_MAX];
+  snprintf(buf, len, "%s", ruda__stream_name(id == RUDA_STREAM_CURRENT ? ruda_stream_current() : id, name));
+  return 0;
 }
 
 int ruda_stream_set_in_place(ruda_device *dev, ruda_stream_id stream, int on) {

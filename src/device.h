@@ -70,7 +70,28 @@ static inline _Atomic unsigned long *ruda__call_enter(ruda_device *dev) {
 }
 
 static inline void ruda__call_leave(_Atomic unsigned long **n) {
-  atomic_fetch_sub_explicit(*n, 1, memory_order_release);
+  if (*n != NULL) atomic_fetch_sub_explicit(*n, 1, memory_order_release);
+}
+
+/* A call that entered its slot and found dev closing: leaves the slot
+ * (*slot becomes NULL) and fails with RUDA_ECLOSED naming fn, touching
+ * nothing of dev after the leave: close frees the device as soon as no
+ * slot is held (src/device.c). */
+int ruda__call_closed(ruda_device *dev, _Atomic unsigned long **slot, const char *fn);
+
+/* Test points: a unit test linking ruda_internal may define this function
+ * to hold a thread at a named point (tests/unit/closed.c). Nothing else
+ * defines it: libruda.so resolves it to a null address (weak, hidden), so
+ * each point costs a test of that address, and only on cold paths. */
+enum {
+  RUDA__HOOK_CALL_CLOSED,  /* a call counted in its slot found dev closing */
+  RUDA__HOOK_CLOSE_WAITED, /* close waited for the calls in progress */
+  RUDA__HOOK_CLOSE_WAITING, /* close waits for a call counted in its slot */
+  RUDA__HOOK_CLOSE_FREE,   /* close is about to free the device */
+};
+void ruda__test_hook(int point, ruda_device *dev) __attribute__((weak, visibility("hidden")));
+static inline void ruda__test_point(int point, ruda_device *dev) {
+  if (ruda__test_hook != NULL) ruda__test_hook(point, dev);
 }
 
 /* Shared check at the top of every public call that takes a device: a
@@ -79,7 +100,7 @@ static inline void ruda__call_leave(_Atomic unsigned long **n) {
 #define RUDA__CHECK_DEV(dev, fn)                                               \
   if ((dev) == NULL) return ruda__fail(RUDA_EINVAL, "%s: device is NULL", fn); \
   RUDA__IN_CALL(dev);                                                          \
-  if (ruda__closing(dev)) return ruda__fail(RUDA_ECLOSED, "%s: device is closed", fn)
+  if (ruda__closing(dev)) return ruda__call_closed(dev, &ruda__in_call, fn)
 
 /* Counts the enclosing function as a call in progress on dev until it
  * returns; then ruda__closing(dev) says whether close has begun. */

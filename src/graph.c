@@ -7,7 +7,7 @@
 #include "scheduler/graph.h"
 #include "scheduler/order.h"
 #include "scheduler/submit.h"
-#include "src/device.h"
+#include "src/api.h"
 
 /* The persistent mode ruda_graph_prepare pushed ends with the capture.
  * stream: the caller's id, which names s; s->id may be a thread's own,
@@ -202,6 +202,8 @@ static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, ruda_f
   ruda__order two[2], *o = ngroups <= 2 ? two : malloc(ngroups * sizeof *o);
   if (o == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
   uint32_t ngiven = 0;
+  int claimed = 0;
+  ruda__exec_guard guard;
   pthread_mutex_lock(&g->issue_lock);
   /* The graph's slots are sorted, so the groups lock in one key order. */
   for (uint32_t gi = 0; gi < ngroups; gi++) {
@@ -235,11 +237,17 @@ static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, ruda_f
     for (uint32_t gi = 0; gi < ngroups; gi++) ruda__order_lock(&o[gi], w);
     for (uint32_t gi = 0; gi < ngroups && rc == 0; gi++)
       if (ruda__order_needed(&o[gi])) rc = ruda__order_prepare(&dev->sched, &o[gi], s, cmd->seq);
-    /* In place before the publish below, as a push would precede it. A
+    /* In place: the ticket is claimed where a push would be, before the
+     * publish below; the replay runs once every lock here is released, so
+     * its kernels may replay this graph or use its buffers (inline.c). A
      * WAIT just pushed runs first either way: in place needs the worker
      * to have run everything queued. */
-    if (rc == 0 && !(in_place && ruda__inline_run(w, cmd))) ruda__queue_push_admitted(w, cmd);
-    else if (rc != 0) ruda__queue_unadmit(w); /* WAITs already pushed only order this stream more */
+    if (rc == 0) {
+      claimed = in_place && ruda__inline_claim(w, cmd, &guard);
+      if (!claimed) ruda__queue_push_admitted(w, cmd);
+    } else {
+      ruda__queue_unadmit(w); /* WAITs already pushed only order this stream more */
+    }
   }
   if (rc != 0) {
     atomic_fetch_sub_explicit(&g->refs, 1, memory_order_relaxed);
@@ -255,6 +263,7 @@ out:
   for (uint32_t gi = ngroups; gi-- > ngiven;) ruda__order_abandon(&o[gi]);
   pthread_mutex_unlock(&g->issue_lock);
   if (o != two) free(o);
+  if (claimed) ruda__inline_finish(w, cmd, &guard);
   return rc;
 }
 
@@ -269,7 +278,9 @@ int ruda_graph_replay_async(ruda_device *dev, ruda_stream_id stream, ruda_graph 
   if (fut != NULL) *fut = NULL;
   RUDA__CHECK_DEV(dev, fn);
   if (fut == NULL) return ruda__fail(RUDA_EINVAL, "%s: fut is NULL", fn);
-  return replay(dev, stream, g, fut, 0, fn);
+  int rc = replay(dev, stream, g, fut, 0, fn);
+  if (rc == 0) ruda__future_hand_out(*fut);
+  return rc;
 }
 
 int ruda_graph_run(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, ruda_error **err) {

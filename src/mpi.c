@@ -253,8 +253,13 @@ static int t_send(void *ctx, const void *src, uint64_t bytes, uint32_t peer, cha
   if (b == NULL) return RUDA_ENOMEM;
   memcpy(b, src, (size_t)bytes);
   MPI_Request rq;
-  if (MPI_Isend(b, (int)bytes, MPI_BYTE, (int)peer, TAG, l->comm, &rq) != MPI_SUCCESS) {
-    snprintf(why, n, "send #%llu to rank %u: MPI_Isend refused", (unsigned long long)l->seq, peer);
+  /* Synchronous mode: complete only once the receiver's recv matched it,
+   * as comm.h promises (and NCCL and the in-process exchange do). A
+   * standard send of a few bytes completes on its own under MPI's eager
+   * protocol: crossed sends would both succeed, and a send to a rank that
+   * never receives would return 0 with its bytes lost. */
+  if (MPI_Issend(b, (int)bytes, MPI_BYTE, (int)peer, TAG, l->comm, &rq) != MPI_SUCCESS) {
+    snprintf(why, n, "send #%llu to rank %u: MPI_Issend refused", (unsigned long long)l->seq, peer);
     return RUDA_EGENERIC;
   }
   return wait_req(l, &rq, MPI_STATUS_IGNORE, "send", why, n);

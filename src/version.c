@@ -5,3 +5,5 @@
 const char *ruda_version(void) { return RUDA_VERSION_STRING; }
 
 int ruda_version_number(void) { return RUDA_VERSION_NUMBER; }
+
+const char *ruda_version_string(void) { return ruda_version(); }

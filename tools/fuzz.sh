@@ -9,7 +9,8 @@ secs="${1:-60}"
 command -v clang >/dev/null || { echo "fuzz.sh: clang not found (Debian: apt-get install clang)"; exit 77; }
 cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DRUDA_ASAN=ON -DRUDA_FUZZ=ON -DRUDA_BUILD_BENCH=OFF \
   -DCMAKE_BUILD_TYPE=Debug >/dev/null
-cmake --build build-fuzz -j"$(nproc)" --target fuzz_api_libfuzzer >/dev/null
+cmake --build build-fuzz -j"${FUZZ_JOBS:-$(nproc)}" --target fuzz_api_libfuzzer >/dev/null
 mkdir -p build-fuzz/corpus
-exec build-fuzz/tests/fuzz_api_libfuzzer -max_total_time="$secs" -max_len=2048 -print_final_stats=1 \
+# -timeout: an input running 30 s is a hang (a deadlock), reported with the input.
+exec build-fuzz/tests/fuzz_api_libfuzzer -max_total_time="$secs" -max_len=2048 -timeout=30 -print_final_stats=1 \
   build-fuzz/corpus

@@ -3,11 +3,13 @@
 one lane per worker (and, on cuda, one per worker's stream on the device),
 one box per command, coloured by kind.
 
-  tools/trace_svg.py TRACE.json OUT.svg [--from US] [--span US] [--title T]
+  ruda-trace-svg TRACE.json OUT.svg [--from US] [--span US] [--title T]
+  (tools/trace_svg.py in the source tree)
 
 --from: start of the window in microseconds since the device opened
-(default: the busiest window); --span: its width (default 400 us).
-Standard library only.
+(default: the window of --span that starts the most work: launches,
+copies, graphs, collectives, not the syncs and waits around them);
+--span: its width (default 400 us). Standard library only.
 """
 import argparse
 import html
@@ -29,13 +31,19 @@ def busiest(ts, span):
     return best
 
 
+# Commands that are the work itself; a window is chosen by these alone, so
+# a run's closing syncs (many, short) do not pull it to the end.
+WORK = {"launch", "write", "read", "copy", "graph", "collective"}
+
+
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("trace")
-    ap.add_argument("out")
-    ap.add_argument("--from", dest="start", type=float)
-    ap.add_argument("--span", type=float, default=400.0)
-    ap.add_argument("--title", default="")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace", help="a RUDA_TRACE file")
+    ap.add_argument("out", help="the SVG to write")
+    ap.add_argument("--from", dest="start", type=float, metavar="US",
+                    help="window start, microseconds after the device opened (default: the busiest window)")
+    ap.add_argument("--span", type=float, default=400.0, metavar="US", help="window width (default 400)")
+    ap.add_argument("--title", default="", help="a title above the lanes")
     a = ap.parse_args()
 
     with open(a.trace) as f:
@@ -46,7 +54,7 @@ def main():
     errors = [e for e in events if e.get("ph") == "i"]
     if not spans:
         raise SystemExit("trace_svg: no commands in " + a.trace)
-    ts = sorted(e["ts"] for e in spans)
+    ts = sorted(e["ts"] for e in spans if e.get("cat") in WORK) or sorted(e["ts"] for e in spans)
     start = a.start if a.start is not None else busiest(ts, a.span)
     end = start + a.span
     used = sorted({(e.get("pid", 1), e["tid"]) for e in spans if e["ts"] < end and e["ts"] + e["dur"] > start})

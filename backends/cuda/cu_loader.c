@@ -39,8 +39,7 @@ static void cu_load_once(void) {
     const char *why = dlerror();
     cu_status = RUDA__CU_NO_LIBRARY;
     set_result(&cu_result, RUDA_ENODRIVER,
-               "no CUDA driver: dlopen(\"%s\") failed (%s); install the NVIDIA driver or use "
-               "backend=host",
+               "no CUDA driver: dlopen(\"%s\") failed (%s): the NVIDIA driver is not installed",
                path, why ? why : "unknown reason");
     return;
   }
@@ -263,11 +262,14 @@ const char *ruda__cu_describe(CUresult r, char *buf, size_t len) {
   return buf;
 }
 
+/* "what: CUDA_ERROR_X (description)": what is cut, never the driver's
+ * error, which the message must end with whole. */
 static void vformat(char *out, size_t len, CUresult r, const char *fmt, va_list ap) {
   char what[RUDA__MSG_MAX], d[160];
   vsnprintf(what, sizeof what, fmt, ap);
   ruda__cu_describe(r, d, sizeof d);
-  snprintf(out, len, "%.300s: %s", what, d);
+  const size_t room = len > strlen(d) + 3 ? len - strlen(d) - 3 : 0;
+  snprintf(out, len, "%.*s: %s", (int)room, what, d);
 }
 
 ruda_error *ruda__cu_error(CUresult r, const char *fmt, ...) {

@@ -114,26 +114,44 @@ static void fault_device(ruda__cu_backend *b, const ruda_error *e) {
 
 /* A sticky fault poisons the whole context: any launch in flight on any
  * worker's stream may have caused it. Lists each worker's last launch
- * without blaming one; RUDA_LAUNCH_BLOCKING narrows it to the culprit. */
+ * without blaming one; RUDA_LAUNCH_BLOCKING narrows it to the culprit.
+ * Only the device's first report carries the list (later ones point to
+ * it), and only whole entries: those that do not fit are counted. */
 static void describe_in_flight(ruda__cu_backend *b, char *out, size_t len) {
-  int at = snprintf(out, len, "the latest launch of each worker then:");
-  int any = 0;
-  for (uint32_t i = 0; i < 1024 && at > 0 && (size_t)at < len; i++) {
+  if (b->env.faulted(b->env.ctx)) {
+    snprintf(out, len, "the device's first fault report lists the launches then in flight");
+    return;
+  }
+  static const char tail[] = "; the faulting one is among these or launched before them "
+                             "(RUDA_LAUNCH_BLOCKING=1 names it)";
+  size_t at = (size_t)snprintf(out, len, "the latest launch of each worker then:");
+  unsigned listed = 0, left_out = 0;
+  for (uint32_t i = 0; i < 1024; i++) {
     ruda__cu_worker *w = atomic_load_explicit(&b->workers[i], memory_order_acquire);
     if (w == NULL) continue;
     const char *k = atomic_load_explicit(&w->last_kernel, memory_order_relaxed);
     if (k == NULL) continue;
     const int call = k == ruda__cu_call_mark; /* a library call's work, not a kernel ruda launched */
-    at += snprintf(out + at, len - (size_t)at, "%s %s%.64s%s (%s, command #%llu)", any ? "," : "",
-                   call ? "" : "kernel \"", k, call ? "" : "\"",
-                   RUDA__SNAME(atomic_load_explicit(&w->last_stream, memory_order_relaxed)),
-                   (unsigned long long)atomic_load_explicit(&w->last_seq, memory_order_relaxed));
-    any = 1;
+    char entry[160];
+    int n = snprintf(entry, sizeof entry, "%s %s%.64s%s (%s, command #%llu)", listed ? "," : "",
+                     call ? "" : "kernel \"", k, call ? "" : "\"",
+                     RUDA__SNAME(atomic_load_explicit(&w->last_stream, memory_order_relaxed)),
+                     (unsigned long long)atomic_load_explicit(&w->last_seq, memory_order_relaxed));
+    /* Room kept for the tail and a count of those left out. */
+    if (n > 0 && at + (size_t)n + sizeof tail + 24 <= len) {
+      memcpy(out + at, entry, (size_t)n + 1);
+      at += (size_t)n;
+      listed++;
+    } else {
+      left_out++;
+    }
   }
-  if (!any) snprintf(out, len, "no launch was submitted before it");
-  else if (at > 0 && (size_t)at < len)
-    snprintf(out + at, len - (size_t)at, "; the faulting one is among these or launched before them "
-                                         "(RUDA_LAUNCH_BLOCKING=1 names it)");
+  if (listed == 0 && left_out == 0) {
+    snprintf(out, len, "no launch was submitted before it");
+    return;
+  }
+  if (left_out > 0) at += (size_t)snprintf(out + at, len - at, " and %u more", left_out);
+  snprintf(out + at, len - at, "%s", tail);
 }
 
 int ruda__cu_worker_fail(ruda__cu_worker *w, CUresult r, ruda_error **err, const char *fmt, ...) {
@@ -144,7 +162,7 @@ int ruda__cu_worker_fail(ruda__cu_worker *w, CUresult r, ruda_error **err, const
   va_end(ap);
   ruda_error *e;
   if (ruda__cu_sticky(r)) {
-    char last[400];
+    char last[320];
     describe_in_flight(w->b, last, sizeof last);
     e = ruda__cu_error(r, "%s: the CUDA context is faulted (%s)", what, last);
     if (e != NULL) fault_device(w->b, e);
@@ -598,9 +616,9 @@ static int cu_event_wait(void *state, void *event, ruda_error **err) {
   }
   ruda_error *x;
   if (ruda__cu_sticky(r)) {
-    char last[400];
-    describe_in_flight(b, last, sizeof last);
+    char last[320];
     int first = !b->env.faulted(b->env.ctx);
+    describe_in_flight(b, last, sizeof last);
     /* The first stream to see the fault lists what was in flight; later
      * ones say the device was already faulted. */
     x = ruda__cu_error(r, "device fault (every stream of the device fails from now on) seen while waiting for %s%s; %s",

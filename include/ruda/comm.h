@@ -112,12 +112,18 @@ RUDA_EXTERN int ruda_comm_unique_id(struct ruda_device *dev, ruda_comm_id *id);
 /* Carries rank 0's *id to the other ranks (they pass any *id; it is
  * filled): where is "file:PATH" (rank 0 writes PATH whole; the others wait
  * for it; a file system every rank sees, and a path no earlier run left
- * behind) or "tcp:HOST:PORT" (rank 0 listens on PORT, the others connect
- * to HOST:PORT, retrying until rank 0 is there; rank 0 returns once every
- * rank was answered). Blocking, at most RUDA_COMM_TIMEOUT ms
+ * behind; anything but a regular file is refused) or "tcp:HOST:PORT"
+ * (rank 0 listens on HOST's address only, the others connect, retrying
+ * until rank 0 is there). tcp peers prove they belong to the job with a
+ * key from RUDA_COMM_SECRET, else the launcher's job id
+ * (docs/collectives.md); strangers are dropped and never take a rank's
+ * place, and every rank returns the same outcome (0 only once every rank
+ * has the id). Blocking, every wait within RUDA_COMM_TIMEOUT ms
  * (RUDA_ETIMEDOUT saying what was waited for). RUDA_EINVAL for a where of
- * neither form, rank >= nranks, or ranks started for different nranks.
- * Thread-safe. */
+ * neither form, rank >= nranks, ranks started for different nranks, ranks
+ * with different keys, or a RUDA_COMM_TIMEOUT that is not 0..2147483647;
+ * RUDA_ENOMEM or RUDA_EIO when HOST cannot be resolved for lack of memory
+ * or a resolver. Thread-safe. */
 RUDA_EXTERN int ruda_comm_rendezvous(const char *where, uint32_t nranks, uint32_t rank, ruda_comm_id *id);
 
 /* This process's RANK, WORLD_SIZE and LOCAL_RANK (0 when unset), as
@@ -195,9 +201,11 @@ RUDA_EXTERN int ruda_reduce_scatter(ruda_comm *comm, struct ruda_device *dev, ru
 /* Point to point: src's bytes from dev's rank to peer, where the peer's
  * matching ruda_recv writes them into dst, whose binding must be exactly
  * as large (NCCL matches counts; RUDA_ERANGE on the receiver otherwise).
- * A send waits for its receiver: two ranks sending to each other first
- * wait for ever, as with NCCL; let one of them receive first.
- * Thread-safe; the call is non-blocking (the wait is the worker's). */
+ * A send waits for its receiver, whatever its size: two ranks sending to
+ * each other first wait for ever, as with NCCL (on the host backend, in
+ * one process or over MPI, until RUDA_COMM_TIMEOUT, when both fail); let
+ * one of them receive first. Thread-safe; the call is non-blocking (the
+ * wait is the worker's). */
 RUDA_EXTERN int ruda_send(ruda_comm *comm, struct ruda_device *dev, ruda_binding src, uint32_t peer);
 /* The receiving side of ruda_send: dev's rank takes peer's bytes into dst.
  * Thread-safe, non-blocking (see ruda_write for a full queue). */

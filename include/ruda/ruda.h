@@ -16,7 +16,9 @@
  *    worker or the device (it may still allocate host memory or take a
  *    short lock); "blocks" says what it waits for.
  *  - Calls on a closing device fail with RUDA_ECLOSED; a call that was in
- *    progress when ruda_device_close() started completes first. Calling
+ *    progress when ruda_device_close() started completes first, and one
+ *    that starts while close runs (a second close too) fails and is waited
+ *    for: close frees the device only once no call is left in it. Calling
  *    anything on a device handle after ruda_device_close() returned is
  *    undefined, as with any freed object.
  *
@@ -67,6 +69,11 @@ RUDA_EXTERN const char *ruda_version(void);
 /* The same as MAJOR * 10000 + MINOR * 100 + PATCH (compare with
  * RUDA_VERSION_NUMBER). Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_version_number(void);
+
+/* ruda_version() under the name 0.1.0 gave it first; kept for the 0.1
+ * series, where nothing is removed (the version policy: README). New code
+ * calls ruda_version(). Thread-safe, non-blocking. */
+RUDA_EXTERN const char *ruda_version_string(void);
 
 /* ------------------------------------------------------------------ */
 /* Device                                                              */
@@ -146,10 +153,18 @@ RUDA_EXTERN int ruda_device_open(const ruda_config *cfg, ruda_device **out);
  * progress on other threads when close starts are waited for, and what
  * they enqueued runs before close returns; calls that start after it began
  * fail with RUDA_ECLOSED. Calls that start after close returned use a freed
- * handle (undefined): stop other threads before the handle dies. Blocks
- * until calls in progress and the workers are done.
- * Thread-safe in that sense: other threads' calls on dev are waited for or refused, a second
- * close fails with RUDA_ECLOSED. */
+ * handle (undefined): stop other threads before the handle dies.
+ * Refuses with RUDA_EBUSY, the device staying open, while the caller holds
+ * a future (from ruda_read, ruda_sync_async or ruda_graph_replay_async)
+ * not yet given to ruda_future_free, or while the device is a rank of a
+ * live communicator: those are freed without naming the device, so they
+ * must go first. What is freed by naming the device goes with it: close
+ * destroys live graphs, frees staging blocks and drops open profile
+ * tokens (ruda_graph_destroy, ruda_staging_free and ruda_profile_end on
+ * them after close are calls on a freed handle). Blocks until calls in
+ * progress and the workers are done. Thread-safe in that sense: other
+ * threads' calls on dev are waited for or refused, a second close fails
+ * with RUDA_ECLOSED. */
 RUDA_EXTERN int ruda_device_close(ruda_device *dev, ruda_error **errors);
 
 /* Name of the backend in use ("host" or "cuda"). Thread-safe, non-blocking. */
@@ -174,8 +189,21 @@ RUDA_EXTERN uint32_t ruda_device_num_streams(const ruda_device *dev);
 RUDA_EXTERN ruda_stream_id ruda_stream_current(void);
 
 /* Writes up to cap ids of the streams used so far into ids; returns how
- * many streams exist (which may exceed cap). Thread-safe, non-blocking. */
+ * many streams exist (which may exceed cap). A thread's own stream is
+ * listed while its thread runs and, after the thread exited, until its
+ * work has run and its errors were drained (ruda_sync by this id, or
+ * ruda_device_sync); it is then retired without any call: its cached
+ * pages go back to the device's arena and its id is refused like one
+ * never handed out (listing is one of the moments that happens, so it may
+ * take those streams' pool locks briefly). Thread-safe, non-blocking. */
 RUDA_EXTERN size_t ruda_stream_ids(ruda_device *dev, ruda_stream_id *ids, size_t cap);
+
+/* The name messages give stream id (RUDA_STREAM_CURRENT: the calling
+ * thread's), into buf of len bytes, cut to fit: "stream 5" for an
+ * explicit id, "thread stream #3" for a thread's own (whose id, as
+ * ruda_stream_ids lists it, is 2^63 + 3). RUDA_EINVAL when buf is NULL or
+ * len is 0. Thread-safe, non-blocking. */
+RUDA_EXTERN int ruda_stream_name(ruda_stream_id id, char *buf, size_t len);
 
 /* on != 0: stream's writes, reads, copies and launches are issued by the
  * calling thread itself whenever the stream's worker has nothing queued
@@ -307,8 +335,10 @@ RUDA_EXTERN int ruda_future_wait(ruda_future *fut, ruda_error **err);
 /* Frees a future. A future not yet waited is detached: the work still
  * runs and its result is dropped (a read's dst is then never written,
  * except a dst in staging memory, which the device may already have
- * filled). NULL is a no-op.
- * Not thread-safe on one future: no wait or poll of it beside or after it. Non-blocking. */
+ * filled). NULL is a no-op. Every future must be freed before
+ * ruda_device_close (which refuses with RUDA_EBUSY until then). Not
+ * thread-safe on one future: no wait or poll of it beside or after it.
+ * Non-blocking. */
 RUDA_EXTERN void ruda_future_free(ruda_future *fut);
 
 /* ------------------------------------------------------------------ */
@@ -416,7 +446,10 @@ RUDA_EXTERN int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_
  * negative RUDA_E* code; the worker queues it on the stream. A kernel runs
  * on a worker thread and must not call ruda functions that wait for a
  * worker (flush, sync, future waits, or a push into a full queue under
- * RUDA_BACKPRESSURE_BLOCK): if that worker is its own, it deadlocks. */
+ * RUDA_BACKPRESSURE_BLOCK): if that worker is its own, it deadlocks.
+ * Non-waiting calls are fine, also on the buffers its own launch uses or
+ * replaying the graph it belongs to, wherever it runs (a kernel issued in
+ * place runs on the issuing thread, holding nothing of ruda's). */
 typedef struct ruda_host_ctx {
   ruda_dim3 grid_dim, block_dim, block_idx, thread_idx;
   void *shared;   /* shared_mem bytes, per block */
@@ -426,10 +459,12 @@ typedef struct ruda_host_ctx {
 /* A host kernel: one call per thread; 0 or a negative RUDA_E* code. */
 typedef int (*ruda_host_kernel_fn)(const ruda_host_ctx *ctx, void *const *args);
 
-/* Registers (or replaces) a host kernel. RUDA_ENOBACKEND on a cuda device.
- * Launches of it are not checked against a signature (see
- * ruda_host_kernel_register_typed, which a CUDA kernel always has).
- * Thread-safe, non-blocking. */
+/* Registers (or replaces) a host kernel without a signature: launches of
+ * it are not checked, so one with too few arguments makes fn read past
+ * args (a crash) and a wrong order runs silently. Only for a kernel that
+ * checks ctx->nargs itself; prefer ruda_host_kernel_register_typed (how
+ * to write a host kernel: docs/host_backend.md). RUDA_ENOBACKEND on a cuda
+ * device. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_host_kernel_register(ruda_device *dev, const char *name,
                                           ruda_host_kernel_fn fn);
 
@@ -558,7 +593,9 @@ RUDA_EXTERN int ruda_profile_end(ruda_device *dev, ruda_stream_id stream, ruda_p
  * this call; RUDA_EBUSY while tracing. ruda_trace_stop waits until every
  * worker has stopped (the commands queued before it ran), writes the file
  * and closes it; RUDA_EINVAL when not tracing, RUDA_EIO if the write
- * failed. Thread-safe; stop blocks. */
+ * failed. Either without host memory: RUDA_ENOMEM, and nothing changed
+ * (not tracing after a failed start, still tracing after a failed stop).
+ * Thread-safe; stop blocks. */
 RUDA_EXTERN int ruda_trace_start(ruda_device *dev, const char *path);
 /* Ends what ruda_trace_start (or RUDA_TRACE) began and writes the file.
  * Thread-safe; blocks until every worker handed its buffer back, and while writing. */

@@ -15,6 +15,9 @@
  *   - library calls (ruda_call) order by their buffers' access modes like
  *     kernels, are recorded and replayed by graphs, refuse stale handles,
  *     and a failing one is one error on its stream;
+ *   - kernels that issue work themselves (a launch on their own buffer, a
+ *     replay of their own graph), in place or on a worker: nothing hangs
+ *     (the fuzzer's timeout) and the data follows the model;
  *   - errors: each flush or sync of a stream hands back exactly the
  *     kernel failures the model counted on it, none lost, none elsewhere;
  *   - at the end every live buffer equals the model and close is clean.
@@ -105,6 +108,39 @@ static int call_add(const ruda_call_ctx *c, void *user) {
   return 0;
 }
 
+/* nest(b, v, len, handle, stream, mode): b += v, then, once per op (the
+ * kernel may run again in the replay it issues), more work issued from
+ * the kernel: mode 0 a launch of add(b, v + 1) on stream, mode 1 a replay
+ * of the graph it belongs to on stream. Run in place, the kernel runs on
+ * the caller's thread: no lock of ruda's may be held then. */
+static ruda_device *nest_dev;
+static ruda_graph *nest_graph;
+static int nest_left, nest_rc;
+static int k_nest(const ruda_host_ctx *c, void *const *a) {
+  (void)c;
+  unsigned char *p = a[0];
+  const uint32_t v = *(const uint32_t *)a[1], len = *(const uint32_t *)a[2];
+  for (uint32_t i = 0; i < len; i++) p[i] = (unsigned char)(p[i] + v);
+  if (!__atomic_exchange_n(&nest_left, 0, __ATOMIC_ACQ_REL)) return 0;
+  uint64_t packed, stream;
+  uint32_t mode;
+  memcpy(&packed, a[3], 8);
+  memcpy(&stream, a[4], 8);
+  memcpy(&mode, a[5], 4);
+  int rc;
+  if (mode == 0) {
+    ruda_handle h = {(uint32_t)(packed >> 32), (uint32_t)packed};
+    uint32_t w = v + 1;
+    ruda_arg n[3] = {ruda_arg_buffer(ruda_bind(h)), ruda_arg_scalar(&w, 4), ruda_arg_scalar(&len, 4)};
+    ruda_launch_desc l = {.kernel = "add", .grid = {1, 1, 1}, .block = {1, 1, 1}, .args = n, .nargs = 3};
+    rc = ruda_launch(nest_dev, stream, &l);
+  } else {
+    rc = ruda_graph_replay(nest_dev, stream, nest_graph);
+  }
+  __atomic_store_n(&nest_rc, rc, __ATOMIC_RELEASE);
+  return 0;
+}
+
 /* Errors handed back by a flush or sync: the causes under the summary. */
 static int count_errors(const ruda_error *e) {
   int n = 0;
@@ -147,7 +183,7 @@ static uint32_t launch(fuzz *z, ruda_stream_id s, const char *k, ruda_arg *a, ui
 }
 
 static void step(fuzz *z) {
-  const uint8_t op = next(z) % 15;
+  const uint8_t op = next(z) % 16;
   const ruda_stream_id s = next(z) % NSTREAMS;
   model_buf *b = pick(z);
   ruda_copy_desc d;
@@ -310,6 +346,35 @@ static void step(fuzz *z) {
       if (g != NULL) CHECK(ruda_graph_destroy(z->dev, g) == 0, "destroy");
       break;
     }
+    case 15: { /* a kernel that issues a launch on its own buffer, or replays its own graph */
+      if (!b->live) break;
+      uint32_t v = next(z), len = b->size, mode = next(z) & 1;
+      const ruda_stream_id t = next(z) % NSTREAMS;
+      uint64_t packed = (uint64_t)b->h.slot << 32 | b->h.gen, stream = t;
+      ruda_arg a[6] = {ruda_arg_buffer(ruda_bind(b->h)), ruda_arg_scalar(&v, 4), ruda_arg_scalar(&len, 4),
+                       ruda_arg_scalar(&packed, 8), ruda_arg_scalar(&stream, 8), ruda_arg_scalar(&mode, 4)};
+      nest_dev = z->dev;
+      __atomic_store_n(&nest_rc, 1, __ATOMIC_RELEASE);
+      __atomic_store_n(&nest_left, 1, __ATOMIC_RELEASE);
+      if (mode == 0) {
+        CHECK(launch(z, s, "nest", a, 6) == 0, "nest launch");
+        drain(z, s, 1); /* the kernel ran: what it issued is queued */
+      } else {
+        drain(z, s, 1);
+        CHECK(ruda_graph_begin_capture(z->dev, s) == 0, "begin capture");
+        CHECK(launch(z, s, "nest", a, 6) == 0, "captured nest launch");
+        CHECK(ruda_graph_end_capture(z->dev, s, &nest_graph) == 0, "end capture");
+        ruda_error *err = NULL;
+        rc = ruda_graph_run(z->dev, s, nest_graph, &err); /* in place when the worker is idle */
+        CHECK(rc == 0 && err == NULL, "nest graph run: %s", ruda_err_name(rc));
+      }
+      drain(z, t, 1);
+      CHECK(__atomic_load_n(&nest_rc, __ATOMIC_ACQUIRE) == 0, "the kernel's own call returned %s",
+            ruda_err_name(__atomic_load_n(&nest_rc, __ATOMIC_ACQUIRE)));
+      if (mode == 1) CHECK(ruda_graph_destroy(z->dev, nest_graph) == 0, "destroy");
+      for (uint32_t i = 0; i < len; i++) b->data[i] = (unsigned char)(b->data[i] + 2 * v + (mode == 0));
+      break;
+    }
     case 13: /* the stream issues in place from now on, or stops */
       CHECK(ruda_stream_set_in_place(z->dev, s, next(z) & 1) == 0, "set_in_place");
       break;
@@ -379,6 +444,9 @@ int ruda_fuzz_one(const uint8_t *data, size_t size) {
   CHECK(ruda_host_kernel_register_typed(z->dev, "add", k_add, p3, 3) == 0, "register");
   CHECK(ruda_host_kernel_register_typed(z->dev, "copy", k_copy, pc, 3) == 0, "register");
   CHECK(ruda_host_kernel_register_typed(z->dev, "fail", k_fail, pf, 1) == 0, "register");
+  const ruda_host_param pn[6] = {{RUDA_ARG_BUFFER, 0}, {RUDA_ARG_SCALAR, 4}, {RUDA_ARG_SCALAR, 4},
+                                 {RUDA_ARG_SCALAR, 8}, {RUDA_ARG_SCALAR, 8}, {RUDA_ARG_SCALAR, 4}};
+  CHECK(ruda_host_kernel_register_typed(z->dev, "nest", k_nest, pn, 6) == 0, "register");
   for (int steps = 0; z->at < z->n && steps < 400; steps++) step(z);
   for (int i = 0; i < z->npend; i++) finish_read(z, &z->pend[i]);
   z->npend = 0;

@@ -44,6 +44,9 @@ static void auto_falls_back_to_host(void **state) {
   ruda_device *dev = open_backend(RUDA_BACKEND_AUTO, &rc);
   assert_int_equal(rc, 0);
   assert_string_equal(ruda_device_backend(dev), "host");
+  /* Says why, and gives no advice to choose the host it is already on. */
+  assert_non_null(ruda_device_fallback_reason(dev));
+  assert_null(strstr(ruda_device_fallback_reason(dev), "backend=host"));
   void *p = NULL;
   assert_rc(ruda_cuda_stream(dev, 0, &p), RUDA_ENOBACKEND);
   assert_rc(ruda_cuda_context(dev, &p), RUDA_ENOBACKEND);

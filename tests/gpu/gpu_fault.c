@@ -15,6 +15,19 @@ static int list_contains(const ruda_error *e, const char *text, uint64_t *stream
   return 0;
 }
 
+/* How often text appears in e and its causes, and whether every message
+ * ends whole (the driver's error, in parentheses, or a full sentence). */
+static int count_in(const ruda_error *e, const char *text, int *cut) {
+  int n = 0;
+  for (const ruda_error *x = e; x != NULL; x = x == e ? ruda_error_cause(e) : ruda_error_next(x)) {
+    const char *m = ruda_error_message(x);
+    for (const char *p = strstr(m, text); p != NULL; p = strstr(p + 1, text)) n++;
+    size_t len = strlen(m);
+    if (len > 0 && m[len - 1] != ')' && m[len - 1] != '.') *cut = 1;
+  }
+  return n;
+}
+
 static void illegal_address_reported_on_its_stream(void **state) {
   (void)state;
   ruda_device *dev = gpu_open();
@@ -57,6 +70,11 @@ static void illegal_address_reported_on_its_stream(void **state) {
   if (!list_contains(err, "kernel \"planted_fault\" (stream 0, command #", &where))
     fail_msg("stream A's errors do not name the planted launch");
   assert_int_equal(where, A);
+  /* The launches in flight are listed once, in the first report, and no
+   * message is cut short. */
+  int cut = 0;
+  assert_int_equal(count_in(err, "the latest launch of each worker", &cut), 1);
+  assert_false(cut);
   const ruda_error *first = ruda_error_cause(err);
   assert_int_equal(ruda_error_code(first), RUDA_EFAULTED);
   assert_int_equal(ruda_error_backend_code(first), CUDA_ERROR_ILLEGAL_ADDRESS);

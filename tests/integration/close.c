@@ -313,6 +313,32 @@ static void close_with_many_live_buffers(void **state) {
   assert_int_equal(atomic_load(&runs), 1000);
 }
 
+/* A future still held when close is called: freeing it afterwards would
+ * touch the freed device, so close refuses, saying what to do, and
+ * succeeds once the future is freed (ASan: no double free, no leak). */
+static void close_refuses_while_futures_are_held(void **state) {
+  (void)state;
+  ruda_device *dev = open_counting(2);
+  ruda_handle h;
+  assert_ok(ruda_buffer_create(dev, 0, 64, &h));
+  char out[64];
+  ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(h));
+  ruda_future *read = NULL, *sync = NULL;
+  assert_ok(ruda_read(dev, 0, &d, out, sizeof out, &read));
+  assert_ok(ruda_sync_async(dev, 1, &sync));
+  assert_rc(ruda_device_close(dev, NULL), RUDA_EBUSY);
+  assert_last_error_contains("2 futures");
+  assert_last_error_contains("ruda_future_free them first (the device stays open)");
+  /* Still open: the futures complete and can be waited. */
+  assert_ok(ruda_future_wait(read, NULL));
+  ruda_future_free(read);
+  assert_rc(ruda_device_close(dev, NULL), RUDA_EBUSY);
+  assert_last_error_contains("1 future from");
+  ruda_future_free(sync); /* never waited: detached, still counted as freed */
+  assert_ok(ruda_buffer_free(dev, 0, h));
+  test_close(dev);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(close_runs_everything_enqueued),
@@ -323,6 +349,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(close_right_after_open),
       cmocka_unit_test(close_with_many_live_buffers),
       cmocka_unit_test(close_frees_unreturned_staging),
+      cmocka_unit_test(close_refuses_while_futures_are_held),
   };
   return test_main("integration_close", tests, sizeof tests / sizeof tests[0], argc, argv);
 }

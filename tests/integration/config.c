@@ -35,6 +35,7 @@ static void defaults(void **state) {
   char v[32];
   snprintf(v, sizeof v, "%d.%d.%d", RUDA_VERSION_MAJOR, RUDA_VERSION_MINOR, RUDA_VERSION_PATCH);
   assert_string_equal(ruda_version(), v);
+  assert_string_equal(ruda_version_string(), v); /* 0.1.0's name for it */
 }
 
 static void environment_applies(void **state) {

@@ -445,6 +445,28 @@ int main(int argc, char **argv) {
     ruda_error_free(errs);
   }
   OK(ruda_comm_destroy(gone));
+  /* A send waits for its receiver (comm.h), whatever its size: ranks 0
+   * and 1 sending 64 bytes to each other first both time out, and so does
+   * a send to a rank that never receives. MPI's eager protocol used to
+   * complete both at once, the second with its bytes lost. */
+  for (int crossed = 1; crossed >= 0; crossed--) {
+    setenv("RUDA_COMM_TIMEOUT", "300", 1);
+    ruda_comm *p2p = NULL;
+    OK(ruda_mpi_comm_init(dev, MPI_COMM_WORLD, &p2p));
+    unsetenv("RUDA_COMM_TIMEOUT");
+    if (rank == 0 || (crossed && rank == 1)) {
+      OK(ruda_send(p2p, dev, ruda_bind_range(src, 0, 64), (uint32_t)(1 - rank)));
+      errs = NULL;
+      rc = ruda_comm_sync(p2p, dev, &errs);
+      e = errs ? ruda_error_cause(errs) : NULL;
+      EXPECT(rc == RUDA_EUNHEALTHY && e != NULL && ruda_error_code(e) == RUDA_ETIMEDOUT,
+             "%s: %s: %s", crossed ? "crossed sends" : "a send nobody receives", ruda_err_name(rc),
+             e ? ruda_error_message(e) : "(no error: the send completed without its receiver)");
+      ruda_error_free(errs);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    OK(ruda_comm_destroy(p2p));
+  }
   EXPECT(ruda_device_close(dev, NULL) == RUDA_EBUSY, "a device in a live communicator closed");
   OK(ruda_buffer_free(dev, 0, src));
   OK(ruda_buffer_free(dev, 0, dst));

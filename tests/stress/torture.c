@@ -3,7 +3,8 @@
  * still queued, handles of other threads freed under their feet, flush
  * and sync storms on other threads' streams, graphs replayed on several
  * streams and destroyed with replays queued, library calls (ruda_call) in
- * place of some of those kernels. Every byte read back is
+ * place of some of those kernels, half the threads issuing in place,
+ * kernels that launch on their own buffer. Every byte read back is
  * checked; run under ASan and TSan by tools/test.sh.
  *   torture [-t threads] [-n iterations] */
 #include <pthread.h>
@@ -44,6 +45,23 @@ static int k_peek(const ruda_host_ctx *c, void *const *a) {
   uint64_t s = 0;
   for (int i = 0; i < WORDS; i++) s += x[i];
   atomic_fetch_add_explicit(&peeked, s, memory_order_relaxed);
+  return 0;
+}
+
+/* x[i] += 1, then issues bump(x) on the stream and buffer its scalars
+ * name: a kernel calling ruda on its own buffer, which threads running
+ * it in place (odd threads' streams) do with no lock of ruda's held. */
+static _Atomic int nest_failures;
+static int k_bump_nest(const ruda_host_ctx *c, void *const *a) {
+  (void)c;
+  uint64_t *x = a[0];
+  for (int i = 0; i < WORDS; i++) x[i]++;
+  uint64_t hv, s;
+  memcpy(&hv, a[1], 8);
+  memcpy(&s, a[2], 8);
+  ruda_arg n = ruda_arg_buffer(ruda_bind(((ruda_handle){(uint32_t)(hv >> 32), (uint32_t)hv})));
+  ruda_launch_desc l = {.kernel = "bump", .grid = {1, 1, 1}, .block = {1, 1, 1}, .args = &n, .nargs = 1};
+  if (ruda_launch(dev, s, &l) != 0) atomic_fetch_add(&nest_failures, 1);
   return 0;
 }
 
@@ -98,6 +116,8 @@ static void *worker(void *p) {
   const ruda_stream_id me = t;
   uint64_t seed = 0x9e3779b97f4a7c15ull * (t + 1);
   uint64_t src[WORDS], back[WORDS];
+  /* Odd threads issue in place whenever their worker is idle. */
+  if (ruda_stream_set_in_place(dev, me, (int)(t & 1)) != 0) FAIL("thread %llu: set_in_place", (unsigned long long)t);
   for (int i = 0; i < iters; i++) {
     /* A chain on my stream: write (t, i), bump it twice, read it back;
      * the buffer is freed while the read is still queued. */
@@ -113,6 +133,17 @@ static void *worker(void *p) {
     /* The second bump on one of four streams every thread shares (never
      * captured, so it is never recorded into someone's graph). */
     if (rc == 0) (rng(&seed) & 1 ? launch_bump : call_bump)((uint64_t)nthreads + rng(&seed) % 4, x, &rc);
+    /* Every fourth chain, a kernel that bumps x and issues one more bump
+     * of it on my stream: the sync lets it run, so the read follows what
+     * it issued. */
+    const int nested = i % 4 == 1;
+    if (rc == 0 && nested) {
+      uint64_t hv = ((uint64_t)x.slot << 32) | x.gen, sv = me;
+      ruda_arg a[3] = {ruda_arg_buffer(ruda_bind(x)), ruda_arg_scalar(&hv, 8), ruda_arg_scalar(&sv, 8)};
+      ruda_launch_desc l = {.kernel = "bump_nest", .grid = {1, 1, 1}, .block = {1, 1, 1}, .args = a, .nargs = 3};
+      rc = ruda_launch(dev, me, &l);
+      if (rc == 0) rc = ruda_sync(dev, me, NULL);
+    }
     ruda_future *f = NULL;
     if (rc == 0) rc = ruda_read(dev, me, &d, back, sizeof back, &f);
     if (ruda_buffer_free(dev, me, x) != 0) FAIL("thread %llu: free", (unsigned long long)t);
@@ -122,10 +153,11 @@ static void *worker(void *p) {
     }
     if (ruda_future_wait(f, NULL) != 0) FAIL("thread %llu: read wait", (unsigned long long)t);
     ruda_future_free(f);
+    const uint64_t bumps = nested ? 4 : 2;
     for (int w = 0; w < WORDS; w++)
-      if (back[w] != src[w] + 2) {
+      if (back[w] != src[w] + bumps) {
         FAIL("thread %llu iteration %d word %d: %llx, expected %llx", (unsigned long long)t, i, w,
-             (unsigned long long)back[w], (unsigned long long)(src[w] + 2));
+             (unsigned long long)back[w], (unsigned long long)(src[w] + bumps));
         break;
       }
     /* Shared handles: read one, or free it and put a new one in its place.
@@ -209,7 +241,7 @@ int main(int argc, char **argv) {
   cfg.num_streams = 8;
   cfg.log_level = RUDA_LOG_OFF;
   if (ruda_device_open(&cfg, &dev) != 0 || ruda_host_kernel_register(dev, "bump", k_bump) != 0 ||
-      ruda_host_kernel_register(dev, "peek", k_peek) != 0)
+      ruda_host_kernel_register(dev, "peek", k_peek) != 0 || ruda_host_kernel_register(dev, "bump_nest", k_bump_nest) != 0)
     return 1;
   for (int k = 0; k < 16; k++) {
     ruda_handle h;
@@ -231,6 +263,7 @@ int main(int argc, char **argv) {
     FAIL("close");
   }
   ruda_error_free(errs);
+  if (atomic_load(&nest_failures) != 0) FAIL("%d launches issued by kernels failed", atomic_load(&nest_failures));
   int f = atomic_load(&failures);
   printf("torture: %d threads x %d iterations, %d failures\n", nthreads, iters, f);
   return f == 0 ? 0 : 1;

@@ -8,6 +8,7 @@
  * kin (tests/CMakeLists.txt), so ruda's own allocations pass through the
  * countdown below; the test code allocates nothing while it is armed. */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 
 #include "common.h"
@@ -210,10 +211,136 @@ static void allocations_failing_for_good(void **state) {
   test_close(dev);
 }
 
+/* ruda_trace_start, or ruda_trace_stop, with allocation `at` of that call
+ * failing (once, or for good): each succeeds or fails with RUDA_ENOMEM
+ * having changed nothing, and the workers then run traced (or untraced)
+ * commands. A start used to hand the first workers their buffers, fail on
+ * a later worker's command, fail again taking them back, and free buffers
+ * those workers went on writing (ASan: heap-use-after-free; a crash
+ * without it). */
+enum { TRACE_WORKERS = 10, MAX_STARTERS = 1024 };
+
+/* Each start runs on a thread of its own that stays parked until the test
+ * ends: a thread that exits leaves its command cache to the next one, so
+ * only a new thread starts from an empty cache, and start's commands take
+ * fresh slabs (failure points) part way through the workers. */
+typedef struct starter {
+  ruda_device *dev;
+  const char *path;
+  int rc;
+  atomic_int go, done;
+} starter;
+static pthread_t starters[MAX_STARTERS];
+static int nstarters;
+static atomic_int starters_release;
+
+static void *start_and_park(void *p) {
+  starter *st = p;
+  while (!atomic_load(&st->go)) sched_yield();
+  st->rc = ruda_trace_start(st->dev, st->path);
+  atomic_store(&st->done, 1);
+  while (!atomic_load(&starters_release)) sched_yield();
+  return NULL;
+}
+
+static int start_on_fresh_thread(ruda_device *dev, const char *path) {
+  starter st = {dev, path, 1, 0, 0};
+  assert_true(nstarters < MAX_STARTERS);
+  long left = atomic_exchange(&countdown, -1); /* pthread_create allocates */
+  assert_int_equal(pthread_create(&starters[nstarters++], NULL, start_and_park, &st), 0);
+  atomic_store(&countdown, left);
+  atomic_store(&st.go, 1);
+  while (!atomic_load(&st.done)) sched_yield();
+  return st.rc;
+}
+
+static void release_starters(void) {
+  atomic_store(&starters_release, 1);
+  for (int i = 0; i < nstarters; i++) pthread_join(starters[i], NULL);
+  nstarters = 0;
+  atomic_store(&starters_release, 0);
+}
+
+static void launch_everywhere(ruda_device *dev, const ruda_launch_desc *l) {
+  for (ruda_stream_id s = 0; s < TRACE_WORKERS; s++) assert_ok(ruda_launch(dev, s, l));
+  assert_ok(ruda_device_sync(dev, NULL));
+}
+
+/* at fails in start (stop_phase 0) or in stop (1); returns how many
+ * allocations that call made. */
+static long trace_pass(long at, int forever, int stop_phase) {
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/ruda_alloc_fail_trace.%d.json", (int)getpid());
+  ruda_config cfg;
+  ruda_config_init(&cfg);
+  cfg.backend = RUDA_BACKEND_HOST;
+  /* More workers than a fresh command slab has blocks (cmd_alloc.c). */
+  cfg.num_streams = TRACE_WORKERS;
+  cfg.log_level = RUDA_LOG_OFF;
+  cfg.spin_us = 0;
+  ruda_device *dev = NULL;
+  assert_ok(ruda_device_open(&cfg, &dev));
+  assert_ok(ruda_host_kernel_register(dev, "add1", k_add1));
+  ruda_handle x;
+  assert_ok(ruda_buffer_create(dev, 0, 64, &x));
+  ruda_arg a = ruda_arg_buffer(ruda_bind(x));
+  ruda_launch_desc l = {.kernel = "add1", .grid = {1, 1, 1}, .block = {1, 1, 1}, .args = &a, .nargs = 1};
+  launch_everywhere(dev, &l); /* the streams exist before the countdown */
+  if (!stop_phase) arm(at, forever);
+  int rc = start_on_fresh_thread(dev, path);
+  long used = atomic_load(&counted);
+  disarm();
+  if (stop_phase) assert_ok(rc);
+  else ALLOWED(rc);
+  int tracing = rc == 0;
+  launch_everywhere(dev, &l); /* every worker writes its trace buffer, if it has one */
+  if (tracing) {
+    if (stop_phase) arm(at, forever);
+    rc = ruda_trace_stop(dev);
+    if (stop_phase) used = atomic_load(&counted);
+    disarm();
+    if (stop_phase) ALLOWED(rc);
+    else assert_ok(rc);
+    tracing = rc != 0;
+    launch_everywhere(dev, &l);
+  }
+  /* Nothing half done: a failed stop still traces, a failed start does
+   * not, and either way the next start and stop work. */
+  if (tracing) {
+    assert_rc(ruda_trace_start(dev, path), RUDA_EBUSY);
+    assert_ok(ruda_trace_stop(dev));
+  } else {
+    assert_rc(ruda_trace_stop(dev), RUDA_EINVAL);
+  }
+  assert_ok(ruda_trace_start(dev, path));
+  launch_everywhere(dev, &l);
+  assert_ok(ruda_trace_stop(dev));
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  assert_ok(ruda_device_close(dev, NULL));
+  unlink(path);
+  return used;
+}
+
+static void trace_start_and_stop_failing_at_every_allocation(void **state) {
+  (void)state;
+  for (int stop_phase = 0; stop_phase < 2; stop_phase++) {
+    long total = trace_pass(1L << 40, 0, stop_phase);
+    if (getenv("ALLOC_FAIL_DEBUG"))
+      fprintf(stderr, "allocations in ruda_trace_%s: %ld\n", stop_phase ? "stop" : "start", total);
+    assert_true(total > TRACE_WORKERS);
+    for (long at = 0; at < total + 2; at++) {
+      trace_pass(at, 0, stop_phase);
+      trace_pass(at, 1, stop_phase);
+    }
+  }
+  release_starters();
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(every_allocation_failing_once),
       cmocka_unit_test(allocations_failing_for_good),
+      cmocka_unit_test(trace_start_and_stop_failing_at_every_allocation),
   };
   return test_main("unit_alloc_fail", tests, sizeof tests / sizeof tests[0], argc, argv);
 }

@@ -3,7 +3,9 @@
  * Through the public API a closed device is already freed, so the state
  * "closed but still allocated" (what a call racing with close would see)
  * is made here by setting the flag ruda_device_close sets first. */
+#include <pthread.h>
 #include <sched.h>
+#include <time.h>
 
 #include "common.h"
 #include "scheduler/graph.h"
@@ -51,7 +53,7 @@ static void calls_after_close(void **state) {
   /* A second close is refused and frees nothing. */
   assert_rc(ruda_device_close(dev, &err), RUDA_ECLOSED);
   assert_null(err);
-  assert_last_error_contains("already closed");
+  assert_last_error_contains("ruda_device_close: device is closed");
 
   /* Nothing above reached the worker, and the buffer is intact. */
   atomic_store(&dev->closed, 0);
@@ -101,10 +103,107 @@ static void close_runs_pushes_between_workers(void **state) {
   ruda_future_free(pushed);
 }
 
+/* ---- a call racing close ----
+ * The call enters its slot just after close waited for the slots (so it
+ * must fail with RUDA_ECLOSED) and is held there, by the test points of
+ * src/api.h, until close either waits for it or returns. Close must wait:
+ * the call's leaving its slot would otherwise write freed memory (ASan:
+ * heap-use-after-free; TSan: a race with the free). */
+static atomic_int race_armed, race_go, race_entered, race_freeing, race_waited, race_closed;
+
+static void await_flag(atomic_int *f) {
+  for (unsigned i = 0; !atomic_load(f); i++) {
+    assert_true(i < 100000000u);
+    sched_yield();
+  }
+}
+
+static void await_either(atomic_int *f, atomic_int *g) {
+  for (unsigned i = 0; !atomic_load(f) && !atomic_load(g); i++) {
+    assert_true(i < 100000000u);
+    sched_yield();
+  }
+}
+
+void ruda__test_hook(int point, ruda_device *dev) {
+  (void)dev;
+  if (!atomic_load(&race_armed)) return;
+  switch (point) {
+  case RUDA__HOOK_CLOSE_WAITED: /* the closer: let the racing call in, once it is counted go on */
+    atomic_store(&race_go, 1);
+    await_flag(&race_entered);
+    break;
+  case RUDA__HOOK_CALL_CLOSED: /* the racing call, counted, found the device closing */
+    atomic_store(&race_entered, 1);
+    await_either(&race_waited, &race_closed);
+    break;
+  case RUDA__HOOK_CLOSE_WAITING:
+    if (atomic_load(&race_freeing)) atomic_store(&race_waited, 1);
+    break;
+  case RUDA__HOOK_CLOSE_FREE:
+    atomic_store(&race_freeing, 1);
+    break;
+  }
+}
+
+typedef struct racer {
+  ruda_device *dev;
+  ruda_handle h;
+  int second_close; /* the racing call is a second close */
+  int rc;
+  char msg[128];
+} racer;
+
+static void *race_call(void *p) {
+  racer *r = p;
+  await_flag(&race_go);
+  uint64_t size = 0;
+  r->rc = r->second_close ? ruda_device_close(r->dev, NULL) : ruda_buffer_size(r->dev, r->h, &size);
+  snprintf(r->msg, sizeof r->msg, "%s", ruda_error_message(ruda_last_error()));
+  return NULL;
+}
+
+static void *close_it(void *p) {
+  ruda_device *dev = p;
+  intptr_t rc = ruda_device_close(dev, NULL);
+  atomic_store(&race_closed, 1); /* the device is freed now */
+  return (void *)rc;
+}
+
+static void race_close(int second_close) {
+  ruda_device *dev = test_open_default();
+  racer r = {dev, {0, 0}, second_close, 1, ""};
+  assert_ok(ruda_buffer_create(dev, 0, 64, &r.h));
+  atomic_store(&race_armed, 1);
+  pthread_t caller, closer;
+  assert_int_equal(pthread_create(&caller, NULL, race_call, &r), 0);
+  assert_int_equal(pthread_create(&closer, NULL, close_it, dev), 0);
+  void *closed_rc = NULL;
+  pthread_join(closer, &closed_rc);
+  pthread_join(caller, NULL);
+  atomic_store(&race_armed, 0);
+  assert_int_equal((intptr_t)closed_rc, 0);
+  assert_true(atomic_load(&race_waited)); /* close waited for the racing call */
+  assert_int_equal(r.rc, RUDA_ECLOSED);
+  assert_contains(r.msg, second_close ? "ruda_device_close: device is closed" : "ruda_buffer_size: device is closed");
+}
+
+static void a_call_racing_close_is_waited_for(void **state) {
+  (void)state;
+  race_close(0);
+}
+
+static void a_second_close_racing_close_is_waited_for(void **state) {
+  (void)state;
+  race_close(1);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(calls_after_close),
       cmocka_unit_test(close_runs_pushes_between_workers),
+      cmocka_unit_test(a_call_racing_close_is_waited_for),
+      cmocka_unit_test(a_second_close_racing_close_is_waited_for),
   };
   return test_main("unit_closed", tests, sizeof tests / sizeof tests[0], argc, argv);
 }

@@ -238,6 +238,97 @@ static void many_clients_share_workers(void **state) {
   test_close(dev);
 }
 
+/* ---- user code run in place calls ruda again ----
+ * A kernel may issue non-waiting calls (ruda.h), including on the buffers
+ * its own command uses and replays of its own graph. Run in place, it runs
+ * on the caller's thread: no issue lock of its buffers and no graph issue
+ * lock may still be held then, or the nested call waits for its own
+ * thread for ever (the ctest timeout reports the hang). */
+static ruda_device *nest_dev;
+static ruda_handle nest_x;
+static ruda_graph *nest_graph;
+static atomic_int nest_left;
+static int nest_rc[2];
+
+/* x[i] = 10 x[i] + 1, after issuing add1(x) on streams 0 and 1 once: both
+ * are ordered after this command, so they see its result. */
+static int k_reenter(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  uint64_t *x = args[0];
+  if (atomic_exchange(&nest_left, 0)) {
+    ruda_arg a = ruda_arg_buffer(ruda_bind(nest_x));
+    nest_rc[0] = test_launch(nest_dev, 0, "add1", &a, 1);
+    nest_rc[1] = test_launch(nest_dev, 1, "add1", &a, 1);
+  }
+  for (int i = 0; i < N; i++) x[i] = x[i] * 10 + 1;
+  ran_on = pthread_self();
+  return 0;
+}
+
+/* x[i] += 1; the first run replays the graph it belongs to on streams 0
+ * and 1. */
+static int k_replay_self(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  uint64_t *x = args[0];
+  for (int i = 0; i < N; i++) x[i] += 1;
+  if (atomic_exchange(&nest_left, 0)) {
+    ran_on = pthread_self();
+    nest_rc[0] = ruda_graph_replay(nest_dev, 0, nest_graph);
+    nest_rc[1] = ruda_graph_replay(nest_dev, 1, nest_graph);
+  }
+  return 0;
+}
+
+static void a_kernel_in_place_launches_on_its_own_buffer(void **state) {
+  (void)state;
+  ruda_device *dev = open_in_place(2);
+  assert_ok(ruda_host_kernel_register(dev, "reenter", k_reenter));
+  ruda_handle x = zeroed(dev, 0);
+  nest_dev = dev;
+  nest_x = x;
+  nest_rc[0] = nest_rc[1] = 1;
+  atomic_store(&nest_left, 1);
+  ruda_arg a = ruda_arg_buffer(ruda_bind(x));
+  assert_ok(ruda_stream_set_in_place(dev, 0, 1));
+  test_worker_idle(dev, 0);
+  assert_ok(test_launch(dev, 0, "reenter", &a, 1));
+  assert_true(pthread_equal(ran_on, pthread_self())); /* it did run in place */
+  assert_ok(nest_rc[0]);
+  assert_ok(nest_rc[1]);
+  /* 0 -> 1 (the kernel) -> 2 -> 3 (the two it issued, after it). */
+  assert_ok(ruda_sync(dev, 1, NULL));
+  expect_all(dev, 0, x, 3);
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  test_close(dev);
+}
+
+static void a_graph_run_in_place_replays_its_own_graph(void **state) {
+  (void)state;
+  ruda_device *dev = open_in_place(2);
+  assert_ok(ruda_host_kernel_register(dev, "replay_self", k_replay_self));
+  ruda_handle x = zeroed(dev, 0);
+  ruda_arg a = ruda_arg_buffer(ruda_bind(x));
+  assert_ok(ruda_graph_begin_capture(dev, 0));
+  assert_ok(test_launch(dev, 0, "replay_self", &a, 1));
+  assert_ok(ruda_graph_end_capture(dev, 0, &nest_graph));
+  nest_dev = dev;
+  nest_rc[0] = nest_rc[1] = 1;
+  atomic_store(&nest_left, 1);
+  test_worker_idle(dev, 0);
+  ruda_error *err = NULL;
+  assert_ok(ruda_graph_run(dev, 0, nest_graph, &err));
+  assert_null(err);
+  assert_true(pthread_equal(ran_on, pthread_self()));
+  assert_ok(nest_rc[0]);
+  assert_ok(nest_rc[1]);
+  /* The run and the two replays it issued, one after another. */
+  assert_ok(ruda_sync(dev, 1, NULL));
+  expect_all(dev, 0, x, 3);
+  assert_ok(ruda_graph_destroy(dev, nest_graph));
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  test_close(dev);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(commands_run_on_the_caller_while_the_worker_is_idle),
@@ -245,6 +336,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(ordered_after_another_streams_writer),
       cmocka_unit_test(failures_reach_the_stream),
       cmocka_unit_test(many_clients_share_workers),
+      cmocka_unit_test(a_kernel_in_place_launches_on_its_own_buffer),
+      cmocka_unit_test(a_graph_run_in_place_replays_its_own_graph),
   };
   return test_main("unit_in_place", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
