@@ -221,7 +221,7 @@ struct ruda__worker {
   struct ruda__sched *sch;
   struct ruda__trace *trace; /* RUDA_TRACE only (scheduler/trace.h); worker only */
   /* Odd while the worker sleeps with every batch it took run; read by
-   * scheduler/fence.c to tell memory, on a backend whose work completes when
+   * scheduler/progress.c to tell memory, on a backend whose work completes when
    * it runs, that everything pushed earlier is done. */
   _Atomic uint32_t idle_epoch;
   /* Progress, on its own line: the worker stores `done` after each command

@@ -1,7 +1,7 @@
 /* staging.c - the public staging calls (page-locked buffers the caller
  * fills and hands to ruda_write_staged), native handles and device
  * pointers for code outside ruda (see ruda/cuda.h for the ordering
- * rules). The arena itself is base/staging.c. */
+ * rules). The arena itself is staging/arena.c. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
