@@ -74,6 +74,9 @@ static void graph_free(ruda_graph *g, void *wstate) {
   ruda__capture_discard(dev, g->cmds, g->n, wstate);
   free(g->cmds);
   free(g->slots);
+  free(g->pin_base);
+  free(g->pin_slot);
+  free(g->slot_uses);
   pthread_mutex_destroy(&g->exec_lock);
   pthread_mutex_destroy(&g->issue_lock);
   free(g);
@@ -83,51 +86,124 @@ void ruda__graph_unref(ruda_graph *g, void *wstate) {
   if (atomic_fetch_sub_explicit(&g->refs, 1, memory_order_acq_rel) == 1) graph_free(g, wstate);
 }
 
-/* Runs the recorded commands through the backend, in order. */
+/* A replay in progress: the graph, this replay's patches, and the
+ * command that failed. */
 typedef struct replay_ctx {
   ruda__worker *w;
   ruda_graph *g;
+  const ruda__graph_fix *fix; /* sorted by command */
+  uint32_t nfix;
   uint32_t failed; /* the command that failed, from 1 */
 } replay_ctx;
 
-static int run_recorded(void *arg, ruda_error **err) {
+/* The first of r's patches of command i (fix + nfix: none). */
+static const ruda__graph_fix *first_fix(const replay_ctx *r, uint32_t i) {
+  uint32_t lo = 0, hi = r->nfix;
+  while (lo < hi) {
+    uint32_t mid = (lo + hi) / 2;
+    if (r->fix[mid].cmd < i) lo = mid + 1;
+    else hi = mid;
+  }
+  return r->fix + lo;
+}
+
+/* Issues recorded command i through the backend, with the replay's
+ * patches of it applied in order. */
+static int issue(void *arg, uint32_t i, ruda_error **err) {
   replay_ctx *r = arg;
   const ruda__backend_ops *ops = r->w->dev->ops;
   void *ws = r->w->wstate;
-  for (uint32_t i = 0; i < r->g->n; i++) {
-    ruda__cmd *cmd = r->g->cmds[i];
-    int rc = 0;
-    switch (cmd->kind) {
-      case RUDA__CMD_LAUNCH: rc = ops->launch(ws, &cmd->u.launch, err); break;
-      case RUDA__CMD_COPY: rc = ops->copy(ws, cmd->u.copy.dst, cmd->u.copy.src, cmd->u.copy.size, err); break;
-      case RUDA__CMD_WRITE: /* from the caller's staging block, every replay */
-        rc = ops->upload(ws, cmd->u.write.dst, cmd->u.write.staged, cmd->u.write.layout.bytes, err);
-        break;
-      case RUDA__CMD_READ:
-        rc = ops->download(ws, cmd->u.read.dst, cmd->u.read.src, cmd->u.read.layout.bytes, err);
-        break;
-      default: break;
+  const ruda__cmd *cmd = r->g->cmds[i];
+  const ruda__graph_fix *f = first_fix(r, i), *end = r->fix + r->nfix;
+  int rc = 0;
+  switch (cmd->kind) {
+    case RUDA__CMD_LAUNCH:
+      if (f == end || f->cmd != i) {
+        rc = ops->launch(ws, &cmd->u.launch, err);
+      } else {
+        ruda__launch_cmd l = cmd->u.launch;
+        ruda__karg args[RUDA_MAX_ARGS];
+        memcpy(args, l.args, l.nargs * sizeof *args);
+        for (; f != end && f->cmd == i; f++) {
+          if (f->kind == RUDA_GRAPH_PATCH_GRID) {
+            l.grid = f->grid;
+          } else if (args[f->index].kind == RUDA_ARG_SCALAR) {
+            args[f->index].bytes = f->bytes;
+          } else {
+            args[f->index].addr = f->addr;
+          }
+        }
+        l.args = args;
+        rc = ops->launch(ws, &l, err);
+      }
+      break;
+    case RUDA__CMD_COPY: {
+      uint64_t dst = cmd->u.copy.dst, src = cmd->u.copy.src;
+      for (; f != end && f->cmd == i; f++) *(f->kind == RUDA_GRAPH_PATCH_DST ? &dst : &src) = f->addr;
+      rc = ops->copy(ws, dst, src, cmd->u.copy.size, err);
+      break;
     }
-    if (rc != 0) {
-      r->failed = i + 1;
-      return rc;
+    case RUDA__CMD_WRITE: { /* from the caller's staging block, every replay */
+      uint64_t dst = cmd->u.write.dst;
+      const void *src = cmd->u.write.staged;
+      for (; f != end && f->cmd == i; f++) {
+        if (f->kind == RUDA_GRAPH_PATCH_DST) dst = f->addr;
+        else src = f->host;
+      }
+      rc = ops->upload(ws, dst, src, cmd->u.write.layout.bytes, err);
+      break;
     }
+    case RUDA__CMD_READ: {
+      uint64_t src = cmd->u.read.src;
+      void *dst = cmd->u.read.dst;
+      for (; f != end && f->cmd == i; f++) {
+        if (f->kind == RUDA_GRAPH_PATCH_SRC) src = f->addr;
+        else dst = f->host;
+      }
+      rc = ops->download(ws, dst, src, cmd->u.read.layout.bytes, err);
+      break;
+    }
+    default: break;
   }
-  return 0;
+  if (rc != 0) r->failed = i + 1;
+  return rc;
+}
+
+/* changed = the commands the replay patches, with the graph's dirty ones
+ * (sorted, once each); the count. */
+static uint32_t changed_list(const ruda_graph *g, const replay_ctx *r, uint32_t *changed) {
+  uint32_t n = 0, d = 0;
+  for (uint32_t k = 0; k < r->nfix || d < g->ndirty;) {
+    uint32_t c;
+    if (d < g->ndirty && (k == r->nfix || g->dirty[d] <= r->fix[k].cmd)) c = g->dirty[d++];
+    else c = r->fix[k++].cmd;
+    if (n == 0 || changed[n - 1] != c) changed[n++] = c;
+  }
+  return n;
 }
 
 int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err) {
   ruda_graph *g = cmd->u.graph.g;
   const ruda__backend_ops *ops = w->dev->ops;
-  replay_ctx r = {w, g, 0};
-  int rc;
+  replay_ctx r = {w, g, cmd->u.graph.fix, cmd->u.graph.nfix, 0};
+  int rc = 0;
   if (ops->graph_replay == NULL) {
-    rc = run_recorded(&r, err);
+    for (uint32_t i = 0; i < g->n && rc == 0; i++) rc = issue(&r, i, err);
   } else {
     /* Replays of one graph on several workers take turns: the first one
-     * captures, and one executable graph runs one launch at a time. */
+     * captures, and one executable graph is patched and launched by one
+     * worker at a time (the driver's launches already queued keep the
+     * arguments they were launched with). */
+    uint32_t changed[2 * RUDA_GRAPH_MAX_PATCHES];
     pthread_mutex_lock(&g->exec_lock);
-    rc = ops->graph_replay(w->wstate, &g->exec, run_recorded, &r, err);
+    uint32_t nchanged = g->exec != NULL ? changed_list(g, &r, changed) : 0;
+    rc = ops->graph_replay(w->wstate, &g->exec, g->n, issue, changed, nchanged, &r, err);
+    /* What the backend's graph holds patched now: this replay's commands
+     * (a graph released on failure holds nothing). */
+    g->ndirty = 0;
+    if (g->exec != NULL)
+      for (uint32_t k = 0; k < r.nfix; k++)
+        if (g->ndirty == 0 || g->dirty[g->ndirty - 1] != r.fix[k].cmd) g->dirty[g->ndirty++] = r.fix[k].cmd;
     pthread_mutex_unlock(&g->exec_lock);
   }
   if (rc != 0 && r.failed && *err != NULL) {
@@ -137,9 +213,13 @@ int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err) {
                        : bad->kind == RUDA__CMD_WRITE ? "upload"
                        : bad->kind == RUDA__CMD_READ  ? "download"
                                                       : "copy";
-    snprintf(msg, sizeof msg, "graph of %u commands captured on %s, command %u (%s%.64s): %.300s", g->n,
+    snprintf(msg, sizeof msg, "graph of %u commands captured on %s, command %u (%s%.64s%s): %.300s", g->n,
              RUDA__SNAME(g->stream), r.failed, what,
-             bad->kind == RUDA__CMD_LAUNCH ? bad->u.launch.kernel->name : "", (*err)->msg);
+             bad->kind == RUDA__CMD_LAUNCH ? bad->u.launch.kernel->name : "",
+             first_fix(&r, r.failed - 1) != r.fix + r.nfix && first_fix(&r, r.failed - 1)->cmd == r.failed - 1
+                 ? ", patched"
+                 : "",
+             (*err)->msg);
     memcpy((*err)->msg, msg, sizeof msg);
   }
   return rc;

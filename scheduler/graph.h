@@ -35,6 +35,19 @@ typedef struct ruda__capture {
   uint32_t n, cap;
 } ruda__capture;
 
+/* One patch of a replay (ruda_graph_replay_with), checked and resolved by
+ * the client: what the worker applies to recorded command `cmd`. */
+typedef struct ruda__graph_fix {
+  uint32_t cmd;
+  uint32_t kind;  /* ruda_graph_patch_kind */
+  uint32_t index; /* RUDA_GRAPH_PATCH_ARG: the argument */
+  uint32_t size;  /* a scalar's bytes */
+  uint64_t addr;  /* a buffer's device address */
+  void *host;     /* an upload's source or a download's destination */
+  const unsigned char *bytes; /* a scalar's, in the replay command */
+  ruda_dim3 grid;
+} ruda__graph_fix;
+
 struct ruda_graph {
   struct ruda_graph *next, *prev; /* the device's list, for close */
   struct ruda_device *dev;
@@ -43,8 +56,17 @@ struct ruda_graph {
   uint32_t n;
   uint32_t *slots; /* every buffer the commands use, once */
   uint32_t nslots;
+  /* For replays with patches: command i's pins are pins[pin_base[i] ..
+   * pin_base[i + 1]) of the commands in order, pin k's buffer is
+   * slots[pin_slot[k]], and slot_uses[u] counts the pins of slots[u]. */
+  uint32_t *pin_base, *pin_slot, *slot_uses;
   pthread_mutex_t exec_lock; /* the backend's graph is made at first replay */
   void *exec;
+  /* Under exec_lock: the commands the backend's graph holds patched (by
+   * the last replay), sorted, which the next replay puts back unless it
+   * patches them too. */
+  uint32_t dirty[RUDA_GRAPH_MAX_PATCHES];
+  uint32_t ndirty;
   ruda_stream_id stream; /* captured on, for messages */
   /* A use record of the graph itself (memory/handles.h's words),
    * which every replay writes: replays of one graph are ordered one after

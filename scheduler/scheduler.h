@@ -85,6 +85,10 @@ typedef struct ruda__cmd {
     } wait;
     struct {
       struct ruda_graph *g; /* holds a reference until it ran */
+      /* ruda_graph_replay_with: this replay's patches, sorted by command,
+       * in the command's trailing bytes (scheduler/graph.h). */
+      const struct ruda__graph_fix *fix;
+      uint32_t nfix;
     } graph;
     ruda__coll coll;
     struct {
