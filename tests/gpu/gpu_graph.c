@@ -281,6 +281,42 @@ static void patched_replays_update_nodes(void **state) {
   request_close(&q);
 }
 
+/* A driver that cannot say which node a command made (here: no
+ * cuStreamGetCaptureInfo, as before CUDA 12.3): replays that change
+ * arguments capture and instantiate again, with the same results. */
+static void patched_replays_capture_again_without_node_updates(void **state) {
+  (void)state;
+  __typeof__(ruda__cu.cuStreamGetCaptureInfo) saved = ruda__cu.cuStreamGetCaptureInfo;
+  request q = request_open(4096);
+  ruda__cu.cuStreamGetCaptureInfo = NULL; /* before the first replay captures */
+  graph_stats_fn stats = mock_graph_stats(q.dev);
+  unsigned *in2, *out2, inst0 = 0, upd0 = 0, inst = 0, upd = 0;
+  assert_ok(ruda_staging_alloc(q.dev, (size_t)q.n * 4, (void **)&in2));
+  assert_ok(ruda_staging_alloc(q.dev, (size_t)q.n * 4, (void **)&out2));
+  if (stats) stats(&inst0, &upd0);
+  ruda_graph_patch p[2] = {ruda_graph_patch_host(RUDA_GRAPH_PATCH_SRC, 0, in2),
+                           ruda_graph_patch_host(RUDA_GRAPH_PATCH_DST, 2, out2)};
+  for (int r = 0; r < 3; r++) {
+    for (unsigned i = 0; i < q.n; i++) in2[i] = 5;
+    memset(out2, 0, (size_t)q.n * 4);
+    unsigned want = request_fill(&q, 5);
+    assert_ok(ruda_graph_run_with(q.dev, 0, q.g, p, 2, NULL));
+    for (unsigned i = 0; i < q.n; i++) assert_int_equal(out2[i], 6);
+    assert_ok(ruda_graph_run(q.dev, 0, q.g, NULL));
+    request_check(&q, r, want);
+  }
+  if (stats) {
+    stats(&inst, &upd);
+    assert_int_equal(upd, upd0);            /* no node was updated */
+    assert_int_equal(inst - inst0, 3 * 2); /* each change captured again */
+  }
+  ruda__cu.cuStreamGetCaptureInfo = saved;
+  gpu_sync_ok(q.dev, 0);
+  assert_ok(ruda_staging_free(q.dev, in2));
+  assert_ok(ruda_staging_free(q.dev, out2));
+  request_close(&q);
+}
+
 /* ruda_graph_run serves requests synchronously: with the worker idle the
  * calling thread issues the replay itself, leaving a context the thread
  * had current as it found it. */
@@ -330,6 +366,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(destroyed_with_replays_in_flight),
       cmocka_unit_test(run_serves_requests_in_place),
       cmocka_unit_test(patched_replays_update_nodes),
+      cmocka_unit_test(patched_replays_capture_again_without_node_updates),
   };
   return gpu_main("gpu_graph", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
