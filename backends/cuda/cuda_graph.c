@@ -68,7 +68,8 @@ static int capture(ruda__cu_worker *w, ruda__cu_graph **out, uint32_t n,
   }
   int rc = 0;
   CUgraphNode prev = NULL;
-  cg->patchable = ruda__cu.cuGraphExecKernelNodeSetParams != NULL &&
+  cg->patchable = ruda__cu.cuStreamGetCaptureInfo != NULL && ruda__cu.cuGraphNodeGetType != NULL &&
+                  ruda__cu.cuGraphExecKernelNodeSetParams != NULL &&
                   ruda__cu.cuGraphExecMemcpyNodeSetParams != NULL && ruda__cu.cuGraphMemcpyNodeGetParams != NULL;
   for (uint32_t i = 0; i < n && rc == 0; i++) {
     rc = issue(ctx, i, err);
