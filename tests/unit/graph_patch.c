@@ -377,11 +377,24 @@ static void a_failing_patched_command_is_named(void **state) {
   assert_non_null(cause);
   assert_contains(ruda_error_message(cause), "command 2 (launch of check, patched)");
   assert_contains(ruda_error_message(cause), "ruda_graph_replay");
+  assert_null(ruda_error_next(cause));
+  /* The same commands one by one fail the same way: one error, its code. */
+  ruda_arg bad[2] = {ruda_arg_buffer(ruda_bind(x)), ruda_arg_scalar(&one, 8)};
+  assert_ok(addk(dev, 0, x, 1));
+  assert_ok(test_launch(dev, 0, "check", bad, 2));
+  ruda_error *direct = NULL;
+  assert_rc(ruda_sync(dev, 0, &direct), RUDA_EUNHEALTHY);
+  const ruda_error *dc = ruda_error_cause(direct);
+  assert_non_null(dc);
+  assert_int_equal(ruda_error_code(dc), ruda_error_code(cause));
+  assert_contains(ruda_error_message(dc), "check");
+  assert_null(ruda_error_next(dc));
+  ruda_error_free(direct);
   ruda_error_free(err);
   assert_ok(ruda_graph_run(dev, 0, g, NULL));
   uint64_t got[N];
   test_read(dev, 0, ruda_bind(x), got, sizeof got);
-  for (int i = 0; i < N; i++) assert_int_equal(got[i], (uint64_t)i + 2);
+  for (int i = 0; i < N; i++) assert_int_equal(got[i], (uint64_t)i + 3);
   assert_ok(ruda_graph_destroy(dev, g));
   assert_ok(ruda_buffer_free(dev, 0, x));
   test_close(dev);
