@@ -182,10 +182,10 @@ static uint32_t changed_list(const ruda_graph *g, const replay_ctx *r, uint32_t 
   return n;
 }
 
-int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err) {
-  ruda_graph *g = cmd->u.graph.g;
+int ruda__graph_run(ruda__worker *w, ruda_graph *g, const ruda__graph_fix *fix, uint32_t nfix, uint32_t *failed,
+                    ruda_error **err) {
   const ruda__backend_ops *ops = w->dev->ops;
-  replay_ctx r = {w, g, cmd->u.graph.fix, cmd->u.graph.nfix, 0};
+  replay_ctx r = {w, g, fix, nfix, 0};
   int rc = 0;
   if (ops->graph_replay == NULL) {
     for (uint32_t i = 0; i < g->n && rc == 0; i++) rc = issue(&r, i, err);
@@ -206,6 +206,14 @@ int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err) {
         if (g->ndirty == 0 || g->dirty[g->ndirty - 1] != r.fix[k].cmd) g->dirty[g->ndirty++] = r.fix[k].cmd;
     pthread_mutex_unlock(&g->exec_lock);
   }
+  *failed = r.failed;
+  return rc;
+}
+
+int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err) {
+  ruda_graph *g = cmd->u.graph.g;
+  replay_ctx r = {w, g, cmd->u.graph.fix, cmd->u.graph.nfix, 0};
+  int rc = ruda__graph_run(w, g, r.fix, r.nfix, &r.failed, err);
   if (rc != 0 && r.failed && *err != NULL) {
     ruda__cmd *bad = g->cmds[r.failed - 1];
     char msg[RUDA__MSG_MAX];

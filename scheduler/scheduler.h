@@ -203,6 +203,10 @@ struct ruda__worker {
    * `done`. */
   _Atomic uint32_t exec;
   uint32_t in_place_runs; /* commands clients ran in place; under exec */
+  /* cfg.auto_graphs: the runs this worker recorded (scheduler/auto_graph.c;
+   * worker only), and how many commands went as part of one. */
+  struct ruda__auto *autog;
+  _Atomic uint64_t auto_cmds;
   /* Set at start: commands are observed (RUDA_WORKER_STATS, NVTX), so they
    * all run on the worker thread, where those are kept. */
   int observed;
