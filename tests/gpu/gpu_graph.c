@@ -317,6 +317,66 @@ static void patched_replays_capture_again_without_node_updates(void **state) {
   request_close(&q);
 }
 
+typedef void (*hook_fn)(int on);
+
+/* cfg.auto_graphs: requests of three steps queued behind a worker held in
+ * a command (the mock's gated cuEventRecord) are issued as one graph once
+ * their shape was seen twice, moved onto each request's buffer by node
+ * updates; every buffer ends as the steps one by one leave it. */
+static void auto_graphs_replay_queued_runs(void **state) {
+  (void)state;
+  setenv("RUDA_AUTO_GRAPHS", "1", 1);
+  ruda_device *dev = gpu_open_cfg(1, "", 0);
+  unsetenv("RUDA_AUTO_GRAPHS");
+  graph_stats_fn stats = mock_graph_stats(dev);
+  hook_fn gate = NULL;
+  const char *path = getenv("RUDA_CUDA_DRIVER");
+  void *lib = gpu_is_mock(dev) && path != NULL ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+  if (lib != NULL) {
+    void *p = dlsym(lib, "ruda_mock_gate_records");
+    memcpy(&gate, &p, sizeof gate);
+    dlclose(lib);
+  }
+  if (stats == NULL || gate == NULL) {
+    test_close(dev);
+    gpu_skip("needs the mock driver's hooks to hold the worker");
+  }
+  assert_ok(ruda_kernel_source(dev, "step", SRC_STEP, NULL));
+  const unsigned n = 4096;
+  enum { REQ = 8 };
+  ruda_handle h[REQ];
+  for (int j = 0; j < REQ; j++) {
+    assert_ok(ruda_buffer_create(dev, 0, (uint64_t)n * 4, &h[j]));
+    zero(dev, 0, h[j], n);
+  }
+  gpu_sync_ok(dev, 0);
+  unsigned inst0, upd0, inst, upd;
+  stats(&inst0, &upd0);
+  gate(1);
+  ruda_future *held = NULL, *f[REQ];
+  assert_ok(ruda_sync_async(dev, 0, &held)); /* the worker stops in its record */
+  for (int j = 0; j < REQ; j++) {
+    for (unsigned k = 0; k < 3; k++) step(dev, 0, h[j], n, k);
+    assert_ok(ruda_sync_async(dev, 0, &f[j])); /* a wait point ends each run */
+  }
+  gate(0);
+  assert_ok(ruda_future_wait(held, NULL));
+  ruda_future_free(held);
+  for (int j = 0; j < REQ; j++) {
+    assert_ok(ruda_future_wait(f[j], NULL));
+    ruda_future_free(f[j]);
+    expect_all(dev, 0, h[j], n, 3, 0, "a request's buffer");
+  }
+  stats(&inst, &upd);
+  assert_int_equal(inst - inst0, 1); /* captured once, at the second sighting */
+  assert_true(upd - upd0 >= 3 * (REQ - 3)); /* each later run moved its three nodes */
+  uint64_t replayed = atomic_load(&dev->workers[0].auto_cmds);
+  assert_int_equal(replayed, 3 * (REQ - 1));
+  for (int j = 0; j < REQ; j++) assert_ok(ruda_buffer_free(dev, 0, h[j]));
+  gpu_sync_ok(dev, 0);
+  test_close(dev);
+}
+
 /* ruda_graph_run serves requests synchronously: with the worker idle the
  * calling thread issues the replay itself, leaving a context the thread
  * had current as it found it. */
@@ -367,6 +427,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(run_serves_requests_in_place),
       cmocka_unit_test(patched_replays_update_nodes),
       cmocka_unit_test(patched_replays_capture_again_without_node_updates),
+      cmocka_unit_test(auto_graphs_replay_queued_runs),
   };
   return gpu_main("gpu_graph", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
