@@ -13,6 +13,7 @@
  *   - replays with patches move a request graph onto another buffer, other
  *     blocks and a new scalar and download what the model says; a bad
  *     patch is refused with its code and the graph replays as recorded;
+ *   - all of the above with cfg.auto_graphs on (inputs whose last byte is odd);
  *   - streams switched to issuing in place (ruda_stream_set_in_place) and
  *     back keep all of the above;
  *   - errors: each flush or sync of a stream hands back exactly the
@@ -27,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ruda/ruda.h"
 
@@ -85,6 +87,13 @@ static int k_add(const ruda_host_ctx *c, void *const *a) {
 static int k_copy(const ruda_host_ctx *c, void *const *a) {
   (void)c;
   memcpy(a[1], a[0], *(const uint32_t *)a[2]);
+  return 0;
+}
+/* Holds its worker a little, so what the client issues next queues up
+ * behind it (runs for automatic request graphs form). */
+static int k_slow(const ruda_host_ctx *c, void *const *a) {
+  (void)c, (void)a;
+  usleep(200);
   return 0;
 }
 static int k_fail(const ruda_host_ctx *c, void *const *a) {
@@ -163,7 +172,7 @@ static int run_patched(fuzz *z, ruda_stream_id rs, ruda_graph *g, const ruda_gra
 }
 
 static void step(fuzz *z) {
-  const uint8_t op = next(z) % 15;
+  const uint8_t op = next(z) % 16;
   const ruda_stream_id s = next(z) % NSTREAMS;
   model_buf *b = pick(z);
   ruda_copy_desc d;
@@ -339,6 +348,18 @@ static void step(fuzz *z) {
       CHECK(ruda_staging_free(z->dev, in) == 0 && ruda_staging_free(z->dev, out) == 0, "staging free");
       break;
     }
+    case 15: { /* the worker is held a moment: then a few adds of b in a row */
+      if (!b->live) break;
+      CHECK(launch(z, s, "slow", NULL, 0) == 0, "slow launch");
+      for (uint32_t r = 0, times = 2 + next(z) % 4; r < times; r++) {
+        uint32_t v = next(z), len = b->size;
+        ruda_arg a[3] = {ruda_arg_buffer(ruda_bind(b->h)), ruda_arg_scalar(&v, 4), ruda_arg_scalar(&len, 4)};
+        CHECK(launch(z, s, "add", a, 3) == 0, "add");
+        for (uint32_t i = 0; i < len; i++) b->data[i] = (unsigned char)(b->data[i] + v);
+      }
+      drain(z, s, next(z) & 1); /* the wait point that ends the run */
+      break;
+    }
     case 14: { /* a request graph on b, replayed on c with other blocks and scalar; bad patches */
       model_buf *c = pick(z), *dead = pick(z);
       if (!b->live || !c->live) break;
@@ -412,6 +433,7 @@ int ruda_fuzz_one(const uint8_t *data, size_t size) {
   cfg.num_streams = 3;
   cfg.log_level = RUDA_LOG_OFF;
   cfg.spin_us = 0;
+  cfg.auto_graphs = size > 0 && (data[size - 1] & 1); /* half the inputs: automatic request graphs */
   CHECK(ruda_device_open(&cfg, &z->dev) == 0, "open");
   const ruda_host_param p3[3] = {{RUDA_ARG_BUFFER, 0}, {RUDA_ARG_SCALAR, 4}, {RUDA_ARG_SCALAR, 4}};
   const ruda_host_param pc[3] = {{RUDA_ARG_BUFFER, 0}, {RUDA_ARG_BUFFER, 0}, {RUDA_ARG_SCALAR, 4}};
@@ -420,6 +442,7 @@ int ruda_fuzz_one(const uint8_t *data, size_t size) {
   CHECK(ruda_host_kernel_register_typed(z->dev, "add", k_add, p3, 3) == 0, "register");
   CHECK(ruda_host_kernel_register_typed(z->dev, "copy", k_copy, pc, 3) == 0, "register");
   CHECK(ruda_host_kernel_register_typed(z->dev, "fail", k_fail, pf, 1) == 0, "register");
+  CHECK(ruda_host_kernel_register_typed(z->dev, "slow", k_slow, NULL, 0) == 0, "register");
   for (int steps = 0; z->at < z->n && steps < 400; steps++) step(z);
   for (int i = 0; i < z->npend; i++) finish_read(z, &z->pend[i]);
   z->npend = 0;

@@ -6,7 +6,7 @@
  * replays with patches at once (moved onto its own buffer, or onto shared
  * handles freed under its feet). Every byte read back is
  * checked; run under ASan and TSan by tools/test.sh.
- *   torture [-t threads] [-n iterations] */
+ *   torture [-t threads] [-n iterations] [-a 1: automatic request graphs on] */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -17,7 +17,7 @@
 #include "ruda/ruda.h"
 
 #define WORDS 64
-static int nthreads = 32, iters = 200;
+static int nthreads = 32, iters = 200, auto_graphs;
 static ruda_device *dev;
 static _Atomic int failures;
 static _Atomic(uint64_t) shared_h[16]; /* handles any thread may use or free: slot << 32 | gen */
@@ -87,7 +87,9 @@ static void *worker(void *p) {
     if (rc == 0) launch_bump(me, x, &rc);
     /* The second bump on one of four streams every thread shares (never
      * captured, so it is never recorded into someone's graph). */
-    if (rc == 0) launch_bump((uint64_t)nthreads + rng(&seed) % 4, x, &rc);
+    /* With -a 1, every other chain bumps twice on my stream: two launches
+     * and the read that waits, a run automatic request graphs replay. */
+    if (rc == 0) launch_bump(auto_graphs && (i & 1) ? me : (uint64_t)nthreads + rng(&seed) % 4, x, &rc);
     ruda_future *f = NULL;
     if (rc == 0) rc = ruda_read(dev, me, &d, back, sizeof back, &f);
     if (ruda_buffer_free(dev, me, x) != 0) FAIL("thread %llu: free", (unsigned long long)t);
@@ -192,6 +194,7 @@ int main(int argc, char **argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "-t")) nthreads = atoi(argv[i + 1]);
     if (!strcmp(argv[i], "-n")) iters = atoi(argv[i + 1]);
+    if (!strcmp(argv[i], "-a")) auto_graphs = atoi(argv[i + 1]);
   }
   if (nthreads < 2 || nthreads > 256 || iters < 1) return 2;
   ruda_config cfg;
@@ -199,6 +202,7 @@ int main(int argc, char **argv) {
   cfg.backend = RUDA_BACKEND_HOST;
   cfg.num_streams = 8;
   cfg.log_level = RUDA_LOG_OFF;
+  cfg.auto_graphs = auto_graphs;
   if (ruda_device_open(&cfg, &dev) != 0 || ruda_host_kernel_register(dev, "bump", k_bump) != 0 ||
       ruda_host_kernel_register(dev, "peek", k_peek) != 0)
     return 1;
