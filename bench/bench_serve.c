@@ -652,8 +652,9 @@ static result run(ruda_device *dev, const variant *v, int threads, size_t n, int
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: bench_serve [-q] [-b] [-s] [-g] [-p] [-i] [-t threads[,threads...]] [-n requests] [-w workers] [-v variants]\n"
+          "usage: bench_serve [-q] [-a] [-b] [-s] [-g] [-p] [-i] [-t threads[,threads...]] [-n requests] [-w workers] [-v variants]\n"
           "  -q  quick: few requests per thread\n"
+          "  -a  automatic request graphs (cfg.auto_graphs; also RUDA_AUTO_GRAPHS=1)\n"
           "  -b  print where a request's client time goes (ruda: each call, the wait; raw: issuing, waiting)\n"
           "  -s  ruda's requests use page-locked buffers, as the raw driver's do: the input\n"
           "      arrives in a staging block (ruda_write_staged), the output is read into one\n"
@@ -679,8 +680,11 @@ int main(int argc, char **argv) {
   long nreq = 0;
   uint32_t workers = 0;
   int vrun[4] = {1, 1, 1, 1};
-  while ((opt = getopt(argc, argv, "bgipqst:n:w:v:")) != -1) {
-    if (opt == 'b') {
+  int auto_graphs = 0;
+  while ((opt = getopt(argc, argv, "abgipqst:n:w:v:")) != -1) {
+    if (opt == 'a') {
+      auto_graphs = 1;
+    } else if (opt == 'b') {
       breakdown = 1;
     } else if (opt == 'q') {
       quick = 1;
@@ -722,6 +726,7 @@ int main(int argc, char **argv) {
   ruda_config cfg;
   ruda_config_init(&cfg);
   if (workers) cfg.num_streams = workers;
+  if (auto_graphs) cfg.auto_graphs = 1;
   if (cfg.log_level > RUDA_LOG_WARN) cfg.log_level = RUDA_LOG_WARN;
   ruda_device *dev = NULL;
   CHECK(ruda_device_open(&cfg, &dev));
@@ -751,6 +756,7 @@ int main(int argc, char **argv) {
          : staged_io ? "page-locked (staging)"
                      : "pageable (ruda_write, ruda_read into the caller's array)");
   if (in_place) printf("ruda's streams issue in place (ruda_stream_set_in_place)\n");
+  if (cfg.auto_graphs) printf("ruda: automatic request graphs on (cfg.auto_graphs)\n");
   printf("request: write 64 KiB, 3 kernels (128x128 layer over 128 rows, bias+ReLU, row softmax), read 512 B, wait;"
          " %zu timed requests per thread after %d warm-up\n",
          n, WARMUP);

@@ -10,7 +10,8 @@
 #   with each request one graph replay, the PyTorch peer, and bench_gpu's
 #   empty-launch sections beside them;
 #   graphs: issue 20 in one go: bench_graph_patch on the device, bench_serve's
-#   call-by-call rows with the raw-graph column, -g and -p rows, a traced
+#   call-by-call rows with the raw-graph column, -g and -p rows, the
+#   call-by-call rows with automatic request graphs (-a), a traced
 #   4-in-flight run for the tails' timeline, bench_gpu sections 2 and 5 at
 #   4, 8, 16 and 64 workers)
 set -uo pipefail
@@ -88,6 +89,9 @@ if want graphs; then
   run bench_serve_calls 500 "$B/bench/bench_serve" -n 2048
   run bench_serve_graphs 400 "$B/bench/bench_serve" -g -n 2048
   run bench_serve_patched 400 "$B/bench/bench_serve" -p -n 2048
+  # Item 1 itself: the call-by-call rows with automatic request graphs on.
+  run bench_serve_auto 500 "$B/bench/bench_serve" -a -n 2048
+  run bench_serve_auto_staged 500 "$B/bench/bench_serve" -a -s -n 2048
   # Item 3: the tails with 4 in flight, and a timeline of one run to find
   # the outliers (RUDA_TRACE with device spans; scripts: tools/trace_svg.py).
   run bench_serve_tails 300 "$B/bench/bench_serve" -b -v 3,4 -t 16,64 -n 2048
