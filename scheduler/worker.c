@@ -285,7 +285,8 @@ static void *worker_main(void *arg) {
         uint32_t n = 0;
         struct cds_wfcq_node *nd;
         run[n++] = cmd;
-        for (nd = next; nd != NULL && n < RUDA__AUTO_MAX; nd = __cds_wfcq_next_blocking(&batch_head, &batch_tail, nd)) {
+        for (nd = next; nd != NULL && n < RUDA__AUTO_MAX;
+             nd = __cds_wfcq_next_blocking(&batch_head, &batch_tail, nd)) {
           ruda__cmd *c = caa_container_of(nd, ruda__cmd, node);
           RUDA__TSAN_ACQUIRE(&c->node);
           if (!ruda__auto_eligible(c) || c->stream != cmd->stream) break;

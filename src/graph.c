@@ -256,8 +256,9 @@ static int check_patch(ruda_device *dev, const ruda_graph *g, const ruda_graph_p
       return ruda__fail(RUDA_EINVAL, "%s: patch %u: grid (%u,%u,%u) for command %u (\"%s\") has a zero dimension",
                         fn, k, gr.x, gr.y, gr.z, p->command, c->u.launch.kernel->name);
     if (gr.x > lim->max_grid[0] || gr.y > lim->max_grid[1] || gr.z > lim->max_grid[2])
-      return ruda__fail(RUDA_EGRIDDIM, "%s: patch %u: grid (%u,%u,%u) for command %u (\"%s\") exceeds maximum (%u,%u,%u)",
-                        fn, k, gr.x, gr.y, gr.z, p->command, c->u.launch.kernel->name, lim->max_grid[0],
+      return ruda__fail(RUDA_EGRIDDIM,
+                        "%s: patch %u: grid (%u,%u,%u) for command %u (\"%s\") exceeds maximum (%u,%u,%u)", fn,
+                        k, gr.x, gr.y, gr.z, p->command, c->u.launch.kernel->name, lim->max_grid[0],
                         lim->max_grid[1], lim->max_grid[2]);
     return 0;
   }

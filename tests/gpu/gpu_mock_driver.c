@@ -1104,7 +1104,8 @@ static op *exec_op(CUgraphExec e, CUgraphNode n) {
 }
 static CUresult m_cuGraphExecKernelNodeSetParams(CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS *p) {
   op *x = exec_op(e, n);
-  if (x == NULL || x->run != run_launch || p->func == NULL || p->func->k != x->u.launch.k) return CUDA_ERROR_INVALID_VALUE;
+  if (x == NULL || x->run != run_launch || p->func == NULL || p->func->k != x->u.launch.k)
+    return CUDA_ERROR_INVALID_VALUE;
   if (!p->gridDimX || !p->gridDimY || !p->gridDimZ) return CUDA_ERROR_INVALID_VALUE;
   unsigned g[3] = {p->gridDimX, p->gridDimY, p->gridDimZ}, b[3] = {p->blockDimX, p->blockDimY, p->blockDimZ};
   memcpy(x->u.launch.g, g, sizeof g);
