@@ -96,15 +96,22 @@ typedef struct replay_ctx {
   uint32_t failed; /* the command that failed, from 1 */
 } replay_ctx;
 
-/* The first of r's patches of command i (fix + nfix: none). */
-static const ruda__graph_fix *first_fix(const replay_ctx *r, uint32_t i) {
+/* Where r's patches of command i start (nfix when past them all; fix may
+ * be NULL then). */
+static uint32_t first_fix(const replay_ctx *r, uint32_t i) {
   uint32_t lo = 0, hi = r->nfix;
   while (lo < hi) {
     uint32_t mid = (lo + hi) / 2;
     if (r->fix[mid].cmd < i) lo = mid + 1;
     else hi = mid;
   }
-  return r->fix + lo;
+  return lo;
+}
+
+/* Whether r patches command i. */
+static int patched(const replay_ctx *r, uint32_t i) {
+  uint32_t k = first_fix(r, i);
+  return k < r->nfix && r->fix[k].cmd == i;
 }
 
 /* Issues recorded command i through the backend, with the replay's
@@ -114,24 +121,23 @@ static int issue(void *arg, uint32_t i, ruda_error **err) {
   const ruda__backend_ops *ops = r->w->dev->ops;
   void *ws = r->w->wstate;
   const ruda__cmd *cmd = r->g->cmds[i];
-  const ruda__graph_fix *f = first_fix(r, i), *end = r->fix + r->nfix;
+  const uint32_t k0 = first_fix(r, i);
+  uint32_t k1 = k0; /* the patches of command i: fix[k0..k1) */
+  while (k1 < r->nfix && r->fix[k1].cmd == i) k1++;
   int rc = 0;
   switch (cmd->kind) {
     case RUDA__CMD_LAUNCH:
-      if (f == end || f->cmd != i) {
+      if (k0 == k1) {
         rc = ops->launch(ws, &cmd->u.launch, err);
       } else {
         ruda__launch_cmd l = cmd->u.launch;
         ruda__karg args[RUDA_MAX_ARGS];
-        memcpy(args, l.args, l.nargs * sizeof *args);
-        for (; f != end && f->cmd == i; f++) {
-          if (f->kind == RUDA_GRAPH_PATCH_GRID) {
-            l.grid = f->grid;
-          } else if (args[f->index].kind == RUDA_ARG_SCALAR) {
-            args[f->index].bytes = f->bytes;
-          } else {
-            args[f->index].addr = f->addr;
-          }
+        if (l.nargs > 0) memcpy(args, l.args, l.nargs * sizeof *args);
+        for (uint32_t k = k0; k < k1; k++) {
+          const ruda__graph_fix *f = &r->fix[k];
+          if (f->kind == RUDA_GRAPH_PATCH_GRID) l.grid = f->grid;
+          else if (args[f->index].kind == RUDA_ARG_SCALAR) args[f->index].bytes = f->bytes;
+          else args[f->index].addr = f->addr;
         }
         l.args = args;
         rc = ops->launch(ws, &l, err);
@@ -139,16 +145,16 @@ static int issue(void *arg, uint32_t i, ruda_error **err) {
       break;
     case RUDA__CMD_COPY: {
       uint64_t dst = cmd->u.copy.dst, src = cmd->u.copy.src;
-      for (; f != end && f->cmd == i; f++) *(f->kind == RUDA_GRAPH_PATCH_DST ? &dst : &src) = f->addr;
+      for (uint32_t k = k0; k < k1; k++) *(r->fix[k].kind == RUDA_GRAPH_PATCH_DST ? &dst : &src) = r->fix[k].addr;
       rc = ops->copy(ws, dst, src, cmd->u.copy.size, err);
       break;
     }
     case RUDA__CMD_WRITE: { /* from the caller's staging block, every replay */
       uint64_t dst = cmd->u.write.dst;
       const void *src = cmd->u.write.staged;
-      for (; f != end && f->cmd == i; f++) {
-        if (f->kind == RUDA_GRAPH_PATCH_DST) dst = f->addr;
-        else src = f->host;
+      for (uint32_t k = k0; k < k1; k++) {
+        if (r->fix[k].kind == RUDA_GRAPH_PATCH_DST) dst = r->fix[k].addr;
+        else src = r->fix[k].host;
       }
       rc = ops->upload(ws, dst, src, cmd->u.write.layout.bytes, err);
       break;
@@ -156,9 +162,9 @@ static int issue(void *arg, uint32_t i, ruda_error **err) {
     case RUDA__CMD_READ: {
       uint64_t src = cmd->u.read.src;
       void *dst = cmd->u.read.dst;
-      for (; f != end && f->cmd == i; f++) {
-        if (f->kind == RUDA_GRAPH_PATCH_SRC) src = f->addr;
-        else dst = f->host;
+      for (uint32_t k = k0; k < k1; k++) {
+        if (r->fix[k].kind == RUDA_GRAPH_PATCH_SRC) src = r->fix[k].addr;
+        else dst = r->fix[k].host;
       }
       rc = ops->download(ws, dst, src, cmd->u.read.layout.bytes, err);
       break;
@@ -224,9 +230,7 @@ int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err) {
     snprintf(msg, sizeof msg, "graph of %u commands captured on %s, command %u (%s%.64s%s): %.300s", g->n,
              RUDA__SNAME(g->stream), r.failed, what,
              bad->kind == RUDA__CMD_LAUNCH ? bad->u.launch.kernel->name : "",
-             first_fix(&r, r.failed - 1) != r.fix + r.nfix && first_fix(&r, r.failed - 1)->cmd == r.failed - 1
-                 ? ", patched"
-                 : "",
+             patched(&r, r.failed - 1) ? ", patched" : "",
              (*err)->msg);
     memcpy((*err)->msg, msg, sizeof msg);
   }
