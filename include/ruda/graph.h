@@ -49,6 +49,10 @@
  * not change the input block while a replay may still read it, nor read
  * the output block before the replay's future completed.
  *
+ * One graph can serve requests on other buffers, blocks, scalars or grids
+ * without a new capture: ruda_graph_replay_with and ruda_graph_run_with
+ * take patches that apply to that replay only (below).
+ *
  * While a stream captures, what cannot be recorded is refused with
  * RUDA_EGRAPHSTATE at the call and leaves the capture open: ruda_write
  * (it copies its source at the call), ruda_sync and ruda_sync_async,
