@@ -69,6 +69,7 @@ typedef struct ruda__karg {
   uint32_t kind; /* ruda_arg_kind */
   uint32_t size; /* scalar bytes */
   uint64_t addr; /* buffer: device address of the binding's first byte */
+  uint64_t len;  /* buffer: the binding's bytes (a graph patch's buffer must hold as many) */
   const unsigned char *bytes; /* scalar: points into the command */
 } ruda__karg;
 
@@ -218,13 +219,19 @@ typedef struct ruda__backend_ops {
   void *(*native_stream)(void *wstate);
   void *(*native_context)(void *state);
   int (*stage_usage)(void *state, ruda_staging_stats *out);
-  /* Worker: replays a captured graph. *exec is the backend's own graph,
-   * NULL at the first replay: the op then starts capturing on the
-   * worker's stream, calls record(ctx), which issues the recorded
-   * commands through this table's launch and copy, and keeps what it
-   * captured in *exec. NULL op: the commands are run again each replay. */
-  int (*graph_replay)(void *wstate, void **exec, int (*record)(void *ctx, ruda_error **err), void *ctx,
-                      ruda_error **err);
+  /* Worker: replays a graph of n recorded commands. *exec is the
+   * backend's own graph, NULL at the first replay: the op then starts
+   * capturing on the worker's stream, calls issue(ctx, i) for i = 0..n-1,
+   * which issues command i (with this replay's patches) through this
+   * table's launch, copy, upload or download, and keeps what it captured
+   * in *exec. Otherwise changed[0..nchanged) (sorted) lists the commands
+   * whose arguments differ from what *exec holds: the op calls issue(ctx,
+   * i) for each while the worker's launch and copies update command i's
+   * node of *exec instead of issuing work, then launches. A failure may
+   * leave *exec released and NULL (the next replay captures again), never
+   * half patched. NULL op: the commands run again each replay. */
+  int (*graph_replay)(void *wstate, void **exec, uint32_t n, int (*issue)(void *ctx, uint32_t i, ruda_error **err),
+                      const uint32_t *changed, uint32_t nchanged, void *ctx, ruda_error **err);
   /* Any thread: frees what graph_replay kept. */
   void (*graph_release)(void *state, void *exec);
   /* Profiling. Worker: records in c an event that keeps time (NULL op: the

@@ -291,6 +291,9 @@ static void make_weights(ruda_device *dev, ruda_stream_id s, ruda_handle *w, rud
 static int staged_io; /* -s */
 static int in_place;  /* -i: ruda_stream_set_in_place on each client's stream */
 static int use_graphs; /* -g: each request one graph replay (ruda and raw) */
+static int patch_graphs; /* -p: as -g, but ruda keeps one graph per thread and moves it onto each slot's
+                            blocks with patches (ruda_graph_run_with / _replay_with) */
+static int raw_graphs;   /* the raw loop replays a CUDA graph per request (-g, -p, the raw-graph column) */
 
 static void *ruda_thread(void *p) {
   thread_arg *a = p;
@@ -329,6 +332,7 @@ static void *ruda_thread(void *p) {
   for (int i = 0; use_graphs && i < depth; i++) {
     ruda_future *none = NULL;
     CHECK(ruda_staging_alloc(dev, IN_BYTES, &gin[i]));
+    if (patch_graphs && i > 0) continue; /* slot 0's graph serves every slot */
     CHECK(ruda_graph_begin_capture(dev, s));
     CHECK(ruda_write_staged(dev, s, &xd, gin[i], IN_BYTES));
     CHECK(ruda_launch(dev, s, &l_layer));
@@ -336,6 +340,12 @@ static void *ruda_thread(void *p) {
     CHECK(ruda_launch(dev, s, &l_soft));
     CHECK(ruda_read(dev, s, &yd, out[i], OUT_BYTES, &none));
     CHECK(ruda_graph_end_capture(dev, s, &g[i]));
+  }
+  /* -p: slot i's request is slot 0's graph with its own blocks. */
+  ruda_graph_patch gp[MAXDEPTH][2];
+  for (int i = 0; i < MAXDEPTH; i++) {
+    gp[i][0] = ruda_graph_patch_host(RUDA_GRAPH_PATCH_SRC, 0, gin[i]);
+    gp[i][1] = ruda_graph_patch_host(RUDA_GRAPH_PATCH_DST, 4, out[i]);
   }
   ruda_future *fut[MAXDEPTH] = {0};
   uint64_t start[MAXDEPTH] = {0}, ran[MAXDEPTH] = {0};
@@ -376,12 +386,14 @@ static void *ruda_thread(void *p) {
           memcpy(gin[slot], in, IN_BYTES);
           start[slot] = mono_ns();
           if (depth == 1) { /* served synchronously: replay and wait in one call */
-            CHECK(ruda_graph_run(dev, s, g[slot], NULL));
+            if (patch_graphs) CHECK(ruda_graph_run_with(dev, s, g[0], gp[slot], 2, NULL));
+            else CHECK(ruda_graph_run(dev, s, g[slot], NULL));
             ran[slot] = mono_ns();
             if (phase) a->phase_ns[3] += ran[slot] - start[slot];
             continue;
           }
-          CHECK(ruda_graph_replay_async(dev, s, g[slot], &fut[slot]));
+          if (patch_graphs) CHECK(ruda_graph_replay_with(dev, s, g[0], gp[slot], 2, &fut[slot]));
+          else CHECK(ruda_graph_replay_async(dev, s, g[slot], &fut[slot]));
           if (phase) a->phase_ns[0] += mono_ns() - start[slot];
           continue;
         }
@@ -410,7 +422,8 @@ static void *ruda_thread(void *p) {
     }
   }
   a->done_ns = mono_ns();
-  for (int i = 0; use_graphs && i < depth; i++) CHECK(ruda_graph_destroy(dev, g[i]));
+  for (int i = 0; use_graphs && i < depth; i++)
+    if (g[i] != NULL) CHECK(ruda_graph_destroy(dev, g[i]));
   CHECK(ruda_sync(dev, s, NULL)); /* the last replays ran: their blocks are free */
   for (int i = 0; use_graphs && i < depth; i++) CHECK(ruda_staging_free(dev, gin[i]));
   if (staged_io || use_graphs)
@@ -452,8 +465,8 @@ static void *raw_thread(void *p) {
   /* -g: the same request captured once per slot as a CUDA graph. */
   CUgraphExec ge[MAXDEPTH] = {0};
   void *gin = NULL;
-  if (use_graphs) CU(ruda__cu.cuMemHostAlloc(&gin, (size_t)MAXDEPTH * IN_BYTES, 0));
-  for (int i = 0; use_graphs && i < depth; i++) {
+  if (raw_graphs) CU(ruda__cu.cuMemHostAlloc(&gin, (size_t)MAXDEPTH * IN_BYTES, 0));
+  for (int i = 0; raw_graphs && i < depth; i++) {
     CUgraph graph;
     CU(ruda__cu.cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
     CU(ruda__cu.cuMemcpyHtoDAsync(x, (char *)gin + (size_t)i * IN_BYTES, IN_BYTES, st));
@@ -487,7 +500,7 @@ static void *raw_thread(void *p) {
       if (i < count) {
         size_t r = first + i;
         int slot = (int)(r % (size_t)depth);
-        if (use_graphs) {
+        if (raw_graphs) {
           memcpy((char *)gin + (size_t)slot * IN_BYTES, in + (size_t)input_of(a->index, r) * IN_BYTES, IN_BYTES);
           start[slot] = mono_ns();
           CU(ruda__cu.cuGraphLaunch(ge[slot], st));
@@ -506,7 +519,7 @@ static void *raw_thread(void *p) {
   }
   a->done_ns = mono_ns();
   CU(ruda__cu.cuStreamSynchronize(st));
-  for (int i = 0; use_graphs && i < depth; i++) CU(ruda__cu.cuGraphExecDestroy(ge[i]));
+  for (int i = 0; raw_graphs && i < depth; i++) CU(ruda__cu.cuGraphExecDestroy(ge[i]));
   if (gin != NULL) CU(ruda__cu.cuMemFreeHost(gin));
   for (int i = 0; i < depth; i++) CU(ruda__cu.cuEventDestroy(ev[i]));
   CU(ruda__cu.cuMemFreeHost(out));
@@ -642,9 +655,10 @@ static result run(ruda_device *dev, const variant *v, int threads, size_t n, int
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: bench_serve [-h] [-q] [-b] [-s] [-g] [-i] [-t threads[,threads...]] [-n requests] [-w workers] [-v variants]\n"
+          "usage: bench_serve [-h] [-q] [-a] [-b] [-s] [-g] [-p] [-i] [-t threads[,threads...]] [-n requests] [-w workers] [-v variants]\n"
           "  -h  this help\n"
           "  -q  quick: few requests per thread\n"
+          "  -a  automatic request graphs (cfg.auto_graphs; also RUDA_AUTO_GRAPHS=1)\n"
           "  -b  print where a request's client time goes (ruda: each call, the wait; raw: issuing, waiting)\n"
           "  -s  ruda's requests use page-locked buffers, as the raw driver's do: the input\n"
           "      arrives in a staging block (ruda_write_staged), the output is read into one\n"
@@ -652,6 +666,8 @@ static void usage(FILE *f) {
           "      recorded: ruda_graph_run with 1 in flight, else ruda_graph_replay_async) and in\n"
           "      the raw loop (a CUDA graph per slot, cuGraphLaunch); the input is copied into\n"
           "      the slot's page-locked block first\n"
+          "  -p  as -g, but ruda records one graph per thread and moves it onto each slot's\n"
+          "      blocks with patches (ruda_graph_run_with, ruda_graph_replay_with)\n"
           "  -i  each client's stream issues in place (ruda_stream_set_in_place): the client\n"
           "      makes the driver calls itself while its worker is idle\n"
           "  -t  client thread counts (1..%d; default 1,4,16,64)\n"
@@ -668,10 +684,13 @@ int main(int argc, char **argv) {
   long nreq = 0;
   uint32_t workers = 0;
   int vrun[4] = {1, 1, 1, 1};
-  while ((opt = getopt(argc, argv, "hbgiqst:n:w:v:")) != -1) {
+  int auto_graphs = 0;
+  while ((opt = getopt(argc, argv, "habgipqst:n:w:v:")) != -1) {
     if (opt == 'h') {
       usage(stdout);
       return 0;
+    } else if (opt == 'a') {
+      auto_graphs = 1;
     } else if (opt == 'b') {
       breakdown = 1;
     } else if (opt == 'q') {
@@ -680,6 +699,8 @@ int main(int argc, char **argv) {
       staged_io = 1;
     } else if (opt == 'g') {
       use_graphs = 1;
+    } else if (opt == 'p') {
+      use_graphs = patch_graphs = 1;
     } else if (opt == 'i') {
       in_place = 1;
     } else if (opt == 't') {
@@ -712,6 +733,7 @@ int main(int argc, char **argv) {
   ruda_config cfg;
   ruda_config_init(&cfg);
   if (workers) cfg.num_streams = workers;
+  if (auto_graphs) cfg.auto_graphs = 1;
   if (cfg.log_level > RUDA_LOG_WARN) cfg.log_level = RUDA_LOG_WARN;
   ruda_device *dev = NULL;
   CHECK(ruda_device_open(&cfg, &dev));
@@ -735,10 +757,13 @@ int main(int argc, char **argv) {
   strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S %Z", localtime(&now));
   printf("bench_serve: machine %s, backend %s, %u ruda workers, %s%s; ruda's request buffers %s\n", props.name,
          ruda_device_backend(dev), ruda_device_num_streams(dev), date, quick ? ", quick run" : "",
-         use_graphs  ? "page-locked; each request one graph replay (ruda and raw)"
+         patch_graphs ? "page-locked; each request one replay of the thread's graph moved onto the slot's blocks "
+                        "by patches (raw: a CUDA graph per slot)"
+         : use_graphs ? "page-locked; each request one graph replay (ruda and raw)"
          : staged_io ? "page-locked (staging)"
                      : "pageable (ruda_write, ruda_read into the caller's array)");
   if (in_place) printf("ruda's streams issue in place (ruda_stream_set_in_place)\n");
+  if (cfg.auto_graphs) printf("ruda: automatic request graphs on (cfg.auto_graphs)\n");
   printf("request: write 64 KiB, 3 kernels (128x128 layer over 128 rows, bias+ReLU, row softmax), read 512 B, wait;"
          " %zu timed requests per thread after %d warm-up\n",
          n, WARMUP);
@@ -761,9 +786,13 @@ int main(int argc, char **argv) {
     if (!vrun[vi]) continue;
     const variant *v = &VARIANTS[vi];
     printf("\n%d. %s (latency in us)\n", vi + 1, v->name);
+    /* Call-by-call rows also show the same request as a raw CUDA graph:
+     * the ceiling a graph per request reaches (issue 20). */
+    const int rawg_col = have_raw && !use_graphs;
     if (have_raw)
-      printf("   %3s | %12s %9s %9s %9s | %12s %9s %9s %9s | %8s %8s\n", "T", "ruda req/s", "p50", "p99", "p99.9",
-             "raw req/s", "p50", "p99", "p99.9", "req/s", "p50");
+      printf("   %3s | %12s %9s %9s %9s | %12s %9s %9s %9s | %8s %8s%s\n", "T", "ruda req/s", "p50", "p99", "p99.9",
+             "raw req/s", "p50", "p99", "p99.9", "req/s", "p50",
+             rawg_col ? " | raw graph req/s    p50    p99.9 | ruda/rawg" : "");
     else
       printf("   %3s | %12s %9s %9s %9s\n", "T", "ruda req/s", "p50", "p99", "p99.9");
     if (have_raw)
@@ -771,9 +800,17 @@ int main(int argc, char **argv) {
     for (int i = 0; i < nt; i++) {
       result r = run(dev, v, ts[i], n, 0);
       if (have_raw) {
+        raw_graphs = use_graphs;
         result b = run(dev, v, ts[i], n, 1);
-        printf("   %3d | %12.0f %9.1f %9.1f %9.1f | %12.0f %9.1f %9.1f %9.1f | %8.3f %8.3f\n", ts[i], r.rps, r.p50,
+        printf("   %3d | %12.0f %9.1f %9.1f %9.1f | %12.0f %9.1f %9.1f %9.1f | %8.3f %8.3f", ts[i], r.rps, r.p50,
                r.p99, r.p999, b.rps, b.p50, b.p99, b.p999, r.rps / b.rps, r.p50 / b.p50);
+        if (rawg_col) {
+          raw_graphs = 1;
+          result c = run(dev, v, ts[i], n, 1);
+          raw_graphs = 0;
+          printf(" | %15.0f %6.1f %8.1f | %9.3f", c.rps, c.p50, c.p999, r.rps / c.rps);
+        }
+        printf("\n");
       } else {
         printf("   %3d | %12.0f %9.1f %9.1f %9.1f\n", ts[i], r.rps, r.p50, r.p99, r.p999);
       }

@@ -75,6 +75,9 @@ static void graph_free(ruda_graph *g, void *wstate) {
   ruda__capture_discard(sch, g->cmds, g->n, wstate);
   free(g->cmds);
   free(g->slots);
+  free(g->pin_base);
+  free(g->pin_slot);
+  free(g->slot_uses);
   pthread_mutex_destroy(&g->exec_lock);
   pthread_mutex_destroy(&g->issue_lock);
   free(g);
@@ -84,56 +87,143 @@ void ruda__graph_unref(ruda_graph *g, void *wstate) {
   if (atomic_fetch_sub_explicit(&g->refs, 1, memory_order_acq_rel) == 1) graph_free(g, wstate);
 }
 
-/* Runs the recorded commands through the backend, in order. */
+/* A replay in progress: the graph, this replay's patches, and the
+ * command that failed. */
 typedef struct replay_ctx {
   ruda__worker *w;
   ruda_graph *g;
+  const ruda__graph_fix *fix; /* sorted by command */
+  uint32_t nfix;
   uint32_t failed; /* the command that failed, from 1 */
 } replay_ctx;
 
-static int run_recorded(void *arg, ruda_error **err) {
+/* Where r's patches of command i start (nfix when past them all; fix may
+ * be NULL then). */
+static uint32_t first_fix(const replay_ctx *r, uint32_t i) {
+  uint32_t lo = 0, hi = r->nfix;
+  while (lo < hi) {
+    uint32_t mid = (lo + hi) / 2;
+    if (r->fix[mid].cmd < i) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+/* Whether r patches command i. */
+static int patched(const replay_ctx *r, uint32_t i) {
+  uint32_t k = first_fix(r, i);
+  return k < r->nfix && r->fix[k].cmd == i;
+}
+
+/* Issues recorded command i through the backend, with the replay's
+ * patches of it applied in order. */
+static int issue(void *arg, uint32_t i, ruda_error **err) {
   replay_ctx *r = arg;
   const ruda__backend_ops *ops = r->w->sch->ops;
   void *ws = r->w->wstate;
-  for (uint32_t i = 0; i < r->g->n; i++) {
-    ruda__cmd *cmd = r->g->cmds[i];
-    int rc = 0;
-    switch (cmd->kind) {
-      case RUDA__CMD_LAUNCH: rc = ops->launch(ws, &cmd->u.launch, err); break;
-      case RUDA__CMD_COPY: rc = ops->copy(ws, cmd->u.copy.dst, cmd->u.copy.src, cmd->u.copy.size, err); break;
-      case RUDA__CMD_WRITE: /* from the caller's staging block, every replay */
-        rc = ops->upload(ws, cmd->u.write.dst, cmd->u.write.staged, cmd->u.write.layout.bytes, err);
-        break;
-      case RUDA__CMD_READ:
-        rc = ops->download(ws, cmd->u.read.dst, cmd->u.read.src, cmd->u.read.layout.bytes, err);
-        break;
-      case RUDA__CMD_CALL: /* a backend with graph_replay calls this while capturing */
-        rc = ruda__libcall_run(r->w, cmd, ops->graph_replay != NULL, err);
-        break;
-      default: break;
+  const ruda__cmd *cmd = r->g->cmds[i];
+  const uint32_t k0 = first_fix(r, i);
+  uint32_t k1 = k0; /* the patches of command i: fix[k0..k1) */
+  while (k1 < r->nfix && r->fix[k1].cmd == i) k1++;
+  int rc = 0;
+  switch (cmd->kind) {
+    case RUDA__CMD_LAUNCH:
+      if (k0 == k1) {
+        rc = ops->launch(ws, &cmd->u.launch, err);
+      } else {
+        ruda__launch_cmd l = cmd->u.launch;
+        ruda__karg args[RUDA_MAX_ARGS];
+        if (l.nargs > 0) memcpy(args, l.args, l.nargs * sizeof *args);
+        for (uint32_t k = k0; k < k1; k++) {
+          const ruda__graph_fix *f = &r->fix[k];
+          if (f->kind == RUDA_GRAPH_PATCH_GRID) l.grid = f->grid;
+          else if (args[f->index].kind == RUDA_ARG_SCALAR) args[f->index].bytes = f->bytes;
+          else args[f->index].addr = f->addr;
+        }
+        l.args = args;
+        rc = ops->launch(ws, &l, err);
+      }
+      break;
+    case RUDA__CMD_COPY: {
+      uint64_t dst = cmd->u.copy.dst, src = cmd->u.copy.src;
+      for (uint32_t k = k0; k < k1; k++) *(r->fix[k].kind == RUDA_GRAPH_PATCH_DST ? &dst : &src) = r->fix[k].addr;
+      rc = ops->copy(ws, dst, src, cmd->u.copy.size, err);
+      break;
     }
-    if (rc != 0) {
-      r->failed = i + 1;
-      return rc;
+    case RUDA__CMD_WRITE: { /* from the caller's staging block, every replay */
+      uint64_t dst = cmd->u.write.dst;
+      const void *src = cmd->u.write.staged;
+      for (uint32_t k = k0; k < k1; k++) {
+        if (r->fix[k].kind == RUDA_GRAPH_PATCH_DST) dst = r->fix[k].addr;
+        else src = r->fix[k].host;
+      }
+      rc = ops->upload(ws, dst, src, cmd->u.write.layout.bytes, err);
+      break;
     }
+    case RUDA__CMD_READ: {
+      uint64_t src = cmd->u.read.src;
+      void *dst = cmd->u.read.dst;
+      for (uint32_t k = k0; k < k1; k++) {
+        if (r->fix[k].kind == RUDA_GRAPH_PATCH_SRC) src = r->fix[k].addr;
+        else dst = r->fix[k].host;
+      }
+      rc = ops->download(ws, dst, src, cmd->u.read.layout.bytes, err);
+      break;
+    }
+    case RUDA__CMD_CALL: /* never patched; a backend with graph_replay calls this while capturing */
+      rc = ruda__libcall_run(r->w, cmd, ops->graph_replay != NULL, err);
+      break;
+    default: break;
   }
-  return 0;
+  if (rc != 0) r->failed = i + 1;
+  return rc;
+}
+
+/* changed = the commands the replay patches, with the graph's dirty ones
+ * (sorted, once each); the count. */
+static uint32_t changed_list(const ruda_graph *g, const replay_ctx *r, uint32_t *changed) {
+  uint32_t n = 0, d = 0;
+  for (uint32_t k = 0; k < r->nfix || d < g->ndirty;) {
+    uint32_t c;
+    if (d < g->ndirty && (k == r->nfix || g->dirty[d] <= r->fix[k].cmd)) c = g->dirty[d++];
+    else c = r->fix[k++].cmd;
+    if (n == 0 || changed[n - 1] != c) changed[n++] = c;
+  }
+  return n;
+}
+
+int ruda__graph_run(ruda__worker *w, ruda_graph *g, const ruda__graph_fix *fix, uint32_t nfix, uint32_t *failed,
+                    ruda_error **err) {
+  const ruda__backend_ops *ops = w->sch->ops;
+  replay_ctx r = {w, g, fix, nfix, 0};
+  int rc = 0;
+  if (ops->graph_replay == NULL) {
+    for (uint32_t i = 0; i < g->n && rc == 0; i++) rc = issue(&r, i, err);
+  } else {
+    /* Replays of one graph on several workers take turns: the first one
+     * captures, and one executable graph is patched and launched by one
+     * worker at a time (the driver's launches already queued keep the
+     * arguments they were launched with). */
+    uint32_t changed[2 * RUDA_GRAPH_MAX_PATCHES];
+    pthread_mutex_lock(&g->exec_lock);
+    uint32_t nchanged = g->exec != NULL ? changed_list(g, &r, changed) : 0;
+    rc = ops->graph_replay(w->wstate, &g->exec, g->n, issue, changed, nchanged, &r, err);
+    /* What the backend's graph holds patched now: this replay's commands
+     * (a graph released on failure holds nothing). */
+    g->ndirty = 0;
+    if (g->exec != NULL)
+      for (uint32_t k = 0; k < r.nfix; k++)
+        if (g->ndirty == 0 || g->dirty[g->ndirty - 1] != r.fix[k].cmd) g->dirty[g->ndirty++] = r.fix[k].cmd;
+    pthread_mutex_unlock(&g->exec_lock);
+  }
+  *failed = r.failed;
+  return rc;
 }
 
 int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err) {
   ruda_graph *g = cmd->u.graph.g;
-  const ruda__backend_ops *ops = w->sch->ops;
-  replay_ctx r = {w, g, 0};
-  int rc;
-  if (ops->graph_replay == NULL) {
-    rc = run_recorded(&r, err);
-  } else {
-    /* Replays of one graph on several workers take turns: the first one
-     * captures, and one executable graph runs one launch at a time. */
-    pthread_mutex_lock(&g->exec_lock);
-    rc = ops->graph_replay(w->wstate, &g->exec, run_recorded, &r, err);
-    pthread_mutex_unlock(&g->exec_lock);
-  }
+  replay_ctx r = {w, g, cmd->u.graph.fix, cmd->u.graph.nfix, 0};
+  int rc = ruda__graph_run(w, g, r.fix, r.nfix, &r.failed, err);
   if (rc != 0 && r.failed && *err != NULL) {
     ruda__cmd *bad = g->cmds[r.failed - 1];
     char msg[RUDA__MSG_MAX];
@@ -145,8 +235,9 @@ int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err) {
     const char *name = bad->kind == RUDA__CMD_LAUNCH ? bad->u.launch.kernel->name
                        : bad->kind == RUDA__CMD_CALL ? bad->u.call.name
                                                      : "";
-    snprintf(msg, sizeof msg, "graph of %u commands captured on %s, command %u (%s%.64s): %.300s", g->n,
-             RUDA__SNAME(g->stream), r.failed, what, name, (*err)->msg);
+    snprintf(msg, sizeof msg, "graph of %u commands captured on %s, command %u (%s%.64s%s): %.300s", g->n,
+             RUDA__SNAME(g->stream), r.failed, what, name, patched(&r, r.failed - 1) ? ", patched" : "",
+             (*err)->msg);
     memcpy((*err)->msg, msg, sizeof msg);
   }
   return rc;

@@ -35,6 +35,19 @@ typedef struct ruda__capture {
   uint32_t n, cap;
 } ruda__capture;
 
+/* One patch of a replay (ruda_graph_replay_with), checked and resolved by
+ * the client: what the worker applies to recorded command `cmd`. */
+typedef struct ruda__graph_fix {
+  uint32_t cmd;
+  uint32_t kind;  /* ruda_graph_patch_kind */
+  uint32_t index; /* RUDA_GRAPH_PATCH_ARG: the argument */
+  uint32_t size;  /* a scalar's bytes */
+  uint64_t addr;  /* a buffer's device address */
+  void *host;     /* an upload's source or a download's destination */
+  const unsigned char *bytes; /* a scalar's, in the replay command */
+  ruda_dim3 grid;
+} ruda__graph_fix;
+
 struct ruda_graph {
   struct ruda_graph *next, *prev; /* the device's list, for close */
   struct ruda__sched *sch;
@@ -43,8 +56,17 @@ struct ruda_graph {
   uint32_t n;
   uint32_t *slots; /* every buffer the commands use, once */
   uint32_t nslots;
+  /* For replays with patches: command i's pins are pins[pin_base[i] ..
+   * pin_base[i + 1]) of the commands in order, pin k's buffer is
+   * slots[pin_slot[k]], and slot_uses[u] counts the pins of slots[u]. */
+  uint32_t *pin_base, *pin_slot, *slot_uses;
   pthread_mutex_t exec_lock; /* the backend's graph is made at first replay */
   void *exec;
+  /* Under exec_lock: the commands the backend's graph holds patched (by
+   * the last replay), sorted, which the next replay puts back unless it
+   * patches them too. */
+  uint32_t dirty[RUDA_GRAPH_MAX_PATCHES];
+  uint32_t ndirty;
   ruda_stream_id stream; /* captured on, for messages */
   /* Holds library calls (ruda/call.h): replays never run in place, where
    * the replaying client holds issue locks the calls' code may need. */
@@ -68,6 +90,13 @@ void ruda__capture_discard(struct ruda__sched *sch, ruda__cmd **cmds, uint32_t n
  * then submits cmd as usual), 0 when recorded, or a failure. */
 int ruda__capture_record(ruda__stream *s, ruda__cmd *cmd);
 
+/* Worker: issues g's commands with fix[0..nfix) (sorted by command)
+ * applied: in order on a backend without graph_replay (stopping at a
+ * failure), else as one backend graph, captured at the first run and
+ * patched after. 0, or a code with *err and in *failed the command that
+ * failed (from 1; 0: none in particular). */
+int ruda__graph_run(ruda__worker *w, struct ruda_graph *g, const ruda__graph_fix *fix, uint32_t nfix,
+                    uint32_t *failed, ruda_error **err);
 /* Worker: runs a RUDA__CMD_GRAPH command. Returns 0 or a code with *err. */
 int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err);
 /* Drops one reference; the last frees the graph (its pins go). wstate:

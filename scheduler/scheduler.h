@@ -98,6 +98,10 @@ typedef struct ruda__cmd {
     } wait;
     struct {
       struct ruda_graph *g; /* holds a reference until it ran */
+      /* ruda_graph_replay_with: this replay's patches, sorted by command,
+       * in the command's trailing bytes (scheduler/graph.h). */
+      const struct ruda__graph_fix *fix;
+      uint32_t nfix;
     } graph;
     ruda__coll coll;
     ruda__libcall_cmd call;
@@ -237,6 +241,10 @@ struct ruda__worker {
    * `done`. */
   _Atomic uint32_t exec;
   uint32_t in_place_runs; /* commands clients ran in place; under exec */
+  /* cfg.auto_graphs: the runs this worker recorded (scheduler/auto_graph.c;
+   * worker only), and how many commands went as part of one. */
+  struct ruda__auto *autog;
+  _Atomic uint64_t auto_cmds;
   /* Set at start: commands are observed (RUDA_WORKER_STATS, NVTX), so they
    * all run on the worker thread, where those are kept. */
   int observed;

@@ -8,6 +8,7 @@
 
 #include "scheduler/sched.h"
 #include "base/log.h"
+#include "scheduler/auto_graph.h"
 #include "scheduler/graph.h"
 #include "scheduler/libcall.h"
 #include "scheduler/nvtx.h"
@@ -71,6 +72,8 @@ static int wait_for_device(ruda__worker *w, ruda_error **err) {
   return rc;
 }
 
+static int finish(ruda__worker *w, ruda__cmd *cmd, int rc, ruda_error *err);
+
 int ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
   struct ruda__sched *sch = w->sch;
   const ruda__backend_ops *ops = sch->ops;
@@ -124,6 +127,13 @@ int ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
     case RUDA__CMD_STOP:
       break;
   }
+  return finish(w, cmd, rc, err);
+}
+
+/* What follows a command's issue: RUDA_LAUNCH_BLOCKING's wait, the error
+ * report, its pins, `done`, its future. Returns rc (or the wait's code). */
+static int finish(ruda__worker *w, ruda__cmd *cmd, int rc, ruda_error *err) {
+  struct ruda__sched *sch = w->sch;
   if (__builtin_expect(sch->cfg.launch_blocking, 0) && rc == 0 && cmd->kind != RUDA__CMD_MARK &&
       cmd->kind != RUDA__CMD_WAIT && cmd->kind != RUDA__CMD_STOP && cmd->kind != RUDA__CMD_FENCE &&
       cmd->kind != RUDA__CMD_TRACE)
@@ -144,6 +154,18 @@ int ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
     ruda__future_unref(cmd->future);
   }
   return rc;
+}
+
+/* cfg.auto_graphs: a run of one stream's launches and copies, issued as
+ * one graph where it is known (auto_graph.h), each command then finished
+ * as if it had run alone; what the graph did not issue runs one by one. */
+static void execute_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n) {
+  int rc = 0;
+  ruda_error *err = NULL;
+  uint32_t ok = ruda__auto_run(w, run, n, &rc, &err);
+  for (uint32_t i = 0; i < ok; i++) finish(w, run[i], 0, NULL);
+  if (rc != 0) finish(w, run[ok++], rc, err);
+  for (uint32_t i = ok; i < n; i++) ruda__execute(w, run[i]);
 }
 
 #define RETIRE_EVERY 256u
@@ -197,6 +219,7 @@ static void *worker_main(void *arg) {
   const int stats = worker_stats_on();
   const int nvtx = ruda__nvtx_on();
   ruda__nvtx_name_worker(w->index);
+  const int autog = sch->cfg.auto_graphs && !sch->cfg.launch_blocking && !stats && !nvtx;
 
   int stop = 0;
   while (!stop) {
@@ -262,7 +285,29 @@ static void *worker_main(void *arg) {
        * from flush or sync never finds its queue still counted full; and
        * every RETIRE_EVERY commands, so a producer blocked on a full queue
        * waits for a slice of a long batch, not all of it. */
-      if (cmd->future != NULL || unretired == RETIRE_EVERY) retire(w, &unretired);
+      if (cmd->future != NULL || unretired >= RETIRE_EVERY) retire(w, &unretired);
+      if (__builtin_expect(autog, 0) && w->trace == NULL && next != NULL && ruda__auto_eligible(cmd)) {
+        /* The run this command starts: what follows it in the batch. */
+        ruda__cmd *run[RUDA__AUTO_MAX];
+        uint32_t n = 0;
+        struct cds_wfcq_node *nd;
+        run[n++] = cmd;
+        for (nd = next; nd != NULL && n < RUDA__AUTO_MAX;
+             nd = __cds_wfcq_next_blocking(&batch_head, &batch_tail, nd)) {
+          ruda__cmd *c = caa_container_of(nd, ruda__cmd, node);
+          RUDA__TSAN_ACQUIRE(&c->node);
+          if (!ruda__auto_eligible(c) || c->stream != cmd->stream) break;
+          run[n++] = c;
+        }
+        if (n >= 2 && nd != NULL &&
+            ruda__auto_wait_point(caa_container_of(nd, ruda__cmd, node), cmd->stream)) {
+          unretired += n - 1;
+          execute_run(w, run, n);
+          for (uint32_t i = 0; i < n; i++) ruda__cmd_free(run[i]);
+          next = nd; /* the loop goes on after the run */
+          continue;
+        }
+      }
       if (__builtin_expect(w->trace == NULL && !stats && !nvtx, 1)) ruda__execute(w, cmd);
       else execute_observed(w, cmd, stats, nvtx);
       ruda__cmd_free(cmd);
@@ -273,6 +318,7 @@ static void *worker_main(void *arg) {
      * worker's state. */
     if (!stop) ruda__exec_release(w);
   }
+  ruda__auto_free(w);
   if (sch->ops->worker_stop) sch->ops->worker_stop(sch->bstate, w->wstate);
   return NULL;
 }
@@ -402,7 +448,7 @@ static void print_stats(struct ruda__sched *sch) {
 
 void ruda__workers_stop(struct ruda__sched *sch) {
   /* First let every worker run everything queued on it. A worker running
-   * a command may push onto another worker's queue (scheduler/progress.c:
+   * a command may push onto another worker's queue (scheduler/fence.c:
    * a fence for a buffer retired by its last unpin); had that worker
    * already reached its STOP and exited, the pushed command would never
    * run and its memory would leak. Once every worker passed this FENCE,

@@ -498,6 +498,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
       kargs[i].bytes = bytes;
       kargs[i].size = a->size;
       kargs[i].addr = 0;
+      kargs[i].len = 0;
       bytes += (a->size + 7u) & ~7u;
     } else {
       uint64_t addr, len;
@@ -508,6 +509,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
       cmd->pins[pinned++] = a->binding.handle.slot | (read ? RUDA__PIN_READ : 0);
       kargs[i].kind = RUDA_ARG_BUFFER; /* backends see a buffer; the mode is for ordering */
       kargs[i].addr = addr;
+      kargs[i].len = len;
       kargs[i].size = 0;
       kargs[i].bytes = NULL;
     }

@@ -66,6 +66,7 @@ void ruda_config_init(ruda_config *cfg) {
   }
   if (env_u32("RUDA_BOUNDS_CHECK", &u) > 0) cfg->bounds_checked = u != 0;
   if (env_u32("RUDA_LAUNCH_BLOCKING", &u) > 0) cfg->launch_blocking = u != 0;
+  if (env_u32("RUDA_AUTO_GRAPHS", &u) > 0) cfg->auto_graphs = u != 0;
   if ((v = getenv("RUDA_CACHE_DIR")) != NULL) cfg->cache_dir = v;
   cfg->spin_us = 50;
   if (env_u32("RUDA_SPIN_US", &u) < 0) fprintf(stderr, "ruda: ignoring malformed RUDA_SPIN_US\n");

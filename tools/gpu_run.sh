@@ -2,14 +2,19 @@
 # Runs on the lent GPU machine (see /work/.library/device): every test
 # binary and benchmark of a build made here with -DRUDA_STATIC_DEPS=ON and
 # carried as build-gpu. Logs go to $OUT; a summary table is printed last.
-#   tools/gpu_run.sh [MODE...]   modes tests|bench|all|comm|ab|serve|trace|blas, several run in
+#   tools/gpu_run.sh [MODE...]   modes tests|bench|all|comm|ab|serve|trace|blas|graphs, several run in
 #   order into one summary (default all) (comm: the two-GPU collectives only;
 #   ab: bench_gpu and bench_enqueue of build-gpu-base, a build of an earlier
 #   commit, and build-gpu, alternated twice, to compare two trees in one run;
 #   serve: bench_serve with pageable and page-locked request buffers and
 #   with each request one graph replay, the PyTorch peer, and bench_gpu's
 #   empty-launch sections beside them; blas: bench_blas, cuBLAS through ruda_call beside
-#   the raw cuBLAS loop, with pageable and page-locked I/O and as graphs)
+#   the raw cuBLAS loop, with pageable and page-locked I/O and as graphs;
+#   graphs: issue 20 in one go: bench_graph_patch on the device, bench_serve's
+#   call-by-call rows with the raw-graph column, -g and -p rows, the
+#   call-by-call rows with automatic request graphs (-a), a traced
+#   4-in-flight run for the tails' timeline, bench_gpu sections 2 and 5 at
+#   4, 8, 16 and 64 workers)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 modes=" ${*:-all} "
@@ -124,6 +129,26 @@ if want serve; then
   run bench_serve_torch_shared 200 env PYTHONUNBUFFERED=1 python3 bench/peers/serve_torch.py -q
   run bench_serve_torch_depth4 200 env PYTHONUNBUFFERED=1 python3 bench/peers/serve_torch.py -q -d 4 --per-thread-weights
   run bench_gpu_launch 300 "$B/bench/bench_gpu" -q -s 1,2 "$OUT/bench_gpu_launch.csv"
+fi
+if want graphs; then
+  # Item 2: a patched replay beside a new capture + instantiate, on the device.
+  run bench_graph_patch 120 env RUDA_BACKEND=cuda "$B/bench/bench_graph_patch" -n 2000
+  run bench_graph_patch_k16 120 env RUDA_BACKEND=cuda "$B/bench/bench_graph_patch" -n 1000 -k 16
+  # Item 1's targets: call-by-call rows beside the raw loop and a raw graph
+  # per request; graph rows (a graph per slot, and one graph moved by patches).
+  run bench_serve_calls 500 "$B/bench/bench_serve" -n 2048
+  run bench_serve_graphs 400 "$B/bench/bench_serve" -g -n 2048
+  run bench_serve_patched 400 "$B/bench/bench_serve" -p -n 2048
+  # Item 1 itself: the call-by-call rows with automatic request graphs on.
+  run bench_serve_auto 500 "$B/bench/bench_serve" -a -n 2048
+  run bench_serve_auto_staged 500 "$B/bench/bench_serve" -a -s -n 2048
+  # Item 3: the tails with 4 in flight, and a timeline of one run to find
+  # the outliers (RUDA_TRACE with device spans; scripts: tools/trace_svg.py).
+  run bench_serve_tails 300 "$B/bench/bench_serve" -b -v 3,4 -t 16,64 -n 2048
+  run bench_trace_tails 200 env RUDA_TRACE="$OUT/trace_tails.json" RUDA_TRACE_DEVICE=1 "$B/bench/bench_serve" \
+    -v 3 -t 64 -n 128
+  # Item 4: sustained launch rates (sections 2 and 5) by worker count.
+  run bench_gpu_workers 500 "$B/bench/bench_gpu" -s 2,5 -w 4,8,16,64 "$OUT/bench_gpu_workers.csv"
 fi
 if want trace; then
   # RUDA_TRACE with device spans: the test, a serving trace to draw, and

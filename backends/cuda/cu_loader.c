@@ -84,6 +84,9 @@ static void cu_load_once(void) {
     ruda__cu.name = NULL;
   RUDA__CU_OPTIONAL(RUDA__CU_GET_OPT)
 #undef RUDA__CU_GET_OPT
+  /* The one call here whose signature changed after 12.0: the headers'
+   * form (with edge data) is 12.3's; an older driver's would not match. */
+  if (ver < 12030) ruda__cu.cuStreamGetCaptureInfo = NULL;
   CUresult r = ruda__cu.cuInit(0);
   if (r != CUDA_SUCCESS) {
     char d[160];

@@ -35,7 +35,8 @@
   X(cuFuncGetParamInfo) X(cuTensorMapEncodeTiled) X(cuTensorMapEncodeIm2col) X(cuMemAllocAsync)    \
   X(cuMemFreeAsync) X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags)     \
   X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuModuleGetFunctionCount)              \
-  X(cuModuleEnumerateFunctions) X(cuFuncGetName)
+  X(cuModuleEnumerateFunctions) X(cuFuncGetName) X(cuStreamGetCaptureInfo) X(cuGraphNodeGetType)       \
+  X(cuGraphMemcpyNodeGetParams) X(cuGraphExecKernelNodeSetParams) X(cuGraphExecMemcpyNodeSetParams)
 
 #define RUDA__NVRTC_FUNCS(X)                                                                       \
   X(nvrtcVersion) X(nvrtcGetErrorString) X(nvrtcCreateProgram) X(nvrtcDestroyProgram)              \

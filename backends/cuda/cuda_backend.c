@@ -712,53 +712,6 @@ static int cu_elapsed(void *state, void *from, void *to, double *ms) {
   return 0;
 }
 
-/* ---- graphs ---- */
-
-/* First replay: capture the recorded commands on this worker's stream
- * (thread-local mode, so other workers' calls are not disturbed, and no
- * device memory is allocated: the pools did that before the capture) and
- * instantiate once; then one cuGraphLaunch per replay. */
-static int cu_graph_replay(void *ws, void **exec, int (*record)(void *ctx, ruda_error **err), void *ctx,
-                           ruda_error **err) {
-  ruda__cu_worker *w = ws;
-  if (ruda__cu.cuGraphLaunch == NULL || ruda__cu.cuStreamBeginCapture == NULL ||
-      ruda__cu.cuGraphInstantiateWithFlags == NULL) {
-    *err = ruda__error_new(RUDA_ENOBACKEND, 0, "this CUDA driver (%d) has no graph API", ruda__cu.driver_version);
-    return RUDA_ENOBACKEND;
-  }
-  CUresult r;
-  if (*exec == NULL) {
-    r = ruda__cu.cuStreamBeginCapture(w->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
-    if (r != CUDA_SUCCESS) return ruda__cu_worker_fail(w, r, err, "cuStreamBeginCapture");
-    int rc = record(ctx, err);
-    CUgraph graph = NULL;
-    /* Ended whatever happened, or the stream stays in capture mode. */
-    r = ruda__cu.cuStreamEndCapture(w->stream, &graph);
-    if (rc != 0) {
-      if (graph != NULL) ruda__cu.cuGraphDestroy(graph);
-      return rc;
-    }
-    if (r != CUDA_SUCCESS) return ruda__cu_worker_fail(w, r, err, "cuStreamEndCapture");
-    CUgraphExec ge = NULL;
-    r = ruda__cu.cuGraphInstantiateWithFlags(&ge, graph, 0);
-    ruda__cu.cuGraphDestroy(graph);
-    if (r != CUDA_SUCCESS) return ruda__cu_worker_fail(w, r, err, "cuGraphInstantiateWithFlags");
-    *exec = ge;
-  }
-  r = ruda__cu.cuGraphLaunch((CUgraphExec)*exec, w->stream);
-  if (r != CUDA_SUCCESS) return ruda__cu_worker_fail(w, r, err, "cuGraphLaunch");
-  return 0;
-}
-
-/* Any thread. A graph still running finishes first: the driver frees an
- * executable graph in flight once it completed. */
-static void cu_graph_release(void *state, void *exec) {
-  ruda__cu_guard g;
-  if (ruda__cu_enter(state, &g) != 0) return;
-  ruda__cu.cuGraphExecDestroy((CUgraphExec)exec);
-  ruda__cu_leave(&g);
-}
-
 static const ruda__backend_ops cuda_ops = {
     .name = "cuda",
     .open = cu_open,
@@ -793,8 +746,8 @@ static const ruda__backend_ops cuda_ops = {
     .native_stream = cu_native_stream,
     .native_context = cu_native_context,
     .stage_usage = cu_stage_usage,
-    .graph_replay = cu_graph_replay,
-    .graph_release = cu_graph_release,
+    .graph_replay = ruda__cu_graph_replay,
+    .graph_release = ruda__cu_graph_release,
     .stamp = cu_stamp,
     .elapsed = cu_elapsed,
     .comm_init = ruda__cu_comm_init,

@@ -296,6 +296,7 @@ int ruda__cu_read(void *ws, void *dst, uint64_t src, const ruda__layout *l, ruda
 
 int ruda__cu_upload(void *ws, uint64_t dst, const void *src, uint64_t size, ruda_error **err) {
   ruda__cu_worker *w = ws;
+  if (w->patch != NULL) return ruda__cu_graph_set_copy(w, (uintptr_t)dst, (uintptr_t)src, err);
   CUresult r = ruda__cu.cuMemcpyHtoDAsync((CUdeviceptr)dst, src, size, w->stream);
   if (r != CUDA_SUCCESS)
     return ruda__cu_worker_fail(w, r, err, "upload of %llu bytes to 0x%llx", (unsigned long long)size,
@@ -305,6 +306,7 @@ int ruda__cu_upload(void *ws, uint64_t dst, const void *src, uint64_t size, ruda
 
 int ruda__cu_download(void *ws, void *dst, uint64_t src, uint64_t size, ruda_error **err) {
   ruda__cu_worker *w = ws;
+  if (w->patch != NULL) return ruda__cu_graph_set_copy(w, (uintptr_t)dst, (uintptr_t)src, err);
   CUresult r = ruda__cu.cuMemcpyDtoHAsync(dst, (CUdeviceptr)src, size, w->stream);
   if (r != CUDA_SUCCESS)
     return ruda__cu_worker_fail(w, r, err, "download of %llu bytes from 0x%llx", (unsigned long long)size,
@@ -320,6 +322,7 @@ int ruda__cu_stage_owns(void *state, const void *p, size_t size) {
 
 int ruda__cu_copy(void *ws, uint64_t dst, uint64_t src, uint64_t size, ruda_error **err) {
   ruda__cu_worker *w = ws;
+  if (w->patch != NULL) return ruda__cu_graph_set_copy(w, (uintptr_t)dst, (uintptr_t)src, err);
   CUresult r = ruda__cu.cuMemcpyDtoDAsync((CUdeviceptr)dst, (CUdeviceptr)src, size, w->stream);
   if (r != CUDA_SUCCESS)
     return ruda__cu_worker_fail(w, r, err, "cuMemcpyDtoDAsync of %llu bytes", (unsigned long long)size);

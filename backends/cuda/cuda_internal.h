@@ -104,7 +104,17 @@ typedef struct ruda__cu_worker {
    * device faulted, to list what every worker had in flight. */
   _Atomic(const char *) last_kernel;
   _Atomic uint64_t last_stream, last_seq;
+  /* Set by ruda__cu_graph_replay while it patches a node of an executable
+   * graph: launch, copy, upload and download then update that node
+   * (ruda__cu_graph_set_kernel, _set_copy) instead of issuing work. */
+  const struct ruda__cu_patch *patch;
 } ruda__cu_worker;
+
+typedef struct ruda__cu_patch {
+  CUgraphExec exec;
+  CUgraphNode node;
+  const CUDA_MEMCPY3D *copy; /* a copy node's parameters as captured */
+} ruda__cu_patch;
 
 /* The cuda form of a registered kernel (ruda__kernel.impl). */
 typedef struct ruda__cu_kernel {
@@ -164,6 +174,15 @@ int ruda__cu_launch(void *ws, const ruda__launch_cmd *cmd, ruda_error **err);
 extern const char ruda__cu_call_mark[];
 void ruda__cu_call_begin(void *ws, uint64_t stream, uint64_t seq);
 int ruda__cu_launch_check(void *state, const ruda__kernel *k, const ruda_launch_desc *l);
+
+/* cuda_graph.c: the graph_replay and graph_release ops, and the node
+ * updates launch and copies make while w->patch is set. */
+int ruda__cu_graph_replay(void *ws, void **exec, uint32_t n, int (*issue)(void *ctx, uint32_t i, ruda_error **err),
+                          const uint32_t *changed, uint32_t nchanged, void *ctx, ruda_error **err);
+void ruda__cu_graph_release(void *state, void *exec);
+int ruda__cu_graph_set_kernel(ruda__cu_worker *w, CUfunction fn, ruda_dim3 g, ruda_dim3 b, uint32_t shared,
+                              void **params, ruda_error **err);
+int ruda__cu_graph_set_copy(ruda__cu_worker *w, uintptr_t dst, uintptr_t src, ruda_error **err);
 
 /* cuda_comm.c: collectives through NCCL (backend ops). */
 int ruda__cu_comm_init(void *const *states, uint32_t n, void **ranks);

@@ -83,6 +83,8 @@ int ruda__cu_launch(void *ws, const ruda__launch_cmd *cmd, ruda_error **err) {
   for (uint32_t i = 0; i < cmd->nargs; i++)
     params[i] = cmd->args[i].kind == RUDA_ARG_BUFFER ? (void *)&cmd->args[i].addr
                                                      : (void *)(uintptr_t)cmd->args[i].bytes;
+  if (__builtin_expect(w->patch != NULL, 0)) /* a graph's node, not a launch */
+    return ruda__cu_graph_set_kernel(w, ck->fn, g, cmd->block, cmd->shared_mem, params, err);
   /* Remember what went in flight, so a fault found later can name it. */
   atomic_store_explicit(&w->last_kernel, cmd->kernel->name, memory_order_relaxed);
   atomic_store_explicit(&w->last_stream, cmd->stream, memory_order_relaxed);

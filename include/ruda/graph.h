@@ -49,6 +49,10 @@
  * not change the input block while a replay may still read it, nor read
  * the output block before the replay's future completed.
  *
+ * One graph can serve requests on other buffers, blocks, scalars or grids
+ * without a new capture: ruda_graph_replay_with and ruda_graph_run_with
+ * take patches that apply to that replay only (below).
+ *
  * While a stream captures, what cannot be recorded is refused with
  * RUDA_EGRAPHSTATE at the call and leaves the capture open: ruda_write
  * (it copies its source at the call), ruda_sync and ruda_sync_async,
@@ -63,9 +67,11 @@
 #define RUDA_GRAPH_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "ruda/error.h"
 #include "ruda/export.h"
+#include "ruda/ruda.h" /* ruda_arg, ruda_dim3 (ruda.h includes this file last) */
 #include "ruda/types.h"
 
 #ifdef __cplusplus
@@ -127,6 +133,115 @@ RUDA_EXTERN int ruda_graph_replay_async(struct ruda_device *dev, ruda_stream_id 
  * ruda_error_free; err may be NULL). Thread-safe. */
 RUDA_EXTERN int ruda_graph_run(struct ruda_device *dev, ruda_stream_id stream, ruda_graph *g,
                                ruda_error **err);
+
+/* ---- replays with new arguments ---- */
+
+/* What a patch changes in one recorded command (ruda_graph_patch). */
+typedef enum ruda_graph_patch_kind {
+  RUDA_GRAPH_PATCH_ARG = 1,  /* a launch's argument `index` becomes `arg` */
+  RUDA_GRAPH_PATCH_GRID = 2, /* a launch's grid becomes `grid` */
+  RUDA_GRAPH_PATCH_DST = 3,  /* a copy's or upload's destination buffer becomes
+                                `binding`; a download's host block, `host` */
+  RUDA_GRAPH_PATCH_SRC = 4   /* a copy's or download's source buffer becomes
+                                `binding`; an upload's host block, `host` */
+} ruda_graph_patch_kind;
+
+/* One change a replay makes to the recorded command `command` (counted
+ * from 0 in recording order, below ruda_graph_length). Build it with
+ * ruda_graph_patch_arg, _grid, _buffer or _host, so that the other fields
+ * (reserved above all) are zero. */
+typedef struct ruda_graph_patch {
+  ruda_graph_patch_kind kind;
+  uint32_t command;
+  uint32_t index;        /* RUDA_GRAPH_PATCH_ARG: the argument, from 0 */
+  ruda_arg arg;          /* RUDA_GRAPH_PATCH_ARG */
+  ruda_dim3 grid;        /* RUDA_GRAPH_PATCH_GRID */
+  ruda_binding binding;  /* RUDA_GRAPH_PATCH_DST, _SRC on the device side */
+  void *host;            /* RUDA_GRAPH_PATCH_DST of a download, _SRC of an upload */
+  uint64_t reserved[2];  /* zero */
+} ruda_graph_patch;
+
+/* At most this many patches per replay. */
+#define RUDA_GRAPH_MAX_PATCHES 64
+
+static inline ruda_graph_patch ruda_graph_patch_arg(uint32_t command, uint32_t index, ruda_arg arg) {
+  ruda_graph_patch p;
+  memset(&p, 0, sizeof p);
+  p.kind = RUDA_GRAPH_PATCH_ARG;
+  p.command = command;
+  p.index = index;
+  p.arg = arg;
+  return p;
+}
+
+static inline ruda_graph_patch ruda_graph_patch_grid(uint32_t command, ruda_dim3 grid) {
+  ruda_graph_patch p;
+  memset(&p, 0, sizeof p);
+  p.kind = RUDA_GRAPH_PATCH_GRID;
+  p.command = command;
+  p.grid = grid;
+  return p;
+}
+
+/* kind: RUDA_GRAPH_PATCH_DST or _SRC, the device side of a copy. */
+static inline ruda_graph_patch ruda_graph_patch_buffer(ruda_graph_patch_kind kind, uint32_t command,
+                                                       ruda_binding b) {
+  ruda_graph_patch p;
+  memset(&p, 0, sizeof p);
+  p.kind = kind;
+  p.command = command;
+  p.binding = b;
+  return p;
+}
+
+/* kind: RUDA_GRAPH_PATCH_SRC of an upload, _DST of a download. */
+static inline ruda_graph_patch ruda_graph_patch_host(ruda_graph_patch_kind kind, uint32_t command, void *host) {
+  ruda_graph_patch p;
+  memset(&p, 0, sizeof p);
+  p.kind = kind;
+  p.command = command;
+  p.host = host;
+  return p;
+}
+
+/* ruda_graph_replay_async with patches[0..n) applied to this replay only:
+ * the graph itself is not changed, so each caller passes its own request's
+ * buffers and sizes (one graph per batch-size bucket, per-request buffers,
+ * replays of several requests in flight at once). fut may be NULL (fire
+ * and forget, as ruda_graph_replay). Patches apply in order; a later one
+ * of the same field wins.
+ *
+ * Checked at the call, all or nothing (RUDA_EINVAL unless said): n at most
+ * RUDA_GRAPH_MAX_PATCHES and patches non-NULL when n > 0; `command` below
+ * the graph's length and of the kind the patch names (ARG and GRID:
+ * a launch; DST and SRC: a copy, upload or download, with `binding` on
+ * the device side and `host` on the host side); `index` below the
+ * launch's argument count; a buffer for a buffer argument and a scalar of
+ * the recorded size for a scalar one; a grid as ruda_launch checks it
+ * (zero: RUDA_EINVAL, above the device's: RUDA_EGRIDDIM); buffers live
+ * (RUDA_ENOTFOUND) and at least as large as the ones recorded (the
+ * kernel, or the recorded copy size, may use all of them: RUDA_ERANGE); a
+ * host block inside one ruda_staging_alloc block, as when recording. A
+ * refused call enqueues nothing and leaves the graph as it was.
+ *
+ * Ordering: a replay is ordered like a launch using the buffers it uses:
+ * the new ones, with the access mode the recorded argument had (a read
+ * only if both the recorded argument and the patch say ruda_arg_in), and
+ * the recorded ones no patch replaced; a recorded buffer replaced in every
+ * command that uses it is not waited for. Scalars are copied at the call.
+ * On the cuda backend the executable graph is patched in place before its
+ * launch (cuGraphExecKernelNodeSetParams, cuGraphExecMemcpyNodeSetParams)
+ * and put back for the next replay that does not patch those commands:
+ * nothing is captured or instantiated again. Thread-safe, non-blocking as
+ * ruda_graph_replay. */
+RUDA_EXTERN int ruda_graph_replay_with(struct ruda_device *dev, ruda_stream_id stream, ruda_graph *g,
+                                       const ruda_graph_patch *patches, uint32_t n, ruda_future **fut);
+
+/* ruda_graph_run with patches: replays g with patches[0..n) applied (as
+ * ruda_graph_replay_with) and waits. Blocking, thread-safe; returns as
+ * ruda_graph_run. */
+RUDA_EXTERN int ruda_graph_run_with(struct ruda_device *dev, ruda_stream_id stream, ruda_graph *g,
+                                    const ruda_graph_patch *patches, uint32_t n, ruda_error **err);
 
 /* Releases g. Replays already enqueued still run; the graph's memory and
  * buffers go back after the last of them. g must not be used after.

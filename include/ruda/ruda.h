@@ -128,6 +128,15 @@ typedef struct ruda_config {
                                 before it sleeps (default 50; 0: sleeps at
                                 once). A worker polls only while work keeps
                                 coming back within that time. */
+  int auto_graphs;           /* RUDA_AUTO_GRAPHS: a worker that finds several
+                                launches and copies of one stream queued in a
+                                row, of a shape it saw before, issues them as
+                                one graph with what changed patched in
+                                (docs/graphs.md); same results, ordering and
+                                errors as one by one. Off (0) by default: not
+                                yet measured faster on a GPU. Not while
+                                tracing, NVTX, RUDA_WORKER_STATS or
+                                RUDA_LAUNCH_BLOCKING are on. */
 } ruda_config;
 
 /* Sets cfg->size and fills cfg with defaults (auto backend, 8 streams,

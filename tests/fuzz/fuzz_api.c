@@ -10,6 +10,10 @@
  *     cross-stream ordering (access modes included) is exact;
  *   - request graphs: a recorded upload, kernel and download replay with
  *     new input on any stream and download what the model says;
+ *   - replays with patches move a request graph onto another buffer, other
+ *     blocks and a new scalar and download what the model says; a bad
+ *     patch is refused with its code and the graph replays as recorded;
+ *   - all of the above with cfg.auto_graphs on (inputs whose last byte is odd);
  *   - streams switched to issuing in place (ruda_stream_set_in_place) and
  *     back keep all of the above;
  *   - library calls (ruda_call) order by their buffers' access modes like
@@ -30,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ruda/ruda.h"
 
@@ -88,6 +93,13 @@ static int k_add(const ruda_host_ctx *c, void *const *a) {
 static int k_copy(const ruda_host_ctx *c, void *const *a) {
   (void)c;
   memcpy(a[1], a[0], *(const uint32_t *)a[2]);
+  return 0;
+}
+/* Holds its worker a little, so what the client issues next queues up
+ * behind it (runs for automatic request graphs form). */
+static int k_slow(const ruda_host_ctx *c, void *const *a) {
+  (void)c, (void)a;
+  usleep(200);
   return 0;
 }
 static int k_fail(const ruda_host_ctx *c, void *const *a) {
@@ -182,8 +194,37 @@ static uint32_t launch(fuzz *z, ruda_stream_id s, const char *k, ruda_arg *a, ui
   return (uint32_t)ruda_launch(z->dev, s, &l);
 }
 
+/* Waits a replay's result (run or future): some of its stream's failures
+ * may come back with it, never more than the model counted. */
+static void replay_done(fuzz *z, ruda_stream_id rs, int rc, ruda_error *err, ruda_future *f) {
+  int n = count_errors(err);
+  CHECK(rc == 0 || (rc == RUDA_EUNHEALTHY && n > 0), "replay future: %s", ruda_err_name(rc));
+  CHECK(n <= z->errors[rs], "a replay on stream %llu handed back %d errors, %d failed there", (unsigned long long)rs,
+        n, z->errors[rs]);
+  z->errors[rs] -= n;
+  ruda_error_free(err);
+  ruda_future_free(f);
+}
+
+/* Runs g on rs with patches p[0..n), waited: in one call or through a
+ * future. Returns the call's code when it refused, else 0. */
+static int run_patched(fuzz *z, ruda_stream_id rs, ruda_graph *g, const ruda_graph_patch *p, uint32_t n) {
+  ruda_future *f = NULL;
+  ruda_error *err = NULL;
+  int rc;
+  if (next(z) & 1) {
+    rc = ruda_graph_run_with(z->dev, rs, g, p, n, &err);
+    if (rc != 0 && rc != RUDA_EUNHEALTHY) return rc;
+  } else {
+    if ((rc = ruda_graph_replay_with(z->dev, rs, g, p, n, &f)) != 0) return rc;
+    rc = ruda_future_wait(f, &err);
+  }
+  replay_done(z, rs, rc, err, f);
+  return 0;
+}
+
 static void step(fuzz *z) {
-  const uint8_t op = next(z) % 16;
+  const uint8_t op = next(z) % 18;
   const ruda_stream_id s = next(z) % NSTREAMS;
   model_buf *b = pick(z);
   ruda_copy_desc d;
@@ -422,6 +463,77 @@ static void step(fuzz *z) {
       CHECK(ruda_staging_free(z->dev, in) == 0 && ruda_staging_free(z->dev, out) == 0, "staging free");
       break;
     }
+    case 16: { /* the worker is held a moment: then a few adds of b in a row */
+      if (!b->live) break;
+      CHECK(launch(z, s, "slow", NULL, 0) == 0, "slow launch");
+      for (uint32_t r = 0, times = 2 + next(z) % 4; r < times; r++) {
+        uint32_t v = next(z), len = b->size;
+        ruda_arg a[3] = {ruda_arg_buffer(ruda_bind(b->h)), ruda_arg_scalar(&v, 4), ruda_arg_scalar(&len, 4)};
+        CHECK(launch(z, s, "add", a, 3) == 0, "add");
+        for (uint32_t i = 0; i < len; i++) b->data[i] = (unsigned char)(b->data[i] + v);
+      }
+      drain(z, s, next(z) & 1); /* the wait point that ends the run */
+      break;
+    }
+    case 17: { /* a request graph on b, replayed on c with other blocks and scalar; bad patches */
+      model_buf *c = pick(z), *dead = pick(z);
+      if (!b->live || !c->live) break;
+      uint32_t v = next(z), len = b->size, times = 1 + next(z) % 3;
+      unsigned char *in = NULL, *out = NULL, *in2 = NULL, *out2 = NULL, stack[MAXB];
+      CHECK(ruda_staging_alloc(z->dev, len, (void **)&in) == 0 && ruda_staging_alloc(z->dev, len, (void **)&out) == 0 &&
+                ruda_staging_alloc(z->dev, len, (void **)&in2) == 0 &&
+                ruda_staging_alloc(z->dev, len, (void **)&out2) == 0,
+            "staging");
+      drain(z, s, 1);
+      CHECK(ruda_graph_begin_capture(z->dev, s) == 0, "begin capture");
+      d = ruda_copy_contiguous(ruda_bind(b->h));
+      ruda_future *none = NULL;
+      CHECK(ruda_write_staged(z->dev, s, &d, in, len) == 0, "recorded upload");
+      ruda_arg a[3] = {ruda_arg_buffer(ruda_bind(b->h)), ruda_arg_scalar(&v, 4), ruda_arg_scalar(&len, 4)};
+      CHECK(launch(z, s, "add", a, 3) == 0, "captured launch");
+      CHECK(ruda_read(z->dev, s, &d, out, len, &none) == 0 && none == NULL, "recorded download");
+      ruda_graph *g = NULL;
+      CHECK(ruda_graph_end_capture(z->dev, s, &g) == 0, "end capture");
+      for (uint32_t t = 0; t < times; t++) {
+        const ruda_stream_id rs = (s + t) % NSTREAMS;
+        uint32_t v2 = next(z);
+        const uint16_t v16 = 1;
+        memset(in2, next(z), len);
+        ruda_graph_patch p[7] = {
+            ruda_graph_patch_buffer(RUDA_GRAPH_PATCH_DST, 0, ruda_bind(c->h)),
+            ruda_graph_patch_host(RUDA_GRAPH_PATCH_SRC, 0, in2),
+            ruda_graph_patch_arg(1, 0, ruda_arg_buffer(ruda_bind(c->h))),
+            ruda_graph_patch_arg(1, 1, ruda_arg_scalar(&v2, 4)),
+            ruda_graph_patch_buffer(RUDA_GRAPH_PATCH_SRC, 2, ruda_bind(c->h)),
+            ruda_graph_patch_host(RUDA_GRAPH_PATCH_DST, 2, out2),
+        };
+        uint32_t n = 6;
+        int want = c->size < len ? RUDA_ERANGE : 0; /* c cannot hold what b did */
+        const uint8_t bad = next(z) % 6;
+        if (want == 0 && bad == 1) p[n++] = ruda_graph_patch_grid(3, (ruda_dim3){1, 1, 1}), want = RUDA_EINVAL;
+        if (want == 0 && bad == 2) p[n++] = ruda_graph_patch_arg(1, 2, ruda_arg_scalar(&v16, 2)), want = RUDA_EINVAL;
+        if (want == 0 && bad == 3) p[n++] = ruda_graph_patch_grid(1, (ruda_dim3){1, 0, 1}), want = RUDA_EINVAL;
+        if (want == 0 && bad == 4 && dead->made && !dead->live)
+          p[n++] = ruda_graph_patch_arg(1, 0, ruda_arg_buffer(ruda_bind(dead->h))), want = RUDA_ENOTFOUND;
+        if (want == 0 && bad == 5) p[n++] = ruda_graph_patch_host(RUDA_GRAPH_PATCH_DST, 2, stack), want = RUDA_EINVAL;
+        rc = run_patched(z, rs, g, p, n);
+        CHECK(rc == want, "a patched replay returned %s, expected %s", ruda_err_name(rc), ruda_err_name(want));
+        if (rc == 0) {
+          for (uint32_t i = 0; i < len; i++) c->data[i] = (unsigned char)(in2[i] + v2);
+          CHECK(memcmp(out2, c->data, len) == 0, "a patched replay's download differs from the model");
+        } else { /* refused: the graph replays as recorded */
+          memset(in, next(z), len);
+          CHECK(run_patched(z, rs, g, NULL, 0) == 0, "a replay after a refused patch");
+          for (uint32_t i = 0; i < len; i++) b->data[i] = (unsigned char)(in[i] + v);
+          CHECK(memcmp(out, b->data, len) == 0, "a replay after a refused patch differs from the model");
+        }
+      }
+      CHECK(ruda_graph_destroy(z->dev, g) == 0, "destroy");
+      CHECK(ruda_staging_free(z->dev, in) == 0 && ruda_staging_free(z->dev, out) == 0 &&
+                ruda_staging_free(z->dev, in2) == 0 && ruda_staging_free(z->dev, out2) == 0,
+            "staging free");
+      break;
+    }
   }
 }
 
@@ -436,6 +548,7 @@ int ruda_fuzz_one(const uint8_t *data, size_t size) {
   cfg.num_streams = 3;
   cfg.log_level = RUDA_LOG_OFF;
   cfg.spin_us = 0;
+  cfg.auto_graphs = size > 0 && (data[size - 1] & 1); /* half the inputs: automatic request graphs */
   CHECK(ruda_device_open(&cfg, &z->dev) == 0, "open");
   const ruda_host_param p3[3] = {{RUDA_ARG_BUFFER, 0}, {RUDA_ARG_SCALAR, 4}, {RUDA_ARG_SCALAR, 4}};
   const ruda_host_param pc[3] = {{RUDA_ARG_BUFFER, 0}, {RUDA_ARG_BUFFER, 0}, {RUDA_ARG_SCALAR, 4}};
@@ -447,6 +560,7 @@ int ruda_fuzz_one(const uint8_t *data, size_t size) {
   const ruda_host_param pn[6] = {{RUDA_ARG_BUFFER, 0}, {RUDA_ARG_SCALAR, 4}, {RUDA_ARG_SCALAR, 4},
                                  {RUDA_ARG_SCALAR, 8}, {RUDA_ARG_SCALAR, 8}, {RUDA_ARG_SCALAR, 4}};
   CHECK(ruda_host_kernel_register_typed(z->dev, "nest", k_nest, pn, 6) == 0, "register");
+  CHECK(ruda_host_kernel_register_typed(z->dev, "slow", k_slow, NULL, 0) == 0, "register");
   for (int steps = 0; z->at < z->n && steps < 400; steps++) step(z);
   for (int i = 0; i < z->npend; i++) finish_read(z, &z->pend[i]);
   z->npend = 0;

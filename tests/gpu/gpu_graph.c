@@ -3,8 +3,11 @@
  * launches the instantiated graph after; replays rerun the sequence once
  * each, follow other streams' writers, copies are recorded too, and a
  * graph destroyed with replays in flight lets them finish, and
- * ruda_graph_run serves requests from the calling thread. Under the mock
+ * ruda_graph_run serves requests from the calling thread, and replays with
+ * patches update the executable graph in place. Under the mock
  * driver the same paths run against its capture emulation. */
+#include <dlfcn.h>
+
 #include "gpu_common.h"
 #include "backends/cuda/cuda_internal.h"
 #include "scheduler/graph.h"
@@ -206,6 +209,174 @@ static void request_graph_moves_current_blocks(void **state) {
   request_close(&q);
 }
 
+typedef void (*graph_stats_fn)(unsigned *instantiated, unsigned *updated);
+
+/* The mock driver's count of instantiations and node updates, or NULL on
+ * a real driver. */
+static graph_stats_fn mock_graph_stats(ruda_device *dev) {
+  const char *path = getenv("RUDA_CUDA_DRIVER");
+  void *lib = gpu_is_mock(dev) && path != NULL ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+  graph_stats_fn fn = NULL;
+  if (lib != NULL) {
+    void *p = dlsym(lib, "ruda_mock_graph_stats");
+    memcpy(&fn, &p, sizeof fn);
+    dlclose(lib); /* ruda still holds it */
+  }
+  return fn;
+}
+
+/* Replays with patches move the request onto other buffers and blocks, a
+ * new scalar and a smaller grid by updating the executable graph's nodes
+ * (cuGraphExecKernelNodeSetParams, cuGraphExecMemcpyNodeSetParams), never
+ * capturing or instantiating again; a plain replay puts them back. */
+static void patched_replays_update_nodes(void **state) {
+  (void)state;
+  request q = request_open(4096);
+  graph_stats_fn stats = mock_graph_stats(q.dev);
+  ruda_handle h2;
+  unsigned *in2, *out2;
+  assert_ok(ruda_buffer_create(q.dev, 0, (uint64_t)q.n * 4, &h2));
+  assert_ok(ruda_staging_alloc(q.dev, (size_t)q.n * 4, (void **)&in2));
+  assert_ok(ruda_staging_alloc(q.dev, (size_t)q.n * 4, (void **)&out2));
+  unsigned inst0 = 0, upd0 = 0, inst, upd;
+  unsigned want = request_fill(&q, 5);
+  assert_ok(ruda_graph_run(q.dev, 0, q.g, NULL));
+  request_check(&q, 0, want);
+  if (stats) stats(&inst0, &upd0);
+  const unsigned k7 = 7;
+  ruda_graph_patch p[7] = {
+      ruda_graph_patch_buffer(RUDA_GRAPH_PATCH_DST, 0, ruda_bind(h2)),
+      ruda_graph_patch_host(RUDA_GRAPH_PATCH_SRC, 0, in2),
+      ruda_graph_patch_arg(1, 1, ruda_arg_buffer(ruda_bind(h2))),
+      ruda_graph_patch_arg(1, 2, ruda_arg_scalar(&k7, 4)),
+      ruda_graph_patch_buffer(RUDA_GRAPH_PATCH_SRC, 2, ruda_bind(h2)),
+      ruda_graph_patch_host(RUDA_GRAPH_PATCH_DST, 2, out2),
+      ruda_graph_patch_grid(1, (ruda_dim3){1, 1, 1}),
+  };
+  for (int r = 0; r < 4; r++) {
+    for (unsigned i = 0; i < q.n; i++) in2[i] = 7;
+    memset(out2, 0, (size_t)q.n * 4);
+    want = request_fill(&q, 5);
+    /* All but the grid: every element steps 7 to 8; then with the grid
+     * of one block, only the first 256. */
+    ruda_error *err = NULL;
+    assert_ok(ruda_graph_run_with(q.dev, (ruda_stream_id)(r % 2), q.g, p, r < 2 ? 6 : 7, &err));
+    assert_null(err);
+    for (unsigned i = 0; i < q.n; i++)
+      if (out2[i] != (r < 2 || i < 256 ? 8u : 7u)) fail_msg("replay %d: element %u is %#x", r, i, out2[i]);
+    for (unsigned i = 0; i < q.n; i++) assert_int_equal(q.out[i], 0); /* the recorded block untouched */
+    /* The recorded request again: the nodes are put back. */
+    assert_ok(ruda_graph_run(q.dev, 0, q.g, NULL));
+    request_check(&q, r, want);
+  }
+  if (stats) {
+    stats(&inst, &upd);
+    assert_int_equal(inst, inst0);     /* no capture or instantiation again */
+    assert_int_equal(upd - upd0, 4 * 2 * 3); /* three nodes patched, three put back, per round */
+  }
+  assert_ok(ruda_buffer_free(q.dev, 0, h2));
+  gpu_sync_ok(q.dev, 0);
+  assert_ok(ruda_staging_free(q.dev, in2));
+  assert_ok(ruda_staging_free(q.dev, out2));
+  request_close(&q);
+}
+
+/* A driver that cannot say which node a command made (here: no
+ * cuStreamGetCaptureInfo, as before CUDA 12.3): replays that change
+ * arguments capture and instantiate again, with the same results. */
+static void patched_replays_capture_again_without_node_updates(void **state) {
+  (void)state;
+  __typeof__(ruda__cu.cuStreamGetCaptureInfo) saved = ruda__cu.cuStreamGetCaptureInfo;
+  request q = request_open(4096);
+  ruda__cu.cuStreamGetCaptureInfo = NULL; /* before the first replay captures */
+  graph_stats_fn stats = mock_graph_stats(q.dev);
+  unsigned *in2, *out2, inst0 = 0, upd0 = 0, inst = 0, upd = 0;
+  assert_ok(ruda_staging_alloc(q.dev, (size_t)q.n * 4, (void **)&in2));
+  assert_ok(ruda_staging_alloc(q.dev, (size_t)q.n * 4, (void **)&out2));
+  if (stats) stats(&inst0, &upd0);
+  ruda_graph_patch p[2] = {ruda_graph_patch_host(RUDA_GRAPH_PATCH_SRC, 0, in2),
+                           ruda_graph_patch_host(RUDA_GRAPH_PATCH_DST, 2, out2)};
+  for (int r = 0; r < 3; r++) {
+    for (unsigned i = 0; i < q.n; i++) in2[i] = 5;
+    memset(out2, 0, (size_t)q.n * 4);
+    unsigned want = request_fill(&q, 5);
+    assert_ok(ruda_graph_run_with(q.dev, 0, q.g, p, 2, NULL));
+    for (unsigned i = 0; i < q.n; i++) assert_int_equal(out2[i], 6);
+    assert_ok(ruda_graph_run(q.dev, 0, q.g, NULL));
+    request_check(&q, r, want);
+  }
+  if (stats) {
+    stats(&inst, &upd);
+    assert_int_equal(upd, upd0);            /* no node was updated */
+    assert_int_equal(inst - inst0, 3 * 2); /* each change captured again */
+  }
+  ruda__cu.cuStreamGetCaptureInfo = saved;
+  gpu_sync_ok(q.dev, 0);
+  assert_ok(ruda_staging_free(q.dev, in2));
+  assert_ok(ruda_staging_free(q.dev, out2));
+  request_close(&q);
+}
+
+typedef void (*hook_fn)(int on);
+
+/* cfg.auto_graphs: requests of three steps queued behind a worker held in
+ * a command (the mock's gated cuEventRecord) are issued as one graph once
+ * their shape was seen twice, moved onto each request's buffer by node
+ * updates; every buffer ends as the steps one by one leave it. */
+static void auto_graphs_replay_queued_runs(void **state) {
+  (void)state;
+  setenv("RUDA_AUTO_GRAPHS", "1", 1);
+  ruda_device *dev = gpu_open_cfg(1, "", 0);
+  unsetenv("RUDA_AUTO_GRAPHS");
+  graph_stats_fn stats = mock_graph_stats(dev);
+  hook_fn gate = NULL;
+  const char *path = getenv("RUDA_CUDA_DRIVER");
+  void *lib = gpu_is_mock(dev) && path != NULL ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+  if (lib != NULL) {
+    void *p = dlsym(lib, "ruda_mock_gate_records");
+    memcpy(&gate, &p, sizeof gate);
+    dlclose(lib);
+  }
+  if (stats == NULL || gate == NULL) {
+    test_close(dev);
+    gpu_skip("needs the mock driver's hooks to hold the worker");
+  }
+  assert_ok(ruda_kernel_source(dev, "step", SRC_STEP, NULL));
+  const unsigned n = 4096;
+  enum { REQ = 8 };
+  ruda_handle h[REQ];
+  for (int j = 0; j < REQ; j++) {
+    assert_ok(ruda_buffer_create(dev, 0, (uint64_t)n * 4, &h[j]));
+    zero(dev, 0, h[j], n);
+  }
+  gpu_sync_ok(dev, 0);
+  unsigned inst0, upd0, inst, upd;
+  stats(&inst0, &upd0);
+  gate(1);
+  ruda_future *held = NULL, *f[REQ];
+  assert_ok(ruda_sync_async(dev, 0, &held)); /* the worker stops in its record */
+  for (int j = 0; j < REQ; j++) {
+    for (unsigned k = 0; k < 3; k++) step(dev, 0, h[j], n, k);
+    assert_ok(ruda_sync_async(dev, 0, &f[j])); /* a wait point ends each run */
+  }
+  gate(0);
+  assert_ok(ruda_future_wait(held, NULL));
+  ruda_future_free(held);
+  for (int j = 0; j < REQ; j++) {
+    assert_ok(ruda_future_wait(f[j], NULL));
+    ruda_future_free(f[j]);
+    expect_all(dev, 0, h[j], n, 3, 0, "a request's buffer");
+  }
+  stats(&inst, &upd);
+  assert_int_equal(inst - inst0, 1); /* captured once, at the second sighting */
+  assert_true(upd - upd0 >= 3 * (REQ - 3)); /* each later run moved its three nodes */
+  uint64_t replayed = atomic_load(&dev->sched.workers[0].auto_cmds);
+  assert_int_equal(replayed, 3 * (REQ - 1));
+  for (int j = 0; j < REQ; j++) assert_ok(ruda_buffer_free(dev, 0, h[j]));
+  gpu_sync_ok(dev, 0);
+  test_close(dev);
+}
+
 /* ruda_graph_run serves requests synchronously: with the worker idle the
  * calling thread issues the replay itself, leaving a context the thread
  * had current as it found it. */
@@ -254,6 +425,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test(request_graph_moves_current_blocks),
       cmocka_unit_test(destroyed_with_replays_in_flight),
       cmocka_unit_test(run_serves_requests_in_place),
+      cmocka_unit_test(patched_replays_update_nodes),
+      cmocka_unit_test(patched_replays_capture_again_without_node_updates),
+      cmocka_unit_test(auto_graphs_replay_queued_runs),
   };
   return gpu_main("gpu_graph", tests, sizeof tests / sizeof tests[0], argc, argv);
 }

@@ -163,6 +163,7 @@ struct CUstream_st {
   /* Stream capture: work goes to this list instead of running. */
   int capturing;
   op *cap_head, *cap_tail;
+  CUgraphNode cap_dep; /* what cuStreamGetCaptureInfo hands out: the last op captured */
 };
 
 static void *stream_main(void *p) {
@@ -1107,12 +1108,22 @@ static CUresult m_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigne
 
 /* ---- graphs: a captured list of operations, replayed as copies ---- */
 
+/* A node is the op a capture recorded (CUgraphNode points at it); an
+ * executable graph holds copies, found again by their place in the list. */
 struct CUgraph_st {
   op *head;
 };
 struct CUgraphExec_st {
   op *head;
+  struct CUgraph_st *src; /* instantiated from: node updates name its ops */
 };
+
+/* Instantiations and executable-graph node updates so far (test hook). */
+static _Atomic unsigned graphs_instantiated, nodes_updated;
+EXPORT void ruda_mock_graph_stats(unsigned *instantiated, unsigned *updated) {
+  *instantiated = atomic_load(&graphs_instantiated);
+  *updated = atomic_load(&nodes_updated);
+}
 
 static op *op_copy(const op *o) {
   op *c = malloc(sizeof *c);
@@ -1167,7 +1178,83 @@ static CUresult m_cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigne
     *tail = op_copy(o);
     tail = &(*tail)->next;
   }
+  x->src = g;
+  atomic_fetch_add(&graphs_instantiated, 1);
   *e = x;
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g,
+                                         const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *ndeps) {
+  NEED_CTX();
+  pthread_mutex_lock(&s->lock);
+  *st = s->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+  if (id) *id = 1;
+  if (g) *g = NULL;
+  s->cap_dep = (CUgraphNode)s->cap_tail;
+  if (deps) *deps = &s->cap_dep;
+  if (edges) *edges = NULL;
+  if (ndeps) *ndeps = s->capturing && s->cap_tail ? 1 : 0;
+  pthread_mutex_unlock(&s->lock);
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuGraphNodeGetType(CUgraphNode n, CUgraphNodeType *t) {
+  const op *o = (const op *)n;
+  if (o->run == run_launch) *t = CU_GRAPH_NODE_TYPE_KERNEL;
+  else if (o->run == run_copy) *t = CU_GRAPH_NODE_TYPE_MEMCPY;
+  else *t = CU_GRAPH_NODE_TYPE_EMPTY;
+  return CUDA_SUCCESS;
+}
+/* A 1D copy's parameters; host sides are the page-locked ones. */
+static CUresult m_cuGraphMemcpyNodeGetParams(CUgraphNode n, CUDA_MEMCPY3D *c) {
+  const op *o = (const op *)n;
+  if (o->run != run_copy) return CUDA_ERROR_INVALID_VALUE;
+  memset(c, 0, sizeof *c);
+  c->srcMemoryType = in_ranges(&pinned, o->u.copy.src, o->u.copy.n) ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+  c->dstMemoryType = in_ranges(&pinned, o->u.copy.dst, o->u.copy.n) ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+  if (c->srcMemoryType == CU_MEMORYTYPE_HOST) c->srcHost = o->u.copy.src;
+  else c->srcDevice = (CUdeviceptr)(uintptr_t)o->u.copy.src;
+  if (c->dstMemoryType == CU_MEMORYTYPE_HOST) c->dstHost = o->u.copy.dst;
+  else c->dstDevice = (CUdeviceptr)(uintptr_t)o->u.copy.dst;
+  c->WidthInBytes = o->u.copy.n;
+  c->Height = c->Depth = 1;
+  return CUDA_SUCCESS;
+}
+/* The executable graph's copy of node n, or NULL. */
+static op *exec_op(CUgraphExec e, CUgraphNode n) {
+  op *x = e->head;
+  for (const op *o = e->src->head; o != NULL && x != NULL; o = o->next, x = x->next)
+    if (o == (const op *)n) return x;
+  return NULL;
+}
+static CUresult m_cuGraphExecKernelNodeSetParams(CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS *p) {
+  op *x = exec_op(e, n);
+  if (x == NULL || x->run != run_launch || p->func == NULL || p->func->k != x->u.launch.k)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!p->gridDimX || !p->gridDimY || !p->gridDimZ) return CUDA_ERROR_INVALID_VALUE;
+  unsigned g[3] = {p->gridDimX, p->gridDimY, p->gridDimZ}, b[3] = {p->blockDimX, p->blockDimY, p->blockDimZ};
+  memcpy(x->u.launch.g, g, sizeof g);
+  memcpy(x->u.launch.b, b, sizeof b);
+  x->u.launch.shared = p->sharedMemBytes;
+  const mock_kernel *k = x->u.launch.k;
+  for (int i = 0; i < k->nparams; i++)
+    memcpy(x->u.launch.params + param_offset(k->sizes, (size_t)i), p->kernelParams[i], k->sizes[i]);
+  atomic_fetch_add(&nodes_updated, 1);
+  return CUDA_SUCCESS;
+}
+static CUresult m_cuGraphExecMemcpyNodeSetParams(CUgraphExec e, CUgraphNode n, const CUDA_MEMCPY3D *c, CUcontext ctx) {
+  (void)ctx;
+  op *x = exec_op(e, n);
+  if (x == NULL || x->run != run_copy || c->WidthInBytes != x->u.copy.n) return CUDA_ERROR_INVALID_VALUE;
+  const void *src = c->srcMemoryType == CU_MEMORYTYPE_HOST ? c->srcHost : (const void *)(uintptr_t)c->srcDevice;
+  void *dst = c->dstMemoryType == CU_MEMORYTYPE_HOST ? c->dstHost : (void *)(uintptr_t)c->dstDevice;
+  if ((c->srcMemoryType != CU_MEMORYTYPE_HOST && !device_range(c->srcDevice, c->WidthInBytes)) ||
+      (c->dstMemoryType != CU_MEMORYTYPE_HOST && !device_range(c->dstDevice, c->WidthInBytes)))
+    return CUDA_ERROR_INVALID_VALUE;
+  free(x->u.copy.owned);
+  x->u.copy.owned = NULL;
+  x->u.copy.src = src;
+  x->u.copy.dst = dst;
+  atomic_fetch_add(&nodes_updated, 1);
   return CUDA_SUCCESS;
 }
 static CUresult m_cuGraphLaunch(CUgraphExec e, CUstream s) {
@@ -1255,7 +1342,9 @@ static CUresult m_cuGetErrorString(CUresult r, const char **s) {
   X(cuModuleGetFunction) X(cuFuncGetAttribute) X(cuFuncSetAttribute) X(cuLaunchKernel)             \
   X(cuGetErrorName) X(cuGetErrorString) X(cuFuncGetParamInfo) X(cuTensorMapEncodeTiled)           \
   X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuStreamBeginCapture) X(cuStreamEndCapture)              \
-  X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy)
+  X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy)          \
+  X(cuStreamGetCaptureInfo) X(cuGraphNodeGetType) X(cuGraphMemcpyNodeGetParams)                     \
+  X(cuGraphExecKernelNodeSetParams) X(cuGraphExecMemcpyNodeSetParams)
 
 #define MOCK_ENTRY(name) {#name, (void *)(__typeof__(&name))m_##name},
 static const struct {

@@ -504,6 +504,14 @@ static void capture_records_a_call_and_replays_run_it(void **state) {
   atomic_store(&test_gate_open, 1);
   test_read(dev, 1, ruda_bind(y), &got, sizeof got);
   assert_int_equal(got, 43);
+  /* A recorded call's buffers cannot be patched: refused whole, the graph
+   * left as recorded (it still bumps y). */
+  ruda_graph_patch p = ruda_graph_patch_buffer(RUDA_GRAPH_PATCH_DST, 0, ruda_bind(y));
+  assert_int_equal(ruda_graph_run_with(dev, 0, g, &p, 1, NULL), RUDA_EINVAL);
+  assert_non_null(strstr(ruda_error_message(ruda_last_error()), "library call"));
+  assert_ok(ruda_graph_run(dev, 0, g, NULL));
+  test_read(dev, 0, ruda_bind(y), &got, sizeof got);
+  assert_int_equal(got, 44);
   assert_ok(ruda_graph_destroy(dev, g));
   assert_ok(ruda_buffer_free(dev, 0, y));
   test_close(dev);

@@ -4,9 +4,11 @@
  * and sync storms on other threads' streams, graphs replayed on several
  * streams and destroyed with replays queued, library calls (ruda_call) in
  * place of some of those kernels, half the threads issuing in place,
- * kernels that launch on their own buffer. Every byte read back is
+ * kernels that launch on their own buffer, two graphs every thread
+ * replays with patches at once (moved onto its own buffer, or onto shared
+ * handles freed under its feet). Every byte read back is
  * checked; run under ASan and TSan by tools/test.sh.
- *   torture [-t threads] [-n iterations] */
+ *   torture [-t threads] [-n iterations] [-a 1: automatic request graphs on] */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -17,10 +19,13 @@
 #include "ruda/ruda.h"
 
 #define WORDS 64
-static int nthreads = 32, iters = 200;
+static int nthreads = 32, iters = 200, auto_graphs;
 static ruda_device *dev;
 static _Atomic int failures;
 static _Atomic(uint64_t) shared_h[16]; /* handles any thread may use or free: slot << 32 | gen */
+/* Recorded once, replayed by every thread with patches: two bumps of a
+ * buffer, and a peek of one. */
+static ruda_graph *bump2, *peek1;
 
 #define FAIL(...)                                        \
   do {                                                   \
@@ -132,7 +137,12 @@ static void *worker(void *p) {
     if (rc == 0) launch_bump(me, x, &rc);
     /* The second bump on one of four streams every thread shares (never
      * captured, so it is never recorded into someone's graph). */
-    if (rc == 0) (rng(&seed) & 1 ? launch_bump : call_bump)((uint64_t)nthreads + rng(&seed) % 4, x, &rc);
+    /* With -a 1, every other chain bumps twice on my stream: two launches
+     * and the read that waits, a run automatic request graphs replay. */
+    if (rc == 0) {
+      if (auto_graphs && (i & 1)) launch_bump(me, x, &rc);
+      else (rng(&seed) & 1 ? launch_bump : call_bump)((uint64_t)nthreads + rng(&seed) % 4, x, &rc);
+    }
     /* Every fourth chain, a kernel that bumps x and issues one more bump
      * of it on my stream: the sync lets it run, so the read follows what
      * it issued. */
@@ -170,6 +180,11 @@ static void *worker(void *p) {
       /* May be freed meanwhile: refused, never corrupting. */
       (rng(&seed) & 2 ? launch_peek : call_peek)(me, h, &rc);
       if (rc != 0 && rc != RUDA_ENOTFOUND) FAIL("thread %llu: shared launch: %s", (unsigned long long)t, ruda_err_name(rc));
+      /* The same through the shared graph, patched onto the handle. */
+      ruda_graph_patch pp = ruda_graph_patch_arg(0, 0, ruda_arg_in(ruda_bind(h)));
+      rc = ruda_graph_replay_with(dev, me, peek1, &pp, 1, NULL);
+      if (rc != 0 && rc != RUDA_ENOTFOUND)
+        FAIL("thread %llu: patched peek: %s", (unsigned long long)t, ruda_err_name(rc));
     } else {
       ruda_handle n;
       if (ruda_buffer_create(dev, me, sizeof src, &n) == 0) {
@@ -223,6 +238,20 @@ static void *worker(void *p) {
           FAIL("thread %llu: graph buffer holds %llu, 3 replays of 2 bumps make 6", (unsigned long long)t,
                (unsigned long long)got[0]);
       }
+      /* The shared graph moved onto g, replayed three times (every thread
+       * does so at some point, so replays of it race): 6 more. */
+      ruda_graph_patch pg[2] = {ruda_graph_patch_arg(0, 0, ruda_arg_buffer(ruda_bind(g))),
+                                ruda_graph_patch_arg(1, 0, ruda_arg_buffer(ruda_bind(g)))};
+      for (int r = 0; r < 3; r++)
+        if (ruda_graph_replay_with(dev, r == 0 ? me : (uint64_t)nthreads + rng(&seed) % 4, bump2, pg, 2, NULL) != 0)
+          FAIL("patched replay");
+      if (ruda_read(dev, me, &gd, got, sizeof got, &gf) == 0) {
+        if (ruda_future_wait(gf, NULL) != 0) FAIL("patched graph read");
+        ruda_future_free(gf);
+        if (got[0] != 12 || got[WORDS - 1] != 12)
+          FAIL("thread %llu: graph buffer holds %llu, 3 patched replays of 2 bumps more make 12",
+               (unsigned long long)t, (unsigned long long)got[0]);
+      }
       ruda_buffer_free(dev, me, g);
     }
   }
@@ -233,6 +262,7 @@ int main(int argc, char **argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "-t")) nthreads = atoi(argv[i + 1]);
     if (!strcmp(argv[i], "-n")) iters = atoi(argv[i + 1]);
+    if (!strcmp(argv[i], "-a")) auto_graphs = atoi(argv[i + 1]);
   }
   if (nthreads < 2 || nthreads > 256 || iters < 1) return 2;
   ruda_config cfg;
@@ -240,6 +270,7 @@ int main(int argc, char **argv) {
   cfg.backend = RUDA_BACKEND_HOST;
   cfg.num_streams = 8;
   cfg.log_level = RUDA_LOG_OFF;
+  cfg.auto_graphs = auto_graphs;
   if (ruda_device_open(&cfg, &dev) != 0 || ruda_host_kernel_register(dev, "bump", k_bump) != 0 ||
       ruda_host_kernel_register(dev, "peek", k_peek) != 0 || ruda_host_kernel_register(dev, "bump_nest", k_bump_nest) != 0)
     return 1;
@@ -248,9 +279,19 @@ int main(int argc, char **argv) {
     if (ruda_buffer_create(dev, 0, WORDS * 8, &h) != 0) return 1;
     atomic_store(&shared_h[k], ((uint64_t)h.slot << 32) | h.gen);
   }
+  ruda_handle rec;
+  if (ruda_buffer_create(dev, 0, WORDS * 8, &rec) != 0 || ruda_graph_begin_capture(dev, 0) != 0) return 1;
+  int rc0 = 0;
+  launch_bump(0, rec, &rc0);
+  launch_bump(0, rec, &rc0);
+  if (rc0 != 0 || ruda_graph_end_capture(dev, 0, &bump2) != 0 || ruda_graph_begin_capture(dev, 0) != 0) return 1;
+  launch_peek(0, rec, &rc0);
+  if (rc0 != 0 || ruda_graph_end_capture(dev, 0, &peek1) != 0) return 1;
   pthread_t th[256];
   for (int t = 0; t < nthreads; t++) pthread_create(&th[t], NULL, worker, (void *)(uintptr_t)t);
   for (int t = 0; t < nthreads; t++) pthread_join(th[t], NULL);
+  if (ruda_graph_destroy(dev, bump2) != 0 || ruda_graph_destroy(dev, peek1) != 0) FAIL("destroy shared graphs");
+  ruda_buffer_free(dev, 0, rec);
   for (int k = 0; k < 16; k++) {
     uint64_t hv = atomic_load(&shared_h[k]);
     ruda_handle h = {(uint32_t)(hv >> 32), (uint32_t)hv};

@@ -1,0 +1,210 @@
+/* auto_graph.c - automatic request graphs: a worker's recorded runs of
+ * launches and copies, replayed as one graph with what changed patched in
+ * (auto_graph.h has the rules).
+ *
+ * A small direct-mapped cache per worker, by a signature of the run's
+ * shape. The first sighting of a shape only notes it (the run goes one by
+ * one); the second records a template, a copy of that run's commands
+ * without pins, and replays it; later ones are compared with the template
+ * field by field (a signature clash replays nothing) and replay it with
+ * fixes for each buffer address and scalar that differs. The template's
+ * own addresses are never used for work: every replay patches each
+ * argument to the one its command carries, and the executable graph on
+ * cuda is patched back or forth accordingly (graph.c's dirty list). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "scheduler/auto_graph.h"
+#include "scheduler/sched.h"
+#include "scheduler/graph.h"
+
+#define WAYS 8u
+
+typedef struct entry {
+  uint64_t sig; /* 0: empty */
+  uint32_t n;
+  ruda_graph *g; /* the template, NULL until the second sighting */
+} entry;
+
+struct ruda__auto {
+  entry e[WAYS];
+};
+
+/* FNV-1a over the fields that make two runs replayable by one graph. */
+static uint64_t mix(uint64_t h, uint64_t v) {
+  for (int i = 0; i < 8; i++) h = (h ^ ((v >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+  return h;
+}
+
+static uint64_t signature(ruda__cmd *const *run, uint32_t n) {
+  uint64_t h = mix(0xcbf29ce484222325ull, n);
+  for (uint32_t i = 0; i < n; i++) {
+    const ruda__cmd *c = run[i];
+    h = mix(h, c->kind);
+    if (c->kind == RUDA__CMD_COPY) {
+      h = mix(h, c->u.copy.size);
+      continue;
+    }
+    const ruda__launch_cmd *l = &c->u.launch;
+    h = mix(h, (uint64_t)(uintptr_t)l->kernel);
+    h = mix(h, ((uint64_t)l->grid.x << 32) ^ ((uint64_t)l->grid.y << 16) ^ l->grid.z);
+    h = mix(h, ((uint64_t)l->block.x << 32) ^ ((uint64_t)l->block.y << 16) ^ l->block.z);
+    h = mix(h, ((uint64_t)l->shared_mem << 32) | l->nargs);
+    for (uint32_t j = 0; j < l->nargs; j++) h = mix(h, ((uint64_t)l->args[j].kind << 32) | l->args[j].size);
+  }
+  return h ? h : 1;
+}
+
+/* Same shape as the template's command t. */
+static int same_shape(const ruda__cmd *c, const ruda__cmd *t) {
+  if (c->kind != t->kind) return 0;
+  if (c->kind == RUDA__CMD_COPY) return c->u.copy.size == t->u.copy.size;
+  const ruda__launch_cmd *a = &c->u.launch, *b = &t->u.launch;
+  if (a->kernel != b->kernel || a->grid.x != b->grid.x || a->grid.y != b->grid.y || a->grid.z != b->grid.z ||
+      a->block.x != b->block.x || a->block.y != b->block.y || a->block.z != b->block.z ||
+      a->shared_mem != b->shared_mem || a->nargs != b->nargs)
+    return 0;
+  for (uint32_t j = 0; j < a->nargs; j++)
+    if (a->args[j].kind != b->args[j].kind || a->args[j].size != b->args[j].size) return 0;
+  return 1;
+}
+
+/* A copy of c without pins: its arguments and scalar bytes in its own
+ * trailing bytes. */
+static ruda__cmd *template_cmd(const ruda__cmd *c) {
+  size_t extra = 0;
+  if (c->kind == RUDA__CMD_LAUNCH) {
+    extra = c->u.launch.nargs * sizeof(ruda__karg);
+    for (uint32_t j = 0; j < c->u.launch.nargs; j++)
+      if (c->u.launch.args[j].kind == RUDA_ARG_SCALAR) extra += (c->u.launch.args[j].size + 7u) & ~7u;
+  }
+  ruda__cmd *t = ruda__cmd_alloc(extra);
+  if (t == NULL) return NULL;
+  t->kind = c->kind;
+  t->stream = c->stream;
+  t->seq = c->seq;
+  t->u = c->u;
+  if (c->kind == RUDA__CMD_LAUNCH) {
+    ruda__karg *args = (ruda__karg *)ruda__cmd_extra(t);
+    unsigned char *bytes = (unsigned char *)(args + c->u.launch.nargs);
+    for (uint32_t j = 0; j < c->u.launch.nargs; j++) {
+      args[j] = c->u.launch.args[j];
+      if (args[j].kind == RUDA_ARG_SCALAR) {
+        memcpy(bytes, args[j].bytes, args[j].size);
+        args[j].bytes = bytes;
+        bytes += (args[j].size + 7u) & ~7u;
+      }
+    }
+    t->u.launch.args = args;
+  }
+  return t;
+}
+
+static void template_free(struct ruda__sched *sch, ruda_graph *g) {
+  if (g == NULL) return;
+  if (g->exec != NULL && sch->ops->graph_release != NULL) sch->ops->graph_release(sch->bstate, g->exec);
+  for (uint32_t i = 0; i < g->n; i++) ruda__cmd_free(g->cmds[i]);
+  free(g->cmds);
+  pthread_mutex_destroy(&g->exec_lock);
+  pthread_mutex_destroy(&g->issue_lock);
+  free(g);
+}
+
+static ruda_graph *template_new(struct ruda__sched *sch, ruda__cmd *const *run, uint32_t n) {
+  ruda_graph *g = calloc(1, sizeof *g);
+  if (g == NULL) return NULL;
+  g->sch = sch;
+  g->stream = run[0]->stream->id;
+  pthread_mutex_init(&g->exec_lock, NULL);
+  pthread_mutex_init(&g->issue_lock, NULL);
+  atomic_init(&g->refs, 1);
+  if ((g->cmds = calloc(n, sizeof *g->cmds)) == NULL) {
+    template_free(sch, g);
+    return NULL;
+  }
+  for (; g->n < n; g->n++)
+    if ((g->cmds[g->n] = template_cmd(run[g->n])) == NULL) {
+      template_free(sch, g);
+      return NULL;
+    }
+  return g;
+}
+
+/* The fixes that turn the template into run; the count, or UINT32_MAX
+ * when more than fit. */
+static uint32_t fixes(const ruda_graph *g, ruda__cmd *const *run, uint32_t n, ruda__graph_fix *fix) {
+  uint32_t nf = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    const ruda__cmd *c = run[i], *t = g->cmds[i];
+    if (c->kind == RUDA__CMD_COPY) {
+      if (c->u.copy.src != t->u.copy.src) {
+        if (nf == RUDA_GRAPH_MAX_PATCHES) return UINT32_MAX;
+        fix[nf++] = (ruda__graph_fix){.cmd = i, .kind = RUDA_GRAPH_PATCH_SRC, .addr = c->u.copy.src};
+      }
+      if (c->u.copy.dst != t->u.copy.dst) {
+        if (nf == RUDA_GRAPH_MAX_PATCHES) return UINT32_MAX;
+        fix[nf++] = (ruda__graph_fix){.cmd = i, .kind = RUDA_GRAPH_PATCH_DST, .addr = c->u.copy.dst};
+      }
+      continue;
+    }
+    for (uint32_t j = 0; j < c->u.launch.nargs; j++) {
+      const ruda__karg *a = &c->u.launch.args[j], *b = &t->u.launch.args[j];
+      const int differs = a->kind == RUDA_ARG_SCALAR ? memcmp(a->bytes, b->bytes, a->size) != 0 : a->addr != b->addr;
+      if (!differs) continue;
+      if (nf == RUDA_GRAPH_MAX_PATCHES) return UINT32_MAX;
+      fix[nf++] = (ruda__graph_fix){.cmd = i, .kind = RUDA_GRAPH_PATCH_ARG, .index = j, .size = a->size,
+                                    .addr = a->addr, .bytes = a->bytes};
+    }
+  }
+  return nf;
+}
+
+uint32_t ruda__auto_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n, int *rc, ruda_error **err) {
+  struct ruda__sched *sch = w->sch;
+  *rc = 0;
+  *err = NULL;
+  if (w->autog == NULL && (w->autog = calloc(1, sizeof *w->autog)) == NULL) return 0;
+  const uint64_t sig = signature(run, n);
+  entry *e = &w->autog->e[sig % WAYS];
+  if (e->sig != sig || e->n != n) { /* first sighting: noted, run one by one */
+    template_free(sch, e->g);
+    *e = (entry){sig, n, NULL};
+    return 0;
+  }
+  ruda__graph_fix fix[RUDA_GRAPH_MAX_PATCHES];
+  uint32_t nf = 0;
+  if (e->g == NULL) {
+    if ((e->g = template_new(sch, run, n)) == NULL) return 0;
+  } else {
+    for (uint32_t i = 0; i < n; i++)
+      if (!same_shape(run[i], e->g->cmds[i])) return 0; /* another shape under this signature */
+    if ((nf = fixes(e->g, run, n, fix)) == UINT32_MAX) return 0;
+  }
+  uint32_t failed = 0;
+  *rc = ruda__graph_run(w, e->g, fix, nf, &failed, err);
+  if (*rc == 0) {
+    atomic_fetch_add_explicit(&w->auto_cmds, n, memory_order_relaxed);
+    return n;
+  }
+  if (sch->ops->graph_replay == NULL && failed > 0) {
+    /* Run in order up to the failure, which is run[failed - 1]'s own. */
+    atomic_fetch_add_explicit(&w->auto_cmds, failed, memory_order_relaxed);
+    return failed - 1;
+  }
+  /* A backend graph that failed launched nothing: the commands go one by
+   * one, reporting whatever fails as they always do; the shape is
+   * forgotten rather than captured again. */
+  ruda_error_free(*err);
+  *err = NULL;
+  *rc = 0;
+  template_free(sch, e->g);
+  *e = (entry){0, 0, NULL};
+  return 0;
+}
+
+void ruda__auto_free(ruda__worker *w) {
+  if (w->autog == NULL) return;
+  for (uint32_t i = 0; i < WAYS; i++) template_free(w->sch, w->autog->e[i].g);
+  free(w->autog);
+  w->autog = NULL;
+}

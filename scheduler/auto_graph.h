@@ -1,0 +1,50 @@
+/* auto_graph.h - automatic request graphs (scheduler/auto_graph.c).
+ *
+ * With cfg.auto_graphs (RUDA_AUTO_GRAPHS=1), a worker that finds, in the
+ * batch it took, several launches and copies of one stream in a row (a
+ * run: no other stream's command, no cross-stream wait or mark, no write
+ * between them) ending at a wait point of that stream (a read, sync or
+ * flush) replays the run as one backend graph once it has seen the same
+ * run twice: same kernels, grids, blocks, shared
+ * memory, argument kinds and scalar sizes, copy sizes. What differs from
+ * the recorded run (buffer addresses, scalar bytes) is patched in
+ * (scheduler/graph.c's fixes, the executable graph's node updates on
+ * cuda). Worker only; off while commands are observed (RUDA_TRACE, NVTX,
+ * RUDA_WORKER_STATS) or RUDA_LAUNCH_BLOCKING is on, so those still see
+ * each command. */
+#ifndef RUDA_AUTO_GRAPH_H
+#define RUDA_AUTO_GRAPH_H
+
+#include <stdint.h>
+
+#include "scheduler/scheduler.h"
+
+/* Commands in one run, at most. */
+#define RUDA__AUTO_MAX 16u
+
+/* Whether cmd may be part of a run (a launch or a copy with nothing the
+ * worker must do beside issuing it). */
+static inline int ruda__auto_eligible(const ruda__cmd *cmd) {
+  return (cmd->kind == RUDA__CMD_LAUNCH && cmd->u.launch.flags == 0) || cmd->kind == RUDA__CMD_COPY;
+}
+
+/* Whether cmd, right after a run of its stream, is the wait point that
+ * makes the run replayable: a read, sync or flush of that stream (the
+ * client waits there, so the run is a whole request). */
+static inline int ruda__auto_wait_point(const ruda__cmd *cmd, const ruda__stream *s) {
+  return cmd->stream == s &&
+         (cmd->kind == RUDA__CMD_READ || cmd->kind == RUDA__CMD_SYNC || cmd->kind == RUDA__CMD_FENCE);
+}
+
+/* Worker: issues run[0..n) (one stream's, n >= 2) as one graph when the
+ * run is known. Returns how many of its first commands were issued
+ * without a failure; when *rc is non-zero, run[that count] failed too,
+ * with *err (issued: report and finish it). The caller runs the rest one
+ * by one as usual: all of them when the run was not replayed, or when a
+ * backend graph failed before anything of it was launched. */
+uint32_t ruda__auto_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n, int *rc, ruda_error **err);
+
+/* Worker stop: frees the worker's recorded runs. */
+void ruda__auto_free(ruda__worker *w);
+
+#endif /* RUDA_AUTO_GRAPH_H */

@@ -1,0 +1,216 @@
+/* auto_graph.c - automatic request graphs on the host backend
+ * (cfg.auto_graphs, scheduler/auto_graph.c): runs of one stream's
+ * launches and copies queued behind a busy worker are replayed as graphs
+ * with what changed patched in, and give the same results, the same
+ * errors (messages included) and the same cross-stream order as with the
+ * feature off; observed workers and RUDA_LAUNCH_BLOCKING keep it off. */
+#include "common.h"
+#include "src/device.h"
+
+#define N 16
+
+static int k_addk(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  uint64_t *x = args[0], k = *(const uint64_t *)args[1];
+  for (int i = 0; i < N; i++) x[i] = x[i] * 3 + k;
+  return 0;
+}
+
+/* Fails when its scalar is odd. */
+static int k_check(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  return (*(const uint64_t *)args[1] & 1) ? RUDA_EGENERIC : 0;
+}
+
+static ruda_device *open_auto(int on, uint32_t streams) {
+  ruda_config cfg;
+  ruda_config_init(&cfg);
+  cfg.backend = RUDA_BACKEND_HOST;
+  cfg.num_streams = streams;
+  cfg.log_level = RUDA_LOG_OFF;
+  cfg.auto_graphs = on;
+  ruda_device *dev = NULL;
+  assert_ok(ruda_device_open(&cfg, &dev));
+  const ruda_host_param bk[2] = {{RUDA_ARG_BUFFER, 0}, {RUDA_ARG_SCALAR, 8}};
+  assert_ok(ruda_host_kernel_register_typed(dev, "addk", k_addk, bk, 2));
+  assert_ok(ruda_host_kernel_register_typed(dev, "check", k_check, bk, 2));
+  assert_ok(ruda_host_kernel_register(dev, "gate", test_gate_kernel));
+  return dev;
+}
+
+static uint64_t auto_cmds(ruda_device *dev) {
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < dev->sched.nworkers; i++) n += atomic_load(&dev->sched.workers[i].auto_cmds);
+  return n;
+}
+
+static void addk(ruda_device *dev, ruda_stream_id s, ruda_handle x, uint64_t k) {
+  ruda_arg a[2] = {ruda_arg_buffer(ruda_bind(x)), ruda_arg_scalar(&k, sizeof k)};
+  assert_ok(test_launch(dev, s, "addk", a, 2));
+}
+
+/* One script, the same on both devices: behind a gate on the worker,
+ * requests on rotating buffer sets (addk x, addk x, copy y <- x, addk y,
+ * check y, then a read of y), a failing check now and then, a stream
+ * that writes a buffer the others then use. Returns every byte read and
+ * every error message, in order, into out (NUL-separated), the bytes
+ * and the messages apart. */
+/* What a run saw: the bytes of every read, and each stream's errors in
+ * the order they came back (which wait hands an error back depends on
+ * timing; the errors of a stream and their order do not). */
+typedef struct trail {
+  char data[1 << 17], errs[3][1 << 15];
+  size_t ndata, nerrs[3];
+} trail;
+
+static void note_error(trail *t, const ruda_error *e) {
+  const char *m = ruda_error_message(e);
+  uint64_t s = ruda_error_stream(e);
+  assert_true(s < 3);
+  assert_true(t->nerrs[s] + strlen(m) + 16 < sizeof t->errs[s]);
+  t->nerrs[s] += (size_t)snprintf(t->errs[s] + t->nerrs[s], sizeof t->errs[s] - t->nerrs[s], "%d %s",
+                                  ruda_error_code(e), m) + 1;
+}
+
+static void script(int on, trail *t, uint64_t *replayed) {
+  ruda_device *dev = open_auto(on, 2); /* streams 0, 2 share worker 0; 1 is worker 1 */
+  ruda_handle x[3], y[3];
+  const uint64_t zero[N] = {0};
+  for (int i = 0; i < 3; i++) {
+    assert_ok(ruda_buffer_create(dev, 0, sizeof zero, &x[i]));
+    assert_ok(ruda_buffer_create(dev, 0, sizeof zero, &y[i]));
+    test_write(dev, 0, ruda_bind(x[i]), zero, sizeof zero);
+    test_write(dev, 0, ruda_bind(y[i]), zero, sizeof zero);
+  }
+  assert_ok(ruda_sync(dev, 0, NULL));
+  memset(t->nerrs, 0, sizeof t->nerrs);
+  t->ndata = 0;
+  unsigned seed = 7;
+  for (int round = 0; round < 6; round++) {
+    /* Stream 1 writes x[2] first: the requests using it wait for that. */
+    atomic_store(&test_gate_open, 0);
+    assert_ok(test_launch(dev, 1, "gate", NULL, 0));
+    addk(dev, 1, x[2], 1000 + (uint64_t)round);
+    assert_ok(test_launch(dev, 0, "gate", NULL, 0));
+    ruda_future *f[8];
+    uint64_t got[8][N];
+    for (int r = 0; r < 8; r++) {
+      const int j = (int)(rand_r(&seed) % 3);
+      const ruda_stream_id s = (r % 3 == 2) ? 2 : 0;
+      addk(dev, s, x[j], (uint64_t)rand_r(&seed) % 50);
+      addk(dev, s, x[j], 7);
+      assert_ok(ruda_copy(dev, s, ruda_bind(y[j]), ruda_bind(x[j])));
+      addk(dev, s, y[j], (uint64_t)r);
+      uint64_t v = (rand_r(&seed) % 5 == 0) ? 1 : 2; /* odd: fails */
+      ruda_arg a[2] = {ruda_arg_buffer(ruda_bind(y[j])), ruda_arg_scalar(&v, sizeof v)};
+      assert_ok(test_launch(dev, s, "check", a, 2));
+      ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(y[j]));
+      assert_ok(ruda_read(dev, s, &d, got[r], sizeof got[r], &f[r]));
+    }
+    atomic_store(&test_gate_open, 1);
+    for (int r = 0; r < 8; r++) {
+      ruda_error *err = NULL;
+      int rc = ruda_future_wait(f[r], &err);
+      ruda_future_free(f[r]);
+      assert_true(t->ndata + sizeof got[r] <= sizeof t->data);
+      memcpy(t->data + t->ndata, got[r], sizeof got[r]);
+      t->ndata += sizeof got[r];
+      /* Which wait hands an error back depends on timing; the errors and
+       * their order do not. */
+      assert_true(rc == 0 || rc == RUDA_EUNHEALTHY);
+      for (const ruda_error *e = ruda_error_cause(err); e != NULL; e = ruda_error_next(e)) note_error(t, e);
+      ruda_error_free(err);
+    }
+  }
+  ruda_error *rest = NULL;
+  (void)ruda_device_sync(dev, &rest);
+  for (const ruda_error *e = rest; e != NULL; e = ruda_error_next(e))
+    for (const ruda_error *c = ruda_error_cause(e); c != NULL; c = ruda_error_next(c)) note_error(t, c);
+  ruda_error_free(rest);
+  *replayed = auto_cmds(dev);
+  for (int i = 0; i < 3; i++) {
+    assert_ok(ruda_buffer_free(dev, 0, x[i]));
+    assert_ok(ruda_buffer_free(dev, 0, y[i]));
+  }
+  test_close(dev);
+}
+
+static void same_results_errors_and_order_as_one_by_one(void **state) {
+  (void)state;
+  static trail off, on;
+  uint64_t r_off = 0, r_on = 0;
+  script(0, &off, &r_off);
+  script(1, &on, &r_on);
+  assert_int_equal(r_off, 0);
+  assert_true(r_on > 100); /* most runs went as graphs */
+  assert_int_equal(on.ndata, off.ndata);
+  assert_memory_equal(on.data, off.data, off.ndata);
+  for (int st = 0; st < 3; st++) {
+    assert_int_equal(on.nerrs[st], off.nerrs[st]);
+    assert_memory_equal(on.errs[st], off.errs[st], off.nerrs[st]);
+  }
+  /* The failures are there, named as the command that failed. */
+  assert_non_null(memmem(on.errs[0], on.nerrs[0], "ruda_launch \"check\" (stream 0, command #", 40));
+  assert_non_null(memmem(on.errs[2], on.nerrs[2], "ruda_launch \"check\" (stream 2, command #", 40));
+}
+
+/* Observed workers and RUDA_LAUNCH_BLOCKING issue each command alone. */
+static void observed_or_blocking_workers_keep_each_command(void **state) {
+  (void)state;
+  for (int mode = 0; mode < 2; mode++) {
+    if (mode == 0) setenv("RUDA_WORKER_STATS", "1", 1);
+    ruda_config cfg;
+    ruda_config_init(&cfg);
+    cfg.backend = RUDA_BACKEND_HOST;
+    cfg.num_streams = 1;
+    cfg.log_level = RUDA_LOG_OFF;
+    cfg.auto_graphs = 1;
+    cfg.launch_blocking = mode == 1;
+    ruda_device *dev = NULL;
+    assert_ok(ruda_device_open(&cfg, &dev)); /* workers read RUDA_WORKER_STATS as they start */
+    const ruda_host_param bk[2] = {{RUDA_ARG_BUFFER, 0}, {RUDA_ARG_SCALAR, 8}};
+    assert_ok(ruda_host_kernel_register_typed(dev, "addk", k_addk, bk, 2));
+    assert_ok(ruda_host_kernel_register(dev, "gate", test_gate_kernel));
+    ruda_handle x;
+    assert_ok(ruda_buffer_create(dev, 0, N * 8, &x));
+    atomic_store(&test_gate_open, 0);
+    assert_ok(test_launch(dev, 0, "gate", NULL, 0));
+    for (int r = 0; r < 10; r++) {
+      addk(dev, 0, x, 1);
+      addk(dev, 0, x, 2);
+      ruda_future *f = NULL; /* a wait point between the runs */
+      assert_ok(ruda_sync_async(dev, 0, &f));
+      ruda_future_free(f);
+    }
+    atomic_store(&test_gate_open, 1);
+    assert_ok(ruda_sync(dev, 0, NULL));
+    assert_int_equal(auto_cmds(dev), 0);
+    assert_ok(ruda_buffer_free(dev, 0, x));
+    test_close(dev);
+    unsetenv("RUDA_WORKER_STATS");
+  }
+}
+
+/* The switch: RUDA_AUTO_GRAPHS, off by default. */
+static void the_environment_turns_it_on(void **state) {
+  (void)state;
+  ruda_config cfg;
+  unsetenv("RUDA_AUTO_GRAPHS");
+  ruda_config_init(&cfg);
+  assert_int_equal(cfg.auto_graphs, 0);
+  setenv("RUDA_AUTO_GRAPHS", "1", 1);
+  ruda_config_init(&cfg);
+  assert_int_equal(cfg.auto_graphs, 1);
+  setenv("RUDA_AUTO_GRAPHS", "0", 1);
+  ruda_config_init(&cfg);
+  assert_int_equal(cfg.auto_graphs, 0);
+  unsetenv("RUDA_AUTO_GRAPHS");
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(same_results_errors_and_order_as_one_by_one),
+    cmocka_unit_test(observed_or_blocking_workers_keep_each_command),
+    cmocka_unit_test(the_environment_turns_it_on),
+};
+
+TEST_MAIN("auto_graph", tests)
