@@ -2,11 +2,18 @@
  *
  * A backend is a table of operations, in the manner of jemalloc's extent
  * hooks: `host` runs everything on the CPU, `cuda` drives the Driver API.
- * Worker-side operations (write, read, copy, launch, record) run on the
- * stream's worker thread with the state worker_start made; the rest may run
+ * "Worker side" (the ops marked Worker: below, and write, read, copy,
+ * launch, record) means: called by whoever holds the worker's exec word,
+ * with the wstate worker_start made. That is the worker thread for each
+ * batch and its progress, or a client thread running one command in place
+ * (scheduler/inline.c) after exec_enter made the device current on it.
+ * Never two threads at once for one wstate, but not always the same
+ * thread: a backend keeps no thread-local state for a worker. worker_start
+ * and worker_stop run on the worker thread itself. The other ops may run
  * on any thread. Operations that fail return a negative RUDA_E* code and,
- * when they run on a worker, an owned error in *err (NULL if even that
- * allocation failed; the caller then counts a lost error).
+ * on the worker side, an owned error in *err (NULL if even that
+ * allocation failed; the caller then counts a lost error). Who may touch
+ * which field of a worker: scheduler/scheduler.h, struct ruda__worker.
  */
 #ifndef RUDA_BACKEND_H
 #define RUDA_BACKEND_H
@@ -135,6 +142,10 @@ typedef struct ruda__exec_guard {
 
 typedef struct ruda__backend_ops {
   const char *name;
+  /* Capabilities, read by the API layer instead of naming a backend.
+   * host_kernels: kernels are C functions (ruda_host_kernel_register);
+   * otherwise they are CUDA C or images for the device (ruda_kernel_*). */
+  unsigned host_kernels : 1;
   /* Opens the backend; fills *limits. Failure: ruda__fail(). */
   int (*open)(const ruda__backend_env *env, void **state, ruda__limits *limits);
   void (*close)(void *state);

@@ -4,7 +4,7 @@
  * Memory must know when a page that worker w's commands used may go to
  * another worker: once w's work pushed before the page was returned has
  * completed on the device. It asks through this narrow table, which the
- * scheduler implements (scheduler/fence.c) with fences: internal sync
+ * scheduler implements (scheduler/progress.c) with fences: internal sync
  * commands on w's queue whose completion is polled. So memory never builds
  * a command, and the scheduler, which sits above memory, is never called
  * by name from below.

@@ -562,7 +562,7 @@ int main(int argc, char **argv) {
   uint64_t c0 = now_ns(), c1 = c0;
   for (int i = 0; i < 1000; i++) c1 = now_ns();
   printf("# bench_memory: backend %s (%s), %u workers; clock pair %.0f ns (included)\n",
-         ruda_device_backend(dev), dev->limits.name, dev->nworkers, (double)(c1 - c0) / 1000.0);
+         ruda_device_backend(dev), dev->limits.name, dev->sched.nworkers, (double)(c1 - c0) / 1000.0);
 
   if (!only_amp) {
     printf("\n## alloc+free pairs, %.2f s per case (ns per pair; Mpairs/s over all threads)\n\n", seconds);

@@ -52,7 +52,7 @@
 #include "ruda/ruda.h"
 /* -b reads the scheduler's own counters (struct ruda_device): bench_serve
  * links the internal library on every backend. */
-#include "scheduler/device.h"
+#include "src/device.h"
 
 #ifdef RUDA_BENCH_CUDA
 #include "backends/cuda/cu_loader.h"
@@ -551,8 +551,8 @@ typedef struct counters {
 } counters;
 
 static counters counters_of(ruda_device *dev) {
-  counters c = {atomic_load(&dev->order.marks), atomic_load(&dev->order.waits), 0};
-  for (uint32_t i = 0; i < dev->nworkers; i++) c.in_place += dev->workers[i].in_place_runs;
+  counters c = {atomic_load(&dev->sched.order.marks), atomic_load(&dev->sched.order.waits), 0};
+  for (uint32_t i = 0; i < dev->sched.nworkers; i++) c.in_place += dev->sched.workers[i].in_place_runs;
   return c;
 }
 

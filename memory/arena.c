@@ -1,4 +1,4 @@
-/* arena.c - the device arena, backend pages, fences, lifecycle.
+/* arena.c - the device arena and its backend pages (memory/arena.h).
  *
  * The arena holds pages no stream's pools hold, in one shard per worker. A
  * page returned by a pool on worker W goes to W's shard; it may be taken
@@ -18,8 +18,10 @@
 #include <time.h>
 
 #include "base/error.h"
-#include "memory/pool.h"
 #include "base/sync.h"
+#include "memory/arena.h"
+#include "memory/fence.h"
+#include "memory/memory.h"
 
 /* Free pages the arena keeps: an eighth of the pages in use, at least
  * this much. Past it, the oldest pages whose fences passed are freed; the
@@ -35,8 +37,6 @@
 #define PEAK_SHARE 4
 /* How long an out-of-memory retry waits for workers to pass fences. */
 #define OOM_WAIT_NS (50ull * 1000 * 1000)
-/* Fences a worker may have in flight for returned pages. */
-#define FENCES_IN_FLIGHT 4
 /* Arena pages examined per bucket before giving up on it. */
 #define SCAN_MAX 32
 
@@ -89,98 +89,6 @@ static void bucket_unlink(ruda__arena *arena, ruda__shard *a, ruda__page *pg) {
   atomic_fetch_sub_explicit(&arena->free_bytes, pg->size, memory_order_relaxed);
 }
 
-/* ---- fences ---- */
-
-/* Whether everything pushed to w is known complete without a fence. */
-static int worker_idle(ruda__memory *mem, uint32_t w) {
-  return mem->progress.ops->idle(mem->progress.ctx, w);
-}
-
-static void fence_issue(ruda__memory *mem, ruda__wfence *f, uint32_t w) {
-  const ruda__progress *pr = &mem->progress;
-  if (pr->ops->closing(pr->ctx)) {
-    /* Closing: workers drain everything queued before they stop, and
-     * nothing is reused after; count the fence as passed. */
-    atomic_store_explicit(&f->passed, ++f->created, memory_order_release);
-    return;
-  }
-  ruda__fence *node = malloc(sizeof *node);
-  void *token = node ? pr->ops->fence_issue(pr->ctx, w) : NULL;
-  if (token == NULL) { /* no host memory: a later poll tries again */
-    free(node);
-    return;
-  }
-  node->seq = ++f->created;
-  f->nflight++;
-  node->token = token;
-  node->next = NULL;
-  if (f->tail) f->tail->next = node;
-  else f->head = node;
-  f->tail = node;
-}
-
-static void fence_poll(ruda__memory *mem, ruda__wfence *f, uint32_t w) {
-  const ruda__progress *pr = &mem->progress;
-  while (f->head != NULL && pr->ops->fence_done(pr->ctx, f->head->token)) {
-    ruda__fence *node = f->head;
-    /* A fence that failed to record was still passed by its worker, which
-     * is what reuse needs on the host; a CUDA context that cannot record
-     * events is faulted. */
-    atomic_store_explicit(&f->passed, node->seq, memory_order_release);
-    f->head = node->next;
-    f->nflight--;
-    if (f->head == NULL) f->tail = NULL;
-    pr->ops->fence_free(pr->ctx, node->token);
-    free(node);
-  }
-  if (f->nflight < FENCES_IN_FLIGHT && f->wanted > f->created) fence_issue(mem, f, w);
-}
-
-uint64_t ruda__fence_need(ruda__memory *mem, uint32_t w, int executed) {
-  ruda__memory *m = mem;
-  /* Number 0 has always passed. */
-  if (mem->ops->event_query == NULL && (executed || worker_idle(mem, w))) return 0;
-  pthread_mutex_lock(&m->fence_lock);
-  ruda__wfence *f = &m->fences[w];
-  /* When every use already ran on w, a fence w has not run yet comes
-   * after them: join it. */
-  if (executed && f->tail != NULL && !mem->progress.ops->fence_reached(mem->progress.ctx, f->tail->token)) {
-    uint64_t seq = f->tail->seq;
-    pthread_mutex_unlock(&m->fence_lock);
-    return seq;
-  }
-  uint64_t need = f->created + 1;
-  if (f->wanted < need) f->wanted = need;
-  /* Returned pages share a few fences in flight per worker, which bounds
-   * the sync commands a burst of returns costs while a page still waits
-   * one round trip, not two, when streams trade pages quickly; retired
-   * buffers get theirs at once, so usage figures settle as soon as the
-   * workers pass them. */
-  if (executed || f->nflight < FENCES_IN_FLIGHT) fence_issue(mem, f, w);
-  else fence_poll(mem, f, w);
-  pthread_mutex_unlock(&m->fence_lock);
-  return need;
-}
-
-int ruda__fence_passed(ruda__memory *mem, uint32_t w, uint64_t need) {
-  ruda__memory *m = mem;
-  if (need == 0) return 1;
-  ruda__wfence *f = &m->fences[w];
-  if (atomic_load_explicit(&f->passed, memory_order_acquire) >= need || worker_idle(mem, w)) return 1;
-  pthread_mutex_lock(&m->fence_lock);
-  if (f->passed < need) fence_poll(mem, f, w);
-  int r = f->passed >= need;
-  pthread_mutex_unlock(&m->fence_lock);
-  return r;
-}
-
-void ruda__fence_poll_all(ruda__memory *mem) {
-  ruda__memory *m = mem;
-  pthread_mutex_lock(&m->fence_lock);
-  for (uint32_t w = 0; w < m->nworkers; w++) fence_poll(mem, &m->fences[w], w);
-  pthread_mutex_unlock(&m->fence_lock);
-}
-
 /* ---- pages ---- */
 
 static ruda__page *page_new(ruda__memory *mem, uint64_t size, uint64_t base) {
@@ -231,29 +139,14 @@ void ruda__page_discard(ruda__memory *mem, ruda__page *pg) {
   page_forget(mem, pg);
 }
 
-/* Asks every stream's pools to give their unused pages back; the caller
- * holds own's lock (others' are only tried, so two threads reclaiming at
- * once cannot deadlock). */
-static void reclaim_pools(ruda__memory *mem, ruda__pools *own) {
-  if (own) ruda__pools_release_unused(own);
-  pthread_mutex_lock(&mem->all_lock);
-  ruda__pools *q = mem->all; /* the list only grows at its head */
-  pthread_mutex_unlock(&mem->all_lock);
-  for (; q != NULL; q = q->all_next) {
-    if (q == own || pthread_mutex_trylock(&q->lock) != 0) continue;
-    ruda__pools_release_unused(q);
-    pthread_mutex_unlock(&q->lock);
-  }
-}
-
 /* The backend call, retried once after releasing cached pages. */
-static int backend_alloc(ruda__memory *mem, ruda__pools *p, uint64_t size, uint64_t request,
+static int backend_alloc(ruda__memory *mem, struct ruda__pools *own, uint64_t size, uint64_t request,
                          const char *fn, uint64_t *addr) {
   ruda__arena *a = &mem->arena;
   atomic_fetch_add(&a->backend_allocs, 1);
   int rc = mem->ops->mem_alloc(mem->bstate, size, addr);
   if (rc != RUDA_EOUTOFMEMORY) return rc;
-  reclaim_pools(mem, p);
+  mem->reclaim(mem, own);
   uint64_t released = ruda__arena_trim(mem, 0, OOM_WAIT_NS);
   atomic_fetch_add(&a->backend_allocs, 1);
   rc = mem->ops->mem_alloc(mem->bstate, size, addr);
@@ -277,13 +170,6 @@ static uint64_t retain(ruda__arena *a) {
   return used / RETAIN_SHARE > RETAIN_MIN ? used / RETAIN_SHARE : RETAIN_MIN;
 }
 
-/* Whether worker w is known to have passed fence need, without polling or
- * taking fence_lock. */
-static int fence_seen(ruda__memory *mem, uint32_t w, uint64_t need) {
-  return need == 0 || atomic_load_explicit(&mem->fences[w].passed, memory_order_acquire) >= need ||
-         worker_idle(mem, w);
-}
-
 /* A page of size..max_size from shard a (of worker `owner`) that worker w
  * may use; NULL if none. */
 static ruda__page *shard_find(ruda__memory *mem, ruda__shard *a, uint32_t owner, uint32_t w, uint64_t size,
@@ -301,7 +187,7 @@ static ruda__page *shard_find(ruda__memory *mem, ruda__shard *a, uint32_t owner,
         /* The worker's own returns need no fence; a page it takes back
          * before the fence passed stays dirty, so that its next return
          * fences again. */
-        pg->dirty = (uint8_t)!fence_seen(mem, owner, pg->need);
+        pg->dirty = (uint8_t)!ruda__fence_seen(mem, owner, pg->need);
       } else {
         if (!ruda__fence_passed(mem, owner, pg->need)) continue;
         pg->dirty = 0;
@@ -315,9 +201,9 @@ static ruda__page *shard_find(ruda__memory *mem, ruda__shard *a, uint32_t owner,
   return found;
 }
 
-ruda__page *ruda__arena_find(ruda__memory *mem, ruda__pools *p, uint64_t size, uint64_t max_size) {
+ruda__page *ruda__arena_find(ruda__memory *mem, uint32_t w, uint64_t size, uint64_t max_size) {
   ruda__arena *a = &mem->arena;
-  const uint32_t n = a->nshards, w = p->worker;
+  const uint32_t n = a->nshards;
   ruda__page *pg = shard_find(mem, &a->shards[w], w, w, size, max_size);
   for (uint32_t i = 1; pg == NULL && i < n; i++) {
     uint32_t o = (w + i) % n;
@@ -340,9 +226,9 @@ static void trim_to(ruda__memory *mem, uint32_t first, uint64_t keep) {
   }
 }
 
-ruda__page *ruda__arena_take(ruda__memory *mem, ruda__pools *p, uint64_t size, uint64_t max_size,
+ruda__page *ruda__arena_take(ruda__memory *mem, uint32_t w, struct ruda__pools *own, uint64_t size, uint64_t max_size,
                              int virtual_ok, const char *fn, uint64_t request, int *rc) {
-  ruda__page *found = ruda__arena_find(mem, p, size, max_size);
+  ruda__page *found = ruda__arena_find(mem, w, size, max_size);
   if (found) return found;
   ruda__arena *a = &mem->arena;
   if (!virtual_ok) {
@@ -350,10 +236,10 @@ ruda__page *ruda__arena_take(ruda__memory *mem, ruda__pools *p, uint64_t size, u
      * are pure excess at such a moment, so far fewer are kept. */
     uint64_t keep = retain(a);
     if (atomic_load(&a->backed) + size > atomic_load(&a->peak_backed)) keep /= PEAK_SHARE;
-    if (atomic_load(&a->free_bytes) > keep) trim_to(mem, p->worker, keep);
+    if (atomic_load(&a->free_bytes) > keep) trim_to(mem, w, keep);
   }
   uint64_t addr = 0;
-  if (!virtual_ok && (*rc = backend_alloc(mem, p, size, request, fn, &addr)) != 0) return NULL;
+  if (!virtual_ok && (*rc = backend_alloc(mem, own, size, request, fn, &addr)) != 0) return NULL;
   ruda__page *pg = page_new(mem, size, addr);
   if (pg == NULL) {
     if (addr) mem->ops->mem_free(mem->bstate, addr, NULL);
@@ -362,9 +248,9 @@ ruda__page *ruda__arena_take(ruda__memory *mem, ruda__pools *p, uint64_t size, u
   return pg;
 }
 
-int ruda__arena_back(ruda__memory *mem, ruda__pools *p, ruda__page *pg) {
+int ruda__arena_back(ruda__memory *mem, struct ruda__pools *own, ruda__page *pg) {
   uint64_t addr;
-  int rc = backend_alloc(mem, p, pg->size, pg->size, "ruda_buffer_create", &addr);
+  int rc = backend_alloc(mem, own, pg->size, pg->size, "ruda_buffer_create", &addr);
   if (rc != 0) return rc;
   ruda__arena *a = &mem->arena;
   atomic_fetch_sub(&a->virtual_bytes, pg->size);
@@ -372,7 +258,6 @@ int ruda__arena_back(ruda__memory *mem, ruda__pools *p, ruda__page *pg) {
   uint64_t peak = atomic_load(&a->peak_backed);
   while (now > peak && !atomic_compare_exchange_weak(&a->peak_backed, &peak, now)) {
   }
-  if (pg->pool) pg->pool->unbacked -= pg->size;
   atomic_store_explicit(&pg->base, addr, memory_order_release);
   return 0;
 }
@@ -474,71 +359,27 @@ uint64_t ruda__arena_trim(ruda__memory *mem, uint64_t keep, uint64_t wait_ns) {
 
 /* ---- lifecycle ---- */
 
-int ruda__memory_init(ruda__memory *mem, uint32_t nworkers) {
-  ruda__memory *m = mem;
-  ruda__memory given = *m; /* what the device handed down */
-  memset(m, 0, sizeof *m);
-  m->ops = given.ops;
-  m->bstate = given.bstate;
-  m->handles = given.handles;
-  m->progress = given.progress;
-  m->nworkers = nworkers;
-  pthread_mutex_init(&m->arena.lock, NULL);
-  m->arena.nshards = mem->nworkers;
-  m->arena.shards = calloc(mem->nworkers, sizeof *m->arena.shards);
-  if (m->arena.shards == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
-  for (uint32_t w = 0; w < mem->nworkers; w++) pthread_mutex_init(&m->arena.shards[w].lock, NULL);
-  pthread_mutex_init(&m->layout_lock, NULL);
-  pthread_mutex_init(&m->fence_lock, NULL);
-  pthread_mutex_init(&m->all_lock, NULL);
-  m->nlayout = ruda_memory_default_pools(m->layout, RUDA_MEMORY_MAX_POOLS);
-  m->fences = calloc(m->nworkers, sizeof *m->fences);
-  if (m->fences == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
+int ruda__arena_init(ruda__memory *mem) {
+  ruda__arena *a = &mem->arena;
+  pthread_mutex_init(&a->lock, NULL);
+  a->nshards = mem->nworkers;
+  a->shards = calloc(mem->nworkers, sizeof *a->shards);
+  if (a->shards == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
+  for (uint32_t w = 0; w < mem->nworkers; w++) pthread_mutex_init(&a->shards[w].lock, NULL);
   return 0;
 }
 
-void ruda__memory_destroy(ruda__memory *mem) {
-  ruda__memory *m = mem;
-  for (uint32_t w = 0; m->fences != NULL && w < m->nworkers; w++) {
-    ruda__wfence *f = &m->fences[w];
-    while (f->head) {
-      ruda__fence *n = f->head;
-      f->head = n->next;
-      mem->progress.ops->fence_free(mem->progress.ctx, n->token);
-      free(n);
-    }
-  }
-  free(m->fences);
-  for (ruda__pools *p = m->all, *next; p != NULL; p = next) {
-    next = p->all_next;
-    ruda__retired *r = atomic_exchange(&p->incoming, NULL);
-    while (r) {
-      ruda__retired *rn = r->next;
-      free(r);
-      r = rn;
-    }
-    for (r = p->retired; r != NULL;) {
-      ruda__retired *rn = r->next;
-      free(r);
-      r = rn;
-    }
-    for (uint32_t i = 0; i < p->npools; i++) free(p->pools[i].classes);
-    pthread_mutex_destroy(&p->lock);
-    free(p);
-  }
+void ruda__arena_destroy(ruda__memory *mem) {
+  ruda__arena *a = &mem->arena;
   /* Every page, in a pool or in the arena, live buffer or not. */
-  for (ruda__page *pg = m->arena.all, *next; pg != NULL; pg = next) {
+  for (ruda__page *pg = a->all, *next; pg != NULL; pg = next) {
     next = pg->all_next;
     uint64_t base = atomic_load(&pg->base);
     if (base) mem->ops->mem_free(mem->bstate, base, NULL);
     free(pg->free_idx);
     free(pg);
   }
-  for (uint32_t w = 0; m->arena.shards != NULL && w < m->arena.nshards; w++)
-    pthread_mutex_destroy(&m->arena.shards[w].lock);
-  free(m->arena.shards);
-  pthread_mutex_destroy(&m->arena.lock);
-  pthread_mutex_destroy(&m->layout_lock);
-  pthread_mutex_destroy(&m->fence_lock);
-  pthread_mutex_destroy(&m->all_lock);
+  for (uint32_t w = 0; a->shards != NULL && w < a->nshards; w++) pthread_mutex_destroy(&a->shards[w].lock);
+  free(a->shards);
+  pthread_mutex_destroy(&a->lock);
 }

@@ -2,8 +2,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/backend.h"
 #include "base/error.h"
-#include "memory/pool.h"
+#include "base/progress.h"
+#include "memory/handles.h"
 
 #define LIVE (1ull << 32)
 #define REFS_MASK 0xffffffffull
@@ -125,8 +127,8 @@ void ruda__handles_publish(ruda__handles *h, uint32_t index, uint64_t addr, uint
   atomic_store_explicit(&s->held, 0, memory_order_relaxed);
   atomic_store_explicit(&s->mem, mem, memory_order_relaxed);
   uint64_t last = 0;
-  if (home != UINT32_MAX && h->mem != NULL)
-    last = ruda__use_pack(home, gen, ruda__progress_ticket(&h->mem->progress, home));
+  if (home != UINT32_MAX && h->progress != NULL)
+    last = ruda__use_pack(home, gen, ruda__progress_ticket(h->progress, home));
   atomic_store_explicit(last_of(s, index), last, memory_order_relaxed);
   atomic_store_explicit(last_of(s, index) + RUDA__USE_READERS, 0, memory_order_relaxed);
   /* Release: a pinner that sees the new generation sees all of the above. */
@@ -215,7 +217,7 @@ int ruda__handles_size(ruda__handles *h, ruda_handle handle, uint64_t *size) {
   if (rc != 0) return rc;
   /* If the owner freed the buffer meanwhile, this pin may be the last
    * reference, which must release like any other. */
-  if (h->mem != NULL) ruda__handles_unpin(h, handle.slot, NULL);
+  if (h->progress != NULL) ruda__handles_unpin(h, handle.slot, NULL);
   else atomic_fetch_sub_explicit(&slot_at(h, handle.slot)->state, 1, memory_order_release);
   return 0;
 }
@@ -257,13 +259,12 @@ void ruda__handles_unpin(ruda__handles *h, uint32_t index, void *wstate) {
   uint64_t st = atomic_fetch_sub_explicit(&s->state, 1, memory_order_acq_rel);
   if ((st & REFS_MASK) != 1) return;
   /* Last reference of a dead buffer (a live one always holds the owner's). */
-  ruda__memory *m = h->mem;
   void *page = atomic_load_explicit(&s->mem, memory_order_relaxed);
   if (page != NULL)
-    ruda__memory_retire(m, page, s->addr, s->size, atomic_load_explicit(&s->home, memory_order_relaxed),
-                        atomic_load_explicit(&s->users, memory_order_relaxed));
+    h->retire(h->retire_ctx, page, s->addr, s->size, atomic_load_explicit(&s->home, memory_order_relaxed),
+              atomic_load_explicit(&s->users, memory_order_relaxed));
   else if (s->raw)
-    m->ops->mem_free(m->bstate, s->addr, wstate);
+    h->ops->mem_free(h->bstate, s->addr, wstate);
   /* Workers release here; a lock-free push keeps them off the table lock. */
   uint32_t head = atomic_load_explicit(&h->returned, memory_order_relaxed);
   do {
@@ -287,13 +288,12 @@ uint64_t ruda__handles_live_count(ruda__handles *h) { return live_scan(h, 0); }
 uint64_t ruda__handles_live_bytes(ruda__handles *h) { return live_scan(h, 1); }
 
 void ruda__handles_destroy(ruda__handles *h) {
-  ruda__memory *mem = h->mem;
   /* Pool memory goes back with the pools (ruda__memory_destroy); only raw
    * buffers are freed here. */
   for (uint32_t i = 0; i < h->nslots; i++) {
     ruda__slot *s = slot_at(h, i);
     uint64_t st = atomic_load(&s->state);
-    if ((st & LIVE) && s->raw && mem != NULL) mem->ops->mem_free(mem->bstate, s->addr, NULL);
+    if ((st & LIVE) && s->raw && h->ops != NULL) h->ops->mem_free(h->bstate, s->addr, NULL);
   }
   for (uint32_t c = 0; c < RUDA__MAX_CHUNKS; c++) free(atomic_load(&h->chunks[c]));
   pthread_mutex_destroy(&h->lock);

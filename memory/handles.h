@@ -66,7 +66,15 @@ typedef struct ruda__handles {
   uint32_t nslots;      /* slots carved so far */
   uint32_t free_head;   /* UINT32_MAX: none */
   _Atomic uint32_t returned; /* lock-free stack of slots released by workers */
-  struct ruda__memory *mem; /* set by the device (NULL in a bare table) */
+  /* Handed down by memory (ruda__memory_init; NULL in a bare table): the
+   * progress table for new buffers' use records, the backend that frees
+   * raw buffers, and where a pool buffer's memory goes when its last
+   * reference drops (ruda__memory_retire). */
+  const struct ruda__progress *progress;
+  const struct ruda__backend_ops *ops;
+  void *bstate;
+  void (*retire)(void *ctx, void *page, uint64_t addr, uint64_t size, uint32_t home, uint64_t users);
+  void *retire_ctx;
 } ruda__handles;
 
 /* A slot's use record (ruda__handles_last), RUDA__USE_WORDS words on a
@@ -136,7 +144,7 @@ uint32_t ruda__handles_gen(ruda__handles *h, uint32_t slot);
 _Atomic uint64_t *ruda__handles_last(ruda__handles *h, uint32_t slot);
 
 /* Drops one reference; the last one gives back the memory (to its pool,
- * through ruda__memory_retire, or ops->mem_free for raw memory) and the
+ * through the retire hook, or ops->mem_free for raw memory) and the
  * slot. */
 void ruda__handles_unpin(ruda__handles *h, uint32_t slot, void *wstate);
 

@@ -12,6 +12,10 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "memory/arena.h"
+#include "memory/fence.h"
+#include "memory/handles.h"
+#include "memory/memory.h"
 #include "memory/pool.h"
 
 /* Empty sliced pages a pool keeps beside the one each class keeps. */
@@ -328,20 +332,20 @@ static ruda__page *page_in(ruda__pool *pool, uint64_t size, uint64_t request, co
   if (p->retired || atomic_load_explicit(&p->incoming, memory_order_relaxed)) ruda__pools_poll_retired(p);
   uint64_t max = size + size / 8;
   if (pool->cfg.capacity && max > pool->cfg.capacity - pool->reserved) max = pool->cfg.capacity - pool->reserved;
-  ruda__page *pg = ruda__arena_find(p->mem, p, size, max);
+  ruda__page *pg = ruda__arena_find(p->mem, p->worker, size, max);
   /* Rather than new backend memory (a slow call, and with cuMemFree a
    * device synchronization when something is trimmed for it), take a free
    * page up to twice the size: it is reserved already either way. */
   uint64_t loose = size * 2;
   if (pool->cfg.capacity && loose > pool->cfg.capacity - pool->reserved) loose = pool->cfg.capacity - pool->reserved;
-  if (pg == NULL && loose > max) pg = ruda__arena_find(p->mem, p, max + 1, loose);
+  if (pg == NULL && loose > max) pg = ruda__arena_find(p->mem, p->worker, max + 1, loose);
   if (pg == NULL) {
     /* New memory is about to be taken: pages this stream keeps that did
      * not fit go where they can be reused by others or freed first. */
     for (uint32_t i = 0; i < p->npools; i++)
       if (p->pools[i].cache != NULL) pool_release_unused(&p->pools[i]);
     if (p->persistent.cache != NULL) pool_release_unused(&p->persistent);
-    pg = ruda__arena_take(p->mem, p, size, max, p->dry_depth > 0, fn, request, rc);
+    pg = ruda__arena_take(p->mem, p->worker, p, size, max, p->dry_depth > 0, fn, request, rc);
     if (pg == NULL) return NULL;
   }
   pg->pool = pool;
@@ -368,7 +372,9 @@ static int slice(ruda__page *pg, ruda__class *c, uint32_t klass) {
 /* Non-dry allocations must not land on a page a dry run left unbacked. */
 static int ensure_backed(ruda__pools *p, ruda__page *pg) {
   if (p->dry_depth > 0 || atomic_load_explicit(&pg->base, memory_order_acquire) != 0) return 0;
-  return ruda__arena_back(p->mem, p, pg);
+  int rc = ruda__arena_back(p->mem, p, pg);
+  if (rc == 0 && pg->pool) pg->pool->unbacked -= pg->size;
+  return rc;
 }
 
 static int alloc_sliced(ruda__pool *pool, uint64_t size, ruda__page **out, uint64_t *addr) {
@@ -642,7 +648,9 @@ int ruda__memory_back(ruda__memory *mem, void *page, uint64_t tagged, const char
     ruda__pools *p = pg->pool->owner;
     pthread_mutex_lock(&p->lock);
     int rc = 0;
-    if (atomic_load_explicit(&pg->base, memory_order_relaxed) == 0) rc = ruda__arena_back(mem, p, pg);
+    if (atomic_load_explicit(&pg->base, memory_order_relaxed) == 0 && (rc = ruda__arena_back(mem, p, pg)) == 0 &&
+        pg->pool)
+      pg->pool->unbacked -= pg->size;
     pthread_mutex_unlock(&p->lock);
     if (rc != 0) {
       char cause[RUDA__MSG_MAX];
@@ -731,4 +739,44 @@ int ruda__pools_install(ruda__pools *p, const ruda_pool_config *pools, uint32_t 
   }
   pthread_mutex_unlock(&p->lock);
   return 0;
+}
+
+/* Others' locks are only tried, so two threads reclaiming at once cannot
+ * deadlock. */
+void ruda__pools_reclaim(ruda__memory *mem, ruda__pools *own) {
+  if (own) ruda__pools_release_unused(own);
+  pthread_mutex_lock(&mem->all_lock);
+  ruda__pools *q = mem->all; /* the list only grows at its head */
+  pthread_mutex_unlock(&mem->all_lock);
+  for (; q != NULL; q = q->all_next) {
+    if (q == own || pthread_mutex_trylock(&q->lock) != 0) continue;
+    ruda__pools_release_unused(q);
+    pthread_mutex_unlock(&q->lock);
+  }
+}
+
+void ruda__pools_retire_hook(void *ctx, void *page, uint64_t addr, uint64_t size, uint32_t home,
+                             uint64_t users) {
+  ruda__memory_retire(ctx, page, addr, size, home, users);
+}
+
+void ruda__pools_destroy_all(ruda__memory *mem) {
+  for (ruda__pools *p = mem->all, *next; p != NULL; p = next) {
+    next = p->all_next;
+    ruda__retired *r = atomic_exchange(&p->incoming, NULL);
+    while (r) {
+      ruda__retired *rn = r->next;
+      free(r);
+      r = rn;
+    }
+    for (r = p->retired; r != NULL;) {
+      ruda__retired *rn = r->next;
+      free(r);
+      r = rn;
+    }
+    for (uint32_t i = 0; i < p->npools; i++) free(p->pools[i].classes);
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+  }
+  mem->all = NULL;
 }

@@ -1,69 +1,25 @@
-/* pool.h - device memory: the arena, per-stream pools, fences.
+/* pool.h - per-stream pools (memory/pool.c): buffers are cut from pages
+ * here, and a freed buffer's memory goes home from here.
  *
- * Three layers, each with its own lock, always taken in this order:
- *
- *   stream pools (ruda__pools, one per stream, pools->lock)
- *     The fast path. Sliced pools keep, per size class, the pages they
- *     are cutting into slots; exclusive pools keep a few free pages for
- *     reuse. Normally only the stream's own client thread takes the lock.
- *   arena (one per device, a shard per worker, shard.lock)
- *     Pages no stream holds, bucketed by size, in the shard of the worker
- *     whose work must pass before another worker may use them. Backend
- *     allocation, the out-of-memory retry and trimming live here. At
- *     most one shard lock is held at a time.
- *   fences (one per device, fence_lock)
- *     Per worker: the fences memory asked for through the progress table
- *     (base/progress.h), whose completion tells that the worker's device
- *     work has passed a point. Polled, never waited on by the allocation
- *     path.
- *
- * docs/memory.md explains the choices.
+ * Sliced pools keep, per size class, the pages they are cutting into
+ * slots; exclusive pools keep a few free pages for reuse. Normally only
+ * the stream's own client thread takes a pools->lock. Pages come from and
+ * go back to the arena (memory/arena.h); a buffer other workers used is
+ * retired and waits for their fences (memory/fence.h).
  */
-#ifndef RUDA_POOL_H
-#define RUDA_POOL_H
+#ifndef RUDA_MEMORY_POOL_H
+#define RUDA_MEMORY_POOL_H
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "base/backend.h"
-#include "base/progress.h"
-#include "memory/handles.h"
+#include "memory/arena.h"
+#include "memory/memory.h"
 #include "ruda/memory.h"
 #include "ruda/ruda.h"
 
 struct ruda__pools;
-
-/* Every buffer and page is a multiple of this, as cuMemAlloc aligns. */
-#define RUDA__MEM_ALIGN 256u
-/* Address bit marking a slot whose page has no memory yet (dry run). No
- * host or device virtual address uses bit 63. */
-#define RUDA__UNBACKED (UINT64_C(1) << 63)
-
-typedef struct ruda__page {
-  struct ruda__page *next, *prev;         /* class / empty / cache / bucket list */
-  struct ruda__page *lru_next, *lru_prev; /* arena: oldest first */
-  struct ruda__page *all_next, *all_prev; /* every page of the device */
-  _Atomic uint64_t base;                  /* device address; 0 until backed */
-  uint64_t size;
-  struct ruda__pool *pool; /* owner; NULL while in the arena */
-  /* Sliced: the class the page is cut for (UINT32_MAX: not cut). */
-  uint32_t klass;
-  uint32_t nslots, nused, nfree, bump; /* slots: cut, in use, on free_idx, never used */
-  uint64_t slot_size;
-  uint32_t *free_idx; /* freed slot indices (a stack) */
-  uint32_t free_cap;
-  /* Arena: the worker that returned it and the fence it needs to pass
-   * before other workers may use it. */
-  uint32_t worker;
-  uint64_t need;
-  uint32_t bucket;
-  uint8_t in_list; /* 1: class nonfull list / empty / cache / bucket */
-  /* 1: a buffer on it was used (memory/handles.h, `used`) since its last
-   * fence passed, so it needs a fence before another worker takes it. A
-   * page no command touched moves between workers at once. */
-  uint8_t dirty;
-} ruda__page;
 
 typedef struct ruda__class {
   ruda__page *nonfull; /* pages of this class with a free slot */
@@ -127,81 +83,6 @@ typedef struct ruda__pools {
   struct ruda__pools *spare_next; /* on mem->spare (ruda__pools_recycle) */
 } ruda__pools;
 
-/* Arena buckets: sixteen per doubling of page size. */
-#define RUDA__NBUCKETS 1024u
-
-/* The free pages one worker's streams returned, under their own lock.
- * Those streams take pages back from here first, with no fence (their
- * later commands follow the returns) and no contention with other
- * workers; other workers look here only when their own shard has nothing
- * that fits. */
-typedef struct ruda__shard {
-  pthread_mutex_t lock;
-  ruda__page *bucket[RUDA__NBUCKETS], *bucket_tail[RUDA__NBUCKETS];
-  uint64_t nonempty[RUDA__NBUCKETS / 64];
-  uint32_t count[RUDA__NBUCKETS]; /* pages per bucket */
-  uint32_t nbuckets;              /* buckets holding a page */
-  ruda__page *lru_head, *lru_tail; /* oldest first */
-  /* Written under the lock, read without it too (an empty shard is
-   * skipped unlocked; a trim picks the fullest). */
-  _Atomic uint64_t free_bytes, npages;
-} ruda__shard;
-
-typedef struct ruda__arena {
-  ruda__shard *shards; /* one per worker */
-  uint32_t nshards;
-  _Atomic uint64_t free_bytes; /* in all shards */
-  pthread_mutex_t lock;        /* `all` only */
-  ruda__page *all;             /* every page descriptor, for close */
-  /* Every page descriptor in existence: backed bytes, virtual bytes. */
-  _Atomic uint64_t backed, virtual_bytes, peak_backed;
-  _Atomic uint64_t backend_allocs, backend_frees; /* calls made */
-} ruda__arena;
-
-/* One fence in flight on a worker (a token of the progress table). */
-typedef struct ruda__fence {
-  struct ruda__fence *next;
-  uint64_t seq;
-  void *token;
-} ruda__fence;
-
-typedef struct ruda__wfence {
-  uint64_t created, wanted;
-  _Atomic uint64_t passed; /* written under fence_lock, read without it */
-  uint32_t nflight;
-  ruda__fence *head, *tail;
-} ruda__wfence;
-
-/* A device's memory: what the pools, the arena and the fences share, and
- * what they are handed from the layers around them (the backend below,
- * the scheduler's progress above). */
-typedef struct ruda__memory {
-  const ruda__backend_ops *ops;
-  void *bstate;
-  ruda__handles *handles;
-  ruda__progress progress;
-  ruda__arena arena;
-  pthread_mutex_t layout_lock;
-  ruda_pool_config layout[RUDA_MEMORY_MAX_POOLS];
-  uint32_t nlayout;
-  pthread_mutex_t fence_lock;
-  ruda__wfence *fences; /* one per worker */
-  uint32_t nworkers;
-  pthread_mutex_t all_lock;
-  ruda__pools *all;
-  /* Pools of retired streams, empty, for the next new stream (all_lock). */
-  ruda__pools *spare;
-  /* Freed buffers whose memory stayed with its page for want of host
-   * memory to track it (ruda__memory_retire); back at close. */
-  _Atomic uint64_t stranded;
-} ruda__memory;
-
-/* Device lifecycle. init with ops, bstate, handles and progress set,
- * for nworkers workers; destroy after the workers stopped (every page
- * goes back to the backend). */
-int ruda__memory_init(ruda__memory *mem, uint32_t nworkers);
-void ruda__memory_destroy(ruda__memory *mem);
-
 /* A stream's pools, made at first use and published in *slot: the stream
  * `id` on worker `worker`. NULL without host memory. Any thread. */
 struct ruda__pools *ruda__pools_of(ruda__memory *mem, struct ruda__pools *_Atomic *slot, uint32_t worker,
@@ -245,39 +126,25 @@ uint64_t ruda__pools_give_back(ruda__pools *p);
  * stays memory-safe: p is never freed before close. Any thread. */
 int ruda__pools_recycle(ruda__memory *mem, ruda__pools *p);
 
-/* ---- shared between pool.c, arena.c and the memory report ---- */
-/* Both with pools->lock held. */
+/* For the memory report, both with pools->lock held: takes back retired
+ * buffers whose fences passed; gives unused pages to the arena. */
 void ruda__pools_poll_retired(ruda__pools *p);
 void ruda__pools_release_unused(ruda__pools *p);
+
+/* mem->reclaim: every stream's unused pages back to the arena; own (may
+ * be NULL) is locked by the caller, the others are only tried. */
+void ruda__pools_reclaim(ruda__memory *mem, ruda__pools *own);
+/* The handle table's retire hook (ctx: the ruda__memory): a freed buffer's
+ * last reference dropped (ruda__memory_retire). */
+void ruda__pools_retire_hook(void *ctx, void *page, uint64_t addr, uint64_t size, uint32_t home,
+                             uint64_t users);
+/* Frees every stream's pools (ruda__memory_destroy; pages go with the
+ * arena). */
+void ruda__pools_destroy_all(ruda__memory *mem);
 
 /* Size classes. */
 uint32_t ruda__class_index(uint64_t size);
 uint64_t ruda__class_size(uint32_t index);
 uint64_t ruda__exclusive_size(uint64_t size);
 
-/* Arena (shard locks taken inside). take: a page of size..max_size bytes
- * that p's worker may use, from the arena or else the backend (unbacked
- * when virtual_ok), or NULL with *rc set. */
-ruda__page *ruda__arena_take(ruda__memory *mem, ruda__pools *p, uint64_t size, uint64_t max_size,
-                             int virtual_ok, const char *fn, uint64_t request, int *rc);
-/* Only from the arena: NULL when nothing there fits. */
-ruda__page *ruda__arena_find(ruda__memory *mem, ruda__pools *p, uint64_t size, uint64_t max_size);
-/* Gives a page no pool holds any more back to the arena, as returned by
- * worker (its fence requested). */
-void ruda__arena_put(ruda__memory *mem, ruda__page *pg, uint32_t worker);
-/* Frees arena pages whose fences passed; waits up to wait_ns for workers
- * to reach their fences. Returns bytes released. */
-uint64_t ruda__arena_trim(ruda__memory *mem, uint64_t keep, uint64_t wait_ns);
-/* Backs a page that has none (dry run), with the out-of-memory retry. */
-int ruda__arena_back(ruda__memory *mem, ruda__pools *p, ruda__page *pg);
-void ruda__page_discard(ruda__memory *mem, ruda__page *pg);
-
-/* Fences (fence_lock taken inside). need: the number of a fence on
- * worker w that follows everything pushed to w so far, or, with executed,
- * everything w has run so far (a fence still queued then does); passed:
- * whether it completed on the device. */
-uint64_t ruda__fence_need(ruda__memory *mem, uint32_t w, int executed);
-int ruda__fence_passed(ruda__memory *mem, uint32_t w, uint64_t need);
-void ruda__fence_poll_all(ruda__memory *mem);
-
-#endif /* RUDA_POOL_H */
+#endif /* RUDA_MEMORY_POOL_H */

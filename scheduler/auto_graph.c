@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "scheduler/auto_graph.h"
-#include "scheduler/device.h"
+#include "scheduler/sched.h"
 #include "scheduler/graph.h"
 
 #define WAYS 8u
@@ -100,9 +100,9 @@ static ruda__cmd *template_cmd(const ruda__cmd *c) {
   return t;
 }
 
-static void template_free(ruda_device *dev, ruda_graph *g) {
+static void template_free(struct ruda__sched *sch, ruda_graph *g) {
   if (g == NULL) return;
-  if (g->exec != NULL && dev->ops->graph_release != NULL) dev->ops->graph_release(dev->bstate, g->exec);
+  if (g->exec != NULL && sch->ops->graph_release != NULL) sch->ops->graph_release(sch->bstate, g->exec);
   for (uint32_t i = 0; i < g->n; i++) ruda__cmd_free(g->cmds[i]);
   free(g->cmds);
   pthread_mutex_destroy(&g->exec_lock);
@@ -110,21 +110,21 @@ static void template_free(ruda_device *dev, ruda_graph *g) {
   free(g);
 }
 
-static ruda_graph *template_new(ruda_device *dev, ruda__cmd *const *run, uint32_t n) {
+static ruda_graph *template_new(struct ruda__sched *sch, ruda__cmd *const *run, uint32_t n) {
   ruda_graph *g = calloc(1, sizeof *g);
   if (g == NULL) return NULL;
-  g->dev = dev;
+  g->sch = sch;
   g->stream = run[0]->stream->id;
   pthread_mutex_init(&g->exec_lock, NULL);
   pthread_mutex_init(&g->issue_lock, NULL);
   atomic_init(&g->refs, 1);
   if ((g->cmds = calloc(n, sizeof *g->cmds)) == NULL) {
-    template_free(dev, g);
+    template_free(sch, g);
     return NULL;
   }
   for (; g->n < n; g->n++)
     if ((g->cmds[g->n] = template_cmd(run[g->n])) == NULL) {
-      template_free(dev, g);
+      template_free(sch, g);
       return NULL;
     }
   return g;
@@ -160,21 +160,21 @@ static uint32_t fixes(const ruda_graph *g, ruda__cmd *const *run, uint32_t n, ru
 }
 
 uint32_t ruda__auto_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n, int *rc, ruda_error **err) {
-  ruda_device *dev = w->dev;
+  struct ruda__sched *sch = w->sch;
   *rc = 0;
   *err = NULL;
   if (w->autog == NULL && (w->autog = calloc(1, sizeof *w->autog)) == NULL) return 0;
   const uint64_t sig = signature(run, n);
   entry *e = &w->autog->e[sig % WAYS];
   if (e->sig != sig || e->n != n) { /* first sighting: noted, run one by one */
-    template_free(dev, e->g);
+    template_free(sch, e->g);
     *e = (entry){sig, n, NULL};
     return 0;
   }
   ruda__graph_fix fix[RUDA_GRAPH_MAX_PATCHES];
   uint32_t nf = 0;
   if (e->g == NULL) {
-    if ((e->g = template_new(dev, run, n)) == NULL) return 0;
+    if ((e->g = template_new(sch, run, n)) == NULL) return 0;
   } else {
     for (uint32_t i = 0; i < n; i++)
       if (!same_shape(run[i], e->g->cmds[i])) return 0; /* another shape under this signature */
@@ -186,7 +186,7 @@ uint32_t ruda__auto_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n, int 
     atomic_fetch_add_explicit(&w->auto_cmds, n, memory_order_relaxed);
     return n;
   }
-  if (dev->ops->graph_replay == NULL && failed > 0) {
+  if (sch->ops->graph_replay == NULL && failed > 0) {
     /* Run in order up to the failure, which is run[failed - 1]'s own. */
     atomic_fetch_add_explicit(&w->auto_cmds, failed, memory_order_relaxed);
     return failed - 1;
@@ -197,14 +197,14 @@ uint32_t ruda__auto_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n, int 
   ruda_error_free(*err);
   *err = NULL;
   *rc = 0;
-  template_free(dev, e->g);
+  template_free(sch, e->g);
   *e = (entry){0, 0, NULL};
   return 0;
 }
 
 void ruda__auto_free(ruda__worker *w) {
   if (w->autog == NULL) return;
-  for (uint32_t i = 0; i < WAYS; i++) template_free(w->dev, w->autog->e[i].g);
+  for (uint32_t i = 0; i < WAYS; i++) template_free(w->sch, w->autog->e[i].g);
   free(w->autog);
   w->autog = NULL;
 }

@@ -49,7 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "scheduler/device.h"
+#include "scheduler/sched.h"
 
 #define BATCH 64u
 #define NCLASS 2

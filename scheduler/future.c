@@ -7,16 +7,16 @@
  */
 #include <stdlib.h>
 
-#include "scheduler/device.h"
+#include "scheduler/sched.h"
 #include "scheduler/order.h"
 #include "base/sync.h"
 
-struct ruda_future *ruda__future_new(ruda_device *dev, ruda__stream *s, int drains) {
+struct ruda_future *ruda__future_new(struct ruda__sched *sch, ruda__stream *s, int drains) {
   struct ruda_future *f = calloc(1, sizeof *f);
   if (f == NULL) return NULL;
   atomic_init(&f->state, RUDA__FUT_PENDING);
   atomic_init(&f->refs, 2);
-  f->dev = dev;
+  f->sch = sch;
   f->stream = s;
   f->drains_errors = drains;
   return f;
@@ -34,8 +34,8 @@ static int submitted(const void *p) {
 }
 
 static void release_event(struct ruda_future *f) {
-  if (f->completion.event != NULL && f->dev->ops->event_release)
-    f->dev->ops->event_release(f->dev->bstate, f->completion.event);
+  if (f->completion.event != NULL && f->sch->ops->event_release)
+    f->sch->ops->event_release(f->sch->bstate, f->completion.event);
   f->completion.event = NULL;
 }
 
@@ -47,16 +47,16 @@ void ruda__future_unref(struct ruda_future *f) {
      * the device work is done. This is often a worker (the client freed
      * the future first), which must not block on the device: the backend
      * retires it when its progress() sees the event complete. */
-    const ruda__backend_ops *ops = f->dev->ops;
+    const ruda__backend_ops *ops = f->sch->ops;
     if (f->completion.event != NULL && ops->retire != NULL) {
-      ops->retire(f->dev->bstate, f->completion.event, f->completion.discard, f->completion.arg);
+      ops->retire(f->sch->bstate, f->completion.event, f->completion.discard, f->completion.arg);
       f->completion.event = NULL; /* the backend's now */
       /* The recording worker may sleep without a timeout (nothing was
        * pending at its last poll): wake it to poll this one. */
       if (f->order_worker != NULL) ck_ec32_inc(&f->order_worker->wake, &ruda__ec_mp);
     } else {
-      if (f->completion.event != NULL) ops->event_wait(f->dev->bstate, f->completion.event, NULL);
-      f->completion.discard(f->dev->bstate, f->completion.arg);
+      if (f->completion.event != NULL) ops->event_wait(f->sch->bstate, f->completion.event, NULL);
+      f->completion.discard(f->sch->bstate, f->completion.arg);
     }
   }
   release_event(f);
@@ -71,7 +71,7 @@ int ruda_future_poll(ruda_future *f) {
    * (ruda__future_unref does, once the future is freed), so querying it
    * here stays valid. */
   if (atomic_load_explicit(&f->finished, memory_order_acquire) || f->completion.event == NULL) return 1;
-  int done = f->dev->ops->event_query(f->dev->bstate, f->completion.event);
+  int done = f->sch->ops->event_query(f->sch->bstate, f->completion.event);
   if (done == 1 && f->order_worker != NULL) ruda__order_completed(f->order_worker, f->order_pos);
   return done;
 }
@@ -82,7 +82,7 @@ int ruda_future_wait(ruda_future *f, ruda_error **err) {
   /* Poll first: a short command's worker usually answers within
    * microseconds, sooner than a sleep and a wake-up. Then sleep, saying
    * so in the state word so the worker wakes us. */
-  if (!ruda__spin_bounded(submitted, f, (uint64_t)f->dev->cfg.spin_us * 1000)) {
+  if (!ruda__spin_bounded(submitted, f, (uint64_t)f->sch->cfg.spin_us * 1000)) {
     for (;;) {
       uint32_t st = atomic_load_explicit(&f->state, memory_order_acquire);
       if (st == RUDA__FUT_SUBMITTED) break;
@@ -97,11 +97,11 @@ int ruda_future_wait(ruda_future *f, ruda_error **err) {
     int rc = f->code;
     ruda_error *e = NULL;
     if (rc == 0 && f->completion.event != NULL) {
-      rc = f->dev->ops->event_wait(f->dev->bstate, f->completion.event, &e);
+      rc = f->sch->ops->event_wait(f->sch->bstate, f->completion.event, &e);
       if (rc == 0 && f->order_worker != NULL) ruda__order_completed(f->order_worker, f->order_pos);
     }
     if (rc == 0 && f->completion.finish != NULL)
-      f->completion.finish(f->dev->bstate, f->completion.arg);
+      f->completion.finish(f->sch->bstate, f->completion.arg);
     if (e != NULL) {
       e->stream = f->stream->id;
       ruda__stream_push_error(f->stream, e);
@@ -109,7 +109,7 @@ int ruda_future_wait(ruda_future *f, ruda_error **err) {
     /* A failed command already queued its error on the stream; handing
      * the stream's errors back covers both. */
     if (f->drains_errors || rc != 0) {
-      int drc = ruda__stream_drain(f->dev, f->stream, &f->err);
+      int drc = ruda__stream_drain(f->sch, f->stream, &f->err);
       if (rc == 0) rc = drc;
       else if (drc != 0) rc = drc;
     }
@@ -126,11 +126,11 @@ int ruda_future_wait(ruda_future *f, ruda_error **err) {
 void ruda__future_hand_out(struct ruda_future *f) {
   if (f == NULL) return;
   f->held = 1;
-  atomic_fetch_add_explicit(&f->dev->held_futures, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&f->sch->held_futures, 1, memory_order_relaxed);
 }
 
 void ruda_future_free(ruda_future *f) {
   if (f == NULL) return;
-  if (f->held) atomic_fetch_sub_explicit(&f->dev->held_futures, 1, memory_order_release);
+  if (f->held) atomic_fetch_sub_explicit(&f->sch->held_futures, 1, memory_order_release);
   ruda__future_unref(f);
 }

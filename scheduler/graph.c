@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "scheduler/device.h"
+#include "scheduler/sched.h"
 #include "scheduler/graph.h"
 #include "scheduler/libcall.h"
 #include "scheduler/order.h"
@@ -31,10 +31,10 @@ void ruda__capture_free(ruda__capture *c) {
 }
 
 /* Drops the pins of recorded commands and frees them. */
-void ruda__capture_discard(ruda_device *dev, ruda__cmd **cmds, uint32_t n, void *wstate) {
+void ruda__capture_discard(struct ruda__sched *sch, ruda__cmd **cmds, uint32_t n, void *wstate) {
   for (uint32_t i = 0; i < n; i++) {
     ruda__cmd *cmd = cmds[i];
-    for (uint32_t k = 0; k < cmd->npins; k++) ruda__handles_unpin(&dev->handles, ruda__pin_slot(cmd->pins[k]), wstate);
+    for (uint32_t k = 0; k < cmd->npins; k++) ruda__handles_unpin(sch->handles, ruda__pin_slot(cmd->pins[k]), wstate);
     ruda__cmd_free(cmd);
   }
 }
@@ -70,9 +70,9 @@ int ruda__capture_record(ruda__stream *s, ruda__cmd *cmd) {
 }
 
 static void graph_free(ruda_graph *g, void *wstate) {
-  ruda_device *dev = g->dev;
-  if (g->exec != NULL && dev->ops->graph_release != NULL) dev->ops->graph_release(dev->bstate, g->exec);
-  ruda__capture_discard(dev, g->cmds, g->n, wstate);
+  struct ruda__sched *sch = g->sch;
+  if (g->exec != NULL && sch->ops->graph_release != NULL) sch->ops->graph_release(sch->bstate, g->exec);
+  ruda__capture_discard(sch, g->cmds, g->n, wstate);
   free(g->cmds);
   free(g->slots);
   free(g->pin_base);
@@ -119,7 +119,7 @@ static int patched(const replay_ctx *r, uint32_t i) {
  * patches of it applied in order. */
 static int issue(void *arg, uint32_t i, ruda_error **err) {
   replay_ctx *r = arg;
-  const ruda__backend_ops *ops = r->w->dev->ops;
+  const ruda__backend_ops *ops = r->w->sch->ops;
   void *ws = r->w->wstate;
   const ruda__cmd *cmd = r->g->cmds[i];
   const uint32_t k0 = first_fix(r, i);
@@ -194,7 +194,7 @@ static uint32_t changed_list(const ruda_graph *g, const replay_ctx *r, uint32_t 
 
 int ruda__graph_run(ruda__worker *w, ruda_graph *g, const ruda__graph_fix *fix, uint32_t nfix, uint32_t *failed,
                     ruda_error **err) {
-  const ruda__backend_ops *ops = w->dev->ops;
+  const ruda__backend_ops *ops = w->sch->ops;
   replay_ctx r = {w, g, fix, nfix, 0};
   int rc = 0;
   if (ops->graph_replay == NULL) {
@@ -244,27 +244,27 @@ int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err) {
 }
 
 typedef struct close_arg {
-  ruda_device *dev;
+  struct ruda__sched *sch;
 } close_arg;
 
 static void close_capture(ruda__stream *s, void *arg) {
   close_arg *a = arg;
   ruda__capture *c = atomic_load(&s->cap);
   if (c == NULL) return;
-  ruda__capture_discard(a->dev, c->cmds, c->n, NULL);
+  ruda__capture_discard(a->sch, c->cmds, c->n, NULL);
   free(c->cmds);
   c->cmds = NULL;
   c->n = c->cap = 0;
   c->open = 0;
 }
 
-void ruda__graphs_close(ruda_device *dev) {
-  close_arg a = {dev};
-  ruda__streams_each(&dev->streams, close_capture, &a);
+void ruda__graphs_close(struct ruda__sched *sch) {
+  close_arg a = {sch};
+  ruda__streams_each(&sch->streams, close_capture, &a);
   /* The workers stopped: only the owners' references are left. */
-  while (dev->graphs != NULL) {
-    ruda_graph *g = dev->graphs;
-    dev->graphs = g->next;
+  while (sch->graphs != NULL) {
+    ruda_graph *g = sch->graphs;
+    sch->graphs = g->next;
     ruda__graph_unref(g, NULL);
   }
 }

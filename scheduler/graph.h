@@ -24,7 +24,7 @@
 #include "memory/handles.h"
 #include "scheduler/scheduler.h"
 
-struct ruda_device;
+struct ruda__sched;
 
 /* A stream's recording. Made at its first begin_capture, freed with the
  * stream, so a client that saw `capturing` set may always lock it. */
@@ -50,7 +50,7 @@ typedef struct ruda__graph_fix {
 
 struct ruda_graph {
   struct ruda_graph *next, *prev; /* the device's list, for close */
-  struct ruda_device *dev;
+  struct ruda__sched *sch;
   _Atomic uint32_t refs; /* the owner's, and one per queued replay */
   ruda__cmd **cmds;
   uint32_t n;
@@ -83,7 +83,7 @@ struct ruda_graph {
 /* The stream's recording, made at first use (NULL without memory). */
 ruda__capture *ruda__capture_get(ruda__stream *s);
 /* Drops the pins of recorded commands and frees them. */
-void ruda__capture_discard(struct ruda_device *dev, ruda__cmd **cmds, uint32_t n, void *wstate);
+void ruda__capture_discard(struct ruda__sched *sch, ruda__cmd **cmds, uint32_t n, void *wstate);
 
 /* Client, with s capturing when the command's buffers were pinned: appends
  * cmd to the recording. 1 when the capture ended meanwhile (the caller
@@ -105,7 +105,7 @@ void ruda__graph_unref(struct ruda_graph *g, void *wstate);
 
 /* Device close, after the workers stopped: discards open recordings and
  * destroys every graph the application did not. */
-void ruda__graphs_close(struct ruda_device *dev);
+void ruda__graphs_close(struct ruda__sched *sch);
 /* Frees a stream's recording (empty by then). */
 void ruda__capture_free(ruda__capture *c);
 

@@ -29,13 +29,13 @@
  * the work is submitted). The caller pays the driver calls the worker
  * would have made.
  */
-#include "scheduler/device.h"
+#include "scheduler/sched.h"
 #include "scheduler/graph.h"
 
 #define PROGRESS_EVERY 16u
 
 int ruda__inline_claim(ruda__worker *w, const ruda__cmd *cmd, ruda__exec_guard *guard) {
-  ruda_device *dev = w->dev;
+  struct ruda__sched *sch = w->sch;
   /* ruda/call.h promises a library call's function runs on its worker's
    * thread (libraries keep per-thread handles), so calls, and graphs
    * holding any, go to the worker. */
@@ -44,7 +44,7 @@ int ruda__inline_claim(ruda__worker *w, const ruda__cmd *cmd, ruda__exec_guard *
    * streams sharing a worker share its device stream) means the command
    * queues behind them; waiting for a turn instead spun clients against
    * each other under load. */
-  if (w->observed || dev->cfg.launch_blocking || !cds_wfcq_empty(&w->head, &w->tail) ||
+  if (w->observed || sch->cfg.launch_blocking || !cds_wfcq_empty(&w->head, &w->tail) ||
       ruda__exec_try(w, RUDA__EXEC_CLIENT) != 0)
     return 0;
   *guard = (ruda__exec_guard){0};
@@ -54,7 +54,7 @@ int ruda__inline_claim(ruda__worker *w, const ruda__cmd *cmd, ruda__exec_guard *
    * compare-and-swap below). */
   uint64_t t = atomic_load_explicit(&w->tickets, memory_order_seq_cst);
   if (w->trace != NULL || atomic_load_explicit(&w->done, memory_order_relaxed) != t ||
-      (dev->ops->exec_enter != NULL && dev->ops->exec_enter(dev->bstate, guard) != 0)) {
+      (sch->ops->exec_enter != NULL && sch->ops->exec_enter(sch->bstate, guard) != 0)) {
     ruda__exec_release(w);
     return 0;
   }
@@ -62,7 +62,7 @@ int ruda__inline_claim(ruda__worker *w, const ruda__cmd *cmd, ruda__exec_guard *
    * then ahead of ours, so ours goes behind it through the queue). */
   if (!atomic_compare_exchange_strong_explicit(&w->tickets, &t, t + 1, memory_order_seq_cst,
                                                memory_order_relaxed)) {
-    if (dev->ops->exec_leave != NULL) dev->ops->exec_leave(dev->bstate, guard);
+    if (sch->ops->exec_leave != NULL) sch->ops->exec_leave(sch->bstate, guard);
     ruda__exec_release(w);
     return 0;
   }
@@ -70,7 +70,7 @@ int ruda__inline_claim(ruda__worker *w, const ruda__cmd *cmd, ruda__exec_guard *
 }
 
 void ruda__inline_finish(ruda__worker *w, ruda__cmd *cmd, ruda__exec_guard *guard) {
-  ruda_device *dev = w->dev;
+  struct ruda__sched *sch = w->sch;
   ruda__execute(w, cmd); /* reports a failure on the stream, completes the future */
   ruda__cmd_free(cmd);
   /* What commands left retiring (write staging whose copy ran) goes back
@@ -78,8 +78,8 @@ void ruda__inline_finish(ruda__worker *w, ruda__cmd *cmd, ruda__exec_guard *guar
    * or here every PROGRESS_EVERY commands run in place (each poll is a
    * driver query per pending event). The worker is not woken for it: it
    * would take exec from the next command issued in place. */
-  if (++w->in_place_runs % PROGRESS_EVERY == 0 && dev->ops->progress != NULL) dev->ops->progress(w->wstate);
-  if (dev->ops->exec_leave != NULL) dev->ops->exec_leave(dev->bstate, guard);
+  if (++w->in_place_runs % PROGRESS_EVERY == 0 && sch->ops->progress != NULL) sch->ops->progress(w->wstate);
+  if (sch->ops->exec_leave != NULL) sch->ops->exec_leave(sch->bstate, guard);
   ruda__queue_unadmit(w); /* the place the caller's admission took */
   ruda__exec_release(w);
 }

@@ -11,17 +11,17 @@
  */
 #include <string.h>
 
-#include "scheduler/device.h"
+#include "scheduler/sched.h"
 #include "scheduler/libcall.h"
 
 int ruda__libcall_run(ruda__worker *w, const ruda__cmd *cmd, int capturing, ruda_error **err) {
-  ruda_device *dev = w->dev;
-  const ruda__backend_ops *ops = dev->ops;
+  struct ruda__sched *sch = w->sch;
+  const ruda__backend_ops *ops = sch->ops;
   const ruda__libcall_cmd *c = &cmd->u.call;
   char msg[RUDA_CALL_MSG_MAX];
   msg[0] = '\0';
   ruda_call_ctx ctx = {
-      .dev = dev,
+      .dev = sch->handle,
       .stream = cmd->stream->id,
       .seq = cmd->seq,
       .worker = w->index,
@@ -29,7 +29,7 @@ int ruda__libcall_run(ruda__worker *w, const ruda__cmd *cmd, int capturing, ruda
       .addr = c->addr,
       .size = c->size,
       .cu_stream = ops->native_stream != NULL ? ops->native_stream(w->wstate) : NULL,
-      .cu_context = ops->native_context != NULL ? ops->native_context(dev->bstate) : NULL,
+      .cu_context = ops->native_context != NULL ? ops->native_context(sch->bstate) : NULL,
       .data = c->data,
       .data_size = c->data_size,
       .capturing = capturing,

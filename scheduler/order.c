@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "scheduler/device.h"
+#include "scheduler/sched.h"
 #include "scheduler/order.h"
 #include "base/sync.h"
 
@@ -163,9 +163,9 @@ void ruda__order_abandon(ruda__order *o) {
 /* On a backend without device-side waits (host), work a worker ran is
  * done, so its count of commands run decides; otherwise only events seen
  * complete do. */
-static int passed(ruda_device *dev, uint32_t a, uint32_t t) {
-  ruda__worker *w = &dev->workers[a];
-  uint64_t x = dev->ops->stream_wait == NULL ? atomic_load_explicit(&w->done, memory_order_acquire)
+static int passed(struct ruda__sched *sch, uint32_t a, uint32_t t) {
+  ruda__worker *w = &sch->workers[a];
+  uint64_t x = sch->ops->stream_wait == NULL ? atomic_load_explicit(&w->done, memory_order_acquire)
                                              : atomic_load_explicit(&w->completed, memory_order_acquire);
   return ruda__ticket_ge((uint32_t)x, t);
 }
@@ -183,9 +183,9 @@ static void cover(ruda__worker *b, const ruda__dep *d) {
                         memory_order_release);
 }
 
-static void dep_unref(ruda_device *dev, ruda__dep *d) {
+static void dep_unref(struct ruda__sched *sch, ruda__dep *d) {
   if (atomic_fetch_sub_explicit(&d->refs, 1, memory_order_acq_rel) != 1) return;
-  if (d->event != NULL && dev->ops->event_release != NULL) dev->ops->event_release(dev->bstate, d->event);
+  if (d->event != NULL && sch->ops->event_release != NULL) sch->ops->event_release(sch->bstate, d->event);
   ruda_error_free(d->err);
   free(d);
 }
@@ -193,14 +193,14 @@ static void dep_unref(ruda_device *dev, ruda__dep *d) {
 /* A MARK on worker a that follows the use at ticket t: the newest one
  * there if it was pushed after a had run t, else a new one. s: the stream
  * asking, the MARK's nominal stream. Returns a reference, or NULL. */
-static ruda__dep *mark_for(ruda_device *dev, uint32_t a, uint32_t t, ruda__stream *s) {
-  ruda__worker *wa = &dev->workers[a];
+static ruda__dep *mark_for(struct ruda__sched *sch, uint32_t a, uint32_t t, ruda__stream *s) {
+  ruda__worker *wa = &sch->workers[a];
   pthread_mutex_lock(&wa->mark_lock);
   ruda__dep *m = wa->last_mark;
   if (m != NULL && ruda__ticket_ge(m->lower, t)) {
     atomic_fetch_add_explicit(&m->refs, 1, memory_order_relaxed);
     pthread_mutex_unlock(&wa->mark_lock);
-    atomic_fetch_add_explicit(&dev->order.shared, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&sch->order.shared, 1, memory_order_relaxed);
     return m;
   }
   ruda__dep *d = calloc(1, sizeof *d);
@@ -223,12 +223,12 @@ static ruda__dep *mark_for(ruda_device *dev, uint32_t a, uint32_t t, ruda__strea
   ruda__queue_push_unbounded(wa, cmd);
   wa->last_mark = d;
   pthread_mutex_unlock(&wa->mark_lock);
-  if (m != NULL) dep_unref(dev, m);
-  atomic_fetch_add_explicit(&dev->order.marks, 1, memory_order_relaxed);
+  if (m != NULL) dep_unref(sch, m);
+  atomic_fetch_add_explicit(&sch->order.marks, 1, memory_order_relaxed);
   return d;
 }
 
-int ruda__order_prepare(ruda_device *dev, ruda__order *o, ruda__stream *s, uint64_t seq) {
+int ruda__order_prepare(struct ruda__sched *sch, ruda__order *o, ruda__stream *s, uint64_t seq) {
   ruda__worker *b = s->worker;
   ruda__dep *stack[RUDA__MAX_PINS];
   ruda__dep **deps = stack;
@@ -237,22 +237,22 @@ int ruda__order_prepare(ruda_device *dev, ruda__order *o, ruda__stream *s, uint6
    * now follows everything pushed there before. Reader workers likewise
    * (their bits say they read the buffer, not at which ticket), after the
    * listed waits. */
-  const uint32_t count = o->all ? dev->nworkers : o->nwait + (o->readers ? dev->nworkers : 0);
+  const uint32_t count = o->all ? sch->nworkers : o->nwait + (o->readers ? sch->nworkers : 0);
   int rc = 0;
   for (uint32_t i = 0; i < count && rc == 0; i++) {
     uint32_t a, t;
     if (o->all) {
       if ((a = i) == b->index) continue;
-      t = ruda__queue_ticket(&dev->workers[a]);
+      t = ruda__queue_ticket(&sch->workers[a]);
     } else if (i < o->nwait) {
       a = o->wait[i].worker;
       t = o->wait[i].ticket;
     } else {
       a = i - o->nwait;
       if (a == b->index || !((o->readers >> (a & 63)) & 1)) continue;
-      t = ruda__queue_ticket(&dev->workers[a]);
+      t = ruda__queue_ticket(&sch->workers[a]);
     }
-    if (passed(dev, a, t) || covered(b, a, t)) continue;
+    if (passed(sch, a, t) || covered(b, a, t)) continue;
     if (n == cap) { /* only with o->all and many busy workers */
       ruda__dep **bigger = malloc(2 * cap * sizeof *bigger);
       if (bigger == NULL) {
@@ -264,7 +264,7 @@ int ruda__order_prepare(ruda_device *dev, ruda__order *o, ruda__stream *s, uint6
       deps = bigger;
       cap *= 2;
     }
-    ruda__dep *d = mark_for(dev, a, t, s);
+    ruda__dep *d = mark_for(sch, a, t, s);
     if (d == NULL) rc = RUDA_ENOMEM;
     else deps[n++] = d;
   }
@@ -281,13 +281,13 @@ int ruda__order_prepare(ruda_device *dev, ruda__order *o, ruda__stream *s, uint6
       wait->u.wait.deps[i] = deps[i];
     }
     ruda__queue_push_unbounded(b, wait);
-    atomic_fetch_add_explicit(&dev->order.waits, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&sch->order.waits, 1, memory_order_relaxed);
     /* Only now: a client that sees the coverage pushes after the WAIT. */
     for (uint32_t i = 0; i < n; i++) cover(b, deps[i]);
   }
   /* Drop the references taken here; MARKs already pushed publish and
    * drop their own. */
-  for (uint32_t i = 0; i < n; i++) dep_unref(dev, deps[i]);
+  for (uint32_t i = 0; i < n; i++) dep_unref(sch, deps[i]);
   if (deps != stack) free(deps);
   if (rc != 0)
     return ruda__fail(RUDA_ENOMEM, "%s: out of host memory ordering a command after other streams",
@@ -303,18 +303,18 @@ static void dep_ready(ruda__dep *d) {
 }
 
 void ruda__order_mark(ruda__worker *w, ruda__dep *d) {
-  ruda_device *dev = w->dev;
+  struct ruda__sched *sch = w->sch;
   /* Only a backend that orders streams on the device needs an event: on
    * the others, reaching the MARK means everything before it is done. */
-  if (dev->ops->stream_wait != NULL) {
+  if (sch->ops->stream_wait != NULL) {
     ruda__completion c = {0};
     ruda_error *err = NULL;
-    d->code = dev->ops->record(w->wstate, &c, &err);
+    d->code = sch->ops->record(w->wstate, &c, &err);
     if (d->code == 0) d->event = c.event;
     else d->err = err;
   }
   dep_ready(d);
-  dep_unref(dev, d);
+  dep_unref(sch, d);
 }
 
 static void await_ready(ruda__dep *d) {
@@ -330,7 +330,7 @@ static void await_ready(ruda__dep *d) {
 }
 
 int ruda__order_wait(ruda__worker *w, ruda__dep **deps, uint32_t n, ruda_error **err) {
-  ruda_device *dev = w->dev;
+  struct ruda__sched *sch = w->sch;
   int rc = 0;
   for (uint32_t i = 0; i < n; i++) {
     ruda__dep *d = deps[i];
@@ -344,7 +344,7 @@ int ruda__order_wait(ruda__worker *w, ruda__dep **deps, uint32_t n, ruda_error *
                           d->worker, d->err ? d->err->msg : ruda_err_name(r));
     } else if (d->event != NULL) {
       /* Asynchronous: the device stream waits, the worker goes on. */
-      r = dev->ops->stream_wait(w->wstate, d->event, &e);
+      r = sch->ops->stream_wait(w->wstate, d->event, &e);
     }
     if (r != 0 && rc == 0) {
       rc = r;
@@ -352,7 +352,7 @@ int ruda__order_wait(ruda__worker *w, ruda__dep **deps, uint32_t n, ruda_error *
     } else {
       ruda_error_free(e);
     }
-    dep_unref(dev, d);
+    dep_unref(sch, d);
   }
   return rc;
 }
@@ -375,10 +375,10 @@ void ruda__order_worker_init(ruda__worker *w) {
   w->last_mark = NULL;
 }
 
-void ruda__order_worker_fini(ruda_device *dev, ruda__worker *w) {
+void ruda__order_worker_fini(struct ruda__sched *sch, ruda__worker *w) {
   /* The worker ran its MARK and every WAIT before it stopped: only this
    * reference is left. */
-  if (w->last_mark != NULL) dep_unref(dev, w->last_mark);
+  if (w->last_mark != NULL) dep_unref(sch, w->last_mark);
   w->last_mark = NULL;
   pthread_mutex_destroy(&w->mark_lock);
 }

@@ -44,7 +44,7 @@
 #include "memory/handles.h"
 #include "scheduler/scheduler.h"
 
-struct ruda_device;
+struct ruda__sched;
 
 /* a >= b for 32-bit counters that wrap. */
 static inline int ruda__ticket_ge(uint32_t a, uint32_t b) { return (int32_t)(a - b) >= 0; }
@@ -146,7 +146,7 @@ static inline int ruda__order_needed(const ruda__order *o) { return o->need != 0
  * workers are past the tickets). seq: the command's number, quoted if the
  * WAIT fails. RUDA_ENOMEM (via ruda__fail) when a MARK or WAIT cannot be
  * allocated; nothing the caller must undo then but ruda__order_abandon. */
-int ruda__order_prepare(struct ruda_device *dev, ruda__order *o, ruda__stream *s, uint64_t seq);
+int ruda__order_prepare(struct ruda__sched *sch, ruda__order *o, ruda__stream *s, uint64_t seq);
 
 /* Client, after the command was pushed on w (while it still holds its
  * pins and locks): records its writes as the buffers' last use and its
@@ -165,6 +165,6 @@ void ruda__order_completed(ruda__worker *w, uint64_t pos);
 
 /* Worker lifecycle: reset before start; drop last marks after stop. */
 void ruda__order_worker_init(ruda__worker *w);
-void ruda__order_worker_fini(struct ruda_device *dev, ruda__worker *w);
+void ruda__order_worker_fini(struct ruda__sched *sch, ruda__worker *w);
 
 #endif /* RUDA_ORDER_H */

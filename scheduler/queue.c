@@ -12,7 +12,7 @@
  */
 #include <stdlib.h>
 
-#include "scheduler/device.h"
+#include "scheduler/sched.h"
 #include "scheduler/order.h"
 #include "base/sync.h"
 
@@ -34,7 +34,7 @@ void ruda__queue_push_unbounded(ruda__worker *w, ruda__cmd *cmd) {
 }
 
 int ruda__queue_admit(ruda__worker *w, ruda_stream_id stream) {
-  const ruda_config *cfg = &w->dev->cfg;
+  const ruda_config *cfg = &w->sch->cfg;
   for (;;) {
     uint32_t d = atomic_fetch_add_explicit(&w->depth, 1, memory_order_relaxed);
     if (d < cfg->queue_bound) return 0;

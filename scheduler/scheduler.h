@@ -142,7 +142,7 @@ struct ruda_future {
   _Atomic int finished;
   ruda_error *err;
   ruda__completion completion;
-  struct ruda_device *dev;
+  struct ruda__sched *sch;
   ruda__stream *stream;
   int drains_errors;
   int held; /* handed to the caller: counted in the device's held_futures */
@@ -156,7 +156,7 @@ struct ruda_future {
   uint64_t stamp_ns;
 };
 
-struct ruda_future *ruda__future_new(struct ruda_device *dev, ruda__stream *s, int drains);
+struct ruda_future *ruda__future_new(struct ruda__sched *sch, ruda__stream *s, int drains);
 /* A public call hands f (may be NULL) to its caller: counted until
  * ruda_future_free. */
 void ruda__future_hand_out(struct ruda_future *f);
@@ -169,6 +169,26 @@ void ruda__future_unref(struct ruda_future *f);
 /* Ways of the per-worker cache of marks already waited for (order.c). */
 #define RUDA__COVER_WAYS 8u
 
+/* A worker's fields and who may touch them. "exec holder" is whoever holds
+ * `exec` (the worker side of base/backend.h: the worker thread, or a client
+ * running one command in place).
+ *
+ *   field                          written by               read by
+ *   tail, depth, tickets           any pusher (atomics)     worker, ordering clients
+ *   head                           worker thread (splice)   in-place clients (empty?)
+ *   wake / space                   pushers / worker         worker / pushers (event counts)
+ *   index, own_bit, thread, sch,   open (before the worker  anyone
+ *     observed, reserve_*           starts)
+ *   wstate, in_place_runs          exec holder              exec holder
+ *   done                           exec holder (atomic)     anyone
+ *   exec                           compare-and-swap         anyone
+ *   completed                      any waiter (atomic max)  anyone
+ *   covered                        pushers of WAITs         pushers (atomic, lossy)
+ *   mark_lock, last_mark           clients, under mark_lock
+ *   last_idle_ns, stats, trace,    worker thread only       worker; stats and traces
+ *     idle_epoch (written)                                  after it stopped; idle_epoch
+ *                                                           by scheduler/progress.c
+ */
 struct ruda__worker {
   /* Producer side, on its own cache line. */
   struct cds_wfcq_tail tail __attribute__((aligned(RUDA__CACHELINE)));
@@ -202,10 +222,10 @@ struct ruda__worker {
     uint64_t ns[RUDA__CMD_NKINDS], n[RUDA__CMD_NKINDS];
     uint64_t poll_ns, sleep_ns;
   } stats;
-  struct ruda_device *dev;
+  struct ruda__sched *sch;
   struct ruda__trace *trace; /* RUDA_TRACE only (scheduler/trace.h); worker only */
   /* Odd while the worker sleeps with every batch it took run; read by
-   * scheduler/fence.c to tell memory, on a backend whose work completes when
+   * scheduler/progress.c to tell memory, on a backend whose work completes when
    * it runs, that everything pushed earlier is done. */
   _Atomic uint32_t idle_epoch;
   /* Progress, on its own line: the worker stores `done` after each command
@@ -261,9 +281,9 @@ int ruda__queue_admit(ruda__worker *w, ruda_stream_id stream);
 void ruda__queue_push_admitted(ruda__worker *w, ruda__cmd *cmd);
 void ruda__queue_unadmit(ruda__worker *w);
 
-int ruda__workers_start(struct ruda_device *dev);
+int ruda__workers_start(struct ruda__sched *sch);
 /* Runs everything queued, stops and joins every worker. */
-void ruda__workers_stop(struct ruda_device *dev);
+void ruda__workers_stop(struct ruda__sched *sch);
 
 /* Runs one command on the worker; used by the worker loop. Returns the
  * command's result (already reported on its stream). The caller holds
@@ -356,20 +376,20 @@ typedef struct ruda__stream_table {
 void ruda__streams_init(ruda__stream_table *t);
 void ruda__streams_destroy(ruda__stream_table *t);
 /* Finds or creates the stream for id (RUDA_STREAM_CURRENT resolved). */
-ruda__stream *ruda__stream_get(struct ruda_device *dev, ruda_stream_id id);
+ruda__stream *ruda__stream_get(struct ruda__sched *sch, ruda_stream_id id);
 size_t ruda__streams_list(ruda__stream_table *t, ruda_stream_id *ids, size_t cap);
 
 /* A private stream on worker w, outside the stream table (ruda_stream_ids
  * does not list it): memory fences, collectives. NULL without memory. */
 ruda__stream *ruda__stream_private(ruda_stream_id id, ruda__worker *w);
 /* Frees one; errors nobody drained are logged as "<what> failed: ...". */
-void ruda__stream_private_free(struct ruda_device *dev, ruda__stream *s, const char *what);
+void ruda__stream_private_free(struct ruda__sched *sch, ruda__stream *s, const char *what);
 
 
 /* The stream a public call names, created at first use: RUDA_EINVAL for a
  * reserved id that names no existing stream, RUDA_ENOMEM (both recorded
  * naming fn) in *rc, NULL then. */
-ruda__stream *ruda__stream_for(struct ruda_device *dev, ruda_stream_id id, const char *fn, int *rc);
+ruda__stream *ruda__stream_for(struct ruda__sched *sch, ruda_stream_id id, const char *fn, int *rc);
 /* Threads' own streams (scheduler/stream_exit.c). life_get: the calling
  * thread's life record with a reference for a new stream (NULL without
  * memory: the stream is then never retired); life_put drops one. */
@@ -379,7 +399,7 @@ void ruda__thread_life_put(struct ruda__thread_life *life);
  * run and whose errors were drained: gives their pools' pages back and
  * stops listing them. Skips when another reap is running. Any thread;
  * takes pool locks, never waits for the device. */
-void ruda__streams_reap(struct ruda_device *dev);
+void ruda__streams_reap(struct ruda__sched *sch);
 
 /* Calls fn for every stream. */
 void ruda__streams_each(ruda__stream_table *t, void (*fn)(ruda__stream *, void *), void *arg);
@@ -388,6 +408,6 @@ void ruda__streams_each(ruda__stream_table *t, void (*fn)(ruda__stream *, void *
 void ruda__stream_push_error(ruda__stream *s, ruda_error *err);
 /* Takes the stream's errors; returns 0 or RUDA_EUNHEALTHY with *out an
  * owned summary (or discards them when out is NULL). */
-int ruda__stream_drain(struct ruda_device *dev, ruda__stream *s, ruda_error **out);
+int ruda__stream_drain(struct ruda__sched *sch, ruda__stream *s, ruda_error **out);
 
 #endif /* RUDA_SCHEDULER_H */

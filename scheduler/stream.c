@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "scheduler/device.h"
+#include "scheduler/sched.h"
 #include "scheduler/graph.h"
 #include "base/log.h"
 
@@ -83,8 +83,8 @@ ruda_stream_id ruda_stream_current(void) {
   return __builtin_expect(id != 0, 1) ? id : number_thread_stream();
 }
 
-static ruda__stream *create(ruda_device *dev, ruda_stream_id id) {
-  ruda__stream_table *t = &dev->streams;
+static ruda__stream *create(struct ruda__sched *sch, ruda_stream_id id) {
+  ruda__stream_table *t = &sch->streams;
   pthread_mutex_lock(&t->lock);
   ruda__stream_slots *cur = atomic_load_explicit(&t->current, memory_order_relaxed);
   ruda__stream *st = cur ? find(cur, id) : NULL;
@@ -92,7 +92,7 @@ static ruda__stream *create(ruda_device *dev, ruda_stream_id id) {
   st = ruda__stream_alloc();
   if (st == NULL) goto out;
   st->id = id;
-  st->worker = &dev->workers[(id & ~(1ull << 63)) % dev->nworkers];
+  st->worker = &sch->workers[(id & ~(1ull << 63)) % sch->nworkers];
   pthread_mutex_init(&st->err_lock, NULL);
   /* The calling thread's own stream: retired once the thread exits. */
   if (id == cache.current && id > RUDA_STREAM_EXPLICIT_MAX) st->life = ruda__thread_life_get();
@@ -125,29 +125,29 @@ out:
 
 /* The table behind a cache miss, out of line so that the hit path keeps
  * few registers live. */
-static __attribute__((noinline)) ruda__stream *stream_miss(ruda_device *dev, ruda_stream_id id) {
-  ruda__stream_slots *cur = atomic_load_explicit(&dev->streams.current, memory_order_acquire);
+static __attribute__((noinline)) ruda__stream *stream_miss(struct ruda__sched *sch, ruda_stream_id id) {
+  ruda__stream_slots *cur = atomic_load_explicit(&sch->streams.current, memory_order_acquire);
   ruda__stream *st = find(cur, id);
   if (st == NULL) {
-    st = create(dev, id);
+    st = create(sch, id);
     /* Threads that come and go (one per connection) retire the streams
      * of those gone, every sixteenth new thread. */
     if (st != NULL && st->life != NULL &&
-        (atomic_fetch_add_explicit(&dev->streams.thread_creations, 1, memory_order_relaxed) & 15) == 15)
-      ruda__streams_reap(dev);
+        (atomic_fetch_add_explicit(&sch->streams.thread_creations, 1, memory_order_relaxed) & 15) == 15)
+      ruda__streams_reap(sch);
   }
   if (st != NULL) {
-    cache.serial = dev->serial;
+    cache.serial = sch->serial;
     cache.id = id;
     cache.stream = st;
   }
   return st;
 }
 
-ruda__stream *ruda__stream_get(ruda_device *dev, ruda_stream_id id) {
+ruda__stream *ruda__stream_get(struct ruda__sched *sch, ruda_stream_id id) {
   if (id == RUDA_STREAM_CURRENT) id = cache.current ? cache.current : number_thread_stream();
-  if (__builtin_expect(cache.serial == dev->serial && cache.id == id, 1)) return cache.stream;
-  return stream_miss(dev, id);
+  if (__builtin_expect(cache.serial == sch->serial && cache.id == id, 1)) return cache.stream;
+  return stream_miss(sch, id);
 }
 
 void ruda__streams_each(ruda__stream_table *t, void (*fn)(ruda__stream *, void *), void *arg) {
@@ -177,12 +177,12 @@ size_t ruda__streams_list(ruda__stream_table *t, ruda_stream_id *ids, size_t cap
   return a.n;
 }
 
-ruda__stream *ruda__stream_for(ruda_device *dev, ruda_stream_id id, const char *fn, int *rc) {
+ruda__stream *ruda__stream_for(struct ruda__sched *sch, ruda_stream_id id, const char *fn, int *rc) {
   if (id != RUDA_STREAM_CURRENT && id > RUDA_STREAM_EXPLICIT_MAX) {
     /* A thread's own stream that exists (ruda_stream_ids lists it) may be
      * named by its id, from any thread: how errors left on the stream of a
      * thread that exited are drained. Unknown reserved ids are refused. */
-    ruda__stream *st = find(atomic_load_explicit(&dev->streams.current, memory_order_acquire), id);
+    ruda__stream *st = find(atomic_load_explicit(&sch->streams.current, memory_order_acquire), id);
     if (st != NULL && !atomic_load_explicit(&st->retired, memory_order_acquire)) return st;
     *rc = ruda__fail(RUDA_EINVAL,
                      "%s: stream id %llu is reserved (explicit ids are below 2^63; a thread's own stream "
@@ -190,7 +190,7 @@ ruda__stream *ruda__stream_for(ruda_device *dev, ruda_stream_id id, const char *
                      fn, (unsigned long long)id);
     return NULL;
   }
-  ruda__stream *s = ruda__stream_get(dev, id);
+  ruda__stream *s = ruda__stream_get(sch, id);
   if (s == NULL) *rc = ruda__fail(RUDA_ENOMEM, "%s: out of host memory creating stream", fn);
   return s;
 }
@@ -204,10 +204,10 @@ ruda__stream *ruda__stream_private(ruda_stream_id id, ruda__worker *w) {
   return s;
 }
 
-void ruda__stream_private_free(ruda_device *dev, ruda__stream *s, const char *what) {
+void ruda__stream_private_free(struct ruda__sched *sch, ruda__stream *s, const char *what) {
   if (s == NULL) return;
   for (ruda_error *e = s->err_head; e != NULL; e = e->next)
-    ruda__log(dev->cfg.log_level, RUDA_LOG_WARN, "%s failed: %s", what, e->msg);
+    ruda__log(sch->cfg.log_level, RUDA_LOG_WARN, "%s failed: %s", what, e->msg);
   ruda_error_free(s->err_head);
   pthread_mutex_destroy(&s->err_lock);
   free(s);
@@ -264,9 +264,9 @@ static const char *excerpt_of(const char *m, char *buf, size_t room) {
   return buf;
 }
 
-int ruda__stream_drain(ruda_device *dev, ruda__stream *s, ruda_error **out) {
+int ruda__stream_drain(struct ruda__sched *sch, ruda__stream *s, ruda_error **out) {
   if (out) *out = NULL;
-  int faulted = atomic_load_explicit(&dev->faulted, memory_order_acquire);
+  int faulted = atomic_load_explicit(&sch->faulted, memory_order_acquire);
   if (atomic_load_explicit(&s->nerr, memory_order_acquire) == 0 && !faulted) return 0;
   pthread_mutex_lock(&s->err_lock);
   ruda_error *list = s->err_head;
@@ -279,15 +279,15 @@ int ruda__stream_drain(ruda_device *dev, ruda__stream *s, ruda_error **out) {
   /* The stream that saw the fault first holds its report among its own
    * errors: the summary then points there instead of repeating it. */
   int fault_below = 0;
-  for (const ruda_error *e = list; faulted && dev->fault && e != NULL && !fault_below; e = e->next)
-    fault_below = strstr(e->msg, dev->fault->msg) != NULL;
+  for (const ruda_error *e = list; faulted && sch->fault && e != NULL && !fault_below; e = e->next)
+    fault_below = strstr(e->msg, sch->fault->msg) != NULL;
   const char *faulted_is = fault_below ? "; the device is faulted (the first report is among these errors)"
                                        : "; the device is faulted: ";
   /* The thread's last error says it too, as for any failed call. */
   char excerpt[RUDA__MSG_MAX], first[RUDA__MSG_MAX];
-  const int quote_fault = faulted && dev->fault != NULL && !fault_below;
+  const int quote_fault = faulted && sch->fault != NULL && !fault_below;
   ruda__fail(RUDA_EUNHEALTHY, "%s is unhealthy: %u error%s%s%s (first: %s)", RUDA__SNAME(s->id), n,
-             n == 1 ? "" : "s", faulted ? faulted_is : "", quote_fault ? excerpt_of(dev->fault->msg, excerpt, 160) : "",
+             n == 1 ? "" : "s", faulted ? faulted_is : "", quote_fault ? excerpt_of(sch->fault->msg, excerpt, 160) : "",
              list ? excerpt_of(list->msg, first, 200) : "not recorded");
   if (out == NULL) {
     ruda_error_free(list);
@@ -296,7 +296,7 @@ int ruda__stream_drain(ruda_device *dev, ruda__stream *s, ruda_error **out) {
   ruda_error *sum = ruda__error_new(
       RUDA_EUNHEALTHY, 0, "%s is unhealthy: %u error%s%s%s", RUDA__SNAME(s->id),
       n, n == 1 ? "" : "s", faulted ? faulted_is : "",
-      quote_fault ? excerpt_of(dev->fault->msg, excerpt, RUDA__MSG_MAX - 128) : "");
+      quote_fault ? excerpt_of(sch->fault->msg, excerpt, RUDA__MSG_MAX - 128) : "");
   ruda_error *l = NULL;
   if (sum != NULL && lost > 0)
     l = ruda__error_new(RUDA_ENOMEM, 0,
@@ -323,4 +323,16 @@ int ruda__stream_drain(ruda_device *dev, ruda__stream *s, ruda_error **out) {
   sum->cause = list;
   *out = sum;
   return RUDA_EUNHEALTHY;
+}
+
+void ruda__sched_fault(ruda__sched *sch, ruda_error *err) {
+  ruda_error *expected = NULL;
+  /* First fault wins; later ones are the same poisoned context. */
+  if (err != NULL && __atomic_compare_exchange_n(&sch->fault, &expected, err, 0, __ATOMIC_ACQ_REL,
+                                                 __ATOMIC_ACQUIRE)) {
+    atomic_store_explicit(&sch->faulted, 1, memory_order_release);
+    return;
+  }
+  atomic_store_explicit(&sch->faulted, 1, memory_order_release);
+  ruda_error_free(err);
 }

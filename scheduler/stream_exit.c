@@ -18,7 +18,7 @@
 #include <stdlib.h>
 
 #include "memory/pool.h"
-#include "scheduler/device.h"
+#include "scheduler/sched.h"
 
 struct ruda__thread_life {
   _Atomic int exited;
@@ -64,7 +64,7 @@ void ruda__thread_life_put(struct ruda__thread_life *life) {
 
 /* Under reap_lock: exit_ticket is written here only. */
 static void reap_one(ruda__stream *st, void *arg) {
-  ruda_device *dev = arg;
+  struct ruda__sched *sch = arg;
   if (st->life == NULL || atomic_load_explicit(&st->retired, memory_order_relaxed) ||
       !atomic_load_explicit(&st->life->exited, memory_order_acquire))
     return;
@@ -85,13 +85,13 @@ static void reap_one(ruda__stream *st, void *arg) {
   /* The empty pools go to the next stream that needs some. */
   if (p != NULL && atomic_compare_exchange_strong_explicit(&st->pools, &p, NULL, memory_order_acq_rel,
                                                            memory_order_relaxed) &&
-      !ruda__pools_recycle(&dev->memory, p))
+      !ruda__pools_recycle(sch->memory, p))
     atomic_store_explicit(&st->pools, p, memory_order_release);
   atomic_store_explicit(&st->retired, 1, memory_order_release);
 }
 
-void ruda__streams_reap(ruda_device *dev) {
-  if (pthread_mutex_trylock(&dev->streams.reap_lock) != 0) return;
-  ruda__streams_each(&dev->streams, reap_one, dev);
-  pthread_mutex_unlock(&dev->streams.reap_lock);
+void ruda__streams_reap(struct ruda__sched *sch) {
+  if (pthread_mutex_trylock(&sch->streams.reap_lock) != 0) return;
+  ruda__streams_each(&sch->streams, reap_one, sch);
+  pthread_mutex_unlock(&sch->streams.reap_lock);
 }

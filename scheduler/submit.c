@@ -3,10 +3,10 @@
 
 #include <execinfo.h>
 
-int ruda__push_control(ruda_device *dev, ruda__stream *s, int kind, int drains, const char *fn, ruda_future **out) {
+int ruda__push_control(struct ruda__sched *sch, ruda__stream *s, int kind, int drains, const char *fn, ruda_future **out) {
   *out = NULL;
   ruda__cmd *cmd = ruda__cmd_alloc(0);
-  ruda_future *f = cmd ? ruda__future_new(dev, s, drains) : NULL;
+  ruda_future *f = cmd ? ruda__future_new(sch, s, drains) : NULL;
   if (f == NULL) {
     ruda__cmd_free(cmd);
     return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);

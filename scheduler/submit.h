@@ -15,7 +15,7 @@
 #include "base/sync.h"
 #include "memory/handles.h"
 #include "memory/pool.h"
-#include "scheduler/device.h"
+#include "scheduler/sched.h"
 #include "scheduler/order.h"
 #include "scheduler/scheduler.h"
 
@@ -33,7 +33,7 @@ static inline const char *ruda__binding_label(char *buf, size_t n, const char *w
 /* o gathers the ordering the command needs after other streams' uses of
  * the buffer (scheduler/order.h); use says whether the command reads or
  * writes it (RUDA__USE_READ, RUDA__USE_WRITE). */
-static inline int ruda__pin_binding(ruda_device *dev, ruda__stream *s, ruda_binding b, const char *fn,
+static inline int ruda__pin_binding(struct ruda__sched *sch, ruda__stream *s, ruda_binding b, const char *fn,
                                     const char *what, int index, uint64_t *addr, uint64_t *len, ruda__order *o,
                                     int hold, uint32_t use) {
   uint64_t base, size;
@@ -43,18 +43,18 @@ static inline int ruda__pin_binding(ruda_device *dev, ruda__stream *s, ruda_bind
   *addr = *len = 0; /* set on every path: callers read them only on success */
   /* Pinned for s's worker: a worker other than the buffer's home is
    * recorded, so the buffer's memory waits for it after a free. */
-  if (ruda__handles_pin_use(&dev->handles, b.handle, s->worker->index, hold, &base, &size, &slot, &last) != 0)
+  if (ruda__handles_pin_use(sch->handles, b.handle, s->worker->index, hold, &base, &size, &slot, &last) != 0)
     return ruda__fail(RUDA_ENOTFOUND, "%s: %s handle {slot %u, gen %u} names no live buffer", fn,
                       ruda__binding_label(lb, sizeof lb, what, index), b.handle.slot, b.handle.gen);
-  if ((base & RUDA__UNBACKED) && ruda__memory_back(&dev->memory, atomic_load(&slot->mem), base, fn, &base) != 0) {
+  if ((base & RUDA__UNBACKED) && ruda__memory_back(sch->memory, atomic_load(&slot->mem), base, fn, &base) != 0) {
     ruda__handles_settle(slot);
-    ruda__handles_unpin(&dev->handles, b.handle.slot, NULL);
+    ruda__handles_unpin(sch->handles, b.handle.slot, NULL);
     return ruda_error_code(ruda_last_error());
   }
   uint64_t want = b.size ? b.size : (b.offset <= size ? size - b.offset : 0);
   if (b.offset > size || want > size - b.offset || want == 0) {
     ruda__handles_settle(slot);
-    ruda__handles_unpin(&dev->handles, b.handle.slot, NULL);
+    ruda__handles_unpin(sch->handles, b.handle.slot, NULL);
     return ruda__fail(RUDA_ERANGE,
                       "%s: %s binding offset %llu + size %llu is outside buffer {slot %u} of %llu bytes",
                       fn, ruda__binding_label(lb, sizeof lb, what, index), (unsigned long long)b.offset,
@@ -74,12 +74,12 @@ void ruda__origin_capture(ruda__cmd *cmd);
 /* Pushes cmd on s's worker, after whatever other streams' work o says it
  * must follow, and records its buffer uses (under their issue locks:
  * order.h). */
-static inline __attribute__((always_inline)) int ruda__submit(ruda_device *dev, ruda__stream *s, ruda__cmd *cmd,
+static inline __attribute__((always_inline)) int ruda__submit(struct ruda__sched *sch, ruda__stream *s, ruda__cmd *cmd,
                                                         ruda__order *o) {
   cmd->stream = s;
   cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
-  if (__builtin_expect(dev->cfg.launch_blocking, 0)) ruda__origin_capture(cmd);
-  if (__builtin_expect(atomic_load_explicit(&dev->tracing, memory_order_relaxed), 0))
+  if (__builtin_expect(sch->cfg.launch_blocking, 0)) ruda__origin_capture(cmd);
+  if (__builtin_expect(atomic_load_explicit(&sch->tracing, memory_order_relaxed), 0))
     cmd->enq_ns = ruda__now_ns(); /* tracing: the submit time */
   if (cmd->kind == RUDA__CMD_LAUNCH) { /* the backend names it in fault reports */
     cmd->u.launch.stream = s->id;
@@ -102,7 +102,7 @@ static inline __attribute__((always_inline)) int ruda__submit(ruda_device *dev, 
     return rc;
   }
   ruda__order_lock(o, w);
-  if (__builtin_expect(ruda__order_needed(o), 0) && (rc = ruda__order_prepare(dev, o, s, cmd->seq)) != 0) {
+  if (__builtin_expect(ruda__order_needed(o), 0) && (rc = ruda__order_prepare(sch, o, s, cmd->seq)) != 0) {
     ruda__queue_unadmit(w);
     ruda__order_abandon(o);
     return rc;
@@ -121,7 +121,7 @@ static inline __attribute__((always_inline)) int ruda__submit(ruda_device *dev, 
 /* Pushes a control command (flush, sync, profile stamp) of kind on s,
  * outside the queue bound, with a new future in *out; drains: waiting on
  * it hands back the stream's errors. */
-int ruda__push_control(ruda_device *dev, ruda__stream *s, int kind, int drains, const char *fn,
+int ruda__push_control(struct ruda__sched *sch, ruda__stream *s, int kind, int drains, const char *fn,
                        ruda_future **out);
 
 #endif /* RUDA_SCHEDULER_SUBMIT_H */

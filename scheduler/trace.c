@@ -9,7 +9,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/sync.h"
-#include "scheduler/device.h"
+#include "scheduler/sched.h"
 
 typedef struct trace_rec {
   uint64_t t0, t1;
@@ -58,18 +58,18 @@ const char *ruda__trace_cmd_name(const ruda__cmd *cmd) {
   return kind_name[cmd->kind];
 }
 
-static void free_traces(ruda_device *dev);
+static void free_traces(struct ruda__sched *sch);
 
 /* Buffers for every worker and the file, opened now so that a path that
- * cannot be written fails at once; dev->trace_path etc. set. 0, or
+ * cannot be written fails at once; sch->trace_path etc. set. 0, or
  * RUDA_EIO / RUDA_ENOMEM (via ruda__fail) with nothing left allocated. */
-static int make_traces(ruda_device *dev, const char *path, const char *fn) {
+static int make_traces(struct ruda__sched *sch, const char *path, const char *fn) {
   const char *dv = getenv("RUDA_TRACE_DEVICE");
   const int device = dv != NULL && *dv != '\0' && *dv != '0';
-  dev->traces = calloc(dev->nworkers, sizeof *dev->traces);
-  dev->trace_path = strdup(path);
-  int ok = dev->traces != NULL && dev->trace_path != NULL;
-  for (uint32_t i = 0; ok && i < dev->nworkers; i++) {
+  sch->traces = calloc(sch->nworkers, sizeof *sch->traces);
+  sch->trace_path = strdup(path);
+  int ok = sch->traces != NULL && sch->trace_path != NULL;
+  for (uint32_t i = 0; ok && i < sch->nworkers; i++) {
     ruda__trace *t = calloc(1, sizeof *t);
     if (t != NULL) t->recs = malloc(4096 * sizeof *t->recs);
     if ((ok = t != NULL && t->recs != NULL) == 0) {
@@ -78,30 +78,30 @@ static int make_traces(ruda_device *dev, const char *path, const char *fn) {
     }
     t->cap = 4096;
     t->device = device;
-    dev->traces[i] = t;
+    sch->traces[i] = t;
   }
   if (!ok) {
-    free_traces(dev);
+    free_traces(sch);
     return ruda__fail(RUDA_ENOMEM, "%s: out of host memory for the trace buffers", fn);
   }
-  if ((dev->trace_file = fopen(path, "w")) == NULL) {
-    free_traces(dev);
+  if ((sch->trace_file = fopen(path, "w")) == NULL) {
+    free_traces(sch);
     return ruda__fail(RUDA_EIO, "%s: cannot write the trace file %s", fn, path);
   }
-  dev->trace_start_ns = ruda__now_ns();
+  sch->trace_start_ns = ruda__now_ns();
   return 0;
 }
 
-void ruda__trace_open(ruda_device *dev) {
+void ruda__trace_open(struct ruda__sched *sch) {
   const char *path = getenv("RUDA_TRACE");
   if (path == NULL || *path == '\0') return;
-  if (make_traces(dev, path, "RUDA_TRACE") != 0) {
-    ruda__log(dev->cfg.log_level, RUDA_LOG_WARN, "%s; not tracing", ruda_error_message(ruda_last_error()));
+  if (make_traces(sch, path, "RUDA_TRACE") != 0) {
+    ruda__log(sch->cfg.log_level, RUDA_LOG_WARN, "%s; not tracing", ruda_error_message(ruda_last_error()));
     return;
   }
   /* The workers have not started: theirs at once. */
-  for (uint32_t i = 0; i < dev->nworkers; i++) dev->workers[i].trace = dev->traces[i];
-  atomic_store_explicit(&dev->tracing, 1, memory_order_release);
+  for (uint32_t i = 0; i < sch->nworkers; i++) sch->workers[i].trace = sch->traces[i];
+  atomic_store_explicit(&sch->tracing, 1, memory_order_release);
 }
 
 /* Commands that put work on the device, so have a device span. */
@@ -113,7 +113,7 @@ static int device_work(int kind) {
 /* A timing event on w's device stream now, or NULL (no timing events on
  * this backend, or the record failed: the span is then host-only). */
 static void *stamp(ruda__worker *w) {
-  const ruda__backend_ops *ops = w->dev->ops;
+  const ruda__backend_ops *ops = w->sch->ops;
   ruda__completion c = {0};
   ruda_error *err = NULL;
   if (ops->stamp == NULL || ops->elapsed == NULL || ops->stamp(w->wstate, &c, &err) != 0) {
@@ -128,8 +128,8 @@ static void start_device_clock(ruda__worker *w, ruda__trace *t) {
   if (t->zero == NULL) return;
   /* Blocks this worker once, while tracing: the zero's completion is
    * what ties device time to the host clock (within a wake-up). */
-  if (w->dev->ops->event_wait(w->dev->bstate, t->zero, NULL) != 0) {
-    w->dev->ops->event_release(w->dev->bstate, t->zero);
+  if (w->sch->ops->event_wait(w->sch->bstate, t->zero, NULL) != 0) {
+    w->sch->ops->event_release(w->sch->bstate, t->zero);
     t->zero = NULL;
     return;
   }
@@ -162,7 +162,7 @@ void ruda__trace_begin(ruda__worker *w, const ruda__cmd *cmd) {
   memcpy(r->name, name, len);
   r->name[len] = '\0';
   r->ev0 = r->ev1 = NULL;
-  if (t->device && device_work(cmd->kind) && t->ntimed < RUDA__TRACE_DEVICE_MAX && w->dev->ops->stamp != NULL) {
+  if (t->device && device_work(cmd->kind) && t->ntimed < RUDA__TRACE_DEVICE_MAX && w->sch->ops->stamp != NULL) {
     if (t->zero == NULL && t->ntimed == 0) start_device_clock(w, t);
     t->ntimed++;
     if (t->zero != NULL) r->ev0 = stamp(w);
@@ -183,7 +183,7 @@ static void sample_memory(ruda__worker *w, ruda__trace *t, uint64_t now) {
     t->samples_cap = cap;
   }
   t->samples[t->nsamples].t = now;
-  t->samples[t->nsamples++].held = atomic_load_explicit(&w->dev->memory.arena.backed, memory_order_relaxed);
+  t->samples[t->nsamples++].held = atomic_load_explicit(&w->sch->memory->arena.backed, memory_order_relaxed);
 }
 
 void ruda__trace_end(ruda__worker *w, ruda__trace *t, int rc) {
@@ -201,12 +201,12 @@ void ruda__trace_end(ruda__worker *w, ruda__trace *t, int rc) {
  * exactly; only the whole device lane's placement against the host's
  * carries the zero's wake-up error. 0 when r has no events or they cannot
  * be timed (a failed command). */
-static int device_span(ruda_device *dev, const ruda__trace *t, const trace_rec *r, double *ts, double *dur) {
+static int device_span(struct ruda__sched *sch, const ruda__trace *t, const trace_rec *r, double *ts, double *dur) {
   double a, b;
-  if (r->ev0 == NULL || r->ev1 == NULL || dev->ops->elapsed(dev->bstate, t->zero, r->ev0, &a) != 0 ||
-      dev->ops->elapsed(dev->bstate, t->zero, r->ev1, &b) != 0)
+  if (r->ev0 == NULL || r->ev1 == NULL || sch->ops->elapsed(sch->bstate, t->zero, r->ev0, &a) != 0 ||
+      sch->ops->elapsed(sch->bstate, t->zero, r->ev1, &b) != 0)
     return 0;
-  const double zero_us = t->zero_ns >= dev->trace_start_ns ? (double)(t->zero_ns - dev->trace_start_ns) / 1000.0 : 0;
+  const double zero_us = t->zero_ns >= sch->trace_start_ns ? (double)(t->zero_ns - sch->trace_start_ns) / 1000.0 : 0;
   *ts = zero_us + a * 1000.0;
   *dur = (b - a) * 1000.0;
   return 1;
@@ -225,21 +225,21 @@ static void put_json_string(FILE *f, const char *s) {
 
 static double us_since(uint64_t t, uint64_t start) { return t >= start ? (double)(t - start) / 1000.0 : 0.0; }
 
-static int write_file(ruda_device *dev) {
-  FILE *f = dev->trace_file;
-  dev->trace_file = NULL;
+static int write_file(struct ruda__sched *sch) {
+  FILE *f = sch->trace_file;
+  sch->trace_file = NULL;
   uint64_t dropped = 0;
   fputs("{\"traceEvents\":[\n", f);
-  for (uint32_t i = 0; i < dev->nworkers; i++) {
+  for (uint32_t i = 0; i < sch->nworkers; i++) {
     fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":%u,\"args\":{\"name\":\"ruda-w%u\"}},\n",
             i, i);
-    if (dev->traces[i]->zero != NULL)
+    if (sch->traces[i]->zero != NULL)
       fprintf(f,
               "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":2,\"tid\":%u,\"args\":{\"name\":\"ruda-w%u stream on the "
               "device\"}},\n",
               i, i);
   }
-  if (dev->ops->stamp != NULL)
+  if (sch->ops->stamp != NULL)
     fputs("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"ruda workers (host)\"}},\n"
           "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":2,\"args\":{\"name\":\"device\"}},\n",
           f);
@@ -247,10 +247,10 @@ static int write_file(ruda_device *dev) {
    * of one context, and per-worker zeros would each add their own host
    * wake-up error, shifting streams against each other. */
   const ruda__trace *ref = NULL;
-  for (uint32_t i = 0; i < dev->nworkers && ref == NULL; i++)
-    if (dev->traces[i]->zero != NULL) ref = dev->traces[i];
-  for (uint32_t i = 0; i < dev->nworkers; i++) {
-    const ruda__trace *t = dev->traces[i];
+  for (uint32_t i = 0; i < sch->nworkers && ref == NULL; i++)
+    if (sch->traces[i]->zero != NULL) ref = sch->traces[i];
+  for (uint32_t i = 0; i < sch->nworkers; i++) {
+    const ruda__trace *t = sch->traces[i];
     dropped += t->dropped;
     for (uint32_t k = 0; k < t->n; k++) {
       const trace_rec *r = &t->recs[k];
@@ -259,13 +259,13 @@ static int write_file(ruda_device *dev) {
       fputs("{\"name\":\"", f);
       put_json_string(f, r->name);
       fprintf(f, "\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":1,\"tid\":%u,\"ts\":%.3f,\"dur\":%.3f,", kind_name[r->kind], i,
-              us_since(r->t0, dev->trace_start_ns), (double)(r->t1 - r->t0) / 1000.0);
+              us_since(r->t0, sch->trace_start_ns), (double)(r->t1 - r->t0) / 1000.0);
       fprintf(f, "\"args\":{\"stream\":\"%s\",\"cmd\":%llu", stream, (unsigned long long)r->seq);
       if (r->bytes) fprintf(f, ",\"bytes\":%llu", (unsigned long long)r->bytes);
       if (r->queued) fprintf(f, ",\"queued_us\":%.3f", (double)r->queued / 1000.0);
       fputs("}},\n", f);
       double ts, dur;
-      if (ref != NULL && device_span(dev, ref, r, &ts, &dur)) {
+      if (ref != NULL && device_span(sch, ref, r, &ts, &dur)) {
         fputs("{\"name\":\"", f);
         put_json_string(f, r->name);
         fprintf(f,
@@ -276,16 +276,16 @@ static int write_file(ruda_device *dev) {
       if (r->rc != 0) {
         fprintf(f, "{\"name\":\"error: %s\",\"cat\":\"error\",\"ph\":\"i\",\"s\":\"t\",\"pid\":1,\"tid\":%u,"
                    "\"ts\":%.3f,\"args\":{\"stream\":\"%s\",\"cmd\":%llu}},\n",
-                ruda_err_name(r->rc), i, us_since(r->t1, dev->trace_start_ns), stream,
+                ruda_err_name(r->rc), i, us_since(r->t1, sch->trace_start_ns), stream,
                 (unsigned long long)r->seq);
       }
     }
   }
-  for (uint32_t i = 0; i < dev->nworkers; i++) {
-    const ruda__trace *t = dev->traces[i];
+  for (uint32_t i = 0; i < sch->nworkers; i++) {
+    const ruda__trace *t = sch->traces[i];
     for (uint32_t k = 0; k < t->nsamples; k++)
       fprintf(f, "{\"name\":\"device memory held\",\"ph\":\"C\",\"pid\":1,\"ts\":%.3f,\"args\":{\"MiB\":%.3f}},\n",
-              us_since(t->samples[k].t, dev->trace_start_ns), (double)t->samples[k].held / 1048576.0);
+              us_since(t->samples[k].t, sch->trace_start_ns), (double)t->samples[k].held / 1048576.0);
   }
   /* The last element closes the list without a trailing comma. */
   fprintf(f, "{\"name\":\"dropped\",\"ph\":\"M\",\"pid\":1,\"args\":{\"commands\":%llu}}\n",
@@ -294,36 +294,36 @@ static int write_file(ruda_device *dev) {
   return fclose(f) == 0 ? 0 : -1;
 }
 
-static void free_traces(ruda_device *dev) {
-  for (uint32_t i = 0; dev->traces != NULL && i < dev->nworkers; i++) {
-    ruda__trace *t = dev->traces[i];
+static void free_traces(struct ruda__sched *sch) {
+  for (uint32_t i = 0; sch->traces != NULL && i < sch->nworkers; i++) {
+    ruda__trace *t = sch->traces[i];
     if (t == NULL) continue;
-    if (dev->ops->event_release != NULL) {
+    if (sch->ops->event_release != NULL) {
       for (uint32_t k = 0; k < t->n; k++) {
-        if (t->recs[k].ev0 != NULL) dev->ops->event_release(dev->bstate, t->recs[k].ev0);
-        if (t->recs[k].ev1 != NULL) dev->ops->event_release(dev->bstate, t->recs[k].ev1);
+        if (t->recs[k].ev0 != NULL) sch->ops->event_release(sch->bstate, t->recs[k].ev0);
+        if (t->recs[k].ev1 != NULL) sch->ops->event_release(sch->bstate, t->recs[k].ev1);
       }
-      if (t->zero != NULL) dev->ops->event_release(dev->bstate, t->zero);
+      if (t->zero != NULL) sch->ops->event_release(sch->bstate, t->zero);
     }
     free(t->recs);
     free(t->samples);
     free(t);
   }
-  free(dev->traces);
-  dev->traces = NULL;
-  if (dev->trace_file != NULL) fclose(dev->trace_file);
-  dev->trace_file = NULL;
-  free(dev->trace_path);
-  dev->trace_path = NULL;
+  free(sch->traces);
+  sch->traces = NULL;
+  if (sch->trace_file != NULL) fclose(sch->trace_file);
+  sch->trace_file = NULL;
+  free(sch->trace_path);
+  sch->trace_path = NULL;
 }
 
-void ruda__trace_close(ruda_device *dev, int write) {
-  if (dev->traces == NULL) return;
-  for (uint32_t i = 0; i < dev->nworkers; i++) dev->workers[i].trace = NULL;
-  atomic_store_explicit(&dev->tracing, 0, memory_order_relaxed);
-  if (write && write_file(dev) != 0)
-    ruda__log(dev->cfg.log_level, RUDA_LOG_WARN, "RUDA_TRACE: cannot write %s", dev->trace_path);
-  free_traces(dev);
+void ruda__trace_close(struct ruda__sched *sch, int write) {
+  if (sch->traces == NULL) return;
+  for (uint32_t i = 0; i < sch->nworkers; i++) sch->workers[i].trace = NULL;
+  atomic_store_explicit(&sch->tracing, 0, memory_order_relaxed);
+  if (write && write_file(sch) != 0)
+    ruda__log(sch->cfg.log_level, RUDA_LOG_WARN, "RUDA_TRACE: cannot write %s", sch->trace_path);
+  free_traces(sch);
 }
 
 /* Hands each worker its buffer, or takes it back (stop), in the order of
@@ -333,14 +333,14 @@ void ruda__trace_close(ruda_device *dev, int write) {
  * every command (and a stop's futures) is allocated before the first
  * push, so a failure (RUDA_ENOMEM) leaves every worker as it was and
  * there is nothing to undo; once pushing starts nothing can fail. */
-static int tell_workers(ruda_device *dev, int stop, const char *fn) {
-  const uint32_t n = dev->nworkers;
+static int tell_workers(struct ruda__sched *sch, int stop, const char *fn) {
+  const uint32_t n = sch->nworkers;
   ruda__cmd **cmds = calloc(n, sizeof *cmds);
   ruda_future **f = stop ? calloc(n, sizeof *f) : NULL;
   int ok = cmds != NULL && (!stop || f != NULL);
   for (uint32_t i = 0; ok && i < n; i++) {
     ok = (cmds[i] = ruda__cmd_alloc(0)) != NULL;
-    if (ok && stop) ok = (f[i] = ruda__future_new(dev, NULL, 0)) != NULL;
+    if (ok && stop) ok = (f[i] = ruda__future_new(sch, NULL, 0)) != NULL;
   }
   if (!ok) {
     for (uint32_t i = 0; cmds != NULL && i < n; i++)
@@ -355,9 +355,9 @@ static int tell_workers(ruda_device *dev, int stop, const char *fn) {
     cmd->kind = RUDA__CMD_TRACE;
     cmd->stream = NULL; /* the device's own command */
     cmd->seq = 0;
-    cmd->u.trace.t = stop ? NULL : dev->traces[i];
+    cmd->u.trace.t = stop ? NULL : sch->traces[i];
     cmd->future = stop ? f[i] : NULL;
-    ruda__queue_push_unbounded(&dev->workers[i], cmd);
+    ruda__queue_push_unbounded(&sch->workers[i], cmd);
   }
   for (uint32_t i = 0; stop && i < n; i++) {
     ruda_future_wait(f[i], NULL);
@@ -368,38 +368,38 @@ static int tell_workers(ruda_device *dev, int stop, const char *fn) {
   return 0;
 }
 
-int ruda__trace_start(ruda_device *dev, const char *path, const char *fn) {
-  pthread_mutex_lock(&dev->trace_lock);
+int ruda__trace_start(struct ruda__sched *sch, const char *path, const char *fn) {
+  pthread_mutex_lock(&sch->trace_lock);
   int rc = 0;
-  if (dev->traces != NULL)
-    rc = ruda__fail(RUDA_EBUSY, "%s: already tracing to %s (ruda_trace_stop first)", fn, dev->trace_path);
-  else if ((rc = make_traces(dev, path, fn)) == 0) {
-    atomic_store_explicit(&dev->tracing, 1, memory_order_release);
-    if ((rc = tell_workers(dev, 0, fn)) != 0) { /* no worker has its buffer */
-      atomic_store_explicit(&dev->tracing, 0, memory_order_relaxed);
-      free_traces(dev);
+  if (sch->traces != NULL)
+    rc = ruda__fail(RUDA_EBUSY, "%s: already tracing to %s (ruda_trace_stop first)", fn, sch->trace_path);
+  else if ((rc = make_traces(sch, path, fn)) == 0) {
+    atomic_store_explicit(&sch->tracing, 1, memory_order_release);
+    if ((rc = tell_workers(sch, 0, fn)) != 0) { /* no worker has its buffer */
+      atomic_store_explicit(&sch->tracing, 0, memory_order_relaxed);
+      free_traces(sch);
     }
   }
-  pthread_mutex_unlock(&dev->trace_lock);
+  pthread_mutex_unlock(&sch->trace_lock);
   return rc;
 }
 
-int ruda__trace_stop(ruda_device *dev, const char *fn) {
-  pthread_mutex_lock(&dev->trace_lock);
+int ruda__trace_stop(struct ruda__sched *sch, const char *fn) {
+  pthread_mutex_lock(&sch->trace_lock);
   int rc = 0;
-  if (dev->traces == NULL) {
+  if (sch->traces == NULL) {
     rc = ruda__fail(RUDA_EINVAL, "%s: not tracing", fn);
   } else {
-    atomic_store_explicit(&dev->tracing, 0, memory_order_relaxed);
-    if ((rc = tell_workers(dev, 1, fn)) != 0) { /* every worker still traces */
-      atomic_store_explicit(&dev->tracing, 1, memory_order_relaxed);
+    atomic_store_explicit(&sch->tracing, 0, memory_order_relaxed);
+    if ((rc = tell_workers(sch, 1, fn)) != 0) { /* every worker still traces */
+      atomic_store_explicit(&sch->tracing, 1, memory_order_relaxed);
     } else {
       char path[512];
-      snprintf(path, sizeof path, "%s", dev->trace_path);
-      if (write_file(dev) != 0) rc = ruda__fail(RUDA_EIO, "%s: writing the trace file %s failed", fn, path);
-      free_traces(dev);
+      snprintf(path, sizeof path, "%s", sch->trace_path);
+      if (write_file(sch) != 0) rc = ruda__fail(RUDA_EIO, "%s: writing the trace file %s failed", fn, path);
+      free_traces(sch);
     }
   }
-  pthread_mutex_unlock(&dev->trace_lock);
+  pthread_mutex_unlock(&sch->trace_lock);
   return rc;
 }

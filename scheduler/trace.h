@@ -41,7 +41,7 @@ const char *ruda__trace_cmd_name(const ruda__cmd *cmd);
 
 /* Reads RUDA_TRACE at open; gives every worker a buffer when it is set.
  * Without memory tracing is off (with a warning), never an error. */
-void ruda__trace_open(struct ruda_device *dev);
+void ruda__trace_open(struct ruda__sched *sch);
 /* Worker w only (w->trace set): cmd is about to run (kept until
  * ruda__trace_end). The first timed command waits once for the device. */
 void ruda__trace_begin(ruda__worker *w, const ruda__cmd *cmd);
@@ -50,13 +50,13 @@ void ruda__trace_begin(ruda__worker *w, const ruda__cmd *cmd);
 void ruda__trace_end(ruda__worker *w, ruda__trace *t, int rc);
 /* After the workers stopped: writes the file when `write` (close; not
  * after a failed open), frees the buffers. */
-void ruda__trace_close(struct ruda_device *dev, int write);
+void ruda__trace_close(struct ruda__sched *sch, int write);
 
 /* ruda_trace_start / ruda_trace_stop (ruda.h): any client thread, one at
- * a time per device (dev->trace_lock). start hands every worker a buffer
+ * a time per device (sch->trace_lock). start hands every worker a buffer
  * through its queue; stop takes them back, waits until every worker has,
  * and writes the file. fn names the call in errors. */
-int ruda__trace_start(struct ruda_device *dev, const char *path, const char *fn);
-int ruda__trace_stop(struct ruda_device *dev, const char *fn);
+int ruda__trace_start(struct ruda__sched *sch, const char *path, const char *fn);
+int ruda__trace_stop(struct ruda__sched *sch, const char *fn);
 
 #endif /* RUDA_SCHEDULER_TRACE_H */

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <sched.h>
 
-#include "scheduler/device.h"
+#include "scheduler/sched.h"
 #include "base/log.h"
 #include "scheduler/auto_graph.h"
 #include "scheduler/graph.h"
@@ -55,19 +55,19 @@ static void report(ruda__worker *w, ruda__cmd *cmd, int code, ruda_error *err) {
       err->nframes = cmd->origin->nframes;
     }
   }
-  ruda__log(w->dev->cfg.log_level, RUDA_LOG_DEBUG, "worker %u: %s", w->index, err ? err->msg : "error lost");
+  ruda__log(w->sch->cfg.log_level, RUDA_LOG_DEBUG, "worker %u: %s", w->index, err ? err->msg : "error lost");
   ruda__stream_push_error(s, err);
 }
 
 /* RUDA_LAUNCH_BLOCKING: waits until the device ran what this worker
  * submitted, so a failure is reported on the command that caused it. */
 static int wait_for_device(ruda__worker *w, ruda_error **err) {
-  const ruda__backend_ops *ops = w->dev->ops;
+  const ruda__backend_ops *ops = w->sch->ops;
   ruda__completion c = {0};
   int rc = ops->record(w->wstate, &c, err);
   if (rc == 0 && c.event != NULL) {
-    rc = ops->event_wait(w->dev->bstate, c.event, err);
-    if (ops->event_release != NULL) ops->event_release(w->dev->bstate, c.event);
+    rc = ops->event_wait(w->sch->bstate, c.event, err);
+    if (ops->event_release != NULL) ops->event_release(w->sch->bstate, c.event);
   }
   return rc;
 }
@@ -75,8 +75,8 @@ static int wait_for_device(ruda__worker *w, ruda_error **err) {
 static int finish(ruda__worker *w, ruda__cmd *cmd, int rc, ruda_error *err);
 
 int ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
-  ruda_device *dev = w->dev;
-  const ruda__backend_ops *ops = dev->ops;
+  struct ruda__sched *sch = w->sch;
+  const ruda__backend_ops *ops = sch->ops;
   ruda_error *err = NULL;
   int rc = 0;
   switch (cmd->kind) {
@@ -133,14 +133,14 @@ int ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
 /* What follows a command's issue: RUDA_LAUNCH_BLOCKING's wait, the error
  * report, its pins, `done`, its future. Returns rc (or the wait's code). */
 static int finish(ruda__worker *w, ruda__cmd *cmd, int rc, ruda_error *err) {
-  ruda_device *dev = w->dev;
-  if (__builtin_expect(dev->cfg.launch_blocking, 0) && rc == 0 && cmd->kind != RUDA__CMD_MARK &&
+  struct ruda__sched *sch = w->sch;
+  if (__builtin_expect(sch->cfg.launch_blocking, 0) && rc == 0 && cmd->kind != RUDA__CMD_MARK &&
       cmd->kind != RUDA__CMD_WAIT && cmd->kind != RUDA__CMD_STOP && cmd->kind != RUDA__CMD_FENCE &&
       cmd->kind != RUDA__CMD_TRACE)
     rc = wait_for_device(w, &err);
   if (rc != 0) report(w, cmd, rc, err);
   for (uint32_t i = 0; i < cmd->npins; i++)
-    ruda__handles_unpin(&dev->handles, ruda__pin_slot(cmd->pins[i]), w->wstate);
+    ruda__handles_unpin(sch->handles, ruda__pin_slot(cmd->pins[i]), w->wstate);
   /* Counted run before its future completes, so a caller back from a
    * sync or read sees this worker past the command (scheduler/order.c). */
   uint64_t pos = atomic_load_explicit(&w->done, memory_order_relaxed) + 1;
@@ -212,14 +212,14 @@ static int worker_stats_on(void) {
 
 static void *worker_main(void *arg) {
   ruda__worker *w = arg;
-  ruda_device *dev = w->dev;
+  struct ruda__sched *sch = w->sch;
   char name[16];
   snprintf(name, sizeof name, "ruda-w%u", w->index);
   pthread_setname_np(pthread_self(), name);
   const int stats = worker_stats_on();
   const int nvtx = ruda__nvtx_on();
   ruda__nvtx_name_worker(w->index);
-  const int autog = dev->cfg.auto_graphs && !dev->cfg.launch_blocking && !stats && !nvtx;
+  const int autog = sch->cfg.auto_graphs && !sch->cfg.launch_blocking && !stats && !nvtx;
 
   int stop = 0;
   while (!stop) {
@@ -239,8 +239,8 @@ static void *worker_main(void *arg) {
         __cds_wfcq_splice_nonblocking(&batch_head, &batch_tail, &w->head, &w->tail);
     if (r == CDS_WFCQ_RET_SRC_EMPTY) {
       atomic_fetch_add_explicit(&w->idle_epoch, 1, memory_order_seq_cst); /* odd: idle */
-      const uint64_t idle_start = ruda__now_ns(), spin = (uint64_t)dev->cfg.spin_us * 1000;
-      const int retiring = dev->ops->progress != NULL && dev->ops->progress(w->wstate);
+      const uint64_t idle_start = ruda__now_ns(), spin = (uint64_t)sch->cfg.spin_us * 1000;
+      const int retiring = sch->ops->progress != NULL && sch->ops->progress(w->wstate);
       ruda__exec_release(w);
       /* Poll before sleeping while work has been coming back within the
        * spin time (a client waiting on a result is about to send the next
@@ -312,14 +312,14 @@ static void *worker_main(void *arg) {
       else execute_observed(w, cmd, stats, nvtx);
       ruda__cmd_free(cmd);
     }
-    if (dev->ops->progress != NULL) dev->ops->progress(w->wstate);
+    if (sch->ops->progress != NULL) sch->ops->progress(w->wstate);
     retire(w, &unretired);
     /* Kept after STOP: no client runs anything in place on a stopped
      * worker's state. */
     if (!stop) ruda__exec_release(w);
   }
   ruda__auto_free(w);
-  if (dev->ops->worker_stop) dev->ops->worker_stop(dev->bstate, w->wstate);
+  if (sch->ops->worker_stop) sch->ops->worker_stop(sch->bstate, w->wstate);
   return NULL;
 }
 
@@ -336,8 +336,8 @@ static void *worker_boot(void *p) {
   start_arg a = *(start_arg *)p;
   free(p);
   ruda__worker *w = a.w;
-  w->start_code = w->dev->ops->worker_start
-                      ? w->dev->ops->worker_start(w->dev->bstate, w->index, &w->wstate)
+  w->start_code = w->sch->ops->worker_start
+                      ? w->sch->ops->worker_start(w->sch->bstate, w->index, &w->wstate)
                       : 0;
   pthread_mutex_lock(a.lock);
   (*a.pending)--;
@@ -358,28 +358,28 @@ static void release_reserve(ruda__worker *w) {
   w->reserve_future = NULL;
 }
 
-int ruda__workers_start(ruda_device *dev) {
-  uint32_t n = dev->nworkers;
+int ruda__workers_start(struct ruda__sched *sch) {
+  uint32_t n = sch->nworkers;
   pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
   pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
   uint32_t pending = 0;
   uint32_t started = 0;
   int rc = 0;
   for (uint32_t i = 0; i < n; i++) {
-    ruda__worker *w = &dev->workers[i];
+    ruda__worker *w = &sch->workers[i];
     cds_wfcq_init(&w->head, &w->tail);
     ruda__order_worker_init(w);
     ck_ec32_init(&w->wake, 0);
     ck_ec32_init(&w->space, 0);
     w->index = i;
-    w->own_bit = dev->nworkers <= 64 ? UINT64_C(1) << i : 0;
-    w->dev = dev;
+    w->own_bit = sch->nworkers <= 64 ? UINT64_C(1) << i : 0;
+    w->sch = sch;
     w->wstate = NULL;
     atomic_init(&w->exec, 0);
     w->observed = worker_stats_on() || ruda__nvtx_on();
     w->reserve_fence = ruda__cmd_alloc(0);
     w->reserve_stop = ruda__cmd_alloc(0);
-    w->reserve_future = ruda__future_new(dev, NULL, 0);
+    w->reserve_future = ruda__future_new(sch, NULL, 0);
     start_arg *a = malloc(sizeof *a);
     if (a == NULL || w->reserve_fence == NULL || w->reserve_stop == NULL || w->reserve_future == NULL) {
       free(a);
@@ -406,11 +406,11 @@ int ruda__workers_start(ruda_device *dev) {
   while (pending > 0) pthread_cond_wait(&cond, &lock);
   pthread_mutex_unlock(&lock);
   for (uint32_t i = 0; i < started && rc == 0; i++)
-    if (dev->workers[i].start_code != 0) rc = dev->workers[i].start_code;
+    if (sch->workers[i].start_code != 0) rc = sch->workers[i].start_code;
   if (rc != 0) {
     /* Stop the ones that run, join all that started. */
     for (uint32_t i = 0; i < started; i++) {
-      ruda__worker *w = &dev->workers[i];
+      ruda__worker *w = &sch->workers[i];
       if (w->start_code == 0) {
         ruda__cmd *stop = w->reserve_stop; /* skipping it would hang the join */
         w->reserve_stop = NULL;
@@ -429,10 +429,10 @@ int ruda__workers_start(ruda_device *dev) {
 
 /* RUDA_WORKER_STATS=1: where each worker's time went, on stderr at close:
  * milliseconds and commands per kind, then polling and asleep. */
-static void print_stats(ruda_device *dev) {
+static void print_stats(struct ruda__sched *sch) {
   if (!worker_stats_on()) return;
-  for (uint32_t i = 0; i < dev->nworkers; i++) {
-    ruda__worker *w = &dev->workers[i];
+  for (uint32_t i = 0; i < sch->nworkers; i++) {
+    ruda__worker *w = &sch->workers[i];
     char line[1024];
     int at = snprintf(line, sizeof line, "ruda: worker %u:", i);
     for (int k = 0; k < RUDA__CMD_NKINDS && at < (int)sizeof line; k++)
@@ -446,15 +446,15 @@ static void print_stats(ruda_device *dev) {
   }
 }
 
-void ruda__workers_stop(ruda_device *dev) {
+void ruda__workers_stop(struct ruda__sched *sch) {
   /* First let every worker run everything queued on it. A worker running
    * a command may push onto another worker's queue (scheduler/fence.c:
    * a fence for a buffer retired by its last unpin); had that worker
    * already reached its STOP and exited, the pushed command would never
    * run and its memory would leak. Once every worker passed this FENCE,
    * no client command is left to run, so no worker pushes any more. */
-  for (uint32_t i = 0; i < dev->nworkers; i++) {
-    ruda__worker *w = &dev->workers[i];
+  for (uint32_t i = 0; i < sch->nworkers; i++) {
+    ruda__worker *w = &sch->workers[i];
     ruda__cmd *fence = w->reserve_fence;
     fence->kind = RUDA__CMD_FENCE;
     fence->stream = NULL;
@@ -463,16 +463,16 @@ void ruda__workers_stop(ruda_device *dev) {
     w->reserve_fence = NULL;
     ruda__queue_push_unbounded(w, fence);
   }
-  for (uint32_t i = 0; i < dev->nworkers; i++) {
-    ruda__worker *w = &dev->workers[i];
+  for (uint32_t i = 0; i < sch->nworkers; i++) {
+    ruda__worker *w = &sch->workers[i];
     ruda_future_wait(w->reserve_future, NULL);
     ruda_future_free(w->reserve_future);
     w->reserve_future = NULL;
   }
   /* Each STOP goes behind everything already queued, so every enqueued
    * command runs (and reports) before its worker exits. */
-  for (uint32_t i = 0; i < dev->nworkers; i++) {
-    ruda__worker *w = &dev->workers[i];
+  for (uint32_t i = 0; i < sch->nworkers; i++) {
+    ruda__worker *w = &sch->workers[i];
     ruda__cmd *stop = w->reserve_stop;
     w->reserve_stop = NULL;
     stop->kind = RUDA__CMD_STOP;
@@ -480,7 +480,7 @@ void ruda__workers_stop(ruda_device *dev) {
     stop->seq = 0;
     ruda__queue_push_unbounded(w, stop);
   }
-  for (uint32_t i = 0; i < dev->nworkers; i++) pthread_join(dev->workers[i].thread, NULL);
-  print_stats(dev);
-  for (uint32_t i = 0; i < dev->nworkers; i++) ruda__order_worker_fini(dev, &dev->workers[i]);
+  for (uint32_t i = 0; i < sch->nworkers; i++) pthread_join(sch->workers[i].thread, NULL);
+  print_stats(sch);
+  for (uint32_t i = 0; i < sch->nworkers; i++) ruda__order_worker_fini(sch, &sch->workers[i]);
 }

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/staging.h"
+#include "staging/staging.h"
 #include "scheduler/graph.h"
 #include "scheduler/submit.h"
 #include "src/api.h"
@@ -120,9 +120,9 @@ int ruda_buffer_create(ruda_device *dev, ruda_stream_id stream, uint64_t size, r
                       "ruda_buffer_create: %llu bytes can never fit (device holds %llu bytes)",
                       (unsigned long long)size, (unsigned long long)dev->limits.total_mem);
   int rc = 0;
-  ruda__stream *s = ruda__stream_for(dev, stream, "ruda_buffer_create", &rc);
+  ruda__stream *s = ruda__stream_for(&dev->sched, stream, "ruda_buffer_create", &rc);
   if (s == NULL) return rc;
-  ruda__pools *p = ruda__stream_pools(dev, s);
+  ruda__pools *p = ruda__stream_pools(&dev->sched, s);
   if (p == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_buffer_create: out of host memory for pools");
   return ruda__memory_alloc(p, size, out); /* memory/pool.c */
 }
@@ -130,7 +130,7 @@ int ruda_buffer_create(ruda_device *dev, ruda_stream_id stream, uint64_t size, r
 int ruda_buffer_free(ruda_device *dev, ruda_stream_id stream, ruda_handle h) {
   RUDA__CHECK_DEV(dev, "ruda_buffer_free");
   int rc = 0;
-  ruda__stream *s = ruda__stream_for(dev, stream, "ruda_buffer_free", &rc);
+  ruda__stream *s = ruda__stream_for(&dev->sched, stream, "ruda_buffer_free", &rc);
   if (s == NULL) return rc;
   /* Stream order comes from the pins of the commands that use the buffer
    * and, for other workers, from fences (memory/pool.c): no command. */
@@ -153,7 +153,7 @@ static int check_layout(ruda_device *dev, const ruda__layout *l, const char *fn)
 }
 
 /* Contiguous writes larger than this go in pieces of this size, staged in
- * parallel (memory/staging_copy.c) and each pushed as soon as it is
+ * parallel (staging/copy.c) and each pushed as soon as it is
  * copied, so the host copy of later pieces overlaps the DMA of earlier
  * ones. Every piece is pushed before ruda_write returns, so later commands
  * of the caller still follow the whole write. */
@@ -212,7 +212,7 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
     return ruda__fail(RUDA_EINVAL, "%s: %s is NULL", fn, dst ? "src" : "dst");
   if (len == 0) return ruda__fail(RUDA_EINVAL, "%s: len is 0", fn);
   int rc = 0;
-  ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
+  ruda__stream *s = ruda__stream_for(&dev->sched, stream, fn, &rc);
   if (s == NULL) return rc;
   const int capturing = atomic_load_explicit(&s->capturing, memory_order_acquire);
   if (capturing && user_staged == NULL)
@@ -222,7 +222,7 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
   uint64_t addr, blen;
   ruda__order o;
   ruda__order_init(&o);
-  if ((rc = ruda__pin_binding(dev, s, dst->binding, fn, "dst", -1, &addr, &blen, &o, capturing,
+  if ((rc = ruda__pin_binding(&dev->sched, s, dst->binding, fn, "dst", -1, &addr, &blen, &o, capturing,
                               RUDA__USE_WRITE)) != 0)
     return rc;
   ruda__layout l;
@@ -244,7 +244,7 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
     /* Pieces are pushed in any order: a WAIT goes before all of them. The
      * buffer's issue lock is held until the last piece is queued. */
     ruda__order_lock(&o, s->worker);
-    if (ruda__order_needed(&o) && (rc = ruda__order_prepare(dev, &o, s, 0)) != 0) {
+    if (ruda__order_needed(&o) && (rc = ruda__order_prepare(&dev->sched, &o, s, 0)) != 0) {
       ruda__queue_unadmit(s->worker);
       goto unpin;
     }
@@ -270,7 +270,7 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
   cmd->u.write.dst = addr;
   cmd->u.write.staged = staged;
   cmd->u.write.layout = l;
-  if ((rc = ruda__submit(dev, s, cmd, &o)) != 0) {
+  if ((rc = ruda__submit(&dev->sched, s, cmd, &o)) != 0) {
     if (user_staged == NULL) dev->ops->stage_free(dev->bstate, staged);
     ruda__cmd_free(cmd);
     goto unpin;
@@ -301,13 +301,13 @@ int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src
     return ruda__fail(RUDA_EINVAL, "ruda_read: %s is NULL", !src ? "src" : !dst ? "dst" : "fut");
   if (len == 0) return ruda__fail(RUDA_EINVAL, "ruda_read: len is 0");
   int rc = 0;
-  ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
+  ruda__stream *s = ruda__stream_for(&dev->sched, stream, fn, &rc);
   if (s == NULL) return rc;
   const int capturing = atomic_load_explicit(&s->capturing, memory_order_acquire);
   uint64_t addr, blen;
   ruda__order o;
   ruda__order_init(&o);
-  if ((rc = ruda__pin_binding(dev, s, src->binding, fn, "src", -1, &addr, &blen, &o, capturing,
+  if ((rc = ruda__pin_binding(&dev->sched, s, src->binding, fn, "src", -1, &addr, &blen, &o, capturing,
                               RUDA__USE_READ)) != 0)
     return rc;
   ruda__layout l;
@@ -324,7 +324,7 @@ int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src
     return 0;
   }
   ruda__cmd *cmd = ruda__cmd_alloc(sizeof(uint32_t));
-  ruda_future *f = cmd ? ruda__future_new(dev, s, 1) : NULL;
+  ruda_future *f = cmd ? ruda__future_new(&dev->sched, s, 1) : NULL;
   if (f == NULL) {
     ruda__cmd_free(cmd);
     rc = ruda__fail(RUDA_ENOMEM, "ruda_read: out of host memory");
@@ -338,7 +338,7 @@ int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_copy_desc *src
   cmd->u.read.src = addr;
   cmd->u.read.dst = dst;
   cmd->u.read.layout = l;
-  if ((rc = ruda__submit(dev, s, cmd, &o)) != 0) {
+  if ((rc = ruda__submit(&dev->sched, s, cmd, &o)) != 0) {
     free(f);
     ruda__cmd_free(cmd);
     goto unpin;
@@ -356,14 +356,14 @@ int ruda_copy(ruda_device *dev, ruda_stream_id stream, ruda_binding dst, ruda_bi
   static const char fn[] = "ruda_copy";
   RUDA__CHECK_DEV(dev, fn);
   int rc = 0;
-  ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
+  ruda__stream *s = ruda__stream_for(&dev->sched, stream, fn, &rc);
   if (s == NULL) return rc;
   const int capturing = atomic_load_explicit(&s->capturing, memory_order_acquire);
   uint64_t da, dl, sa, sl;
   ruda__order o;
   ruda__order_init(&o);
-  if ((rc = ruda__pin_binding(dev, s, src, fn, "src", -1, &sa, &sl, &o, capturing, RUDA__USE_READ)) != 0) return rc;
-  if ((rc = ruda__pin_binding(dev, s, dst, fn, "dst", -1, &da, &dl, &o, capturing, RUDA__USE_WRITE)) != 0) {
+  if ((rc = ruda__pin_binding(&dev->sched, s, src, fn, "src", -1, &sa, &sl, &o, capturing, RUDA__USE_READ)) != 0) return rc;
+  if ((rc = ruda__pin_binding(&dev->sched, s, dst, fn, "dst", -1, &da, &dl, &o, capturing, RUDA__USE_WRITE)) != 0) {
     ruda__order_abandon(&o);
     ruda__handles_unpin(&dev->handles, src.handle.slot, NULL);
     return rc;
@@ -395,7 +395,7 @@ int ruda_copy(ruda_device *dev, ruda_stream_id stream, ruda_binding dst, ruda_bi
     unpin_all(dev, pins, 2);
     return rc;
   }
-  if ((rc = ruda__submit(dev, s, cmd, &o)) != 0) {
+  if ((rc = ruda__submit(&dev->sched, s, cmd, &o)) != 0) {
     ruda__cmd_free(cmd);
     unpin_all(dev, pins, 2);
   }
@@ -452,7 +452,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
   if (rc == 0 && dev->ops->launch_check != NULL) rc = dev->ops->launch_check(dev->bstate, k, l);
   if (rc != 0) return rc;
   int rc2 = 0;
-  ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc2);
+  ruda__stream *s = ruda__stream_for(&dev->sched, stream, fn, &rc2);
   if (s == NULL) return rc2;
   const int capturing = atomic_load_explicit(&s->capturing, memory_order_acquire);
   if (__builtin_expect(capturing, 0) && (l->flags & RUDA_LAUNCH_INDIRECT) && !(l->flags & RUDA_LAUNCH_DRY_RUN))
@@ -503,7 +503,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
     } else {
       uint64_t addr, len;
       const int read = a->kind == RUDA_ARG_BUFFER_IN;
-      rc = ruda__pin_binding(dev, s, a->binding, fn, "argument", (int)i, &addr, &len, &o, capturing,
+      rc = ruda__pin_binding(&dev->sched, s, a->binding, fn, "argument", (int)i, &addr, &len, &o, capturing,
                              read ? RUDA__USE_READ : RUDA__USE_WRITE);
       if (rc != 0) goto fail;
       cmd->pins[pinned++] = a->binding.handle.slot | (read ? RUDA__PIN_READ : 0);
@@ -517,7 +517,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
   uint64_t indirect_addr = 0;
   if (indirect) {
     uint64_t len;
-    rc = ruda__pin_binding(dev, s, l->indirect_grid, fn, "indirect grid", -1, &indirect_addr, &len, &o, capturing,
+    rc = ruda__pin_binding(&dev->sched, s, l->indirect_grid, fn, "indirect grid", -1, &indirect_addr, &len, &o, capturing,
                            RUDA__USE_READ);
     if (rc != 0) goto fail;
     cmd->pins[pinned++] = l->indirect_grid.handle.slot | RUDA__PIN_READ;
@@ -548,7 +548,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
     if (rc == 0) return 0;
     goto fail;
   }
-  if ((rc = ruda__submit(dev, s, cmd, &o)) != 0) goto fail;
+  if ((rc = ruda__submit(&dev->sched, s, cmd, &o)) != 0) goto fail;
   return 0;
 fail:
   ruda__order_abandon(&o);
@@ -563,11 +563,11 @@ fail:
 static int control(ruda_device *dev, ruda_stream_id stream, int kind, const char *fn, ruda__stream **sp,
                    ruda_future **out) {
   int rc = 0;
-  ruda__stream *s = *sp = ruda__stream_for(dev, stream, fn, &rc);
+  ruda__stream *s = *sp = ruda__stream_for(&dev->sched, stream, fn, &rc);
   if (s == NULL) return rc;
   if (kind == RUDA__CMD_SYNC && atomic_load_explicit(&s->capturing, memory_order_acquire))
     return refuse_capturing(s, fn, "a sync would wait for work that is being recorded, not run");
-  return ruda__push_control(dev, s, kind, kind == RUDA__CMD_SYNC, fn, out);
+  return ruda__push_control(&dev->sched, s, kind, kind == RUDA__CMD_SYNC, fn, out);
 }
 
 int ruda_flush(ruda_device *dev, ruda_stream_id stream, ruda_error **errors) {
@@ -579,7 +579,7 @@ int ruda_flush(ruda_device *dev, ruda_stream_id stream, ruda_error **errors) {
   if (rc != 0) return rc;
   ruda_future_wait(f, NULL);
   ruda_future_free(f);
-  return ruda__stream_drain(dev, s, errors);
+  return ruda__stream_drain(&dev->sched, s, errors);
 }
 
 int ruda_sync_async(ruda_device *dev, ruda_stream_id stream, ruda_future **fut) {
@@ -632,7 +632,7 @@ int ruda_device_sync(ruda_device *dev, ruda_error **errors) {
   if (errors) *errors = NULL;
   RUDA__CHECK_DEV(dev, fn);
   stream_list l = {NULL, 0, 0, 0};
-  ruda__streams_each(&dev->streams, collect_stream, &l);
+  ruda__streams_each(&dev->sched.streams, collect_stream, &l);
   ruda_future **f = l.n ? calloc(l.n, sizeof *f) : NULL;
   if (l.nomem || (l.n && f == NULL)) {
     free(l.s);
@@ -641,7 +641,7 @@ int ruda_device_sync(ruda_device *dev, ruda_error **errors) {
   }
   /* All syncs first, then the waits: the workers run them side by side. */
   int rc = 0;
-  for (size_t i = 0; i < l.n && rc == 0; i++) rc = ruda__push_control(dev, l.s[i], RUDA__CMD_SYNC, 1, fn, &f[i]);
+  for (size_t i = 0; i < l.n && rc == 0; i++) rc = ruda__push_control(&dev->sched, l.s[i], RUDA__CMD_SYNC, 1, fn, &f[i]);
   ruda_error *head = NULL, **tail = &head;
   int unhealthy = 0;
   for (size_t i = 0; i < l.n; i++) {

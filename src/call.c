@@ -62,7 +62,7 @@ int ruda_call(ruda_device *dev, ruda_stream_id stream, const ruda_call_desc *d) 
   const char *name = d->name != NULL ? d->name : "call";
   int rc = check_desc(d, name);
   if (rc != 0) return rc;
-  ruda__stream *s = ruda__stream_for(dev, stream, "ruda_call", &rc);
+  ruda__stream *s = ruda__stream_for(&dev->sched, stream, "ruda_call", &rc);
   if (s == NULL) return named(rc, name);
   const int capturing = atomic_load_explicit(&s->capturing, memory_order_acquire);
   if (capturing && (d->flags & RUDA_CALL_NOT_CAPTURABLE))
@@ -87,7 +87,7 @@ int ruda_call(ruda_device *dev, ruda_stream_id stream, const ruda_call_desc *d) 
   for (uint32_t i = 0; i < n; i++) {
     const ruda_arg *a = &d->buffers[i];
     const int read = a->kind == RUDA_ARG_BUFFER_IN;
-    if ((rc = ruda__pin_binding(dev, s, a->binding, "ruda_call", "buffer", (int)i, &addr[i], &size[i], &o,
+    if ((rc = ruda__pin_binding(&dev->sched, s, a->binding, "ruda_call", "buffer", (int)i, &addr[i], &size[i], &o,
                                 capturing, read ? RUDA__USE_READ : RUDA__USE_WRITE)) != 0) {
       rc = named(rc, name);
       goto fail;
@@ -116,7 +116,7 @@ int ruda_call(ruda_device *dev, ruda_stream_id stream, const ruda_call_desc *d) 
     if (rc == 0) return 0;
     goto fail;
   }
-  if ((rc = ruda__submit(dev, s, cmd, &o)) == 0) return 0;
+  if ((rc = ruda__submit(&dev->sched, s, cmd, &o)) == 0) return 0;
 fail:
   ruda__order_abandon(&o);
   unpin(dev, cmd->pins, pinned);

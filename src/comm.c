@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "base/comm_timeout.h"
-#include "scheduler/device.h"
+#include "src/device.h"
 #include "scheduler/order.h"
 #include "scheduler/submit.h"
 #include "src/api.h"
@@ -49,7 +49,7 @@ static int check_dtype(ruda_dtype t, ruda_reduce_op op, const char *fn) {
 /* A rank's collective stream on dev for communicator number id: ids from
  * the top of the reserved range, spread over the workers by communicator. */
 static ruda__stream *collective_stream(ruda_device *dev, uint64_t id) {
-  return ruda__stream_private(UINT64_MAX - (1ull << 32) - id, &dev->workers[id % dev->nworkers]);
+  return ruda__stream_private(UINT64_MAX - (1ull << 32) - id, &dev->sched.workers[id % dev->sched.nworkers]);
 }
 
 /* Frees what comm_init made, however far it got (any field may be NULL). */
@@ -59,7 +59,7 @@ static void comm_free(ruda_comm *c) {
     if (dev == NULL) continue;
     if (c->ranks != NULL && c->ranks[r] != NULL && dev->ops->comm_destroy != NULL)
       dev->ops->comm_destroy(dev->bstate, c->ranks[r]);
-    if (c->streams != NULL) ruda__stream_private_free(dev, c->streams[r], "collective, never reported,");
+    if (c->streams != NULL) ruda__stream_private_free(&dev->sched, c->streams[r], "collective, never reported,");
     if (c->live) atomic_fetch_sub(&dev->comms, 1);
   }
   free(c->ranks);
@@ -195,7 +195,7 @@ int ruda_comm_sync(ruda_comm *c, ruda_device *dev, ruda_error **errors) {
   int rc = rank_of(c, dev, fn, &r);
   if (rc != 0) return rc;
   ruda_future *f;
-  if ((rc = ruda__push_control(dev, c->streams[r], RUDA__CMD_SYNC, 1, fn, &f)) != 0) return rc;
+  if ((rc = ruda__push_control(&dev->sched, c->streams[r], RUDA__CMD_SYNC, 1, fn, &f)) != 0) return rc;
   rc = ruda_future_wait(f, errors);
   ruda_future_free(f);
   return rc;
@@ -229,7 +229,7 @@ static int issue(ruda_comm *c, uint32_t r, ruda__coll *k, const uint32_t *pins, 
   memcpy(cmd->pins, pins, npins * sizeof *pins);
   cmd->npins = (uint8_t)npins;
   cmd->u.coll = *k;
-  int rc = ruda__submit(dev, s, cmd, o);
+  int rc = ruda__submit(&dev->sched, s, cmd, o);
   if (rc != 0) ruda__cmd_free(cmd);
   return rc;
 }
@@ -257,8 +257,8 @@ static int collective(ruda_comm *c, ruda_device *dev, ruda_binding src, ruda_bin
   ruda__order o;
   ruda__order_init(&o);
   uint64_t sa, sl, da, dl;
-  if ((rc = ruda__pin_binding(dev, s, src, fn, "src", -1, &sa, &sl, &o, 0, RUDA__USE_READ)) != 0) return rc;
-  if ((rc = ruda__pin_binding(dev, s, dst, fn, "dst", -1, &da, &dl, &o, 0, RUDA__USE_WRITE)) != 0) {
+  if ((rc = ruda__pin_binding(&dev->sched, s, src, fn, "src", -1, &sa, &sl, &o, 0, RUDA__USE_READ)) != 0) return rc;
+  if ((rc = ruda__pin_binding(&dev->sched, s, dst, fn, "dst", -1, &da, &dl, &o, 0, RUDA__USE_WRITE)) != 0) {
     ruda__order_abandon(&o);
     ruda__handles_unpin(&dev->handles, src.handle.slot, NULL);
     return rc;
@@ -344,7 +344,7 @@ static int p2p(ruda_comm *c, ruda_device *dev, ruda_binding b, uint32_t peer, ui
   ruda__order_init(&o);
   uint64_t a, l;
   const char *what = kind == RUDA__COLL_SEND ? "src" : "dst";
-  if ((rc = ruda__pin_binding(dev, c->streams[r], b, fn, what, -1, &a, &l, &o, 0,
+  if ((rc = ruda__pin_binding(&dev->sched, c->streams[r], b, fn, what, -1, &a, &l, &o, 0,
                               kind == RUDA__COLL_SEND ? RUDA__USE_READ : RUDA__USE_WRITE)) != 0)
     return rc;
   uint32_t slot = b.handle.slot;

@@ -7,7 +7,7 @@
 #include <strings.h>
 
 #include "base/log.h"
-#include "scheduler/device.h"
+#include "src/device.h"
 #include "scheduler/graph.h"
 #include "scheduler/trace.h"
 #include "src/api.h"
@@ -74,9 +74,9 @@ void ruda_config_init(ruda_config *cfg) {
 }
 
 /* The backend's view of its device (base/backend.h). */
-static void env_fault(void *ctx, ruda_error *err) { ruda__device_fault(ctx, err); }
+static void env_fault(void *ctx, ruda_error *err) { ruda__sched_fault(ctx, err); }
 static int env_faulted(void *ctx) {
-  return atomic_load_explicit(&((ruda_device *)ctx)->faulted, memory_order_acquire);
+  return atomic_load_explicit(&((ruda__sched *)ctx)->faulted, memory_order_acquire);
 }
 
 static _Atomic uint64_t device_serial = 1;
@@ -113,7 +113,7 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   dev->serial = atomic_fetch_add(&device_serial, 1);
 
   /* Backend choice: cuda when asked; auto tries cuda, then host. */
-  const ruda__backend_env env = {&dev->cfg, dev, env_fault, env_faulted};
+  const ruda__backend_env env = {&dev->cfg, &dev->sched, env_fault, env_faulted};
   int rc = RUDA_ENOBACKEND;
   if (cfg.backend != RUDA_BACKEND_HOST) {
     if (ruda__cuda_backend == NULL) {
@@ -137,45 +137,54 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   }
 
   ruda__handles_init(&dev->handles);
-  ruda__streams_init(&dev->streams);
-  pthread_mutex_init(&dev->graph_lock, NULL);
-  pthread_mutex_init(&dev->trace_lock, NULL);
+  /* The scheduler's root: its copies of what it reads on every command,
+   * and memory's parts it pins and allocates from. */
+  dev->sched.serial = dev->serial;
+  dev->sched.handle = dev;
+  dev->sched.cfg = dev->cfg;
+  dev->sched.ops = dev->ops;
+  dev->sched.bstate = dev->bstate;
+  dev->sched.closed = &dev->closed;
+  dev->sched.handles = &dev->handles;
+  dev->sched.memory = &dev->memory;
+  ruda__streams_init(&dev->sched.streams);
+  pthread_mutex_init(&dev->sched.graph_lock, NULL);
+  pthread_mutex_init(&dev->sched.trace_lock, NULL);
   dev->kernels = ruda__kernels_new();
-  dev->nworkers = cfg.num_streams;
-  dev->workers = aligned_alloc(RUDA__CACHELINE, sizeof(ruda__worker) * dev->nworkers);
+  dev->sched.nworkers = cfg.num_streams;
+  dev->sched.workers = aligned_alloc(RUDA__CACHELINE, sizeof(ruda__worker) * dev->sched.nworkers);
   dev->calls = aligned_alloc(RUDA__CACHELINE, sizeof(ruda__call_slot) * RUDA__CALL_SLOTS);
   if (dev->calls != NULL) memset(dev->calls, 0, sizeof(ruda__call_slot) * RUDA__CALL_SLOTS);
-  if (dev->workers == NULL || dev->calls == NULL || dev->kernels == NULL || atomic_load(&dev->streams.current) == NULL) {
+  if (dev->sched.workers == NULL || dev->calls == NULL || dev->kernels == NULL || atomic_load(&dev->sched.streams.current) == NULL) {
     rc = ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
     goto fail;
   }
-  memset(dev->workers, 0, sizeof(ruda__worker) * dev->nworkers);
-  if ((rc = ruda__fences_init(dev)) != 0) goto fail;
+  memset(dev->sched.workers, 0, sizeof(ruda__worker) * dev->sched.nworkers);
+  if ((rc = ruda__progress_init(&dev->sched)) != 0) goto fail;
   dev->memory.ops = dev->ops;
   dev->memory.bstate = dev->bstate;
   dev->memory.handles = &dev->handles;
-  rc = ruda__memory_init(&dev->memory, dev->nworkers);
+  rc = ruda__memory_init(&dev->memory, dev->sched.nworkers);
   if (rc != 0) goto fail;
-  dev->handles.mem = &dev->memory;
-  ruda__trace_open(dev);
-  rc = ruda__workers_start(dev);
+  ruda__trace_open(&dev->sched);
+  rc = ruda__workers_start(&dev->sched);
   if (rc != 0) goto fail;
   ruda__log(cfg.log_level, RUDA_LOG_INFO, "device open: backend %s (%s), %u streams, queue bound %u",
-            dev->ops->name, dev->limits.name, dev->nworkers, cfg.queue_bound);
+            dev->ops->name, dev->limits.name, dev->sched.nworkers, cfg.queue_bound);
   *out = dev;
   return 0;
 
 fail:
-  ruda__trace_close(dev, 0);
+  ruda__trace_close(&dev->sched, 0);
   ruda__memory_destroy(&dev->memory);
-  ruda__fences_destroy(dev);
-  free(dev->workers);
+  ruda__progress_destroy(&dev->sched);
+  free(dev->sched.workers);
   free(dev->calls);
   ruda__kernels_destroy(dev);
-  ruda__streams_destroy(&dev->streams);
+  ruda__streams_destroy(&dev->sched.streams);
   ruda__handles_destroy(&dev->handles);
-  pthread_mutex_destroy(&dev->graph_lock);
-  pthread_mutex_destroy(&dev->trace_lock);
+  pthread_mutex_destroy(&dev->sched.graph_lock);
+  pthread_mutex_destroy(&dev->sched.trace_lock);
   dev->ops->close(dev->bstate);
   free(dev);
   return rc;
@@ -218,7 +227,7 @@ typedef struct collect_arg {
 static void collect(ruda__stream *s, void *p) {
   collect_arg *a = p;
   ruda_error *e = NULL;
-  if (ruda__stream_drain(a->dev, s, &e) == 0) return;
+  if (ruda__stream_drain(&a->dev->sched, s, &e) == 0) return;
   a->unhealthy = 1;
   if (e == NULL) return;
   if (a->tail) a->tail->next = e;
@@ -240,7 +249,7 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
                         "ruda_device_close: the device is a rank of %u live communicator%s; ruda_comm_destroy %s "
                         "first (the device stays open)",
                         comms, comms == 1 ? "" : "s", comms == 1 ? "it" : "them");
-    uint64_t futures = atomic_load_explicit(&dev->held_futures, memory_order_acquire);
+    uint64_t futures = atomic_load_explicit(&dev->sched.held_futures, memory_order_acquire);
     if (futures != 0 && !atomic_load(&dev->closed))
       return ruda__fail(RUDA_EBUSY,
                         "ruda_device_close: %llu future%s from ruda_read, ruda_sync_async or "
@@ -250,27 +259,27 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
   }
   calls_wait(dev);
   ruda__test_point(RUDA__HOOK_CLOSE_WAITED, dev);
-  ruda__workers_stop(dev);
-  ruda__trace_close(dev, 1);
+  ruda__workers_stop(&dev->sched);
+  ruda__trace_close(&dev->sched, 1);
 
   collect_arg a = {dev, NULL, NULL, 0};
-  ruda__streams_each(&dev->streams, collect, &a);
+  ruda__streams_each(&dev->sched.streams, collect, &a);
   if (errors) *errors = a.head;
   else ruda_error_free(a.head);
 
   /* Graphs hold pins and backend objects: before handles and context. */
-  ruda__graphs_close(dev);
-  pthread_mutex_destroy(&dev->graph_lock);
-  pthread_mutex_destroy(&dev->trace_lock);
+  ruda__graphs_close(&dev->sched);
+  pthread_mutex_destroy(&dev->sched.graph_lock);
+  pthread_mutex_destroy(&dev->sched.trace_lock);
   ruda__handles_destroy(&dev->handles);
   ruda__memory_destroy(&dev->memory);
-  ruda__fences_destroy(dev);
+  ruda__progress_destroy(&dev->sched);
   ruda__kernels_destroy(dev);
-  ruda__streams_each(&dev->streams, ruda__profiles_free, NULL);
-  ruda__streams_destroy(&dev->streams);
+  ruda__streams_each(&dev->sched.streams, ruda__profiles_free, NULL);
+  ruda__streams_destroy(&dev->sched.streams);
   dev->ops->close(dev->bstate);
-  ruda_error_free(dev->fault);
-  free(dev->workers);
+  ruda_error_free(dev->sched.fault);
+  free(dev->sched.workers);
   /* A call that started while close ran may have entered its slot after
    * the first wait; it only reads `closed` and leaves, and is waited for
    * here, before the slots and the device go. */
@@ -286,14 +295,14 @@ const char *ruda_device_backend(const ruda_device *dev) { return dev ? dev->ops-
 const char *ruda_device_fallback_reason(const ruda_device *dev) {
   return dev != NULL && dev->fallback[0] != '\0' ? dev->fallback : NULL;
 }
-uint32_t ruda_device_num_streams(const ruda_device *dev) { return dev ? dev->nworkers : 0; }
+uint32_t ruda_device_num_streams(const ruda_device *dev) { return dev ? dev->sched.nworkers : 0; }
 
 size_t ruda_stream_ids(ruda_device *dev, ruda_stream_id *ids, size_t cap) {
   if (dev == NULL) return 0;
   RUDA__IN_CALL(dev);
   if (ruda__closing(dev)) return 0;
-  ruda__streams_reap(dev); /* exited threads' drained streams are not listed */
-  return ruda__streams_list(&dev->streams, ids, cap);
+  ruda__streams_reap(&dev->sched); /* exited threads' drained streams are not listed */
+  return ruda__streams_list(&dev->sched.streams, ids, cap);
 }
 
 int ruda_stream_name(ruda_stream_id id, char *buf, size_t len) {
@@ -307,20 +316,8 @@ int ruda_stream_set_in_place(ruda_device *dev, ruda_stream_id stream, int on) {
   static const char fn[] = "ruda_stream_set_in_place";
   RUDA__CHECK_DEV(dev, fn);
   int rc = 0;
-  ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
+  ruda__stream *s = ruda__stream_for(&dev->sched, stream, fn, &rc);
   if (s == NULL) return rc;
   atomic_store_explicit(&s->in_place, on != 0, memory_order_relaxed);
   return 0;
-}
-
-void ruda__device_fault(ruda_device *dev, ruda_error *err) {
-  ruda_error *expected = NULL;
-  /* First fault wins; later ones are the same poisoned context. */
-  if (err != NULL && __atomic_compare_exchange_n(&dev->fault, &expected, err, 0, __ATOMIC_ACQ_REL,
-                                                 __ATOMIC_ACQUIRE)) {
-    atomic_store_explicit(&dev->faulted, 1, memory_order_release);
-    return;
-  }
-  atomic_store_explicit(&dev->faulted, 1, memory_order_release);
-  ruda_error_free(err);
 }

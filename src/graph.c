@@ -24,7 +24,7 @@ static int take(ruda_device *dev, ruda_stream_id stream, const char *fn, ruda__s
   *cmds = NULL;
   *n = 0;
   int rc = 0;
-  ruda__stream *s = *sp = ruda__stream_for(dev, stream, fn, &rc);
+  ruda__stream *s = *sp = ruda__stream_for(&dev->sched, stream, fn, &rc);
   if (s == NULL) return rc;
   ruda__capture *c = atomic_load_explicit(&s->cap, memory_order_acquire);
   int open = 0;
@@ -52,7 +52,7 @@ int ruda_graph_prepare(ruda_device *dev, ruda_stream_id stream) {
   static const char fn[] = "ruda_graph_prepare";
   RUDA__CHECK_DEV(dev, fn);
   int rc = 0;
-  ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
+  ruda__stream *s = ruda__stream_for(&dev->sched, stream, fn, &rc);
   if (s == NULL) return rc;
   if (atomic_load_explicit(&s->capturing, memory_order_acquire))
     return ruda__fail(RUDA_EGRAPHSTATE, "%s: %s is capturing already", fn, RUDA__SNAME(s->id));
@@ -67,14 +67,14 @@ int ruda_graph_begin_capture(ruda_device *dev, ruda_stream_id stream) {
   static const char fn[] = "ruda_graph_begin_capture";
   RUDA__CHECK_DEV(dev, fn);
   int rc = 0;
-  ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
+  ruda__stream *s = ruda__stream_for(&dev->sched, stream, fn, &rc);
   if (s == NULL) return rc;
   uint32_t nerr = atomic_load_explicit(&s->nerr, memory_order_acquire);
-  if (nerr > 0 || atomic_load_explicit(&dev->faulted, memory_order_acquire))
+  if (nerr > 0 || atomic_load_explicit(&dev->sched.faulted, memory_order_acquire))
     return ruda__fail(RUDA_EUNHEALTHY,
                       "%s: %s holds %u unreported error(s)%s; drain them with ruda_flush first", fn,
                       RUDA__SNAME(s->id), nerr,
-                      atomic_load(&dev->faulted) ? " and the device is faulted" : "");
+                      atomic_load(&dev->sched.faulted) ? " and the device is faulted" : "");
   ruda__capture *c = ruda__capture_get(s);
   if (c == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
   pthread_mutex_lock(&c->lock);
@@ -111,7 +111,7 @@ int ruda_graph_end_capture(ruda_device *dev, ruda_stream_id stream, ruda_graph *
   if (g == NULL || (npins && slots == NULL)) {
     free(g);
     free(slots);
-    ruda__capture_discard(dev, cmds, n, NULL);
+    ruda__capture_discard(&dev->sched, cmds, n, NULL);
     free(cmds);
     return ruda__fail(RUDA_ENOMEM, "%s: out of host memory; the capture is discarded", fn);
   }
@@ -137,7 +137,7 @@ int ruda_graph_end_capture(ruda_device *dev, ruda_stream_id stream, ruda_graph *
     free(g->slot_uses);
     free(g);
     free(slots);
-    ruda__capture_discard(dev, cmds, n, NULL);
+    ruda__capture_discard(&dev->sched, cmds, n, NULL);
     free(cmds);
     return ruda__fail(RUDA_ENOMEM, "%s: out of host memory; the capture is discarded", fn);
   }
@@ -155,7 +155,7 @@ int ruda_graph_end_capture(ruda_device *dev, ruda_stream_id stream, ruda_graph *
     }
   }
   g->pin_base[n] = k;
-  g->dev = dev;
+  g->sch = &dev->sched;
   g->cmds = cmds;
   g->n = n;
   g->slots = slots;
@@ -165,11 +165,11 @@ int ruda_graph_end_capture(ruda_device *dev, ruda_stream_id stream, ruda_graph *
   atomic_init(&g->refs, 1);
   pthread_mutex_init(&g->exec_lock, NULL);
   pthread_mutex_init(&g->issue_lock, NULL);
-  pthread_mutex_lock(&dev->graph_lock);
-  g->next = dev->graphs;
+  pthread_mutex_lock(&dev->sched.graph_lock);
+  g->next = dev->sched.graphs;
   if (g->next) g->next->prev = g;
-  dev->graphs = g;
-  pthread_mutex_unlock(&dev->graph_lock);
+  dev->sched.graphs = g;
+  pthread_mutex_unlock(&dev->sched.graph_lock);
   *out = g;
   return 0;
 }
@@ -182,14 +182,14 @@ int ruda_graph_abort_capture(ruda_device *dev, ruda_stream_id stream) {
   uint32_t n;
   int rc = take(dev, stream, fn, &s, &cmds, &n);
   if (rc != 0) return rc;
-  ruda__capture_discard(dev, cmds, n, NULL);
+  ruda__capture_discard(&dev->sched, cmds, n, NULL);
   free(cmds);
   return 0;
 }
 
 static int check_graph(ruda_device *dev, const ruda_graph *g, const char *fn) {
   if (g == NULL) return ruda__fail(RUDA_EINVAL, "%s: graph is NULL", fn);
-  if (g->dev != dev) return ruda__fail(RUDA_EINVAL, "%s: the graph belongs to another device", fn);
+  if (g->sch != &dev->sched) return ruda__fail(RUDA_EINVAL, "%s: the graph belongs to another device", fn);
   return 0;
 }
 
@@ -198,11 +198,11 @@ int ruda_graph_destroy(ruda_device *dev, ruda_graph *g) {
   RUDA__CHECK_DEV(dev, fn);
   int rc = check_graph(dev, g, fn);
   if (rc != 0) return rc;
-  pthread_mutex_lock(&dev->graph_lock);
+  pthread_mutex_lock(&dev->sched.graph_lock);
   if (g->prev) g->prev->next = g->next;
-  else dev->graphs = g->next;
+  else dev->sched.graphs = g->next;
   if (g->next) g->next->prev = g->prev;
-  pthread_mutex_unlock(&dev->graph_lock);
+  pthread_mutex_unlock(&dev->sched.graph_lock);
   ruda__graph_unref(g, NULL);
   return 0;
 }
@@ -337,7 +337,7 @@ static int pin_patch(ruda_device *dev, ruda__stream *s, const ruda_graph *g, con
     read = c->kind == RUDA__CMD_READ;
   }
   uint64_t addr, len;
-  int rc = ruda__pin_binding(dev, s, b, fn, "patch", (int)k, &addr, &len, po, 0,
+  int rc = ruda__pin_binding(&dev->sched, s, b, fn, "patch", (int)k, &addr, &len, po, 0,
                              read ? RUDA__USE_READ : RUDA__USE_WRITE);
   if (rc != 0) return rc;
   if (len < need) {
@@ -365,7 +365,7 @@ static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, const 
   if (np > RUDA_GRAPH_MAX_PATCHES)
     return ruda__fail(RUDA_EINVAL, "%s: %u patches, at most %d", fn, np, RUDA_GRAPH_MAX_PATCHES);
   if (np > 0 && patches == NULL) return ruda__fail(RUDA_EINVAL, "%s: patches is NULL with n %u", fn, np);
-  ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
+  ruda__stream *s = ruda__stream_for(&dev->sched, stream, fn, &rc);
   if (s == NULL) return rc;
   if (atomic_load_explicit(&s->capturing, memory_order_acquire))
     return ruda__fail(RUDA_EGRAPHSTATE, "%s: %s is capturing; graphs are not recorded into graphs", fn,
@@ -503,7 +503,7 @@ static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, const 
   }
   if (uses != few) free(uses);
   cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
-  if (fut != NULL && (cmd->future = ruda__future_new(dev, s, 1)) == NULL)
+  if (fut != NULL && (cmd->future = ruda__future_new(&dev->sched, s, 1)) == NULL)
     rc = ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
   /* Taken now: once pushed, the command is the worker's and may be gone. */
   ruda_future *f = cmd->future;
@@ -512,7 +512,7 @@ static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, const 
     if ((rc = ruda__queue_admit(w, s->id)) == 0) {
       for (uint32_t gi = 0; gi < ngroups; gi++) ruda__order_lock(&o[gi], w);
       for (uint32_t gi = 0; gi < ngroups && rc == 0; gi++)
-        if (ruda__order_needed(&o[gi])) rc = ruda__order_prepare(dev, &o[gi], s, cmd->seq);
+        if (ruda__order_needed(&o[gi])) rc = ruda__order_prepare(&dev->sched, &o[gi], s, cmd->seq);
       /* In place: the ticket is claimed where a push would be, before the
        * publish below; the replay runs once every lock here is released, so
        * its kernels may replay this graph or use its buffers (inline.c). A

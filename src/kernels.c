@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "scheduler/device.h"
+#include "src/device.h"
 #include "src/api.h"
 
 typedef struct ruda__kernel_entry {
@@ -233,7 +233,7 @@ static int host_register(ruda_device *dev, const char *name, ruda_host_kernel_fn
     return ruda__fail(RUDA_EINVAL, "ruda_host_kernel_register: name is NULL or empty");
   if (fn == NULL)
     return ruda__fail(RUDA_EINVAL, "ruda_host_kernel_register: kernel \"%s\": function is NULL", name);
-  if (dev->ops != &ruda__host_backend)
+  if (!dev->ops->host_kernels)
     return ruda__fail(RUDA_ENOBACKEND,
                       "ruda_host_kernel_register: kernel \"%s\": device uses the %s backend; "
                       "host kernels need backend=host",
@@ -317,7 +317,7 @@ static ruda__kernel *cuda_kernel(const char *name, const char *source, const cha
 }
 
 static int refuse_host(ruda_device *dev, const char *fn) {
-  if (dev->ops != &ruda__host_backend) return 0;
+  if (!dev->ops->host_kernels) return 0;
   return ruda__fail(RUDA_ENOBACKEND,
                     "%s: the host backend cannot run CUDA C; register a C function with ruda_host_kernel_register",
                     fn);

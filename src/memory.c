@@ -4,15 +4,14 @@
 #include <pthread.h>
 
 #include "memory/pool.h"
-#include "scheduler/device.h"
-#include "src/api.h"
+#include "src/device.h"
 
 static int pools_for(ruda_device *dev, ruda_stream_id id, const char *fn, ruda__pools **pp) {
   if (id != RUDA_STREAM_CURRENT && id > RUDA_STREAM_EXPLICIT_MAX)
     return ruda__fail(RUDA_EINVAL, "%s: stream id %llu is reserved (explicit ids are below 2^63)", fn,
                       (unsigned long long)id);
-  ruda__stream *s = ruda__stream_get(dev, id);
-  ruda__pools *p = s ? ruda__stream_pools(dev, s) : NULL;
+  ruda__stream *s = ruda__stream_get(&dev->sched, id);
+  ruda__pools *p = s ? ruda__stream_pools(&dev->sched, s) : NULL;
   if (p == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
   *pp = p;
   return 0;

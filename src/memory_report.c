@@ -10,15 +10,14 @@
 #include <string.h>
 
 #include "memory/pool.h"
-#include "scheduler/device.h"
-#include "src/api.h"
+#include "src/device.h"
 
 static int stream_pools(ruda_device *dev, ruda_stream_id id, const char *fn, ruda__stream **sp,
                         ruda__pools **pp) {
   int rc = 0;
-  ruda__stream *s = ruda__stream_for(dev, id, fn, &rc);
+  ruda__stream *s = ruda__stream_for(&dev->sched, id, fn, &rc);
   if (s == NULL) return rc;
-  ruda__pools *p = ruda__stream_pools(dev, s);
+  ruda__pools *p = ruda__stream_pools(&dev->sched, s);
   if (p == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
   *sp = s;
   *pp = p;
@@ -184,7 +183,7 @@ int ruda_memory_summary(ruda_device *dev, FILE *out) {
   const ruda__arena *a = &dev->memory.arena;
   char h1[32], h2[32], h3[32], h4[32], h5[32];
   fprintf(out, "ruda memory summary: %s (%s backend), %u workers\n", dev->limits.name, dev->ops->name,
-          dev->nworkers);
+          dev->sched.nworkers);
   fprintf(out, "  device: %llu buffers, %s in use, %s reserved (%.1f%% of it in use), peaks %s in use, %s reserved\n",
           (unsigned long long)d.nallocs, human(d.bytes_in_use, h1, sizeof h1), human(d.bytes_reserved, h2, sizeof h2),
           d.bytes_reserved ? 100.0 * (double)d.bytes_in_use / (double)d.bytes_reserved : 100.0,

@@ -7,7 +7,7 @@
  * subtracts. */
 #include <stdlib.h>
 
-#include "scheduler/device.h"
+#include "src/device.h"
 #include "scheduler/nvtx.h"
 #include "scheduler/submit.h"
 #include "scheduler/trace.h"
@@ -34,16 +34,16 @@ int ruda_profile_begin(ruda_device *dev, ruda_stream_id stream, ruda_profile_tok
   if (token == NULL) return ruda__fail(RUDA_EINVAL, "%s: token is NULL", fn);
   token->id = 0;
   int rc = 0;
-  ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
+  ruda__stream *s = ruda__stream_for(&dev->sched, stream, fn, &rc);
   if (s == NULL) return rc;
   if ((rc = usable(s, fn)) != 0) return rc;
   uint32_t nerr = atomic_load_explicit(&s->nerr, memory_order_acquire);
-  if (nerr > 0 || atomic_load_explicit(&dev->faulted, memory_order_acquire))
+  if (nerr > 0 || atomic_load_explicit(&dev->sched.faulted, memory_order_acquire))
     return ruda__fail(RUDA_EUNHEALTHY, "%s: %s holds %u unreported error(s); drain them with ruda_flush",
                       fn, RUDA__SNAME(s->id), nerr);
   ruda__profile *p = malloc(sizeof *p);
   if (p == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
-  if ((rc = ruda__push_control(dev, s, RUDA__CMD_STAMP, 0, fn, &p->start)) != 0) {
+  if ((rc = ruda__push_control(&dev->sched, s, RUDA__CMD_STAMP, 0, fn, &p->start)) != 0) {
     free(p);
     return rc;
   }
@@ -64,7 +64,7 @@ int ruda_profile_end(ruda_device *dev, ruda_stream_id stream, ruda_profile_token
   RUDA__CHECK_DEV(dev, fn);
   if (ns == NULL) return ruda__fail(RUDA_EINVAL, "%s: ns is NULL", fn);
   int rc = 0;
-  ruda__stream *s = ruda__stream_for(dev, stream, fn, &rc);
+  ruda__stream *s = ruda__stream_for(&dev->sched, stream, fn, &rc);
   if (s == NULL) return rc;
   if ((rc = usable(s, fn)) != 0) return rc;
   pthread_mutex_lock(&s->err_lock);
@@ -77,7 +77,7 @@ int ruda_profile_end(ruda_device *dev, ruda_stream_id stream, ruda_profile_token
     return ruda__fail(RUDA_EPROFILETOKEN, "%s: token %llu was not handed out by %s, or was ended already",
                       fn, (unsigned long long)token.id, RUDA__SNAME(s->id));
   ruda_future *end = NULL;
-  if ((rc = ruda__push_control(dev, s, RUDA__CMD_STAMP, 1, fn, &end)) != 0) {
+  if ((rc = ruda__push_control(&dev->sched, s, RUDA__CMD_STAMP, 1, fn, &end)) != 0) {
     ruda_future_free(p->start);
     free(p);
     return rc;
@@ -128,11 +128,11 @@ int ruda_trace_start(ruda_device *dev, const char *path) {
   static const char fn[] = "ruda_trace_start";
   RUDA__CHECK_DEV(dev, fn);
   if (path == NULL || *path == '\0') return ruda__fail(RUDA_EINVAL, "%s: path is %s", fn, path ? "empty" : "NULL");
-  return ruda__trace_start(dev, path, fn);
+  return ruda__trace_start(&dev->sched, path, fn);
 }
 
 int ruda_trace_stop(ruda_device *dev) {
   static const char fn[] = "ruda_trace_stop";
   RUDA__CHECK_DEV(dev, fn);
-  return ruda__trace_stop(dev, fn);
+  return ruda__trace_stop(&dev->sched, fn);
 }

@@ -2,7 +2,7 @@
  * (ruda_block_for, ruda_grid_spread), on every backend. */
 #include <string.h>
 
-#include "scheduler/device.h"
+#include "src/device.h"
 
 int ruda_device_get_props(const ruda_device *dev, ruda_device_props *out) {
   if (dev == NULL || out == NULL)

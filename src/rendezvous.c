@@ -40,7 +40,7 @@
 #include "base/comm_timeout.h"
 #include "base/sha256.h"
 #include "base/sync.h"
-#include "src/api.h"
+#include "src/device.h"
 
 #define MAGIC 0x41445552u /* "RUDA" */
 #define NONCE 16

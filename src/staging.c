@@ -1,13 +1,12 @@
 /* staging.c - the public staging calls (page-locked buffers the caller
  * fills and hands to ruda_write_staged), native handles and device
  * pointers for code outside ruda (see ruda/cuda.h for the ordering
- * rules). The arena itself is base/staging.c. */
+ * rules). The arena itself is staging/arena.c. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "scheduler/device.h"
-#include "src/api.h"
+#include "src/device.h"
 
 int ruda_staging_alloc(ruda_device *dev, size_t size, void **out) {
   RUDA__CHECK_DEV(dev, "ruda_staging_alloc");
@@ -44,7 +43,7 @@ int ruda_cuda_stream(ruda_device *dev, ruda_stream_id stream, void **cu_stream) 
     return ruda__fail(RUDA_ENOBACKEND, "ruda_cuda_stream: the %s backend has no CUDA streams", dev->ops->name);
   if (stream != RUDA_STREAM_CURRENT && stream > RUDA_STREAM_EXPLICIT_MAX)
     return ruda__fail(RUDA_EINVAL, "ruda_cuda_stream: stream id %llu is reserved", (unsigned long long)stream);
-  ruda__stream *s = ruda__stream_get(dev, stream);
+  ruda__stream *s = ruda__stream_get(&dev->sched, stream);
   if (s == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_cuda_stream: out of host memory creating stream");
   *cu_stream = dev->ops->native_stream(s->worker->wstate);
   return 0;

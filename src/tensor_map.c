@@ -1,6 +1,6 @@
 /* tensor_map.c - ruda_tensor_map_encode (ruda/cuda.h): resolves the
  * binding, then the backend encodes (backends/cuda/cuda_tensor_map.c). */
-#include "src/api.h"
+#include "src/device.h"
 
 int ruda_tensor_map_encode(ruda_device *dev, ruda_binding b, const ruda_tensor_map_desc *d,
                            ruda_tensor_map *out) {

@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # Fails when a function call runs up the layers: an object file of a lower
-# layer that needs a symbol defined by a higher one (or a backend that needs
-# another backend's). The include check (check_layers.sh) sees headers; this
-# sees the calls, from the objects of a build.
+# layer that needs a symbol defined by a higher one, a backend that needs
+# another backend's, or anything outside a backend that names one of its
+# symbols other than its ops table (ruda__<name>_backend, which only
+# src/device.c may name: everything else goes through dev->ops). Ranks, low
+# to high: base, staging, backends, memory, scheduler, src. The include check
+# (check_layers.sh) sees headers; this sees the calls, from the objects of a
+# build. A folder with no objects fails (nothing was checked). Last, no
+# declaration climbs: a function a layer's header declares is defined in
+# that layer (a header of scheduler/ declaring what src/ defines would let
+# the scheduler call up without an include pointing up).
 #   tools/check_calls.sh BUILD/CMakeFiles/ruda_objects.dir SOURCE_ROOT
 # Objects whose source is gone (a stale build folder) are ignored.
 set -euo pipefail
@@ -10,19 +17,20 @@ dir="$1"
 src="${2:-$(cd "$(dirname "$0")/.." && pwd)}"
 cd "$dir"
 command -v nm >/dev/null || { echo "nm not found: skipped"; exit 77; }
-rank() {
+rank() { # sets R (no subshell: this runs for every symbol)
   case "$1" in
-    ./base/* | ./backends/*) echo 0 ;;
-    ./memory/*) echo 1 ;;
-    ./scheduler/*) echo 2 ;;
-    ./src/*) echo 3 ;;
-    *) echo 9 ;;
+    ./base/*) R=0 ;;
+    ./staging/*) R=1 ;;
+    ./backends/*) R=2 ;;
+    ./memory/*) R=3 ;;
+    ./scheduler/*) R=4 ;;
+    ./src/*) R=5 ;;
+    *) R=9 ;;
   esac
 }
 declare -A def
-objs=$(find . -name '*.c.o' | sort | while read -r o; do [ -f "$src/${o%.o}" ] && echo "$o"; done)
-# No objects is a wrong directory or an unbuilt tree, not a clean one.
-[ -n "$objs" ] || { echo "FAIL: no object files of $src under $dir"; exit 1; }
+objs=$(find . -name '*.c.o' | sort | while read -r o; do if [ -f "$src/${o%.o}" ]; then echo "$o"; fi; done)
+[ -n "$objs" ] || { echo "FAIL: no object files with a source under $src in $dir"; exit 1; }
 for o in $objs; do
   for s in $(nm --defined-only "$o" | awk '$2 ~ /[TDBR]/ {print $3}'); do def[$s]=$o; done
 done
@@ -32,11 +40,40 @@ for o in $objs; do
     d=${def[$s]:-}
     [ -n "$d" ] || continue
     up=0
-    [ "$(rank "$d")" -gt "$(rank "$o")" ] && up=1
-    # A backend calls only base and its own files.
-    if [[ $o == ./backends/* && $d != ./base/* && ${o%/*} != "${d%/*}" ]]; then up=1; fi
+    rank "$d"; rd=$R; rank "$o"
+    [ "$rd" -gt "$R" ] && up=1
+    # A backend calls only base, staging and its own files.
+    if [[ $o == ./backends/* && $d != ./base/* && $d != ./staging/* && ${o%/*} != "${d%/*}" ]]; then up=1; fi
+    # Outside its folder a backend is reached through its ops table, named
+    # only where the device picks it.
+    if [[ $d == ./backends/* && ${o%/*} != "${d%/*}" ]] &&
+       ! [[ $o == ./src/device.c.o && $s =~ ^ruda__[a-z]+_backend$ ]]; then up=1; fi
     if [ $up -eq 1 ]; then
-      echo "upward call: ${o#./} needs $s from ${d#./}"
+      echo "call against the layers: ${o#./} needs $s from ${d#./}"
+      bad=1
+    fi
+  done
+done
+# Top-level prototypes of the headers (not static inline bodies, not
+# macros): function -> the header that declares it.
+declare -A decl
+while read -r s h; do decl[$s]=$h; done < <(
+  cd "$src" && find base staging memory scheduler src backends -name '*.h' 2>/dev/null | sort | xargs -r awk '
+    !/^[a-z]/ || /^static|[{]|return/ { next }
+    match($0, /[ *]ruda__[a-z0-9_]+\(/) { print substr($0, RSTART + 1, RLENGTH - 2), FILENAME }')
+layer() { # sets L: base, staging, memory, scheduler, src or backends/X
+  case "$1" in
+    backends/*) L=${1#backends/}; L=backends/${L%%/*} ;;
+    *) L=${1%%/*} ;;
+  esac
+}
+for o in $objs; do
+  for s in $(nm --defined-only "$o" | awk '$2 == "T" {print $3}'); do
+    h=${decl[$s]:-}
+    [ -n "$h" ] || continue
+    layer "${o#./}"; ol=$L; layer "$h"
+    if [ "$ol" != "$L" ]; then
+      echo "declaration against the layers: $h declares $s, defined in ${o#./}"
       bad=1
     fi
   done

@@ -2,9 +2,10 @@
 # Fails when an #include runs against ruda's layers (docs/architecture.md):
 #
 #   src/        API: the public entry points      may include everything below
-#   scheduler/  queues, workers, streams, order   base, memory, scheduler
+#   scheduler/  queues, workers, streams, order   base, staging, memory, scheduler
 #   memory/     handles, pools, arena, fences     base, memory
-#   backends/X  host, cuda: the backend contract  base, backends/X
+#   backends/X  host, cuda: the backend contract  base, staging, backends/X
+#   staging/    page-locked arena, copy helpers   base, staging
 #   base/       errors, log, sync, contract       base
 #
 # Every layer may include the public headers (ruda/*.h) and system headers.
@@ -17,13 +18,19 @@ allowed() { # layer-of-file included-path
   case "$inc" in ruda/*) return 0 ;; esac
   case "$from" in
     base) [[ $inc == base/* ]] ;;
+    staging) [[ $inc == base/* || $inc == staging/* ]] ;;
     memory) [[ $inc == base/* || $inc == memory/* ]] ;;
-    scheduler) [[ $inc == base/* || $inc == memory/* || $inc == scheduler/* ]] ;;
-    src) [[ $inc == base/* || $inc == memory/* || $inc == scheduler/* || $inc == src/* ]] ;;
-    backends/*) [[ $inc == base/* || $inc == "$from"/* ]] ;;
+    scheduler) [[ $inc == base/* || $inc == staging/* || $inc == memory/* || $inc == scheduler/* ]] ;;
+    src) [[ $inc == base/* || $inc == staging/* || $inc == memory/* || $inc == scheduler/* || $inc == src/* ]] ;;
+    backends/*) [[ $inc == base/* || $inc == staging/* || $inc == "$from"/* ]] ;;
     *) return 1 ;;
   esac
 }
+files=$(find base staging memory scheduler src backends -name '*.[ch]' 2>/dev/null | sort || true)
+if [ -z "$files" ]; then
+  echo "FAIL: no sources under $root (nothing was checked)"
+  exit 1
+fi
 bad=0
 while IFS= read -r f; do
   case "$f" in
@@ -43,9 +50,9 @@ while IFS= read -r f; do
     grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"(\.\./|[^/"]*")' "$f" | sed 's/^/  /'
     bad=1
   fi
-done < <(find base memory scheduler src backends -name '*.[ch]' | sort)
+done <<< "$files"
 if [ "$bad" -ne 0 ]; then
   echo "FAIL: includes that run against the layers"
   exit 1
 fi
-echo "layers: every include points down ($(find base memory scheduler src backends -name '*.[ch]' | wc -l) files)"
+echo "layers: every include points down ($(echo "$files" | wc -l) files)"

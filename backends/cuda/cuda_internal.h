@@ -17,7 +17,7 @@
 #include "base/backend.h"
 #include "base/error.h"
 #include "base/log.h"
-#include "base/staging.h"
+#include "staging/staging.h"
 
 typedef struct ruda__cu_module ruda__cu_module;
 

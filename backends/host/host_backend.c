@@ -289,6 +289,7 @@ static int host_kernel_prepare(void *state, ruda__kernel *k) {
 
 const ruda__backend_ops ruda__host_backend = {
     .name = "host",
+    .host_kernels = 1,
     .open = host_open,
     .close = host_close,
     .worker_start = host_worker_start,

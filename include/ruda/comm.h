@@ -54,7 +54,7 @@ typedef enum ruda_dtype {
   RUDA_DTYPE_U8
 } ruda_dtype;
 
-/* Bytes of one element of t, or 0 for an unknown type. */
+/* Bytes of one element of t, or 0 for an unknown type. Thread-safe, non-blocking. */
 RUDA_EXTERN size_t ruda_dtype_size(ruda_dtype t);
 
 /* Reductions of ruda_all_reduce. */
@@ -74,7 +74,7 @@ typedef enum ruda_reduce_op {
  * collective fails with RUDA_ETIMEDOUT naming the ranks that did not come
  * and the communicator is broken (every later collective fails; destroy
  * it). Ranks that disagree on a collective's count, type or reduction get
- * RUDA_EINVAL listing what each brought. Blocking. */
+ * RUDA_EINVAL listing what each brought. Blocking. Thread-safe; blocks until every rank joined. */
 RUDA_EXTERN int ruda_comm_init(struct ruda_device *const *devices, uint32_t n, ruda_comm **out);
 
 /* ---- ranks in several processes ---- */
@@ -105,7 +105,8 @@ typedef struct ruda_comm_transport {
 
 /* Fills *id for ruda_comm_init_rank (call it on one rank). On the host
  * backend the id is not needed (a transport carries the data) and is
- * zeroed. RUDA_ENOBACKEND when the cuda backend cannot load NCCL. */
+ * zeroed. RUDA_ENOBACKEND when the cuda backend cannot load NCCL.
+ * Thread-safe, non-blocking (on cuda it may load NCCL). */
 RUDA_EXTERN int ruda_comm_unique_id(struct ruda_device *dev, ruda_comm_id *id);
 
 /* Carries rank 0's *id to the other ranks (they pass any *id; it is
@@ -127,7 +128,8 @@ RUDA_EXTERN int ruda_comm_rendezvous(const char *where, uint32_t nranks, uint32_
 
 /* This process's RANK, WORLD_SIZE and LOCAL_RANK (0 when unset), as
  * launchers such as torchrun set them: LOCAL_RANK usually picks the GPU
- * ordinal to open. RUDA_EINVAL naming a variable missing or malformed. */
+ * ordinal to open. RUDA_EINVAL naming a variable missing or malformed.
+ * Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_comm_env(uint32_t *rank, uint32_t *nranks, uint32_t *local_rank);
 
 /* Joins dev as this process's rank of a communicator described by the
@@ -137,7 +139,7 @@ RUDA_EXTERN int ruda_comm_env(uint32_t *rank, uint32_t *nranks, uint32_t *local_
  * Rank 0 makes the id (ruda_comm_unique_id), ruda_comm_rendezvous carries
  * it, ruda_comm_init_rank joins. Blocking. The host backend needs a
  * transport across processes: RUDA_ENOBACKEND, pointing to
- * ruda_mpi_comm_init. */
+ * ruda_mpi_comm_init. Thread-safe; blocks. */
 RUDA_EXTERN int ruda_comm_init_env(struct ruda_device *dev, ruda_comm **out);
 
 /* Joins dev as rank `rank` of nranks ranks living in any processes (one
@@ -148,47 +150,51 @@ RUDA_EXTERN int ruda_comm_init_env(struct ruda_device *dev, ruda_comm **out);
  * is used and destroyed as one from ruda_comm_init; ruda_comm_size is
  * nranks and ruda_comm_rank(comm, dev) is rank. On success the
  * communicator owns the transport (release is called when it is
- * destroyed); on failure the caller still does. */
+ * destroyed); on failure the caller still does. Thread-safe; blocks as said. */
 RUDA_EXTERN int ruda_comm_init_rank(struct ruda_device *dev, uint32_t nranks, uint32_t rank, const ruda_comm_id *id,
                                     const ruda_comm_transport *transport, ruda_comm **out);
 
-/* Waits for every rank's collectives, then frees the communicator. */
+/* Waits for every rank's collectives, then frees the communicator.
+ * Not thread-safe on one communicator: no other call may use comm beside it or after. Blocks
+ * until the collectives ran. */
 RUDA_EXTERN int ruda_comm_destroy(ruda_comm *comm);
 
-/* Number of ranks in the communicator (0 for NULL). */
+/* Number of ranks in the communicator (0 for NULL). Thread-safe, non-blocking. */
 RUDA_EXTERN uint32_t ruda_comm_size(const ruda_comm *comm);
-/* The rank of dev, or -1 if it is not a member. */
+/* The rank of dev, or -1 if it is not a member. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_comm_rank(const ruda_comm *comm, const struct ruda_device *dev);
 
 /* dst = op over every rank's src, on every rank. src and dst may be the
  * same binding; dst must hold src's bytes, a whole number of elements.
- * dev names the rank. */
+ * dev names the rank. Thread-safe, non-blocking (see ruda_write for a full queue). */
 RUDA_EXTERN int ruda_all_reduce(ruda_comm *comm, struct ruda_device *dev, ruda_binding src, ruda_binding dst,
                                 ruda_dtype dtype, ruda_reduce_op op);
 
 /* dst = op over every rank's src, on the root only (other ranks' dst is
  * not written; pass src). Sizes and bindings as for ruda_all_reduce;
- * RUDA_EINVAL for a root that is no rank. */
+ * RUDA_EINVAL for a root that is no rank.
+ * Thread-safe, non-blocking (see ruda_write for a full queue). */
 RUDA_EXTERN int ruda_reduce(ruda_comm *comm, struct ruda_device *dev, ruda_binding src, ruda_binding dst,
                             ruda_dtype dtype, ruda_reduce_op op, uint32_t root);
 
 /* dst = the root's src, on every rank (the root's too: src and dst may be
  * the same binding). Every rank passes a src of the same size, which
  * gives the element count (only the root's is read: others may pass dst);
- * dst must hold as many bytes. */
+ * dst must hold as many bytes. Thread-safe, non-blocking (see ruda_write for a full queue). */
 RUDA_EXTERN int ruda_broadcast(ruda_comm *comm, struct ruda_device *dev, ruda_binding src, ruda_binding dst,
                                ruda_dtype dtype, uint32_t root);
 
 /* dst = every rank's src, in rank order: rank r's count elements land at
  * element r * count of dst, which must hold nranks * count elements (count:
- * src's elements, the same on every rank). */
+ * src's elements, the same on every rank).
+ * Thread-safe, non-blocking (see ruda_write for a full queue). */
 RUDA_EXTERN int ruda_all_gather(ruda_comm *comm, struct ruda_device *dev, ruda_binding src, ruda_binding dst,
                                 ruda_dtype dtype);
 
 /* The all-reduce of src (nranks * count elements, the same on every rank),
  * scattered: rank r's dst gets elements r * count .. (r + 1) * count of the
  * result. src must hold a whole multiple of nranks elements; dst at least
- * count elements. */
+ * count elements. Thread-safe, non-blocking (see ruda_write for a full queue). */
 RUDA_EXTERN int ruda_reduce_scatter(ruda_comm *comm, struct ruda_device *dev, ruda_binding src, ruda_binding dst,
                                     ruda_dtype dtype, ruda_reduce_op op);
 
@@ -198,13 +204,16 @@ RUDA_EXTERN int ruda_reduce_scatter(ruda_comm *comm, struct ruda_device *dev, ru
  * A send waits for its receiver, whatever its size: two ranks sending to
  * each other first wait for ever, as with NCCL (on the host backend, in
  * one process or over MPI, until RUDA_COMM_TIMEOUT, when both fail); let
- * one of them receive first. */
+ * one of them receive first. Thread-safe; the call is non-blocking (the
+ * wait is the worker's). */
 RUDA_EXTERN int ruda_send(ruda_comm *comm, struct ruda_device *dev, ruda_binding src, uint32_t peer);
-/* The receiving side of ruda_send: dev's rank takes peer's bytes into dst. */
+/* The receiving side of ruda_send: dev's rank takes peer's bytes into dst.
+ * Thread-safe, non-blocking (see ruda_write for a full queue). */
 RUDA_EXTERN int ruda_recv(ruda_comm *comm, struct ruda_device *dev, ruda_binding dst, uint32_t peer);
 
 /* Waits until dev's rank ran its collectives so far (a sync of the rank's
- * collective stream); RUDA_EUNHEALTHY with their failures in *errors. */
+ * collective stream); RUDA_EUNHEALTHY with their failures in *errors.
+ * Thread-safe; blocks until the rank's collectives ran. */
 RUDA_EXTERN int ruda_comm_sync(ruda_comm *comm, struct ruda_device *dev, ruda_error **errors);
 
 #ifdef __cplusplus

@@ -42,7 +42,7 @@ RUDA_EXTERN int ruda_device_get_props(const ruda_device *dev, ruda_device_props 
  * threads: (warp_size, warps, 1), one warp per row, where warps is the
  * largest power of two <= min(8, working_units / warp_size), at least 1,
  * capped so the block stays within max_threads_per_block. Returns (1,1,1)
- * for a NULL device. Thread-safe. */
+ * for a NULL device. Thread-safe, non-blocking. */
 RUDA_EXTERN ruda_dim3 ruda_block_for(const ruda_device *dev, uint64_t working_units);
 
 /* Spreads num_blocks blocks over a grid within the device's limits: while
@@ -55,7 +55,7 @@ RUDA_EXTERN int ruda_grid_spread(const ruda_device *dev, uint32_t num_blocks, ru
                                  uint64_t *actual);
 
 /* ruda_grid_spread against explicit per-dimension maxima (max), for
- * shaping a launch without a device. Thread-safe. */
+ * shaping a launch without a device. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_grid_spread_max(ruda_dim3 max, uint32_t num_blocks, ruda_dim3 *grid,
                                      uint64_t *actual);
 
@@ -78,7 +78,8 @@ RUDA_EXTERN int ruda_grid_spread_max(ruda_dim3 max, uint32_t num_blocks, ruda_di
 /* Allocates a staging buffer of size bytes for the caller to fill, then
  * hand to ruda_write_staged() (which takes it) or give back with
  * ruda_staging_free(). Buffers die with the device. Thread-safe; may call
- * the driver to reserve more page-locked memory. */
+ * the driver to reserve more page-locked memory.
+ * Never waits for a worker or the device otherwise (non-blocking). */
 RUDA_EXTERN int ruda_staging_alloc(ruda_device *dev, size_t size, void **out);
 
 /* Returns a staging buffer not handed to ruda_write_staged(). NULL is a
@@ -215,7 +216,7 @@ static inline ruda_arg ruda_arg_tensor_map(const ruda_tensor_map *m) {
 
 /* The full NVRTC log of this thread's last failed kernel compilation (the
  * error message holds only its start), or "" when none failed. Valid until
- * the thread's next compilation. */
+ * the thread's next compilation. Thread-safe (each thread has its own), non-blocking. */
 RUDA_EXTERN const char *ruda_compile_log(void);
 
 #ifdef __cplusplus

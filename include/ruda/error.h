@@ -81,7 +81,7 @@ typedef enum ruda_errno {
  * the table). Thread-safe, never blocks. */
 RUDA_EXTERN const char *ruda_strerror(int code);
 
-/* Returns the code's name ("RUDA_EINVAL"), or "RUDA_UNKNOWN". Thread-safe. */
+/* Returns the code's name ("RUDA_EINVAL"), or "RUDA_UNKNOWN". Thread-safe, non-blocking. */
 RUDA_EXTERN const char *ruda_err_name(int code);
 
 /* An error: code, message naming the call and the values involved, an
@@ -90,30 +90,35 @@ RUDA_EXTERN const char *ruda_err_name(int code);
 typedef struct ruda_error ruda_error;
 
 /* Accessors. All accept NULL (returning 0 / "" / NULL) and never block. */
-/* The error's RUDA_E* code. */
+/* The error's RUDA_E* code. Thread-safe while err lives, non-blocking. */
 RUDA_EXTERN int ruda_error_code(const ruda_error *err);
 /* The message: the call that failed and the values involved. Valid while
- * err lives. */
+ * err lives. Thread-safe, non-blocking. */
 RUDA_EXTERN const char *ruda_error_message(const ruda_error *err);
-/* The error that caused this one, or NULL. */
+/* The error that caused this one, or NULL. Thread-safe while err lives, non-blocking. */
 RUDA_EXTERN const ruda_error *ruda_error_cause(const ruda_error *err);
-/* The next error of a list (the errors an unhealthy stream held), or NULL. */
+/* The next error of a list (the errors an unhealthy stream held), or NULL.
+ * Thread-safe while err lives, non-blocking. */
 RUDA_EXTERN const ruda_error *ruda_error_next(const ruda_error *err);
-/* Raw backend result (CUresult, nvrtcResult) that produced it, or 0. */
+/* Raw backend result (CUresult, nvrtcResult) that produced it, or 0.
+ * Thread-safe while err lives, non-blocking. */
 RUDA_EXTERN long ruda_error_backend_code(const ruda_error *err);
-/* The stream the error belongs to (0 for errors raised at the call). */
+/* The stream the error belongs to (0 for errors raised at the call).
+ * Thread-safe while err lives, non-blocking. */
 RUDA_EXTERN uint64_t ruda_error_stream(const ruda_error *err);
-/* Return addresses of the backtrace; *count receives their number. */
+/* Return addresses of the backtrace; *count receives their number.
+ * Thread-safe while err lives, non-blocking. */
 RUDA_EXTERN void *const *ruda_error_backtrace(const ruda_error *err, size_t *count);
 /* Writes the error, its list and its causes, with symbolized backtraces
- * when with_backtrace is non-zero. */
+ * when with_backtrace is non-zero. Thread-safe while err lives; blocks only writing to out. */
 RUDA_EXTERN void ruda_error_print(const ruda_error *err, FILE *out, int with_backtrace);
-/* Frees an owned error with its causes and its list. NULL is a no-op. */
+/* Frees an owned error with its causes and its list. NULL is a no-op.
+ * Not thread-safe on one error (no other call may use err beside it); non-blocking. */
 RUDA_EXTERN void ruda_error_free(ruda_error *err);
 
 /* The error left by this thread's last failing ruda call. Valid until this
  * thread's next failing call; never NULL (code 0 when nothing failed yet).
- * Not to be freed. */
+ * Not to be freed. Thread-safe (each thread has its own), non-blocking. */
 RUDA_EXTERN const ruda_error *ruda_last_error(void);
 
 #ifdef __cplusplus

@@ -85,22 +85,23 @@ typedef struct ruda_graph ruda_graph;
  * ruda_memory_mode_push(RUDA_ALLOC_PERSISTENT)) until the stream's next
  * ruda_graph_end_capture or ruda_graph_abort_capture, so that buffers a
  * warm-up allocates for the graph live apart from the churn of the pools.
- * RUDA_EGRAPHSTATE if already prepared or capturing. */
+ * RUDA_EGRAPHSTATE if already prepared or capturing. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_graph_prepare(struct ruda_device *dev, ruda_stream_id stream);
 
 /* Starts recording stream's launches, calls and copies. RUDA_EGRAPHSTATE
  * if the stream is capturing already; RUDA_EUNHEALTHY if it holds errors
- * not yet reported (drain them with ruda_flush first). Non-blocking. */
+ * not yet reported (drain them with ruda_flush first). Thread-safe,
+ * non-blocking. */
 RUDA_EXTERN int ruda_graph_begin_capture(struct ruda_device *dev, ruda_stream_id stream);
 
 /* Stops recording and returns the graph in *out (possibly empty). A
  * launch racing with this call from another thread is either recorded or
- * run, never lost. RUDA_EGRAPHSTATE if the stream is not capturing. */
+ * run, never lost. RUDA_EGRAPHSTATE if the stream is not capturing. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_graph_end_capture(struct ruda_device *dev, ruda_stream_id stream, ruda_graph **out);
 
 /* Stops recording and discards what was recorded (their buffers are
  * released as if the commands had run). RUDA_EGRAPHSTATE if the stream is
- * not capturing. */
+ * not capturing. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_graph_abort_capture(struct ruda_device *dev, ruda_stream_id stream);
 
 /* Enqueues one replay of g on stream and returns. Failures (a kernel
@@ -243,11 +244,12 @@ RUDA_EXTERN int ruda_graph_run_with(struct ruda_device *dev, ruda_stream_id stre
                                     const ruda_graph_patch *patches, uint32_t n, ruda_error **err);
 
 /* Releases g. Replays already enqueued still run; the graph's memory and
- * buffers go back after the last of them. g must not be used after. */
+ * buffers go back after the last of them. g must not be used after.
+ * Not thread-safe on one graph: no call may use g beside it (as with any free); non-blocking. */
 RUDA_EXTERN int ruda_graph_destroy(struct ruda_device *dev, ruda_graph *g);
 
 /* Commands recorded in g (launches, library calls, copies, uploads and
- * downloads). */
+ * downloads). Thread-safe, non-blocking. */
 RUDA_EXTERN uint32_t ruda_graph_length(const ruda_graph *g);
 
 #ifdef __cplusplus

@@ -61,7 +61,7 @@ typedef struct ruda_pool_config {
 #define RUDA_MEMORY_MAX_POOLS 16
 
 /* Fills pools with the default layout (up to cap entries) and returns how
- * many pools it has: two sliced pools and an exclusive one. */
+ * many pools it has: two sliced pools and an exclusive one. Thread-safe, non-blocking. */
 RUDA_EXTERN uint32_t ruda_memory_default_pools(ruda_pool_config *pools, uint32_t cap);
 
 /* Installs a layout: npools pools with strictly increasing max_alloc, each
@@ -71,7 +71,7 @@ RUDA_EXTERN uint32_t ruda_memory_default_pools(ruda_pool_config *pools, uint32_t
  * they held go back to the arena). Fails with RUDA_EINVAL for a bad
  * layout, RUDA_EPOOLSINUSE when the calling stream still has live buffers
  * in its pools (the layout still applies to streams created later; retry
- * after freeing them). Buffers in the persistent pool do not count. */
+ * after freeing them). Buffers in the persistent pool do not count. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_memory_install_pools(struct ruda_device *dev, ruda_stream_id stream,
                                           const ruda_pool_config *pools, uint32_t npools);
 
@@ -86,10 +86,10 @@ typedef enum ruda_alloc_mode {
 #define RUDA_MEMORY_MODE_DEPTH 32
 
 /* Makes mode the stream's allocation mode until the matching pop.
- * RUDA_EINVAL for an unknown mode or past RUDA_MEMORY_MODE_DEPTH. */
+ * RUDA_EINVAL for an unknown mode or past RUDA_MEMORY_MODE_DEPTH. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_memory_mode_push(struct ruda_device *dev, ruda_stream_id stream,
                                       ruda_alloc_mode mode);
-/* Restores the previous mode. RUDA_EINVAL when nothing was pushed. */
+/* Restores the previous mode. RUDA_EINVAL when nothing was pushed. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_memory_mode_pop(struct ruda_device *dev, ruda_stream_id stream);
 
 /* Dry runs (nestable per stream). While one is open, buffers created on
@@ -99,9 +99,9 @@ RUDA_EXTERN int ruda_memory_mode_pop(struct ruda_device *dev, ruda_stream_id str
  * its memory when a command first uses it; if the device cannot provide it
  * then, that call fails with RUDA_ESTORAGEMAPPING, whose message names the
  * out-of-memory that caused it: the plan was measured against more memory
- * than there is. Freeing unbacked buffers needs no backing. */
+ * than there is. Freeing unbacked buffers needs no backing. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_memory_dry_run_begin(struct ruda_device *dev, ruda_stream_id stream);
-/* RUDA_EINVAL when no dry run is open on the stream. */
+/* RUDA_EINVAL when no dry run is open on the stream. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_memory_dry_run_end(struct ruda_device *dev, ruda_stream_id stream);
 
 /* Memory figures of a stream's pools, or of the device (filled by
@@ -119,13 +119,13 @@ typedef struct ruda_memory_stats {
 } ruda_memory_stats;
 
 /* Usage of the stream's pools. Reports also while the stream holds errors
- * (they stay queued for its flush or sync). */
+ * (they stay queued for its flush or sync). Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_memory_usage(struct ruda_device *dev, ruda_stream_id stream,
                                   ruda_memory_stats *out);
 
 /* The device as a whole: every stream's pools plus the pages cached in the
  * arena, whatever the streams' health. Blocks briefly on each stream's
- * pool lock. */
+ * pool lock. Thread-safe; never waits for a worker or the device. */
 RUDA_EXTERN int ruda_memory_device_usage(struct ruda_device *dev, ruda_memory_stats *out);
 
 /* One pool's layout and figures (filled by ruda_memory_report). */
@@ -143,7 +143,7 @@ typedef struct ruda_pool_report {
 
 /* Per-pool report of the stream's pools in allocation-routing order, then
  * the persistent pool. Writes up to cap entries, sets *npools to how many
- * there are. */
+ * there are. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_memory_report(struct ruda_device *dev, ruda_stream_id stream,
                                    ruda_pool_report *pools, uint32_t cap, uint32_t *npools);
 
@@ -159,7 +159,8 @@ RUDA_EXTERN int ruda_memory_summary(struct ruda_device *dev, FILE *out);
  * pages, and every page cached in the arena. A page still in use by
  * device work that has not passed its free stays until a later cleanup
  * (or allocation) finds it passed; cleanup gives the stream workers a
- * moment (at most about a millisecond) to get there, never the device. */
+ * moment (at most about a millisecond) to get there, never the device.
+ * Thread-safe; blocks for that moment at most. */
 RUDA_EXTERN int ruda_memory_cleanup(struct ruda_device *dev, ruda_stream_id stream);
 
 #ifdef __cplusplus

@@ -40,7 +40,9 @@ extern "C" {
  * RUDA_EINVAL saying which values they brought. RUDA_EINVAL at the call
  * for a NULL dev or out, or when MPI is not initialised with
  * MPI_THREAD_MULTIPLE (the workers call it too); other failures are
- * ruda_comm_init_rank's (ruda_last_error describes them). Blocking. */
+ * ruda_comm_init_rank's (ruda_last_error describes them). Blocking.
+ * Not thread-safe on one MPI communicator: as any MPI collective, one call per process on comm
+ * at a time. */
 RUDA_EXTERN int ruda_mpi_comm_init(struct ruda_device *dev, MPI_Comm comm, ruda_comm **out);
 
 #ifdef __cplusplus

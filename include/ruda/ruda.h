@@ -9,9 +9,12 @@
  * Conventions
  *  - Functions return 0 or a negative RUDA_E* code (ruda/error.h). When a
  *    call fails at the call, ruda_last_error() describes why.
- *  - "Thread-safe" means any number of threads may call the function on the
- *    same device at once. "Non-blocking" means it never waits for a worker
- *    or the device (it may still allocate host memory).
+ *  - Every function's comment states its contract in three words:
+ *    "Thread-safe" means any number of threads may call the function on the
+ *    same device (or object) at once; "not thread-safe on X" names what
+ *    must not be used beside it. "Non-blocking" means it never waits for a
+ *    worker or the device (it may still allocate host memory or take a
+ *    short lock); "blocks" says what it waits for.
  *  - Calls on a closing device fail with RUDA_ECLOSED; a call that was in
  *    progress when ruda_device_close() started completes first, and one
  *    that starts while close runs (a second close too) fails and is waited
@@ -60,16 +63,16 @@ extern "C" {
 #endif
 
 /* The version of the library loaded, "MAJOR.MINOR.PATCH" (compare with
- * RUDA_VERSION_STRING, the headers' version). Thread-safe. */
+ * RUDA_VERSION_STRING, the headers' version). Thread-safe, non-blocking. */
 RUDA_EXTERN const char *ruda_version(void);
 
 /* The same as MAJOR * 10000 + MINOR * 100 + PATCH (compare with
- * RUDA_VERSION_NUMBER). Thread-safe. */
+ * RUDA_VERSION_NUMBER). Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_version_number(void);
 
 /* ruda_version() under the name 0.1.0 gave it first; kept for the 0.1
  * series, where nothing is removed (the version policy: README). New code
- * calls ruda_version(). Thread-safe. */
+ * calls ruda_version(). Thread-safe, non-blocking. */
 RUDA_EXTERN const char *ruda_version_string(void);
 
 /* ------------------------------------------------------------------ */
@@ -140,7 +143,7 @@ typedef struct ruda_config {
  * 65536 commands per queue, block on a full queue, warn logging), then
  * applies any RUDA_*
  * environment variables named above. Fields set afterwards by the caller
- * win over the environment. Thread-safe. */
+ * win over the environment. Thread-safe, non-blocking. */
 RUDA_EXTERN void ruda_config_init(ruda_config *cfg);
 
 /* Opens a device and starts its stream workers. cfg may be NULL (defaults
@@ -168,18 +171,20 @@ RUDA_EXTERN int ruda_device_open(const ruda_config *cfg, ruda_device **out);
  * destroys live graphs, frees staging blocks and drops open profile
  * tokens (ruda_graph_destroy, ruda_staging_free and ruda_profile_end on
  * them after close are calls on a freed handle). Blocks until calls in
- * progress and the workers are done. */
+ * progress and the workers are done. Thread-safe in that sense: other
+ * threads' calls on dev are waited for or refused, a second close fails
+ * with RUDA_ECLOSED. */
 RUDA_EXTERN int ruda_device_close(ruda_device *dev, ruda_error **errors);
 
-/* Name of the backend in use ("host" or "cuda"). Thread-safe. */
+/* Name of the backend in use ("host" or "cuda"). Thread-safe, non-blocking. */
 RUDA_EXTERN const char *ruda_device_backend(const ruda_device *dev);
 
 /* Why RUDA_BACKEND_AUTO opened the host backend instead of cuda (no
  * driver, no GPU, ...), as the cuda backend's error said; NULL when no
- * fallback happened. Valid while dev is open. Thread-safe. */
+ * fallback happened. Valid while dev is open. Thread-safe, non-blocking. */
 RUDA_EXTERN const char *ruda_device_fallback_reason(const ruda_device *dev);
 
-/* Number of worker streams. Thread-safe. */
+/* Number of worker streams. Thread-safe, non-blocking. */
 RUDA_EXTERN uint32_t ruda_device_num_streams(const ruda_device *dev);
 
 /* ------------------------------------------------------------------ */
@@ -189,7 +194,7 @@ RUDA_EXTERN uint32_t ruda_device_num_streams(const ruda_device *dev);
 /* ruda_stream_id, RUDA_STREAM_CURRENT and RUDA_STREAM_EXPLICIT_MAX are in
  * ruda/types.h. */
 
-/* The calling thread's stream id (stable for the thread's life). */
+/* The calling thread's stream id (stable for the thread's life). Thread-safe, non-blocking. */
 RUDA_EXTERN ruda_stream_id ruda_stream_current(void);
 
 /* Writes up to cap ids of the streams used so far into ids; returns how
@@ -224,7 +229,7 @@ RUDA_EXTERN int ruda_stream_name(ruda_stream_id id, char *buf, size_t len);
  * it), another one is put back. Library calls (ruda_call) always go to
  * the worker: their code may issue on the buffers the caller would still
  * hold locked. Off by default. RUDA_EINVAL as any stream call.
- * Thread-safe. */
+ * Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_stream_set_in_place(ruda_device *dev, ruda_stream_id stream, int on);
 
 /* ------------------------------------------------------------------ */
@@ -249,7 +254,9 @@ static inline ruda_binding ruda_bind_range(ruda_handle h, uint64_t offset, uint6
 /* Allocates a device buffer of size bytes for stream. The memory is usable
  * by commands enqueued afterwards on any stream. Fails with RUDA_EINVAL for
  * size 0, RUDA_EBUFFERTOOBIG when it can never fit, RUDA_EOUTOFMEMORY.
- * Thread-safe; may call the device allocator. */
+ * Thread-safe; may call the device allocator.
+ * Non-blocking, except out of device memory: it then waits up to about 50 ms for the workers to
+ * pass their fences before it tries again. */
 RUDA_EXTERN int ruda_buffer_create(ruda_device *dev, ruda_stream_id stream, uint64_t size,
                                    ruda_handle *out);
 
@@ -330,14 +337,17 @@ RUDA_EXTERN int ruda_future_poll(ruda_future *fut);
  * completion; then *err (if err is non-NULL) receives an owned error with
  * the stream's queued errors as its list. Waiting twice returns the same
  * result (the error is handed over only once). A stream holding errors
- * yields RUDA_EUNHEALTHY as for ruda_flush. */
+ * yields RUDA_EUNHEALTHY as for ruda_flush.
+ * Not thread-safe on one future: one waiter at a time (ruda_future_poll may run beside it). */
 RUDA_EXTERN int ruda_future_wait(ruda_future *fut, ruda_error **err);
 
 /* Frees a future. A future not yet waited is detached: the work still
  * runs and its result is dropped (a read's dst is then never written,
  * except a dst in staging memory, which the device may already have
  * filled). NULL is a no-op. Every future must be freed before
- * ruda_device_close (which refuses with RUDA_EBUSY until then). */
+ * ruda_device_close (which refuses with RUDA_EBUSY until then). Not
+ * thread-safe on one future: no wait or poll of it beside or after it.
+ * Non-blocking. */
 RUDA_EXTERN void ruda_future_free(ruda_future *fut);
 
 /* ------------------------------------------------------------------ */
@@ -463,7 +473,7 @@ typedef int (*ruda_host_kernel_fn)(const ruda_host_ctx *ctx, void *const *args);
  * args (a crash) and a wrong order runs silently. Only for a kernel that
  * checks ctx->nargs itself; prefer ruda_host_kernel_register_typed (how
  * to write a host kernel: docs/host_backend.md). RUDA_ENOBACKEND on a cuda
- * device. Thread-safe. */
+ * device. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_host_kernel_register(ruda_device *dev, const char *name,
                                           ruda_host_kernel_fn fn);
 
@@ -477,7 +487,7 @@ typedef struct ruda_host_param {
 /* Registers (or replaces) a host kernel with its signature, params[0..n):
  * every launch is checked as on the cuda backend (argument count, buffer
  * or scalar, scalar sizes) and refused at the call with the same
- * RUDA_EINVAL messages. RUDA_ENOBACKEND on a cuda device. Thread-safe. */
+ * RUDA_EINVAL messages. RUDA_ENOBACKEND on a cuda device. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_host_kernel_register_typed(ruda_device *dev, const char *name, ruda_host_kernel_fn fn,
                                                 const ruda_host_param *params, uint32_t n);
 
@@ -494,8 +504,8 @@ RUDA_EXTERN int ruda_host_kernel_register_typed(ruda_device *dev, const char *na
  * errors with the NVRTC log as RUDA_ECOMPILE (full log:
  * ruda_compile_log), a name the source does not define as RUDA_EKERNEL
  * listing the kernels it does. Several kernels of one source: see
- * ruda_module_source. RUDA_ENOBACKEND on a host device. Thread-safe; may
- * block compiling. */
+ * ruda_module_source. RUDA_ENOBACKEND on a host device. Thread-safe; blocks
+ * while it compiles (not when the cache has the source). */
 RUDA_EXTERN int ruda_kernel_source(ruda_device *dev, const char *name, const char *source,
                                    const char *const *options);
 
@@ -504,7 +514,7 @@ RUDA_EXTERN int ruda_kernel_source(ruda_device *dev, const char *name, const cha
  * under the text given. file_name names the source in compile messages
  * (NULL: "module.cu"); options as for ruda_kernel_source. All or nothing:
  * on failure none is registered. RUDA_ENOBACKEND on a host device.
- * Thread-safe; may block compiling. */
+ * Thread-safe; blocks while it compiles (not when the cache has the source). */
 RUDA_EXTERN int ruda_module_source(ruda_device *dev, const char *file_name, const char *source,
                                    const char *const *names, uint32_t n, const char *const *options);
 
@@ -513,13 +523,14 @@ RUDA_EXTERN int ruda_module_source(ruda_device *dev, const char *file_name, cons
  * writes them (-cubin, -ptx, -fatbin). Names are extern "C" or mangled
  * (an image carries no C++ names); the launch checks are the same as for
  * sources. The image is copied; the caller may free it on return. All or
- * nothing. RUDA_ENOBACKEND on a host device. Thread-safe. */
+ * nothing. RUDA_ENOBACKEND on a host device. Thread-safe.
+ * Blocks while the driver loads the image. */
 RUDA_EXTERN int ruda_module_image(ruda_device *dev, const void *image, size_t size, const char *const *names,
                                   uint32_t n);
 
 /* ruda_module_image of a file (.cubin, .ptx, .fatbin), or, for a .cu
  * file, ruda_module_source of its text named after the file. Thread-safe;
- * reads the file. */
+ * reads the file. Blocks reading the file and loading or compiling it. */
 RUDA_EXTERN int ruda_module_file(ruda_device *dev, const char *path, const char *const *names, uint32_t n,
                                  const char *const *options);
 
@@ -565,7 +576,7 @@ typedef struct ruda_profile_token {
 
 /* Marks the point the stream's work has reached so far; returns at once.
  * RUDA_EUNHEALTHY if the stream holds unreported errors (drain them with
- * ruda_flush first), RUDA_EGRAPHSTATE while it captures a graph. */
+ * ruda_flush first), RUDA_EGRAPHSTATE while it captures a graph. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_profile_begin(ruda_device *dev, ruda_stream_id stream, ruda_profile_token *token);
 
 /* Waits until the stream's work up to this call is done and stores in *ns
@@ -574,7 +585,8 @@ RUDA_EXTERN int ruda_profile_begin(ruda_device *dev, ruda_stream_id stream, ruda
  * A sync point, like ruda_sync. RUDA_EPROFILETOKEN for a token this stream
  * did not hand out or that was ended already; RUDA_EPROFILE when commands
  * failed in between (they are in *errors, as ruda_sync hands them back;
- * the token is ended). RUDA_EGRAPHSTATE while the stream captures. */
+ * the token is ended). RUDA_EGRAPHSTATE while the stream captures.
+ * Thread-safe; blocks as ruda_sync. */
 RUDA_EXTERN int ruda_profile_end(ruda_device *dev, ruda_stream_id stream, ruda_profile_token token, uint64_t *ns,
                                  ruda_error **errors);
 
@@ -594,7 +606,8 @@ RUDA_EXTERN int ruda_profile_end(ruda_device *dev, ruda_stream_id stream, ruda_p
  * (not tracing after a failed start, still tracing after a failed stop).
  * Thread-safe; stop blocks. */
 RUDA_EXTERN int ruda_trace_start(ruda_device *dev, const char *path);
-/* Ends what ruda_trace_start (or RUDA_TRACE) began and writes the file. */
+/* Ends what ruda_trace_start (or RUDA_TRACE) began and writes the file.
+ * Thread-safe; blocks until every worker handed its buffer back, and while writing. */
 RUDA_EXTERN int ruda_trace_stop(ruda_device *dev);
 
 /* NVTX ranges on the calling thread, in the domain "ruda" where ruda's
@@ -606,7 +619,8 @@ RUDA_EXTERN int ruda_trace_stop(ruda_device *dev);
  * NULL name, else 0 (also when nothing is emitted); pop closes the
  * thread's innermost range. Thread-safe, non-blocking, no device needed. */
 RUDA_EXTERN int ruda_range_push(const char *name);
-/* Closes the calling thread's innermost ruda_range_push range. */
+/* Closes the calling thread's innermost ruda_range_push range.
+ * Thread-safe (ranges are per thread), non-blocking. */
 RUDA_EXTERN void ruda_range_pop(void);
 
 #ifdef __cplusplus

@@ -1,5 +1,5 @@
 /* python/src/staging_alloc.c - the few jemalloc entry points libruda's
- * staging arena calls (base/staging.c: arenas.create with extent hooks,
+ * staging arena calls (staging/arena.c: arenas.create with extent hooks,
  * mallocx, sallocx, dallocx), for the extension build only.
  *
  * Why: Debian's jemalloc keeps its thread state in initial-exec TLS

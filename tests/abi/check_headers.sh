@@ -8,7 +8,8 @@
 #     is compiled and must reference each one unmangled (extern "C").
 #     Exits 77 (skipped) when CXX is empty or missing.
 #   check_headers.sh documented INCLUDE_DIR...
-#     Every exported declaration directly follows its own comment.
+#     Every exported declaration directly follows its own comment, which
+#     states its thread safety and whether it blocks.
 set -eu
 
 headers() {
@@ -103,7 +104,9 @@ documented)
   for h in $(headers "$@"); do
     n=$((n + 1))
     # Each RUDA_EXTERN declaration directly follows its own comment, and
-    # the comment says something: an empty one (or one of punctuation
+    # the comment states the contract (ruda/ruda.h, Conventions): thread
+    # safety ("thread-safe", "not thread-safe on ...") and blocking
+    # ("non-blocking", "blocks"). An empty comment (or one of punctuation
     # only) documents nothing.
     awk -v file="$h" '
       {
@@ -113,13 +116,16 @@ documented)
           t = line
           gsub(/\/\*|\*\/|\*/, " ", t)
           text = text " " t
-          if (line ~ /\*\/[ \t]*$/) { incomment = 0; ended = NR; said = text }
+          if (line ~ /\*\/[ \t]*$/) { incomment = 0; ended = NR; said = tolower(text) }
           else if (line ~ /\*\//) incomment = 0
         }
       }
       /^RUDA_EXTERN/ {
-        if (ended != NR - 1) { print file ":" NR ": undocumented: " $0; bad = 1 }
-        else if (said !~ /[A-Za-z][A-Za-z]/) { print file ":" NR ": empty comment: " $0; bad = 1 }
+        where = file ":" NR ": "
+        if (ended != NR - 1) { print where "undocumented: " $0; bad = 1; next }
+        if (said !~ /[a-z][a-z]/) { print where "empty comment: " $0; bad = 1; next }
+        if (said !~ /thread-safe/) { print where "no thread safety (thread-safe / not thread-safe on ...): " $0; bad = 1 }
+        if (said !~ /non-blocking|blocks|blocking/) { print where "no blocking contract (non-blocking / blocks): " $0; bad = 1 }
       }
       END { exit bad }
     ' "$h" || fail=1

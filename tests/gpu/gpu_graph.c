@@ -370,7 +370,7 @@ static void auto_graphs_replay_queued_runs(void **state) {
   stats(&inst, &upd);
   assert_int_equal(inst - inst0, 1); /* captured once, at the second sighting */
   assert_true(upd - upd0 >= 3 * (REQ - 3)); /* each later run moved its three nodes */
-  uint64_t replayed = atomic_load(&dev->workers[0].auto_cmds);
+  uint64_t replayed = atomic_load(&dev->sched.workers[0].auto_cmds);
   assert_int_equal(replayed, 3 * (REQ - 1));
   for (int j = 0; j < REQ; j++) assert_ok(ruda_buffer_free(dev, 0, h[j]));
   gpu_sync_ok(dev, 0);

@@ -8,7 +8,7 @@
 
 #include "gpu_common.h"
 #include "backends/cuda/cuda_internal.h"
-#include "scheduler/device.h"
+#include "src/device.h"
 
 static ruda_handle buffer_with(ruda_device *dev, const void *data, size_t bytes) {
   ruda_handle h;

@@ -199,18 +199,18 @@ static void marks_only_where_needed(void **state) {
   assert_ok(ruda_buffer_create(dev, 1, n * 4, &z));
   gpu_sync_ok(dev, 0);
   gpu_sync_ok(dev, 1);
-  uint64_t m0 = atomic_load(&dev->order.marks), w0 = atomic_load(&dev->order.waits);
+  uint64_t m0 = atomic_load(&dev->sched.order.marks), w0 = atomic_load(&dev->sched.order.waits);
   fill(dev, 0, x, n, 5, 0);
   add(dev, 4, x, x, n, 1, 0); /* stream 4: worker 0 too */
   gpu_sync_ok(dev, 0);
   add(dev, 1, y, x, n, 1, 0); /* the sync's event covered the writes */
   expect(dev, 1, y, n, 7, "after sync", 0);
-  assert_int_equal(atomic_load(&dev->order.marks), m0);
-  assert_int_equal(atomic_load(&dev->order.waits), w0);
+  assert_int_equal(atomic_load(&dev->sched.order.marks), m0);
+  assert_int_equal(atomic_load(&dev->sched.order.waits), w0);
   fill(dev, 0, x, n, 9, SPIN);
   add(dev, 1, z, x, n, 0, 0);
-  assert_int_equal(atomic_load(&dev->order.marks), m0 + 1);
-  assert_int_equal(atomic_load(&dev->order.waits), w0 + 1);
+  assert_int_equal(atomic_load(&dev->sched.order.marks), m0 + 1);
+  assert_int_equal(atomic_load(&dev->sched.order.waits), w0 + 1);
   expect(dev, 1, z, n, 9, "after mark", 0);
   assert_ok(ruda_buffer_free(dev, 0, x));
   assert_ok(ruda_buffer_free(dev, 1, y));

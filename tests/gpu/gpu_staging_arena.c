@@ -1,4 +1,4 @@
-/* gpu_staging_arena.c - the page-locked staging arena (memory/staging.c)
+/* gpu_staging_arena.c - the page-locked staging arena (staging/arena.c)
  * over a stand-in provider (mmap), so it runs anywhere: blocks come from
  * provider chunks, the limit turns into pageable fallbacks, usage figures
  * are exact, concurrent users never share bytes, and destroy returns every
@@ -8,7 +8,7 @@
 #include <sys/mman.h>
 
 #include "common.h"
-#include "base/staging.h"
+#include "staging/staging.h"
 #include "base/error.h"
 
 typedef struct provider {

@@ -5,7 +5,7 @@
  * errors (messages included) and the same cross-stream order as with the
  * feature off; observed workers and RUDA_LAUNCH_BLOCKING keep it off. */
 #include "common.h"
-#include "scheduler/device.h"
+#include "src/device.h"
 
 #define N 16
 
@@ -40,7 +40,7 @@ static ruda_device *open_auto(int on, uint32_t streams) {
 
 static uint64_t auto_cmds(ruda_device *dev) {
   uint64_t n = 0;
-  for (uint32_t i = 0; i < dev->nworkers; i++) n += atomic_load(&dev->workers[i].auto_cmds);
+  for (uint32_t i = 0; i < dev->sched.nworkers; i++) n += atomic_load(&dev->sched.workers[i].auto_cmds);
   return n;
 }
 

@@ -95,10 +95,11 @@ static ruda_device *open_fake(uint32_t streams) {
   assert_ok(ruda_host_kernel_register(dev, "inc", inc_kernel));
   /* Idle workers read dev->ops too, so swap it with them stopped; the
    * join and the thread creation order the swap for them. */
-  ruda__workers_stop(dev);
+  ruda__workers_stop(&dev->sched);
   dev->ops = &fake;
+  dev->sched.ops = &fake; /* the scheduler keeps its own copy */
   dev->memory.ops = &fake; /* memory keeps its own copy */
-  assert_ok(ruda__workers_start(dev));
+  assert_ok(ruda__workers_start(&dev->sched));
   return dev;
 }
 
@@ -222,7 +223,7 @@ static void lost_errors_are_counted(void **state) {
   /* An error that could not be allocated still makes the stream
    * unhealthy, and the drain says how many were lost. */
   ruda_device *dev = test_open(1, 64, RUDA_BACKPRESSURE_BLOCK);
-  ruda__stream *s = ruda__stream_get(dev, 5);
+  ruda__stream *s = ruda__stream_get(&dev->sched, 5);
   assert_non_null(s);
   ruda__stream_push_error(s, NULL);
   ruda__stream_push_error(s, ruda__error_new(RUDA_EGENERIC, 0, "a recorded one"));
@@ -242,8 +243,8 @@ static void lost_errors_are_counted(void **state) {
 static void device_fault_is_sticky_on_every_stream(void **state) {
   (void)state;
   ruda_device *dev = test_open(2, 64, RUDA_BACKPRESSURE_BLOCK);
-  ruda__device_fault(dev, ruda__error_new(RUDA_EFAULTED, 700, "illegal address (injected)"));
-  ruda__device_fault(dev, ruda__error_new(RUDA_EFAULTED, 701, "second fault")); /* first wins */
+  ruda__sched_fault(&dev->sched, ruda__error_new(RUDA_EFAULTED, 700, "illegal address (injected)"));
+  ruda__sched_fault(&dev->sched, ruda__error_new(RUDA_EFAULTED, 701, "second fault")); /* first wins */
   for (ruda_stream_id s = 0; s < 3; s++)
     for (int round = 0; round < 2; round++) { /* draining does not clear it */
       ruda_error *err = NULL;

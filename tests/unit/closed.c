@@ -79,13 +79,13 @@ static int push_to_worker0(const ruda_host_ctx *c, void *const *args) {
     sched_yield();
   }
   ruda__cmd *cmd = ruda__cmd_alloc(0);
-  pushed = ruda__future_new(push_dev, NULL, 0);
+  pushed = ruda__future_new(&push_dev->sched, NULL, 0);
   if (cmd == NULL || pushed == NULL) return RUDA_ENOMEM; /* no cmocka off the main thread */
   cmd->kind = RUDA__CMD_FENCE;
   cmd->stream = NULL;
   cmd->seq = 0;
   cmd->future = pushed;
-  ruda__queue_push_unbounded(&push_dev->workers[0], cmd);
+  ruda__queue_push_unbounded(&push_dev->sched.workers[0], cmd);
   return 0;
 }
 

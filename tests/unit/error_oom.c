@@ -36,7 +36,7 @@ static void lost_errors_survive_a_drain_without_memory(void **state) {
   if (!INJECT) test_skip("the sanitizer runtime owns malloc: no failures can be injected");
 #if INJECT
   ruda_device *dev = test_open(2, 64, RUDA_BACKPRESSURE_BLOCK);
-  ruda__stream *s = ruda__stream_get(dev, 5);
+  ruda__stream *s = ruda__stream_get(&dev->sched, 5);
   assert_non_null(s);
   /* Three failures whose errors could not be allocated, one that could. */
   for (int i = 0; i < 3; i++) ruda__stream_push_error(s, NULL);
@@ -44,7 +44,7 @@ static void lost_errors_survive_a_drain_without_memory(void **state) {
   /* A drain with no memory for its summary hands back the list ... */
   ruda_error *out = NULL;
   fail_mallocs = 1;
-  int rc = ruda__stream_drain(dev, s, &out);
+  int rc = ruda__stream_drain(&dev->sched, s, &out);
   fail_mallocs = 0;
   assert_int_equal(rc, RUDA_EUNHEALTHY);
   assert_non_null(out);

@@ -7,7 +7,7 @@
 #include <pthread.h>
 
 #include "common.h"
-#include "scheduler/device.h"
+#include "src/device.h"
 #include "scheduler/graph.h"
 
 #define N 16
@@ -201,7 +201,7 @@ static void bad_patches_are_refused_and_the_graph_stays_usable(void **state) {
   uint64_t pageable[N];
   ruda_graph_patch p[RUDA_GRAPH_MAX_PATCHES + 1];
   for (int i = 0; i <= RUDA_GRAPH_MAX_PATCHES; i++) p[i] = ruda_graph_patch_arg(1, 1, ruda_arg_scalar(&k8, 8));
-  ruda__worker *w = ruda__stream_get(dev, 0)->worker;
+  ruda__worker *w = ruda__stream_get(&dev->sched, 0)->worker;
   const uint64_t tickets = atomic_load(&w->tickets);
   const struct {
     ruda_graph_patch p;
@@ -287,7 +287,7 @@ static void patched_replays_order_by_the_buffers_they_use(void **state) {
   assert_ok(ruda_graph_begin_capture(dev, 0));
   assert_ok(addk(dev, 0, x, 1));
   assert_ok(ruda_graph_end_capture(dev, 0, &g));
-  ruda__worker *w3 = ruda__stream_get(dev, 3)->worker;
+  ruda__worker *w3 = ruda__stream_get(&dev->sched, 3)->worker;
   ruda_graph_patch to_x2 = ruda_graph_patch_arg(0, 0, ruda_arg_buffer(ruda_bind(x2)));
   /* Stream 2 sets x2 behind the gate: the replay on x2 waits for it (a
    * WAIT precedes it on worker 3). */

@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "scheduler/device.h"
+#include "src/device.h"
 #include "worker_idle.h"
 
 #define N 32

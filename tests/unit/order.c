@@ -2,7 +2,7 @@
  * MARK and a WAIT are pushed, and when not; sharing of MARKs; the ticket
  * counter; the slot's last-use record.
  *
- * Counts come from dev->order (MARKs pushed, MARKs shared, WAITs pushed).
+ * Counts come from dev->sched.order (MARKs pushed, MARKs shared, WAITs pushed).
  * A "gate" kernel holds a worker so the test decides what it has run. The
  * device-backend cases copy the host table with events that complete when
  * the test says and a stream_wait that records its calls, as cuda's
@@ -94,9 +94,9 @@ static void expect_all(ruda_device *dev, ruda_stream_id s, ruda_handle h, uint32
     if (got[i] != v) fail_msg("element %u is %u, expected %u", i, got[i], v);
 }
 
-static uint64_t marks(ruda_device *dev) { return atomic_load(&dev->order.marks); }
-static uint64_t shared(ruda_device *dev) { return atomic_load(&dev->order.shared); }
-static uint64_t waits(ruda_device *dev) { return atomic_load(&dev->order.waits); }
+static uint64_t marks(ruda_device *dev) { return atomic_load(&dev->sched.order.marks); }
+static uint64_t shared(ruda_device *dev) { return atomic_load(&dev->sched.order.shared); }
+static uint64_t waits(ruda_device *dev) { return atomic_load(&dev->sched.order.waits); }
 
 static ruda_handle buffer(ruda_device *dev, ruda_stream_id s, uint32_t n) {
   ruda_handle h;
@@ -230,8 +230,8 @@ static void stale_record_orders_after_every_busy_worker(void **state) {
  * ruda__order_lock and ruda__order_publish), as another thread would be. */
 static void begin_issue(ruda_device *dev, ruda__order *o, ruda_handle x, uint32_t wi, uint32_t write) {
   ruda__order_init(o);
-  ruda__order_note(o, ruda__handles_last(&dev->handles, x.slot), x.slot, x.gen, &dev->workers[wi], write);
-  ruda__order_lock(o, &dev->workers[wi]);
+  ruda__order_note(o, ruda__handles_last(&dev->handles, x.slot), x.slot, x.gen, &dev->sched.workers[wi], write);
+  ruda__order_lock(o, &dev->sched.workers[wi]);
 }
 
 /* Another client thread issuing one call on x; `issued` once it returned. */
@@ -288,9 +288,9 @@ static void write_waits_for_reads_being_issued(void **state) {
   wait_for_claimed_write(dev, x);
   /* The write cannot look at x's readers while reads are mid-issue. */
   assert_int_equal(atomic_load(&a.issued), 0);
-  ruda__order_publish(&r1, &dev->workers[1]);
+  ruda__order_publish(&r1, &dev->sched.workers[1]);
   assert_int_equal(atomic_load(&a.issued), 0); /* r2 still holds it */
-  ruda__order_publish(&r2, &dev->workers[2]);
+  ruda__order_publish(&r2, &dev->sched.workers[2]);
   pthread_join(t, NULL);
   assert_ok(a.rc);
   /* It saw both: ordered after workers 1 and 2 (both still gated). */
@@ -329,7 +329,7 @@ static void read_waits_for_a_write_being_issued(void **state) {
   assert_int_equal(pthread_create(&t, NULL, read_x, &a), 0);
   wait_for_pending_use(dev, x); /* the read pinned x: at the lock the write holds */
   assert_int_equal(atomic_load(&a.issued), 0);
-  ruda__order_publish(&w, &dev->workers[1]);
+  ruda__order_publish(&w, &dev->sched.workers[1]);
   test_wait_count(&a.issued, 1);
   /* It waited for the publish: ordered after worker 1's write. */
   assert_int_equal(marks(dev), 1);
@@ -345,7 +345,7 @@ static void tickets_count_enqueued_commands(void **state) {
   (void)state;
   ruda_device *dev = test_open(2, 8, RUDA_BACKPRESSURE_ERROR);
   register_kernels(dev);
-  ruda__worker *w = &dev->workers[0];
+  ruda__worker *w = &dev->sched.workers[0];
   close_gate(dev, 0);
   uint32_t ok = 1, refused = 0;
   for (int i = 0; i < 20; i++) {
@@ -402,10 +402,11 @@ static ruda_device *open_device_backend(void) {
   fake.event_wait = fake_event_wait;
   fake.event_release = fake_event_release;
   fake.stream_wait = fake_stream_wait;
-  ruda__workers_stop(dev); /* idle workers read dev->ops too */
+  ruda__workers_stop(&dev->sched); /* idle workers read dev->ops too */
   dev->ops = &fake;
+  dev->sched.ops = &fake; /* the scheduler keeps its own copy */
   dev->memory.ops = &fake; /* memory keeps its own copy */
-  assert_ok(ruda__workers_start(dev));
+  assert_ok(ruda__workers_start(&dev->sched));
   return dev;
 }
 
@@ -456,8 +457,8 @@ static void completed_sync_spares_the_mark(void **state) {
   set(dev, 0, x, 16, 5);
   assert_ok(ruda_flush(dev, 0, NULL));
   /* Run but not known finished: ordering would need a MARK now. */
-  assert_false(ruda__ticket_ge((uint32_t)atomic_load(&dev->workers[0].completed),
-                               ruda__queue_ticket(&dev->workers[0])));
+  assert_false(ruda__ticket_ge((uint32_t)atomic_load(&dev->sched.workers[0].completed),
+                               ruda__queue_ticket(&dev->sched.workers[0])));
   assert_ok(ruda_sync(dev, 0, NULL));
   /* The sync's event covered the write and was seen complete. */
   set(dev, 1, a, 16, 0);

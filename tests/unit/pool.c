@@ -66,10 +66,11 @@ static ruda_device *open_fake(uint32_t streams) {
   fake.mem_free = fake_mem_free;
   /* Host kernels are refused once the table is not the host's own. */
   assert_ok(ruda_host_kernel_register(dev, "gate", gate_kernel));
-  ruda__workers_stop(dev); /* idle workers read dev->ops too */
+  ruda__workers_stop(&dev->sched); /* idle workers read dev->ops too */
   dev->ops = &fake;
+  dev->sched.ops = &fake; /* the scheduler keeps its own copy */
   dev->memory.ops = &fake; /* memory keeps its own copy */
-  assert_ok(ruda__workers_start(dev));
+  assert_ok(ruda__workers_start(&dev->sched));
   return dev;
 }
 
@@ -444,7 +445,7 @@ static void reports_work_while_errors_wait(void **state) {
   ruda_device *dev = test_open(2, 1024, RUDA_BACKPRESSURE_BLOCK);
   assert_ok(ruda_host_kernel_register(dev, "fail", fail_kernel));
   assert_ok(test_launch(dev, 0, "fail", NULL, 0));
-  ruda__stream *s = ruda__stream_get(dev, 0);
+  ruda__stream *s = ruda__stream_get(&dev->sched, 0);
   for (int i = 0; atomic_load(&s->nerr) == 0; i++) {
     assert_true(i < 10000);
     usleep(100);

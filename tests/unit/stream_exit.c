@@ -5,7 +5,7 @@
 #include <pthread.h>
 
 #include "common.h"
-#include "scheduler/device.h"
+#include "src/device.h"
 
 #define THREADS 512
 #define AT_ONCE 8

@@ -13,21 +13,21 @@ static void ids_map_to_workers(void **state) {
   (void)state;
   ruda_device *dev = test_open(3, 64, RUDA_BACKPRESSURE_BLOCK);
   for (ruda_stream_id id = 0; id < 50; id++) {
-    ruda__stream *s = ruda__stream_get(dev, id);
+    ruda__stream *s = ruda__stream_get(&dev->sched, id);
     assert_non_null(s);
     assert_int_equal(s->id, id);
-    assert_ptr_equal(s->worker, &dev->workers[id % 3]);
-    assert_ptr_equal(ruda__stream_get(dev, id), s);
+    assert_ptr_equal(s->worker, &dev->sched.workers[id % 3]);
+    assert_ptr_equal(ruda__stream_get(&dev->sched, id), s);
   }
-  ruda__stream *big = ruda__stream_get(dev, RUDA_STREAM_EXPLICIT_MAX);
-  assert_ptr_equal(big->worker, &dev->workers[RUDA_STREAM_EXPLICIT_MAX % 3]);
+  ruda__stream *big = ruda__stream_get(&dev->sched, RUDA_STREAM_EXPLICIT_MAX);
+  assert_ptr_equal(big->worker, &dev->sched.workers[RUDA_STREAM_EXPLICIT_MAX % 3]);
   /* The calling thread's stream: its id with the top bit cleared. */
   ruda_stream_id me = ruda_stream_current();
   assert_true(me >> 63);
-  ruda__stream *cur = ruda__stream_get(dev, RUDA_STREAM_CURRENT);
+  ruda__stream *cur = ruda__stream_get(&dev->sched, RUDA_STREAM_CURRENT);
   assert_int_equal(cur->id, me);
-  assert_ptr_equal(cur->worker, &dev->workers[(me & ~(UINT64_C(1) << 63)) % 3]);
-  assert_ptr_equal(ruda__stream_get(dev, me), cur);
+  assert_ptr_equal(cur->worker, &dev->sched.workers[(me & ~(UINT64_C(1) << 63)) % 3]);
+  assert_ptr_equal(ruda__stream_get(&dev->sched, me), cur);
   assert_int_equal(ruda_stream_ids(dev, NULL, 0), 52);
   test_close(dev);
 }
@@ -37,10 +37,10 @@ static void caches_are_per_device(void **state) {
   ruda_device *a = test_open(2, 64, RUDA_BACKPRESSURE_BLOCK);
   ruda_device *b = test_open(2, 64, RUDA_BACKPRESSURE_BLOCK);
   for (int i = 0; i < 4; i++) {
-    ruda__stream *sa = ruda__stream_get(a, 1), *sb = ruda__stream_get(b, 1);
+    ruda__stream *sa = ruda__stream_get(&a->sched, 1), *sb = ruda__stream_get(&b->sched, 1);
     assert_ptr_not_equal(sa, sb);
-    assert_ptr_equal(sa->worker, &a->workers[1]);
-    assert_ptr_equal(sb->worker, &b->workers[1]);
+    assert_ptr_equal(sa->worker, &a->sched.workers[1]);
+    assert_ptr_equal(sb->worker, &b->sched.workers[1]);
   }
   test_close(a);
   test_close(b);
@@ -48,8 +48,8 @@ static void caches_are_per_device(void **state) {
    * sees the closed one's cached stream. */
   for (int i = 0; i < 5; i++) {
     ruda_device *d = test_open(2, 64, RUDA_BACKPRESSURE_BLOCK);
-    ruda__stream *s = ruda__stream_get(d, 1);
-    assert_ptr_equal(s->worker, &d->workers[1]);
+    ruda__stream *s = ruda__stream_get(&d->sched, 1);
+    assert_ptr_equal(s->worker, &d->sched.workers[1]);
     assert_int_equal(ruda_stream_ids(d, NULL, 0), 1);
     test_close(d);
   }
@@ -71,7 +71,7 @@ static void *look(void *p) {
    * and the table grows while others probe it. */
   for (int k = 0; k < IDS; k++) {
     int id = (k * (2 * l->index + 1) + l->index * 97) % IDS;
-    seen[l->index][id] = ruda__stream_get(l->dev, (ruda_stream_id)id);
+    seen[l->index][id] = ruda__stream_get(&l->dev->sched, (ruda_stream_id)id);
   }
   return NULL;
 }
@@ -111,7 +111,7 @@ static void queue_depth_accounting(void **state) {
   ruda_device *dev = test_open(2, 1000, RUDA_BACKPRESSURE_ERROR);
   assert_ok(ruda_host_kernel_register(dev, "gate", gate_kernel));
   atomic_store(&gate_open, 0);
-  ruda__worker *w0 = &dev->workers[0], *w1 = &dev->workers[1];
+  ruda__worker *w0 = &dev->sched.workers[0], *w1 = &dev->sched.workers[1];
   assert_ok(test_launch(dev, 0, "gate", NULL, 0));
   for (int i = 0; i < 9; i++) assert_ok(test_launch(dev, 2, "gate", NULL, 0)); /* stream 2: worker 0 */
   assert_int_equal(ruda__queue_depth(w0), 10);

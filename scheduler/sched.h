@@ -1,0 +1,87 @@
+/* sched.h - the scheduler's root object: struct ruda__sched, one per
+ * device, embedded in struct ruda_device (src/device.h) the way memory's
+ * ruda__memory is. It holds what the scheduler owns (workers, the stream
+ * table, cross-stream ordering, graphs, tracing, the device fault) and is
+ * handed what it uses of the layers around it: copies of the backend and
+ * configuration, and pointers to memory's handle table and root. The
+ * scheduler never sees struct ruda_device. Fields are written once at
+ * open unless marked.
+ */
+#ifndef RUDA_SCHEDULER_SCHED_H
+#define RUDA_SCHEDULER_SCHED_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "base/backend.h"
+#include "base/error.h"
+#include "memory/handles.h"
+#include "memory/memory.h"
+#include "memory/pool.h"
+#include "ruda/ruda.h"
+#include "scheduler/scheduler.h"
+
+typedef struct ruda__sched {
+  uint64_t serial; /* the device's: distinguishes devices in thread-local caches */
+  /* The device's public handle, opaque here: handed to library calls
+   * (ruda_call_ctx.dev, scheduler/libcall.c) so their code can issue. */
+  ruda_device *handle;
+  ruda_config cfg;
+  const ruda__backend_ops *ops;
+  void *bstate;
+  const _Atomic int *closed; /* the device's: 1 once ruda_device_close began */
+  ruda__handles *handles;    /* memory's (memory/handles.h) */
+  ruda__memory *memory;      /* memory's root (memory/memory.h) */
+  ruda__worker *workers;
+  uint32_t nworkers;
+  ruda__stream_table streams;
+  /* Per worker: the private stream carrying memory's fences
+   * (scheduler/progress.c). */
+  ruda__stream **fence_streams;
+  /* Tracing (scheduler/trace.h): per-worker buffers and the open file,
+   * or NULL; set and cleared under trace_lock. `tracing` tells clients to
+   * stamp their commands' submit time. */
+  struct ruda__trace **traces;
+  FILE *trace_file;
+  char *trace_path;
+  uint64_t trace_start_ns;
+  pthread_mutex_t trace_lock;
+  _Atomic int tracing;
+  _Atomic int faulted; /* sticky device error: every stream reports it */
+  ruda_error *fault;   /* the error that faulted it (set once) */
+  /* Cross-stream ordering (scheduler/order.c): MARKs pushed, requests
+   * that shared an existing MARK, WAITs pushed. For tests and reports. */
+  struct {
+    _Atomic uint64_t marks, shared, waits;
+  } order;
+  /* Futures handed to the caller (ruda_read, ruda_sync_async,
+   * ruda_graph_replay_async) and not freed yet (scheduler/future.c):
+   * close refuses while any is held, since freeing one needs the device. */
+  _Atomic uint64_t held_futures;
+  /* Graphs not destroyed yet (scheduler/graph.c), freed at close. */
+  pthread_mutex_t graph_lock;
+  struct ruda_graph *graphs;
+} ruda__sched;
+
+/* Marks the device faulted by err (first one wins; err is consumed), so
+ * every stream's flush and sync reports it (scheduler/stream.c).
+ * Thread-safe, non-blocking. */
+void ruda__sched_fault(ruda__sched *sch, ruda_error *err);
+
+/* The stream's pools (memory/pool.h), made at first use. NULL without host
+ * memory. Thread-safe. */
+static inline ruda__pools *ruda__stream_pools(ruda__sched *sch, ruda__stream *s) {
+  ruda__pools *p = atomic_load_explicit(&s->pools, memory_order_acquire);
+  return p != NULL ? p : ruda__pools_of(sch->memory, &s->pools, s->worker->index, s->id);
+}
+
+/* Memory's view of worker progress (base/progress.h), served by fences on
+ * private streams (scheduler/progress.c). init after the workers started,
+ * before ruda__memory_init; destroy after ruda__memory_destroy. Not
+ * thread-safe; block. */
+int ruda__progress_init(ruda__sched *sch);
+void ruda__progress_destroy(ruda__sched *sch);
+
+#endif /* RUDA_SCHEDULER_SCHED_H */
