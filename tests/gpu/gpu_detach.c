@@ -93,7 +93,7 @@ static uint64_t staging_in_use(ruda_device *dev) {
  * polls on a short timer, so wait a little. */
 static void wait_staging_back(ruda_device *dev, uint64_t baseline) {
   uint64_t used = 0;
-  for (int i = 0; i < 2000; i++) {
+  for (int i = 0; i < 30000; i++) { /* up to 30 s: a loaded machine (sanitizers, -j) is slow */
     if ((used = staging_in_use(dev)) <= baseline) return;
     usleep(1000);
   }

@@ -7,6 +7,7 @@
  * patches update the executable graph in place. Under the mock
  * driver the same paths run against its capture emulation. */
 #include <dlfcn.h>
+#include <sched.h>
 
 #include "gpu_common.h"
 #include "backends/cuda/cuda_internal.h"
@@ -330,14 +331,17 @@ static void auto_graphs_replay_queued_runs(void **state) {
   unsetenv("RUDA_AUTO_GRAPHS");
   graph_stats_fn stats = mock_graph_stats(dev);
   hook_fn gate = NULL;
+  int (*waiting)(void) = NULL;
   const char *path = getenv("RUDA_CUDA_DRIVER");
   void *lib = gpu_is_mock(dev) && path != NULL ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
   if (lib != NULL) {
     void *p = dlsym(lib, "ruda_mock_gate_records");
     memcpy(&gate, &p, sizeof gate);
+    p = dlsym(lib, "ruda_mock_records_waiting");
+    memcpy(&waiting, &p, sizeof waiting);
     dlclose(lib);
   }
-  if (stats == NULL || gate == NULL) {
+  if (stats == NULL || gate == NULL || waiting == NULL) {
     test_close(dev);
     gpu_skip("needs the mock driver's hooks to hold the worker");
   }
@@ -355,6 +359,12 @@ static void auto_graphs_replay_queued_runs(void **state) {
   gate(1);
   ruda_future *held = NULL, *f[REQ];
   assert_ok(ruda_sync_async(dev, 0, &held)); /* the worker stops in its record */
+  /* Only once it has: a worker taking part of the first request into the
+   * batch of that sync would split the request into two runs. */
+  for (long i = 0; waiting() == 0; i++) {
+    if (i == 20000000) fail_msg("the worker never reached the gated event record");
+    sched_yield();
+  }
   for (int j = 0; j < REQ; j++) {
     for (unsigned k = 0; k < 3; k++) step(dev, 0, h[j], n, k);
     assert_ok(ruda_sync_async(dev, 0, &f[j])); /* a wait point ends each run */

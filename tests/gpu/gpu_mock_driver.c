@@ -92,7 +92,7 @@ static size_t remove_range(range **list, void *p) {
 
 static pthread_mutex_t hook_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t hook_cond = PTHREAD_COND_INITIALIZER;
-static _Atomic int streams_held, records_gated;
+static _Atomic int streams_held, records_gated, records_waiting;
 
 static void hook_wait(_Atomic int *flag) {
   if (!atomic_load(flag)) return;
@@ -116,6 +116,10 @@ EXPORT void ruda_mock_hold_streams(int on) { hook_set(&streams_held, on); }
 /* While on, cuEventRecord blocks its caller (a worker, inside a command)
  * until it is turned off. */
 EXPORT void ruda_mock_gate_records(int on) { hook_set(&records_gated, on); }
+
+/* How many callers cuEventRecord holds at its gate now: a test waits for
+ * this to know a worker stopped there, instead of sleeping. */
+EXPORT int ruda_mock_records_waiting(void) { return atomic_load(&records_waiting); }
 
 /* ---- streams: a thread per stream running queued operations ---- */
 
@@ -715,7 +719,9 @@ static CUresult m_cuEventDestroy(CUevent e) {
   return CUDA_SUCCESS;
 }
 static CUresult m_cuEventRecord(CUevent e, CUstream s) {
+  atomic_fetch_add(&records_waiting, 1);
   hook_wait(&records_gated);
+  atomic_fetch_sub(&records_waiting, 1);
   if (POISONED()) return atomic_load(&sticky);
   op *o = op_new(run_event);
   o->u.event.ev = e;
