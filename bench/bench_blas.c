@@ -58,6 +58,7 @@
 #endif
 #define BENCH_NAME "bench_blas"
 #include "bench/bench_check.h"
+#include "bench/bench_clock.h"
 #include "cublas_dl.h"
 
 enum {
@@ -66,17 +67,6 @@ enum {
   XB = XF * 4, HB = HF * 4, YB = YF * 4,
   NIN = 8, MAXT = 64, MAXW = 1024, WARMUP = 8, CHECK_EVERY = 25
 };
-
-static uint64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
 
 /* ---- the model and its reference ---- */
 
