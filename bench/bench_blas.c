@@ -179,14 +179,7 @@ static int gemm_call(const ruda_call_ctx *c, void *user) {
   gemm_dims g;
   memcpy(&g, c->data, sizeof g);
   void **h = &worker_handle[c->worker];
-  int st = 0;
-  if (*h == NULL) { /* the worker's stream never changes: bound once */
-    st = blas.create(h);
-    if (st == 0 && (st = blas.set_stream(*h, c->cu_stream)) != 0) {
-      blas.destroy(*h);
-      *h = NULL;
-    }
-  }
+  int st = cublas_dl_bound_handle(&blas, h, c->cu_stream); /* a worker's stream never changes */
   if (st == 0)
     st = cublas_dl_gemm_rm(&blas, *h, g.m, g.n, g.k, ruda_call_ptr(c, 0), ruda_call_ptr(c, 1), ruda_call_ptr(c, 2));
   if (st != 0) snprintf(c->msg, RUDA_CALL_MSG_MAX, "cuBLAS status %d", st);

@@ -46,6 +46,21 @@ static int cublas_dl_open(cublas_dl *b) {
   return 0;
 }
 
+/* *h, a handle bound to stream, made at the first use (*h NULL) and kept:
+ * a caller that keeps one per stream binds each once. 0, or cuBLAS's
+ * status (a handle that could not be bound is destroyed, *h NULL). */
+static int cublas_dl_bound_handle(const cublas_dl *b, void **h, void *stream) {
+  int st = 0;
+  if (*h == NULL) {
+    st = b->create(h);
+    if (st == 0 && (st = b->set_stream(*h, stream)) != 0) {
+      b->destroy(*h);
+      *h = NULL;
+    }
+  }
+  return st;
+}
+
 /* Row-major y[m x n] = x[m x k] w[k x n] (all dense) in cuBLAS's column-
  * major terms: y^T = w^T x^T, i.e. no transposes with the operands swapped. */
 static int cublas_dl_gemm_rm(const cublas_dl *b, void *h, int m, int n, int k, const float *x, const float *w,

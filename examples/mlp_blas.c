@@ -55,14 +55,7 @@ static int gemm_call(const ruda_call_ctx *c, void *user) {
     return 0;
   }
   void **h = &handles[c->worker];
-  int st = 0;
-  if (*h == NULL) { /* the worker's stream never changes: bound once */
-    st = blas.create(h);
-    if (st == 0 && (st = blas.set_stream(*h, c->cu_stream)) != 0) {
-      blas.destroy(*h);
-      *h = NULL;
-    }
-  }
+  int st = cublas_dl_bound_handle(&blas, h, c->cu_stream); /* a worker's stream never changes */
   if (st == 0) st = cublas_dl_gemm_rm(&blas, *h, g.m, g.n, g.k, x, w, y);
   if (st != 0) snprintf(c->msg, RUDA_CALL_MSG_MAX, "cuBLAS status %d", st);
   return st;
