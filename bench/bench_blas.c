@@ -178,18 +178,16 @@ static int gemm_call(const ruda_call_ctx *c, void *user) {
   (void)user;
   gemm_dims g;
   memcpy(&g, c->data, sizeof g);
-  void **h = &worker_handle[c->worker];
-  int st = cublas_dl_bound_handle(&blas, h, c->cu_stream); /* a worker's stream never changes */
-  if (st == 0)
-    st = cublas_dl_gemm_rm(&blas, *h, g.m, g.n, g.k, ruda_call_ptr(c, 0), ruda_call_ptr(c, 1), ruda_call_ptr(c, 2));
+  /* A worker's stream never changes: its handle is bound once. */
+  int st = cublas_dl_gemm_rm_on(&blas, &worker_handle[c->worker], c->cu_stream, g.m, g.n, g.k, ruda_call_ptr(c, 0),
+                                ruda_call_ptr(c, 1), ruda_call_ptr(c, 2));
   if (st != 0) snprintf(c->msg, RUDA_CALL_MSG_MAX, "cuBLAS status %d", st);
   return st;
 }
 
 static int destroy_call(const ruda_call_ctx *c, void *user) {
   (void)user;
-  if (worker_handle[c->worker] != NULL) blas.destroy(worker_handle[c->worker]);
-  worker_handle[c->worker] = NULL;
+  cublas_dl_release(&blas, &worker_handle[c->worker]);
   return 0;
 }
 

@@ -69,4 +69,18 @@ static int cublas_dl_gemm_rm(const cublas_dl *b, void *h, int m, int n, int k, c
   return b->sgemm(h, CUBLAS_DL_OP_N, CUBLAS_DL_OP_N, n, m, k, &one, w, n, x, k, &zero, y, n);
 }
 
+/* cublas_dl_gemm_rm on stream with the handle *h kept for it
+ * (cublas_dl_bound_handle). 0, or cuBLAS's status. */
+static int cublas_dl_gemm_rm_on(const cublas_dl *b, void **h, void *stream, int m, int n, int k, const float *x,
+                                const float *w, float *y) {
+  int st = cublas_dl_bound_handle(b, h, stream);
+  return st != 0 ? st : cublas_dl_gemm_rm(b, *h, m, n, k, x, w, y);
+}
+
+/* Destroys the handle *h kept by cublas_dl_bound_handle, if any; *h NULL. */
+static void cublas_dl_release(const cublas_dl *b, void **h) {
+  if (*h != NULL) b->destroy(*h);
+  *h = NULL;
+}
+
 #endif /* RUDA_EXAMPLES_CUBLAS_DL_H */
