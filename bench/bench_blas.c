@@ -58,6 +58,7 @@
 #endif
 #define BENCH_NAME "bench_blas"
 #include "bench/bench_check.h"
+#include "bench/bench_clock.h"
 #include "cublas_dl.h"
 
 enum {
@@ -66,17 +67,6 @@ enum {
   XB = XF * 4, HB = HF * 4, YB = YF * 4,
   NIN = 8, MAXT = 64, MAXW = 1024, WARMUP = 8, CHECK_EVERY = 25
 };
-
-static uint64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
 
 /* ---- the model and its reference ---- */
 
@@ -188,25 +178,16 @@ static int gemm_call(const ruda_call_ctx *c, void *user) {
   (void)user;
   gemm_dims g;
   memcpy(&g, c->data, sizeof g);
-  void **h = &worker_handle[c->worker];
-  int st = 0;
-  if (*h == NULL) { /* the worker's stream never changes: bound once */
-    st = blas.create(h);
-    if (st == 0 && (st = blas.set_stream(*h, c->cu_stream)) != 0) {
-      blas.destroy(*h);
-      *h = NULL;
-    }
-  }
-  if (st == 0)
-    st = cublas_dl_gemm_rm(&blas, *h, g.m, g.n, g.k, ruda_call_ptr(c, 0), ruda_call_ptr(c, 1), ruda_call_ptr(c, 2));
+  /* A worker's stream never changes: its handle is bound once. */
+  int st = cublas_dl_gemm_rm_on(&blas, &worker_handle[c->worker], c->cu_stream, g.m, g.n, g.k, ruda_call_ptr(c, 0),
+                                ruda_call_ptr(c, 1), ruda_call_ptr(c, 2));
   if (st != 0) snprintf(c->msg, RUDA_CALL_MSG_MAX, "cuBLAS status %d", st);
   return st;
 }
 
 static int destroy_call(const ruda_call_ctx *c, void *user) {
   (void)user;
-  if (worker_handle[c->worker] != NULL) blas.destroy(worker_handle[c->worker]);
-  worker_handle[c->worker] = NULL;
+  cublas_dl_release(&blas, &worker_handle[c->worker]);
   return 0;
 }
 

@@ -23,12 +23,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "ruda/ruda.h"
 #define BENCH_NAME "bench_graph_patch"
 #include "bench/bench_check.h"
+#include "bench/bench_clock.h"
 
 enum { NF = 1024, BYTES = NF * 4, MAXK = 16 };
 
@@ -47,17 +47,6 @@ static int host_axpy(const ruda_host_ctx *c, void *const *args) {
   float *y = args[3];
   for (unsigned i = c->block_idx.x * 256; i < n && i < (c->block_idx.x + 1) * 256; i++) y[i] = a * x[i] + y[i];
   return 0;
-}
-
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
 }
 
 static double median_us(uint64_t *v, size_t n) {
@@ -166,7 +155,7 @@ int main(int argc, char **argv) {
     uint64_t *out = phase == 0 ? t_run : phase == 1 ? t_patch : t_new;
     for (long it = 0; it < iters + skip; it++) {
       const int t = phase == 0 ? 0 : 1 + (int)(it % 2);
-      uint64_t t0 = now_ns();
+      uint64_t t0 = mono_ns();
       if (phase == 0) {
         CHECK(ruda_graph_run(dev, 0, g, NULL));
       } else if (phase == 1) {
@@ -176,7 +165,7 @@ int main(int argc, char **argv) {
         CHECK(ruda_graph_run(dev, 0, g2, NULL));
         CHECK(ruda_graph_destroy(dev, g2));
       }
-      uint64_t t1 = now_ns();
+      uint64_t t1 = mono_ns();
       model(model_y[t], s[t].in);
       bad += !same(s[t].out, model_y[t]);
       if (it >= skip) out[it - skip] = t1 - t0;

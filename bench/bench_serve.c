@@ -61,6 +61,7 @@
 #endif
 #define BENCH_NAME "bench_serve"
 #include "bench/bench_check.h"
+#include "bench/bench_clock.h"
 
 enum {
   ROWS = 128,
@@ -75,23 +76,6 @@ enum {
   WARMUP = 8,
   CHECK_EVERY = 64
 };
-
-/* ---- clocks, statistics ---- */
-
-static uint64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
-
-
-#ifdef RUDA_BENCH_CUDA
-#endif
 
 /* ---- the model: inputs, weights, CPU reference ---- */
 

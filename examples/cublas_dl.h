@@ -46,12 +46,41 @@ static int cublas_dl_open(cublas_dl *b) {
   return 0;
 }
 
+/* *h, a handle bound to stream, made at the first use (*h NULL) and kept:
+ * a caller that keeps one per stream binds each once. 0, or cuBLAS's
+ * status (a handle that could not be bound is destroyed, *h NULL). */
+static int cublas_dl_bound_handle(const cublas_dl *b, void **h, void *stream) {
+  int st = 0;
+  if (*h == NULL) {
+    st = b->create(h);
+    if (st == 0 && (st = b->set_stream(*h, stream)) != 0) {
+      b->destroy(*h);
+      *h = NULL;
+    }
+  }
+  return st;
+}
+
 /* Row-major y[m x n] = x[m x k] w[k x n] (all dense) in cuBLAS's column-
  * major terms: y^T = w^T x^T, i.e. no transposes with the operands swapped. */
 static int cublas_dl_gemm_rm(const cublas_dl *b, void *h, int m, int n, int k, const float *x, const float *w,
                              float *y) {
   const float one = 1.0f, zero = 0.0f;
   return b->sgemm(h, CUBLAS_DL_OP_N, CUBLAS_DL_OP_N, n, m, k, &one, w, n, x, k, &zero, y, n);
+}
+
+/* cublas_dl_gemm_rm on stream with the handle *h kept for it
+ * (cublas_dl_bound_handle). 0, or cuBLAS's status. */
+static int cublas_dl_gemm_rm_on(const cublas_dl *b, void **h, void *stream, int m, int n, int k, const float *x,
+                                const float *w, float *y) {
+  int st = cublas_dl_bound_handle(b, h, stream);
+  return st != 0 ? st : cublas_dl_gemm_rm(b, *h, m, n, k, x, w, y);
+}
+
+/* Destroys the handle *h kept by cublas_dl_bound_handle, if any; *h NULL. */
+static void cublas_dl_release(const cublas_dl *b, void **h) {
+  if (*h != NULL) b->destroy(*h);
+  *h = NULL;
 }
 
 #endif /* RUDA_EXAMPLES_CUBLAS_DL_H */

@@ -54,24 +54,15 @@ static int gemm_call(const ruda_call_ctx *c, void *user) {
       }
     return 0;
   }
-  void **h = &handles[c->worker];
-  int st = 0;
-  if (*h == NULL) { /* the worker's stream never changes: bound once */
-    st = blas.create(h);
-    if (st == 0 && (st = blas.set_stream(*h, c->cu_stream)) != 0) {
-      blas.destroy(*h);
-      *h = NULL;
-    }
-  }
-  if (st == 0) st = cublas_dl_gemm_rm(&blas, *h, g.m, g.n, g.k, x, w, y);
+  /* A worker's stream never changes: its handle is bound once. */
+  int st = cublas_dl_gemm_rm_on(&blas, &handles[c->worker], c->cu_stream, g.m, g.n, g.k, x, w, y);
   if (st != 0) snprintf(c->msg, RUDA_CALL_MSG_MAX, "cuBLAS status %d", st);
   return st;
 }
 
 static int destroy_handle_call(const ruda_call_ctx *c, void *user) {
   (void)user;
-  if (handles[c->worker] != NULL) blas.destroy(handles[c->worker]);
-  handles[c->worker] = NULL;
+  cublas_dl_release(&blas, &handles[c->worker]);
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #define RUDA_TESTS_COMMON_H
 
 #include <dirent.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -187,6 +188,19 @@ static inline void test_wait_count(_Atomic int *counter, int n) {
   for (int i = 0; atomic_load(counter) < n; i++) {
     if (i == 100000) fail_msg("waited 10 s for a count of %d (it is %d)", n, atomic_load(counter));
     usleep(100);
+  }
+}
+
+/* Starts n threads (at most 64) running fn(arg) and joins them all;
+ * each must return NULL. */
+static inline void test_threads_run(void *(*fn)(void *), void *arg, int n) {
+  pthread_t t[64];
+  assert_true(n >= 0 && n <= 64);
+  for (int i = 0; i < n; i++) assert_int_equal(pthread_create(&t[i], NULL, fn, arg), 0);
+  for (int i = 0; i < n; i++) {
+    void *rc = (void *)1;
+    assert_int_equal(pthread_join(t[i], &rc), 0);
+    assert_null(rc);
   }
 }
 

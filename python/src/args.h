@@ -48,6 +48,16 @@ static inline int ruda_py_args(const char *fname, PyObject *const *args, Py_ssiz
   return 0;
 }
 
+/* For a method whose one argument is an optional stream (stream=None):
+ * 0 with *s set, or -1 with the error set. */
+static inline int ruda_py_stream_arg(const char *fname, PyObject *const *args, Py_ssize_t nargs,
+                                     PyObject *kwnames, ruda_stream_id *s) {
+  static const char *const names[] = {"stream"};
+  PyObject *a[1];
+  if (ruda_py_args(fname, args, nargs, kwnames, names, 1, 0, a) < 0) return -1;
+  return ruda_py_stream(a[0], s);
+}
+
 /* Runs stmt with the GIL released. */
 #define RUDA_PY_NOGIL(stmt) \
   do {                      \

@@ -32,10 +32,8 @@ static int buffer_traverse(BufferObject *self, visitproc visit, void *arg) {
 }
 
 static PyObject *buffer_free(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kw) {
-  static const char *const names[] = {"stream"};
-  PyObject *a[1];
   ruda_stream_id s;
-  if (ruda_py_args("free", args, nargs, kw, names, 1, 0, a) < 0 || ruda_py_stream(a[0], &s) < 0) return NULL;
+  if (ruda_py_stream_arg("free", args, nargs, kw, &s) < 0) return NULL;
   if (self->base) {
     PyErr_SetString(PyExc_ValueError, "a view does not own its memory: free the buffer it views");
     return NULL;
@@ -49,10 +47,7 @@ static PyObject *buffer_free(BufferObject *self, PyObject *const *args, Py_ssize
   int rc = ruda_buffer_free(d, s, self->b.handle);
   dev_leave(self->device);
   self->freed = 1;
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   Py_RETURN_NONE;
 }
 
@@ -138,10 +133,7 @@ static PyObject *buffer_device_ptr(BufferObject *self, PyObject *unused) {
   uint64_t addr = 0;
   int rc = ruda_binding_device_ptr(d, self->b, &addr);
   dev_leave(self->device);
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   return PyLong_FromUnsignedLongLong(addr);
 }
 
@@ -247,10 +239,7 @@ PyObject *ruda_py_staging_new(DeviceObject *dev, size_t size) {
   void *p = NULL;
   int rc = ruda_staging_alloc(d, size, &p);
   dev_leave(dev);
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   StagingObject *s = (StagingObject *)StagingType.tp_alloc(&StagingType, 0);
   if (!s) {
     if ((d = dev_try_enter(dev))) {
@@ -350,10 +339,7 @@ PyObject *ruda_py_write_staged(DeviceObject *self, PyObject *const *args, Py_ssi
   int rc;
   RUDA_PY_NOGIL(rc = ruda_write_staged(d, s, &desc, st->p, (size_t)dst->b.size));
   dev_leave(self);
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   if (!recorded) st->given = 1; /* ruda owns it now (a recorded write does not take it) */
   Py_RETURN_NONE;
 }

@@ -190,10 +190,7 @@ static PyObject *device_props(DeviceObject *self, PyObject *unused) {
   ruda_device_props p;
   int rc = ruda_device_get_props(d, &p);
   dev_leave(self);
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   return Py_BuildValue("{s:s,s:s,s:i,s:i,s:I,s:I,s:I,s:(III),s:(III),s:I,s:I,s:K}", "name", p.name, "backend",
                        p.backend, "cc_major", p.cc_major, "cc_minor", p.cc_minor, "sm_count", p.sm_count,
                        "warp_size", p.warp_size, "max_threads_per_block", p.max_threads_per_block, "max_block",
@@ -327,10 +324,7 @@ static PyObject *device_write(DeviceObject *self, PyObject *const *args, Py_ssiz
   RUDA_PY_NOGIL(rc = ruda_write(d, s, &desc, v.buf, (size_t)v.len));
   dev_leave(self);
   PyBuffer_Release(&v);
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   Py_RETURN_NONE;
 }
 
@@ -394,34 +388,42 @@ static PyObject *device_copy(DeviceObject *self, PyObject *const *args, Py_ssize
   int rc;
   RUDA_PY_NOGIL(rc = ruda_copy(d, s, dst->b, src->b));
   dev_leave(self);
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   Py_RETURN_NONE;
 }
 
 /* ---- flush, sync ---- */
 
+typedef int (*stream_fn)(ruda_device *, ruda_stream_id);
+
+/* fn(d, s) on the entered device with the GIL released: 0, or -1 with
+ * the error raised. */
+static int stream_call(DeviceObject *self, ruda_stream_id s, stream_fn fn) {
+  ruda_device *d = dev_enter(self);
+  if (!d) return -1;
+  int rc;
+  RUDA_PY_NOGIL(rc = fn(d, s));
+  dev_leave(self);
+  if (rc) {
+    ruda_py_raise_last(rc);
+    return -1;
+  }
+  return 0;
+}
+
 typedef int (*stream_wait_fn)(ruda_device *, ruda_stream_id, ruda_error **);
 
 static PyObject *stream_wait(DeviceObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                              const char *fname, stream_wait_fn fn) {
-  static const char *const names[] = {"stream"};
-  PyObject *a[1];
   ruda_stream_id s;
-  if (ruda_py_args(fname, args, nargs, kwnames, names, 1, 0, a) < 0 || ruda_py_stream(a[0], &s) < 0) return NULL;
+  if (ruda_py_stream_arg(fname, args, nargs, kwnames, &s) < 0) return NULL;
   ruda_device *d = dev_enter(self);
   if (!d) return NULL;
   ruda_error *err = NULL;
   int rc;
   RUDA_PY_NOGIL(rc = fn(d, s, &err));
   dev_leave(self);
-  if (rc) {
-    if (err) ruda_py_raise_owned(rc, err);
-    else ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail_owned(rc, err);
   Py_RETURN_NONE;
 }
 
@@ -440,20 +442,13 @@ static PyObject *device_device_sync(DeviceObject *self, PyObject *unused) {
   int rc;
   RUDA_PY_NOGIL(rc = ruda_device_sync(d, &err));
   dev_leave(self);
-  if (rc) {
-    if (err) ruda_py_raise_owned(rc, err);
-    else ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail_owned(rc, err);
   Py_RETURN_NONE;
 }
 
 static PyObject *device_sync_async(DeviceObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kw) {
-  static const char *const names[] = {"stream"};
-  PyObject *a[1];
   ruda_stream_id s;
-  if (ruda_py_args("sync_async", args, nargs, kw, names, 1, 0, a) < 0 || ruda_py_stream(a[0], &s) < 0)
-    return NULL;
+  if (ruda_py_stream_arg("sync_async", args, nargs, kw, &s) < 0) return NULL;
   ruda_device *d = dev_enter(self);
   if (!d) return NULL;
   ruda_future *f = NULL;
@@ -461,8 +456,7 @@ static PyObject *device_sync_async(DeviceObject *self, PyObject *const *args, Py
   RUDA_PY_NOGIL(rc = ruda_sync_async(d, s, &f));
   if (rc) {
     dev_leave(self);
-    ruda_py_raise_last(rc);
-    return NULL;
+    return ruda_py_fail(rc);
   }
   PyObject *fut = ruda_py_future_new(self, f, Py_None, NULL);
   dev_leave(self);
@@ -478,10 +472,7 @@ static PyObject *device_set_in_place(DeviceObject *self, PyObject *args) {
   if (!d) return NULL;
   int rc = ruda_stream_set_in_place(d, s, on);
   dev_leave(self);
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   Py_RETURN_NONE;
 }
 
@@ -538,10 +529,7 @@ static PyObject *device_kernel_source(DeviceObject *self, PyObject *args, PyObje
   free(o);
   Py_XDECREF(keep);
   if (!d) return NULL;
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   Py_RETURN_NONE;
 }
 
@@ -566,10 +554,7 @@ static PyObject *device_module_source(DeviceObject *self, PyObject *args, PyObje
   Py_XDECREF(keep_n);
   Py_XDECREF(keep_o);
   if (!d) return NULL;
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   Py_RETURN_NONE;
 }
 
@@ -589,10 +574,7 @@ static PyObject *device_module_image(DeviceObject *self, PyObject *args) {
   free(nm);
   Py_XDECREF(keep);
   if (!d) return NULL;
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   Py_RETURN_NONE;
 }
 
@@ -617,10 +599,7 @@ static PyObject *device_module_file(DeviceObject *self, PyObject *args, PyObject
   Py_XDECREF(keep_n);
   if (o) Py_XDECREF(keep_o);
   if (!d) return NULL;
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   Py_RETURN_NONE;
 }
 
@@ -648,10 +627,7 @@ static PyObject *device_host_kernel(DeviceObject *self, PyObject *args, PyObject
   ruda_host_kernel_fn f = (ruda_host_kernel_fn)(uintptr_t)addr;
   int rc = sig ? ruda_host_kernel_register_typed(d, name, f, params, n) : ruda_host_kernel_register(d, name, f);
   dev_leave(self);
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   Py_RETURN_NONE;
 }
 
@@ -659,21 +635,15 @@ static PyObject *device_host_kernel(DeviceObject *self, PyObject *args, PyObject
 
 static PyObject *device_profile_begin(DeviceObject *self, PyObject *const *args, Py_ssize_t nargs,
                                       PyObject *kw) {
-  static const char *const names[] = {"stream"};
-  PyObject *a[1];
   ruda_stream_id s;
-  if (ruda_py_args("profile_begin", args, nargs, kw, names, 1, 0, a) < 0 || ruda_py_stream(a[0], &s) < 0)
-    return NULL;
+  if (ruda_py_stream_arg("profile_begin", args, nargs, kw, &s) < 0) return NULL;
   ruda_device *d = dev_enter(self);
   if (!d) return NULL;
   ruda_profile_token t;
   int rc;
   RUDA_PY_NOGIL(rc = ruda_profile_begin(d, s, &t));
   dev_leave(self);
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   return PyLong_FromUnsignedLongLong(t.id);
 }
 
@@ -692,11 +662,7 @@ static PyObject *device_profile_end(DeviceObject *self, PyObject *const *args, P
   int rc;
   RUDA_PY_NOGIL(rc = ruda_profile_end(d, s, t, &ns, &err));
   dev_leave(self);
-  if (rc) {
-    if (err) ruda_py_raise_owned(rc, err);
-    else ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail_owned(rc, err);
   return PyLong_FromUnsignedLongLong(ns);
 }
 
@@ -711,10 +677,7 @@ static PyObject *device_trace_start(DeviceObject *self, PyObject *arg) {
   }
   Py_DECREF(path);
   if (!d) return NULL;
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   Py_RETURN_NONE;
 }
 
@@ -724,10 +687,7 @@ static PyObject *device_trace_stop(DeviceObject *self, PyObject *unused) {
   int rc;
   RUDA_PY_NOGIL(rc = ruda_trace_stop(d));
   dev_leave(self);
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   Py_RETURN_NONE;
 }
 
@@ -755,10 +715,7 @@ static PyObject *device_memory_usage(DeviceObject *self, PyObject *const *args, 
   int rc;
   RUDA_PY_NOGIL(rc = whole ? ruda_memory_device_usage(d, &m) : ruda_memory_usage(d, s, &m));
   dev_leave(self);
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   return stats_dict(&m);
 }
 
@@ -768,10 +725,7 @@ static PyObject *device_staging_usage(DeviceObject *self, PyObject *unused) {
   ruda_staging_stats st;
   int rc = ruda_staging_usage(d, &st);
   dev_leave(self);
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "pinned_bytes", (unsigned long long)st.pinned_bytes,
                        "in_use_bytes", (unsigned long long)st.in_use_bytes, "peak_bytes",
                        (unsigned long long)st.peak_bytes, "limit_bytes", (unsigned long long)st.limit_bytes,
@@ -801,20 +755,9 @@ static PyObject *device_memory_summary(DeviceObject *self, PyObject *unused) {
 
 static PyObject *device_memory_cleanup(DeviceObject *self, PyObject *const *args, Py_ssize_t nargs,
                                        PyObject *kw) {
-  static const char *const names[] = {"stream"};
-  PyObject *a[1];
   ruda_stream_id s;
-  if (ruda_py_args("memory_cleanup", args, nargs, kw, names, 1, 0, a) < 0 || ruda_py_stream(a[0], &s) < 0)
+  if (ruda_py_stream_arg("memory_cleanup", args, nargs, kw, &s) < 0 || stream_call(self, s, ruda_memory_cleanup) < 0)
     return NULL;
-  ruda_device *d = dev_enter(self);
-  if (!d) return NULL;
-  int rc;
-  RUDA_PY_NOGIL(rc = ruda_memory_cleanup(d, s));
-  dev_leave(self);
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
   Py_RETURN_NONE;
 }
 
@@ -847,24 +790,13 @@ static void capture_forget(DeviceObject *self, ruda_stream_id s) {
 
 static PyObject *device_begin_capture(DeviceObject *self, PyObject *const *args, Py_ssize_t nargs,
                                       PyObject *kw) {
-  static const char *const names[] = {"stream"};
-  PyObject *a[1];
   ruda_stream_id s;
-  if (ruda_py_args("begin_capture", args, nargs, kw, names, 1, 0, a) < 0 || ruda_py_stream(a[0], &s) < 0)
-    return NULL;
+  if (ruda_py_stream_arg("begin_capture", args, nargs, kw, &s) < 0) return NULL;
   pthread_mutex_lock(&self->lock);
   int full = self->ncapturing == RUDA_PY_MAX_CAPTURES;
   pthread_mutex_unlock(&self->lock);
   if (full) return PyErr_Format(PyExc_RuntimeError, "at most %d streams capture at once", RUDA_PY_MAX_CAPTURES);
-  ruda_device *d = dev_enter(self);
-  if (!d) return NULL;
-  int rc;
-  RUDA_PY_NOGIL(rc = ruda_graph_begin_capture(d, s));
-  dev_leave(self);
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (stream_call(self, s, ruda_graph_begin_capture) < 0) return NULL;
   pthread_mutex_lock(&self->lock);
   self->capturing[self->ncapturing++] = capture_id(s);
   pthread_mutex_unlock(&self->lock);
@@ -874,60 +806,34 @@ static PyObject *device_begin_capture(DeviceObject *self, PyObject *const *args,
 PyObject *ruda_py_graph_new(DeviceObject *d, ruda_graph *g);
 
 static PyObject *device_end_capture(DeviceObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kw) {
-  static const char *const names[] = {"stream"};
-  PyObject *a[1];
   ruda_stream_id s;
-  if (ruda_py_args("end_capture", args, nargs, kw, names, 1, 0, a) < 0 || ruda_py_stream(a[0], &s) < 0)
-    return NULL;
+  if (ruda_py_stream_arg("end_capture", args, nargs, kw, &s) < 0) return NULL;
   ruda_device *d = dev_enter(self);
   if (!d) return NULL;
   ruda_graph *g = NULL;
   int rc;
   RUDA_PY_NOGIL(rc = ruda_graph_end_capture(d, s, &g));
   dev_leave(self);
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   capture_forget(self, s);
   return ruda_py_graph_new(self, g);
 }
 
 static PyObject *device_abort_capture(DeviceObject *self, PyObject *const *args, Py_ssize_t nargs,
                                       PyObject *kw) {
-  static const char *const names[] = {"stream"};
-  PyObject *a[1];
   ruda_stream_id s;
-  if (ruda_py_args("abort_capture", args, nargs, kw, names, 1, 0, a) < 0 || ruda_py_stream(a[0], &s) < 0)
+  if (ruda_py_stream_arg("abort_capture", args, nargs, kw, &s) < 0 ||
+      stream_call(self, s, ruda_graph_abort_capture) < 0)
     return NULL;
-  ruda_device *d = dev_enter(self);
-  if (!d) return NULL;
-  int rc;
-  RUDA_PY_NOGIL(rc = ruda_graph_abort_capture(d, s));
-  dev_leave(self);
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
   capture_forget(self, s);
   Py_RETURN_NONE;
 }
 
 static PyObject *device_graph_prepare(DeviceObject *self, PyObject *const *args, Py_ssize_t nargs,
                                       PyObject *kw) {
-  static const char *const names[] = {"stream"};
-  PyObject *a[1];
   ruda_stream_id s;
-  if (ruda_py_args("graph_prepare", args, nargs, kw, names, 1, 0, a) < 0 || ruda_py_stream(a[0], &s) < 0)
+  if (ruda_py_stream_arg("graph_prepare", args, nargs, kw, &s) < 0 || stream_call(self, s, ruda_graph_prepare) < 0)
     return NULL;
-  ruda_device *d = dev_enter(self);
-  if (!d) return NULL;
-  int rc = ruda_graph_prepare(d, s);
-  dev_leave(self);
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
   Py_RETURN_NONE;
 }
 
@@ -941,10 +847,7 @@ static PyObject *device_cuda_stream(DeviceObject *self, PyObject *arg) {
   void *cs = NULL;
   int rc = ruda_cuda_stream(d, s, &cs);
   dev_leave(self);
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   return PyLong_FromVoidPtr(cs);
 }
 

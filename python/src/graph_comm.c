@@ -60,28 +60,20 @@ static ruda_device *graph_enter(GraphObject *self) {
 }
 
 static PyObject *graph_replay(GraphObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kw) {
-  static const char *const names[] = {"stream"};
-  PyObject *a[1];
   ruda_stream_id s;
-  if (ruda_py_args("replay", args, nargs, kw, names, 1, 0, a) < 0 || ruda_py_stream(a[0], &s) < 0) return NULL;
+  if (ruda_py_stream_arg("replay", args, nargs, kw, &s) < 0) return NULL;
   ruda_device *d = graph_enter(self);
   if (!d) return NULL;
   int rc;
   RUDA_PY_NOGIL(rc = ruda_graph_replay(d, s, self->g));
   dev_leave(self->device);
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   Py_RETURN_NONE;
 }
 
 static PyObject *graph_replay_async(GraphObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kw) {
-  static const char *const names[] = {"stream"};
-  PyObject *a[1];
   ruda_stream_id s;
-  if (ruda_py_args("replay_async", args, nargs, kw, names, 1, 0, a) < 0 || ruda_py_stream(a[0], &s) < 0)
-    return NULL;
+  if (ruda_py_stream_arg("replay_async", args, nargs, kw, &s) < 0) return NULL;
   ruda_device *d = graph_enter(self);
   if (!d) return NULL;
   ruda_future *f = NULL;
@@ -98,21 +90,15 @@ static PyObject *graph_replay_async(GraphObject *self, PyObject *const *args, Py
 }
 
 static PyObject *graph_run(GraphObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kw) {
-  static const char *const names[] = {"stream"};
-  PyObject *a[1];
   ruda_stream_id s;
-  if (ruda_py_args("run", args, nargs, kw, names, 1, 0, a) < 0 || ruda_py_stream(a[0], &s) < 0) return NULL;
+  if (ruda_py_stream_arg("run", args, nargs, kw, &s) < 0) return NULL;
   ruda_device *d = graph_enter(self);
   if (!d) return NULL;
   ruda_error *err = NULL;
   int rc;
   RUDA_PY_NOGIL(rc = ruda_graph_run(d, s, self->g, &err));
   dev_leave(self->device);
-  if (rc) {
-    if (err) ruda_py_raise_owned(rc, err);
-    else ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail_owned(rc, err);
   Py_RETURN_NONE;
 }
 
@@ -221,10 +207,7 @@ static int comm_traverse(CommObject *self, visitproc visit, void *arg) {
 
 static PyObject *comm_destroy(CommObject *self, PyObject *unused) {
   int rc = comm_destroy_now(self);
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   Py_RETURN_NONE;
 }
 
@@ -305,10 +288,7 @@ static PyObject *collective(CommObject *self, int which, PyObject *const *args, 
   }
   Py_END_ALLOW_THREADS
   dev_leave(dv);
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   Py_RETURN_NONE;
 }
 
@@ -339,11 +319,7 @@ static PyObject *comm_sync(CommObject *self, PyObject *dev) {
   int rc;
   RUDA_PY_NOGIL(rc = ruda_comm_sync(self->comm, d, &err));
   dev_leave((DeviceObject *)dev);
-  if (rc) {
-    if (err) ruda_py_raise_owned(rc, err);
-    else ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail_owned(rc, err);
   Py_RETURN_NONE;
 }
 

@@ -318,11 +318,8 @@ static PyObject *launch_vectorcall(PyObject *callable, PyObject *const *args, si
   ruda_stream_id s = RUDA_STREAM_CURRENT;
   if (nargs == 1 && !kwnames) {
     if (ruda_py_stream(args[0], &s) < 0) return NULL;
-  } else if (nargs || kwnames) {
-    static const char *const names[] = {"stream"};
-    PyObject *a[1];
-    if (ruda_py_args("launch", args, nargs, kwnames, names, 1, 0, a) < 0 || ruda_py_stream(a[0], &s) < 0)
-      return NULL;
+  } else if ((nargs || kwnames) && ruda_py_stream_arg("launch", args, nargs, kwnames, &s) < 0) {
+    return NULL;
   }
   if (do_launch(self->kernel, s, &self->desc) < 0) return NULL;
   Py_RETURN_NONE;

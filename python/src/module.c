@@ -189,10 +189,7 @@ static PyObject *mod_range_push(PyObject *m, PyObject *name) {
   const char *s = PyUnicode_AsUTF8(name);
   if (!s) return NULL;
   int rc = ruda_range_push(s);
-  if (rc) {
-    ruda_py_raise_last(rc);
-    return NULL;
-  }
+  if (rc) return ruda_py_fail(rc);
   Py_RETURN_NONE;
 }
 

@@ -93,6 +93,20 @@ void ruda_py_raise_last(int code);
 /* Raises an owned error (as the C API hands back from waits) and frees it. */
 void ruda_py_raise_owned(int code, ruda_error *err);
 
+/* ruda_py_raise_last(code), then NULL: `if (rc) return ruda_py_fail(rc);`. */
+static inline PyObject *ruda_py_fail(int code) {
+  ruda_py_raise_last(code);
+  return NULL;
+}
+
+/* For a wait that may hand back an error: raises err (and frees it) when
+ * there is one, else the thread's last error; NULL. */
+static inline PyObject *ruda_py_fail_owned(int code, ruda_error *err) {
+  if (err) ruda_py_raise_owned(code, err);
+  else ruda_py_raise_last(code);
+  return NULL;
+}
+
 /* Takes a use of the device; NULL with ruda.ECLOSED raised once closed. */
 static inline ruda_device *dev_enter(DeviceObject *d) {
   atomic_fetch_add_explicit(&d->users, 1, memory_order_seq_cst);

@@ -35,13 +35,7 @@ static void exited_threads_give_back_pages_and_ids(void **state) {
   const uint64_t baseline = device_reserved();
   size_t most_listed = 0;
   for (int done = 0; done < THREADS; done += AT_ONCE) {
-    pthread_t t[AT_ONCE];
-    for (int i = 0; i < AT_ONCE; i++) assert_int_equal(pthread_create(&t[i], NULL, connection, NULL), 0);
-    for (int i = 0; i < AT_ONCE; i++) {
-      void *rc = (void *)1;
-      assert_int_equal(pthread_join(t[i], &rc), 0);
-      assert_null(rc);
-    }
+    test_threads_run(connection, NULL, AT_ONCE);
     size_t listed = ruda_stream_ids(dev, NULL, 0);
     if (listed > most_listed) most_listed = listed;
   }

@@ -11,25 +11,12 @@
 #include "scheduler/graph.h"
 #include "scheduler/submit.h"
 #include "src/api.h"
+#include "u64_kernels.h"
 #include "worker_idle.h"
 
-#define N 16
+#define N TEST_U64_N
 
-/* add(x, k): x[i] += k;  twice(x): x[i] *= 2;  set(x, v): x[i] = v */
-static int k_add(const ruda_host_ctx *c, void *const *args) {
-  (void)c;
-  uint64_t *x = args[0], k = *(const uint64_t *)args[1];
-  for (int i = 0; i < N; i++) x[i] += k;
-  return 0;
-}
-
-static int k_twice(const ruda_host_ctx *c, void *const *args) {
-  (void)c;
-  uint64_t *x = args[0];
-  for (int i = 0; i < N; i++) x[i] *= 2;
-  return 0;
-}
-
+/* add, twice: u64_kernels.h;  set(x, v): x[i] = v */
 static int k_set(const ruda_host_ctx *c, void *const *args) {
   (void)c;
   uint64_t *x = args[0], v = *(const uint64_t *)args[1];
@@ -46,8 +33,8 @@ static int k_fail(const ruda_host_ctx *c, void *const *args) {
 
 static ruda_device *open_graphs(uint32_t streams) {
   ruda_device *dev = test_open(streams, 4096, RUDA_BACKPRESSURE_BLOCK);
-  assert_ok(ruda_host_kernel_register(dev, "add", k_add));
-  assert_ok(ruda_host_kernel_register(dev, "twice", k_twice));
+  assert_ok(ruda_host_kernel_register(dev, "add", test_k_add));
+  assert_ok(ruda_host_kernel_register(dev, "twice", test_k_twice));
   assert_ok(ruda_host_kernel_register(dev, "set", k_set));
   assert_ok(ruda_host_kernel_register(dev, "fail", k_fail));
   assert_ok(ruda_host_kernel_register(dev, "gate", test_gate_kernel));
@@ -58,15 +45,6 @@ static ruda_device *open_graphs(uint32_t streams) {
 static int launch1(ruda_device *dev, ruda_stream_id s, const char *k, ruda_handle x, const uint64_t *scalar) {
   ruda_arg a[2] = {ruda_arg_buffer(ruda_bind(x)), ruda_arg_scalar(scalar, sizeof *scalar)};
   return test_launch(dev, s, k, a, scalar ? 2 : 1);
-}
-
-static ruda_handle buffer_of(ruda_device *dev, ruda_stream_id s, uint64_t v) {
-  ruda_handle x;
-  uint64_t init[N];
-  for (int i = 0; i < N; i++) init[i] = v + (uint64_t)i;
-  assert_ok(ruda_buffer_create(dev, s, sizeof init, &x));
-  test_write(dev, s, ruda_bind(x), init, sizeof init);
-  return x;
 }
 
 /* A graph of one launch on s: x[i] += 1. */
@@ -82,7 +60,7 @@ static ruda_graph *capture_add_one(ruda_device *dev, ruda_stream_id s, ruda_hand
 static void replays_rerun_the_recorded_sequence(void **state) {
   (void)state;
   ruda_device *dev = open_graphs(2);
-  ruda_handle x = buffer_of(dev, 0, 10);
+  ruda_handle x = test_u64_buffer(dev, 0, 10);
   assert_ok(ruda_sync(dev, 0, NULL));
   const uint64_t three = 3, one = 1;
   ruda_graph *g;
@@ -115,7 +93,7 @@ static void replays_rerun_the_recorded_sequence(void **state) {
 static void replay_on_another_stream_is_ordered(void **state) {
   (void)state;
   ruda_device *dev = open_graphs(4); /* streams 0..3 on workers 0..3 */
-  ruda_handle x = buffer_of(dev, 0, 0);
+  ruda_handle x = test_u64_buffer(dev, 0, 0);
   assert_ok(ruda_sync(dev, 0, NULL));
   const uint64_t hundred = 100;
   ruda_graph *g = capture_add_one(dev, 0, x);
@@ -144,7 +122,7 @@ static void replay_on_another_stream_is_ordered(void **state) {
 static void graph_keeps_freed_buffers(void **state) {
   (void)state;
   ruda_device *dev = open_graphs(2);
-  ruda_handle x = buffer_of(dev, 0, 0);
+  ruda_handle x = test_u64_buffer(dev, 0, 0);
   const uint64_t addr_x = ruda__handles_slot(&dev->handles, x.slot)->addr;
   const uint64_t seven = 7;
   ruda_graph *g;
@@ -182,7 +160,7 @@ static void graph_keeps_freed_buffers(void **state) {
 static void capture_refuses_what_it_cannot_record(void **state) {
   (void)state;
   ruda_device *dev = open_graphs(2);
-  ruda_handle x = buffer_of(dev, 0, 0);
+  ruda_handle x = test_u64_buffer(dev, 0, 0);
   const uint64_t one = 1;
   ruda_graph *other, *g;
   assert_ok(ruda_graph_begin_capture(dev, 1));
@@ -255,7 +233,7 @@ static void capture_refuses_what_it_cannot_record(void **state) {
 static void request_graph_uploads_and_downloads_each_replay(void **state) {
   (void)state;
   ruda_device *dev = open_graphs(2);
-  ruda_handle x = buffer_of(dev, 0, 0);
+  ruda_handle x = test_u64_buffer(dev, 0, 0);
   uint64_t *in, *out;
   assert_ok(ruda_staging_alloc(dev, N * sizeof *in, (void **)&in));
   assert_ok(ruda_staging_alloc(dev, N * sizeof *out, (void **)&out));
@@ -299,7 +277,7 @@ static void request_graph_uploads_and_downloads_each_replay(void **state) {
 static void replay_future_reports_a_failure(void **state) {
   (void)state;
   ruda_device *dev = open_graphs(1);
-  ruda_handle x = buffer_of(dev, 0, 0);
+  ruda_handle x = test_u64_buffer(dev, 0, 0);
   ruda_graph *g;
   assert_ok(ruda_graph_begin_capture(dev, 0));
   assert_ok(launch1(dev, 0, "twice", x, NULL));
@@ -345,7 +323,7 @@ static void begin_refuses_an_unhealthy_stream(void **state) {
 static void replay_failure_names_the_command(void **state) {
   (void)state;
   ruda_device *dev = open_graphs(1);
-  ruda_handle x = buffer_of(dev, 0, 0);
+  ruda_handle x = test_u64_buffer(dev, 0, 0);
   const uint64_t one = 1;
   ruda_graph *g;
   assert_ok(ruda_graph_begin_capture(dev, 0));
@@ -377,7 +355,7 @@ static void replay_failure_names_the_command(void **state) {
 static void destroy_with_replays_queued(void **state) {
   (void)state;
   ruda_device *dev = open_graphs(1);
-  ruda_handle x = buffer_of(dev, 0, 0);
+  ruda_handle x = test_u64_buffer(dev, 0, 0);
   ruda_graph *g = capture_add_one(dev, 0, x);
   atomic_store(&test_gate_open, 0);
   assert_ok(test_launch(dev, 0, "gate", NULL, 0));
@@ -395,7 +373,7 @@ static void destroy_with_replays_queued(void **state) {
 static void close_frees_captures_and_graphs(void **state) {
   (void)state;
   ruda_device *dev = open_graphs(2);
-  ruda_handle x = buffer_of(dev, 0, 0);
+  ruda_handle x = test_u64_buffer(dev, 0, 0);
   const uint64_t one = 1;
   ruda_graph *g = capture_add_one(dev, 1, x); /* never destroyed */
   assert_ok(ruda_graph_replay(dev, 0, g));
@@ -428,11 +406,11 @@ static void *replay_many(void *p) {
  * with its racer (the shared graph on stream 0, its own on stream i + 1):
  * every increment counted once. */
 static void race(ruda_device *dev, void *(*even)(void *), void *(*odd)(void *)) {
-  ruda_handle x = buffer_of(dev, 0, 0), y[4];
+  ruda_handle x = test_u64_buffer(dev, 0, 0), y[4];
   ruda_graph *g = capture_add_one(dev, 0, x), *own[4];
   for (int i = 0; i < 4; i++) {
     ruda_stream_id s = (ruda_stream_id)i + 1;
-    y[i] = buffer_of(dev, s, 0);
+    y[i] = test_u64_buffer(dev, s, 0);
     own[i] = capture_add_one(dev, s, y[i]);
   }
   pthread_t t[4];
@@ -497,7 +475,7 @@ static void replays_of_one_graph_never_overlap(void **state) {
   (void)state;
   ruda_device *dev = open_graphs(3);
   assert_ok(ruda_host_kernel_register(dev, "bump", k_bump));
-  ruda_handle x = buffer_of(dev, 0, 0);
+  ruda_handle x = test_u64_buffer(dev, 0, 0);
   assert_ok(ruda_sync(dev, 0, NULL));
   ruda_graph *g;
   assert_ok(ruda_graph_begin_capture(dev, 0));
@@ -567,7 +545,7 @@ static void run_issues_in_place_only_when_the_worker_is_idle(void **state) {
   (void)state;
   ruda_device *dev = open_graphs(2);
   assert_ok(ruda_host_kernel_register(dev, "where", k_where));
-  ruda_handle x = buffer_of(dev, 0, 0);
+  ruda_handle x = test_u64_buffer(dev, 0, 0);
   assert_ok(ruda_sync(dev, 0, NULL));
   ruda_graph *g = capture_where(dev, 0, x);
   test_worker_idle(dev, 0);
@@ -608,7 +586,7 @@ static void run_reports_failures_and_refuses_bad_input(void **state) {
   assert_rc(ruda_graph_run(dev, 0, NULL, &err), RUDA_EINVAL);
   assert_null(err);
   assert_rc(ruda_graph_run(NULL, 0, NULL, NULL), RUDA_EINVAL);
-  ruda_handle x = buffer_of(dev, 0, 0);
+  ruda_handle x = test_u64_buffer(dev, 0, 0);
   ruda_graph *g;
   assert_ok(ruda_graph_begin_capture(dev, 0));
   assert_ok(launch1(dev, 0, "twice", x, NULL));
@@ -638,7 +616,7 @@ static void run_follows_a_writer_on_another_stream(void **state) {
   (void)state;
   ruda_device *dev = open_graphs(4);
   assert_ok(ruda_host_kernel_register(dev, "where", k_where));
-  ruda_handle x = buffer_of(dev, 0, 0);
+  ruda_handle x = test_u64_buffer(dev, 0, 0);
   assert_ok(ruda_sync(dev, 0, NULL));
   ruda_graph *g = capture_where(dev, 0, x);
   const uint64_t hundred = 100;
@@ -678,7 +656,7 @@ static void *run_many(void *p) {
 static void runs_and_replays_race_from_threads(void **state) {
   (void)state;
   ruda_device *dev = test_open(3, 4096, RUDA_BACKPRESSURE_BLOCK); /* five streams on three workers */
-  assert_ok(ruda_host_kernel_register(dev, "add", k_add));
+  assert_ok(ruda_host_kernel_register(dev, "add", test_k_add));
   race(dev, replay_many, run_many);
   test_close(dev);
 }

@@ -9,25 +9,12 @@
 #include "common.h"
 #include "src/device.h"
 #include "scheduler/graph.h"
+#include "u64_kernels.h"
 
-#define N 16
+#define N TEST_U64_N
 
-/* addk(x, k): x[i] += k;  twice(x): x[i] *= 2;  count(x): x[0] += 1 per
- * thread run;  check(x, v): fails when v is not 0. */
-static int k_addk(const ruda_host_ctx *c, void *const *args) {
-  (void)c;
-  uint64_t *x = args[0], k = *(const uint64_t *)args[1];
-  for (int i = 0; i < N; i++) x[i] += k;
-  return 0;
-}
-
-static int k_twice(const ruda_host_ctx *c, void *const *args) {
-  (void)c;
-  uint64_t *x = args[0];
-  for (int i = 0; i < N; i++) x[i] *= 2;
-  return 0;
-}
-
+/* addk(x, k), twice(x): u64_kernels.h's add and twice;  count(x): x[0] += 1
+ * per thread run;  check(x, v): fails when v is not 0. */
 static int k_count(const ruda_host_ctx *c, void *const *args) {
   (void)c;
   uint64_t *x = args[0];
@@ -43,8 +30,8 @@ static int k_check(const ruda_host_ctx *c, void *const *args) {
 static ruda_device *open_patch(uint32_t streams) {
   ruda_device *dev = test_open(streams, 4096, RUDA_BACKPRESSURE_BLOCK);
   const ruda_host_param bk[2] = {{RUDA_ARG_BUFFER, 0}, {RUDA_ARG_SCALAR, 8}}, b[1] = {{RUDA_ARG_BUFFER, 0}};
-  assert_ok(ruda_host_kernel_register_typed(dev, "addk", k_addk, bk, 2));
-  assert_ok(ruda_host_kernel_register_typed(dev, "twice", k_twice, b, 1));
+  assert_ok(ruda_host_kernel_register_typed(dev, "addk", test_k_add, bk, 2));
+  assert_ok(ruda_host_kernel_register_typed(dev, "twice", test_k_twice, b, 1));
   assert_ok(ruda_host_kernel_register_typed(dev, "count", k_count, b, 1));
   assert_ok(ruda_host_kernel_register_typed(dev, "check", k_check, bk, 2));
   assert_ok(ruda_host_kernel_register(dev, "gate", test_gate_kernel));
@@ -62,15 +49,6 @@ static int one_buffer(ruda_device *dev, ruda_stream_id s, const char *k, ruda_ha
   return test_launch(dev, s, k, &a, 1);
 }
 
-static ruda_handle buffer(ruda_device *dev, uint64_t v) {
-  ruda_handle x;
-  uint64_t init[N];
-  for (int i = 0; i < N; i++) init[i] = v + (uint64_t)i;
-  assert_ok(ruda_buffer_create(dev, 0, sizeof init, &x));
-  test_write(dev, 0, ruda_bind(x), init, sizeof init);
-  return x;
-}
-
 /* A request on one set of buffers and blocks, as an inference server
  * keeps one per request in flight. */
 typedef struct set {
@@ -79,7 +57,7 @@ typedef struct set {
 } set;
 
 static set set_new(ruda_device *dev) {
-  set t = {buffer(dev, 0), buffer(dev, 0), NULL, NULL};
+  set t = {test_u64_buffer(dev, 0, 0), test_u64_buffer(dev, 0, 0), NULL, NULL};
   assert_ok(ruda_staging_alloc(dev, N * sizeof(uint64_t), (void **)&t.in));
   assert_ok(ruda_staging_alloc(dev, N * sizeof(uint64_t), (void **)&t.out));
   return t;
@@ -281,7 +259,7 @@ static void bad_patches_are_refused_and_the_graph_stays_usable(void **state) {
 static void patched_replays_order_by_the_buffers_they_use(void **state) {
   (void)state;
   ruda_device *dev = open_patch(4); /* streams 0..3 on workers 0..3 */
-  ruda_handle x = buffer(dev, 0), x2 = buffer(dev, 0);
+  ruda_handle x = test_u64_buffer(dev, 0, 0), x2 = test_u64_buffer(dev, 0, 0);
   assert_ok(ruda_sync(dev, 0, NULL));
   ruda_graph *g;
   assert_ok(ruda_graph_begin_capture(dev, 0));
@@ -338,7 +316,7 @@ static void patched_replays_order_by_the_buffers_they_use(void **state) {
 static void patched_grids_dispatch_their_blocks(void **state) {
   (void)state;
   ruda_device *dev = open_patch(1);
-  ruda_handle x = buffer(dev, 0);
+  ruda_handle x = test_u64_buffer(dev, 0, 0);
   ruda_graph *g;
   assert_ok(ruda_graph_begin_capture(dev, 0));
   ruda_arg a = ruda_arg_buffer(ruda_bind(x));
@@ -363,7 +341,7 @@ static void patched_grids_dispatch_their_blocks(void **state) {
 static void a_failing_patched_command_is_named(void **state) {
   (void)state;
   ruda_device *dev = open_patch(1);
-  ruda_handle x = buffer(dev, 0);
+  ruda_handle x = test_u64_buffer(dev, 0, 0);
   ruda_graph *g;
   const uint64_t zero = 0, one = 1;
   assert_ok(ruda_graph_begin_capture(dev, 0));

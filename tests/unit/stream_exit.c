@@ -33,13 +33,7 @@ static void exited_threads_pools_serve_new_streams(void **state) {
   (void)state;
   dev = test_open_default();
   for (int done = 0; done < THREADS; done += AT_ONCE) {
-    pthread_t t[AT_ONCE];
-    for (int i = 0; i < AT_ONCE; i++) assert_int_equal(pthread_create(&t[i], NULL, connection, NULL), 0);
-    for (int i = 0; i < AT_ONCE; i++) {
-      void *rc = (void *)1;
-      assert_int_equal(pthread_join(t[i], &rc), 0);
-      assert_null(rc);
-    }
+    test_threads_run(connection, NULL, AT_ONCE);
     ruda_stream_ids(dev, NULL, 0); /* reaps: each thread synced its stream */
   }
   /* At most the threads alive at once and those not yet reaped, not one
