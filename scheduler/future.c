@@ -18,6 +18,8 @@ struct ruda_future *ruda__future_new(struct ruda__sched *sch, ruda__stream *s, i
   atomic_init(&f->refs, 2);
   f->sch = sch;
   f->stream = s;
+  /* A thread's own stream is freed once retired: not while this is held. */
+  if (s != NULL && s->life != NULL) atomic_fetch_add_explicit(&s->holders, 1, memory_order_relaxed);
   f->drains_errors = drains;
   return f;
 }
@@ -61,6 +63,8 @@ void ruda__future_unref(struct ruda_future *f) {
   }
   release_event(f);
   ruda_error_free(f->err);
+  if (f->stream != NULL && f->stream->life != NULL)
+    atomic_fetch_sub_explicit(&f->stream->holders, 1, memory_order_release);
   free(f);
 }
 
