@@ -360,6 +360,9 @@ struct ruda__stream {
    * table's reap_lock). */
   struct ruda__stream *pending_next;
   uint64_t grace;
+  /* Each worker's tickets once the grace period passed (a MARK for this
+   * stream may be queued on any worker), NULL before. */
+  uint64_t *until;
 } __attribute__((aligned(RUDA__CACHELINE)));
 
 /* A zeroed stream, cache-line aligned; free() releases it. */

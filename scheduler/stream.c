@@ -296,6 +296,7 @@ void ruda__stream_private_free(struct ruda__sched *sch, ruda__stream *s, const c
 }
 
 void ruda__stream_free(ruda__stream *st) {
+  free(st->until);
   ruda__capture_free(atomic_load(&st->cap));
   ruda_error_free(st->err_head);
   ruda__thread_life_put(st->life);

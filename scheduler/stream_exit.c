@@ -24,7 +24,7 @@
  * that could have found it has returned (a call counted after such a read
  * finds the table without it: the counter's increment and the removal are
  * sequentially consistent). Nobody blocks: the reaper tries again at its
- * next run. What those calls pushed is then waited for through the
+ * next run. What those calls pushed is then waited for through every
  * worker's tickets, and a record that a racing call made busy again (an
  * error, a capture, a future, a page) goes back into the table instead.
  */
@@ -123,7 +123,6 @@ static void reap_one(ruda__stream *st, void *arg) {
   if (!worker_past(st) || !quiet(st) || !give_back(sch, st)) return;
   atomic_store_explicit(&st->retired, 1, memory_order_release);
   ruda__streams_unpublish(&sch->streams, st);
-  st->exit_ticket = 0; /* taken again once the grace period passed */
   st->grace = atomic_load_explicit(&sch->streams.halves, memory_order_relaxed);
   st->pending_next = sch->streams.pending;
   sch->streams.pending = st;
@@ -142,6 +141,20 @@ static int half_period(struct ruda__sched *sch) {
   return 1;
 }
 
+/* Every worker ran what was pushed to it once st's grace period passed:
+ * the commands of the calls that found st (taken now when not yet). */
+static int workers_past(struct ruda__sched *sch, ruda__stream *st) {
+  if (st->until == NULL) {
+    st->until = malloc(sch->nworkers * sizeof *st->until);
+    if (st->until == NULL) return 0; /* next time */
+    for (uint32_t i = 0; i < sch->nworkers; i++)
+      st->until[i] = atomic_load_explicit(&sch->workers[i].tickets, memory_order_seq_cst);
+  }
+  for (uint32_t i = 0; i < sch->nworkers; i++)
+    if (atomic_load_explicit(&sch->workers[i].done, memory_order_acquire) < st->until[i]) return 0;
+  return 1;
+}
+
 /* Frees the pending records whose grace period passed and that stayed
  * quiet; puts back those a racing call made busy. */
 static void settle(struct ruda__sched *sch) {
@@ -149,7 +162,7 @@ static void settle(struct ruda__sched *sch) {
   const uint64_t now = atomic_load_explicit(&t->halves, memory_order_relaxed);
   for (ruda__stream **link = &t->pending; *link != NULL;) {
     ruda__stream *st = *link;
-    if (now < st->grace + 2 || !worker_past(st)) {
+    if (now < st->grace + 2 || !workers_past(sch, st)) {
       link = &st->pending_next;
       continue;
     }
@@ -158,6 +171,8 @@ static void settle(struct ruda__sched *sch) {
       ruda__stream_free(st);
       atomic_fetch_sub_explicit(&t->records, 1, memory_order_relaxed);
     } else {
+      free(st->until);
+      st->until = NULL;
       st->exit_ticket = 0;
       atomic_store_explicit(&st->retired, 0, memory_order_release);
       ruda__streams_republish(t, st);
