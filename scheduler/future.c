@@ -41,6 +41,13 @@ static void release_event(struct ruda_future *f) {
   f->completion.event = NULL;
 }
 
+/* The future is done with its stream: once waited (the worker's last
+ * reference may drop later, but touches no stream) or freed unwaited. */
+static void release_stream(struct ruda_future *f) {
+  if (f->stream != NULL && f->stream->life != NULL)
+    atomic_fetch_sub_explicit(&f->stream->holders, 1, memory_order_release);
+}
+
 void ruda__future_unref(struct ruda_future *f) {
   if (atomic_fetch_sub_explicit(&f->refs, 1, memory_order_acq_rel) != 1) return;
   if (!atomic_load_explicit(&f->finished, memory_order_relaxed) && f->completion.discard != NULL) {
@@ -63,8 +70,7 @@ void ruda__future_unref(struct ruda_future *f) {
   }
   release_event(f);
   ruda_error_free(f->err);
-  if (f->stream != NULL && f->stream->life != NULL)
-    atomic_fetch_sub_explicit(&f->stream->holders, 1, memory_order_release);
+  if (!atomic_load_explicit(&f->finished, memory_order_relaxed)) release_stream(f);
   free(f);
 }
 
@@ -119,6 +125,7 @@ int ruda_future_wait(ruda_future *f, ruda_error **err) {
     }
     f->code = rc;
     atomic_store_explicit(&f->finished, 1, memory_order_release);
+    release_stream(f);
   }
   if (err) {
     *err = f->err;
