@@ -420,6 +420,10 @@ void ruda__thread_life_put(struct ruda__thread_life *life);
  * takes pool locks, never waits for the device. */
 void ruda__streams_reap(struct ruda__sched *sch);
 
+/* Close, after the workers stopped: puts the records still waiting for
+ * their grace period back into the table, so that close's walks over the
+ * streams (errors a racing call left, profiles, captures) see them. */
+void ruda__streams_unpend(struct ruda__sched *sch);
 /* Takes st out of the table (it must be there): lookups no longer find
  * it, its slot becomes a tombstone. republish puts it back. Any thread;
  * take the table lock. */

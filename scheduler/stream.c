@@ -315,13 +315,7 @@ void ruda__stream_forget_thread(void) {
 }
 
 void ruda__streams_destroy(ruda__stream_table *t) {
-  ruda__streams_each(t, free_stream, NULL);
-  for (ruda__stream *p = t->pending; p != NULL;) {
-    ruda__stream *next = p->pending_next;
-    ruda__stream_free(p);
-    p = next;
-  }
-  t->pending = NULL;
+  ruda__streams_each(t, free_stream, NULL); /* pending ones too: close unpended them */
   free(atomic_load(&t->current));
   for (ruda__stream_slots *r = t->retired; r != NULL;) {
     ruda__stream_slots *p = r->prev_retired;

@@ -193,3 +193,15 @@ void ruda__streams_reap(struct ruda__sched *sch) {
   ruda__streams_free_retired(t);
   pthread_mutex_unlock(&t->reap_lock);
 }
+
+void ruda__streams_unpend(struct ruda__sched *sch) {
+  ruda__stream_table *t = &sch->streams;
+  pthread_mutex_lock(&t->reap_lock);
+  while (t->pending != NULL) {
+    ruda__stream *st = t->pending;
+    t->pending = st->pending_next;
+    atomic_store_explicit(&st->retired, 0, memory_order_release);
+    ruda__streams_republish(t, st);
+  }
+  pthread_mutex_unlock(&t->reap_lock);
+}

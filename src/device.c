@@ -265,6 +265,7 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
   ruda__workers_stop(&dev->sched);
   ruda__trace_close(&dev->sched, 1);
 
+  ruda__streams_unpend(&dev->sched);
   collect_arg a = {dev, NULL, NULL, 0};
   ruda__streams_each(&dev->sched.streams, collect, &a);
   if (errors) *errors = a.head;
