@@ -168,11 +168,59 @@ static void calls_naming_retiring_ids_race_the_reaper(void **state) {
   test_close(dev);
 }
 
+static void *syncing_connection(void *idp) {
+  if (ruda_sync(dev, RUDA_STREAM_CURRENT, NULL) != 0) return (void *)1;
+  *(ruda_stream_id *)idp = ruda_stream_current();
+  return NULL;
+}
+
+/* A call that found the record before it left the table (played here by
+ * the test thread, counted in its call slot): the record outlives every
+ * reap until that call leaves, and what the call did to the stream (an
+ * error) brings it back into the table rather than being lost. */
+static void a_call_holding_a_retiring_record_keeps_it(void **state) {
+  (void)state;
+  dev = test_open_default();
+  ruda_stream_id id = 0;
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, syncing_connection, &id), 0);
+  void *rc = (void *)1;
+  assert_int_equal(pthread_join(t, &rc), 0);
+  assert_null(rc);
+  assert_int_equal(records(), 1);
+  {
+    RUDA__IN_CALL(dev);
+    int err = 0;
+    ruda__stream *st = ruda__stream_for(&dev->sched, id, "test", &err);
+    assert_non_null(st);
+    for (int i = 0; i < 8; i++) ruda__streams_reap(&dev->sched);
+    /* Retired (refused by id, not listed) but not freed under this call. */
+    assert_int_equal(records(), 1);
+    assert_int_equal(ruda_stream_ids(dev, NULL, 0), 0);
+    assert_rc(ruda_sync(dev, id, NULL), RUDA_EINVAL);
+    assert_int_equal(st->id, id);
+    ruda__stream_push_error(st, ruda__error_new(RUDA_EINVAL, 0, "left by a racing call"));
+  }
+  for (int i = 0; i < 8; i++) ruda__streams_reap(&dev->sched);
+  /* Back, with its error, until drained. */
+  ruda_stream_id listed = 0;
+  assert_int_equal(ruda_stream_ids(dev, &listed, 1), 1);
+  assert_int_equal(listed, id);
+  ruda_error *err = NULL;
+  assert_rc(ruda_sync(dev, id, &err), RUDA_EUNHEALTHY);
+  assert_non_null(err);
+  ruda_error_free(err);
+  for (int i = 0; i < 8 && records() != 0; i++) ruda__streams_reap(&dev->sched);
+  assert_int_equal(records(), 0);
+  test_close(dev);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(exited_threads_pools_serve_new_streams),
       cmocka_unit_test(exited_threads_records_are_freed),
       cmocka_unit_test(calls_naming_retiring_ids_race_the_reaper),
+      cmocka_unit_test(a_call_holding_a_retiring_record_keeps_it),
   };
   return test_main("unit_stream_exit", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
