@@ -18,6 +18,8 @@ struct ruda_future *ruda__future_new(struct ruda__sched *sch, ruda__stream *s, i
   atomic_init(&f->refs, 2);
   f->sch = sch;
   f->stream = s;
+  /* A thread's own stream is freed once retired: not while this is held. */
+  if (s != NULL && s->life != NULL) atomic_fetch_add_explicit(&s->holders, 1, memory_order_relaxed);
   f->drains_errors = drains;
   return f;
 }
@@ -37,6 +39,13 @@ static void release_event(struct ruda_future *f) {
   if (f->completion.event != NULL && f->sch->ops->event_release)
     f->sch->ops->event_release(f->sch->bstate, f->completion.event);
   f->completion.event = NULL;
+}
+
+/* The future is done with its stream: once waited (the worker's last
+ * reference may drop later, but touches no stream) or freed unwaited. */
+static void release_stream(struct ruda_future *f) {
+  if (f->stream != NULL && f->stream->life != NULL)
+    atomic_fetch_sub_explicit(&f->stream->holders, 1, memory_order_release);
 }
 
 void ruda__future_unref(struct ruda_future *f) {
@@ -61,6 +70,7 @@ void ruda__future_unref(struct ruda_future *f) {
   }
   release_event(f);
   ruda_error_free(f->err);
+  if (!atomic_load_explicit(&f->finished, memory_order_relaxed)) release_stream(f);
   free(f);
 }
 
@@ -115,6 +125,7 @@ int ruda_future_wait(ruda_future *f, ruda_error **err) {
     }
     f->code = rc;
     atomic_store_explicit(&f->finished, 1, memory_order_release);
+    release_stream(f);
   }
   if (err) {
     *err = f->err;

@@ -352,6 +352,17 @@ struct ruda__stream {
   struct ruda__thread_life *life;
   uint64_t exit_ticket;
   _Atomic int retired;
+  /* Futures on it not freed yet (scheduler/future.c), counted on threads'
+   * own streams only: the record outlives them. */
+  _Atomic uint32_t holders;
+  /* Once retired and out of the table: the reaper's list of records
+   * waiting for a grace period, and the one it waits for (under the
+   * table's reap_lock). */
+  struct ruda__stream *pending_next;
+  uint64_t grace;
+  /* Each worker's tickets once the grace period passed (a MARK for this
+   * stream may be queued on any worker), NULL before. */
+  uint64_t *until;
 } __attribute__((aligned(RUDA__CACHELINE)));
 
 /* A zeroed stream, cache-line aligned; free() releases it. */
@@ -361,16 +372,24 @@ static inline ruda__stream *ruda__stream_alloc(void) {
   return s;
 }
 
-/* Insert-only hash from id to stream with lock-free lookups. Tables are
- * replaced when they fill up; old tables are kept until close because a
- * reader may still be probing them (no reclamation needed). */
+/* Hash from id to stream with lock-free lookups. A retired thread's
+ * stream leaves its slot (a tombstone, reused by later inserts); a table
+ * is rebuilt, larger or smaller, when live streams and tombstones fill
+ * half of it. Records and tables a lookup may still hold are freed after
+ * a grace period (scheduler/stream_exit.c). */
 typedef struct ruda__stream_table {
   struct ruda__stream_slots *_Atomic current;
-  struct ruda__stream_slots *retired;
-  pthread_mutex_t lock; /* inserts only */
-  _Atomic uint64_t count;
+  struct ruda__stream_slots *retired; /* replaced tables, under lock */
+  pthread_mutex_t lock; /* inserts, removals, rebuilds */
+  _Atomic uint64_t count; /* live streams in current */
+  uint64_t tombs;         /* tombstones in current, under lock */
+  _Atomic uint64_t records; /* stream records allocated, pending ones included (for tests) */
   pthread_mutex_t reap_lock;         /* one ruda__streams_reap at a time */
   _Atomic uint32_t thread_creations; /* threads' own streams made, to pace reaping */
+  /* Grace periods, under reap_lock: half-periods completed (read
+   * anywhere), and the retired records waiting for theirs. */
+  _Atomic uint64_t halves;
+  struct ruda__stream *pending;
 } ruda__stream_table;
 
 void ruda__streams_init(ruda__stream_table *t);
@@ -400,6 +419,27 @@ void ruda__thread_life_put(struct ruda__thread_life *life);
  * stops listing them. Skips when another reap is running. Any thread;
  * takes pool locks, never waits for the device. */
 void ruda__streams_reap(struct ruda__sched *sch);
+
+/* Close, after the workers stopped: puts the records still waiting for
+ * their grace period back into the table, so that close's walks over the
+ * streams (errors a racing call left, profiles, captures) see them. */
+void ruda__streams_unpend(struct ruda__sched *sch);
+/* Takes st out of the table (it must be there): lookups no longer find
+ * it, its slot becomes a tombstone. republish puts it back. Any thread;
+ * take the table lock. */
+void ruda__streams_unpublish(ruda__stream_table *t, ruda__stream *st);
+void ruda__streams_republish(ruda__stream_table *t, ruda__stream *st);
+/* Frees a stream record no lookup, command or future can still reach. */
+void ruda__stream_free(ruda__stream *st);
+/* Frees the replaced tables whose grace period (stamp + 3 half-periods)
+ * passed; 1 when some are left. Under reap_lock. */
+int ruda__streams_free_retired(ruda__stream_table *t);
+/* The calling thread's stream cache forgets its own stream and id (its
+ * thread-exit hook): a later call on this thread makes a new stream. */
+void ruda__stream_forget_thread(void);
+
+/* The current table's slots (for tests and reports). */
+uint64_t ruda__streams_capacity(ruda__stream_table *t);
 
 /* Calls fn for every stream. */
 void ruda__streams_each(ruda__stream_table *t, void (*fn)(ruda__stream *, void *), void *arg);

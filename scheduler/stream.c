@@ -2,11 +2,13 @@
  *
  * Lookups happen on every call, inserts once per new stream id, so the
  * table is an open-addressing hash whose slots are published with release
- * stores and read with acquire loads: readers take no lock. An insert
- * takes the table mutex; when the load passes 1/2 it builds a table twice
- * the size and publishes it. The old table is retired, not freed, because a
- * reader may still be probing it; retired tables (at most the sum of a
- * geometric series, < the live table's size) are freed at close.
+ * stores and read with acquire loads: readers take no lock. Inserts and
+ * removals take the table mutex. A removed stream (a retired thread's,
+ * scheduler/stream_exit.c) leaves a tombstone that probes pass over and
+ * inserts reuse. When live streams and tombstones pass half the slots, a
+ * table sized for the live ones is built and published; the old one is
+ * kept until a grace period passed, because a reader may still be probing
+ * it (ruda__streams_free_retired).
  *
  * A thread-local cache remembers the last stream a thread used, so the
  * common case - a thread using its own stream - costs one comparison.
@@ -21,6 +23,7 @@
 typedef struct ruda__stream_slots {
   uint64_t mask;
   struct ruda__stream_slots *prev_retired;
+  uint64_t grace; /* once replaced: the half-periods completed by then */
   ruda__stream *_Atomic slot[];
 } ruda__stream_slots;
 
@@ -29,6 +32,10 @@ static ruda__stream_slots *slots_new(uint64_t cap) {
   if (t != NULL) t->mask = cap - 1;
   return t;
 }
+
+/* A removed stream's slot: probes go on past it. Never dereferenced. */
+static const char tomb_mark;
+#define TOMB ((ruda__stream *)(uintptr_t)&tomb_mark)
 
 static uint64_t mix(uint64_t x) { /* splitmix64 finalizer */
   x ^= x >> 30;
@@ -43,22 +50,105 @@ void ruda__streams_init(ruda__stream_table *t) {
   t->retired = NULL;
   pthread_mutex_init(&t->lock, NULL);
   atomic_init(&t->count, 0);
+  t->tombs = 0;
+  atomic_init(&t->records, 0);
   pthread_mutex_init(&t->reap_lock, NULL);
   atomic_init(&t->thread_creations, 0);
+  atomic_init(&t->halves, 0);
+  t->pending = NULL;
 }
 
 static ruda__stream *find(ruda__stream_slots *s, ruda_stream_id id) {
   for (uint64_t i = mix(id) & s->mask;; i = (i + 1) & s->mask) {
     ruda__stream *st = atomic_load_explicit(&s->slot[i], memory_order_acquire);
     if (st == NULL) return NULL;
-    if (st->id == id) return st;
+    if (st != TOMB && st->id == id) return st;
   }
 }
 
-static void place(ruda__stream_slots *s, ruda__stream *st) {
+/* Under the lock, st's id absent: the first free slot or tombstone on
+ * its probe path. Returns 1 when it took a tombstone. */
+static int place(ruda__stream_slots *s, ruda__stream *st) {
   uint64_t i = mix(st->id) & s->mask;
-  while (atomic_load_explicit(&s->slot[i], memory_order_relaxed) != NULL) i = (i + 1) & s->mask;
+  ruda__stream *o;
+  while ((o = atomic_load_explicit(&s->slot[i], memory_order_relaxed)) != NULL && o != TOMB) i = (i + 1) & s->mask;
   atomic_store_explicit(&s->slot[i], st, memory_order_release);
+  return o == TOMB;
+}
+
+/* Under the lock: inserts st, rebuilding the table first when live
+ * streams, tombstones and st would pass half of it. 0 without memory. */
+static int insert(ruda__stream_table *t, ruda__stream *st) {
+  ruda__stream_slots *cur = atomic_load_explicit(&t->current, memory_order_relaxed);
+  uint64_t n = atomic_load_explicit(&t->count, memory_order_relaxed) + 1;
+  if ((n + t->tombs) * 2 > cur->mask + 1) {
+    /* Sized for a quarter full, so rebuilds stay amortized O(1) per
+     * insert whether the table grows or churns. */
+    uint64_t cap = 64;
+    while (cap < 4 * n) cap *= 2;
+    ruda__stream_slots *fresh = slots_new(cap);
+    if (fresh == NULL) return 0;
+    for (uint64_t i = 0; i <= cur->mask; i++) {
+      ruda__stream *old = atomic_load_explicit(&cur->slot[i], memory_order_relaxed);
+      if (old != NULL && old != TOMB) place(fresh, old);
+    }
+    place(fresh, st);
+    atomic_store_explicit(&t->current, fresh, memory_order_seq_cst);
+    cur->grace = atomic_load_explicit(&t->halves, memory_order_seq_cst);
+    cur->prev_retired = t->retired;
+    t->retired = cur;
+    t->tombs = 0;
+  } else if (place(cur, st)) {
+    t->tombs--;
+  }
+  atomic_store_explicit(&t->count, n, memory_order_relaxed);
+  return 1;
+}
+
+void ruda__streams_unpublish(ruda__stream_table *t, ruda__stream *st) {
+  pthread_mutex_lock(&t->lock);
+  ruda__stream_slots *cur = atomic_load_explicit(&t->current, memory_order_relaxed);
+  uint64_t i = mix(st->id) & cur->mask;
+  while (atomic_load_explicit(&cur->slot[i], memory_order_relaxed) != st) i = (i + 1) & cur->mask;
+  /* seq_cst: ordered before the grace period's reads of the call counters
+   * (scheduler/stream_exit.c). */
+  atomic_store_explicit(&cur->slot[i], TOMB, memory_order_seq_cst);
+  t->tombs++;
+  atomic_store_explicit(&t->count, atomic_load_explicit(&t->count, memory_order_relaxed) - 1, memory_order_relaxed);
+  pthread_mutex_unlock(&t->lock);
+}
+
+void ruda__streams_republish(ruda__stream_table *t, ruda__stream *st) {
+  pthread_mutex_lock(&t->lock);
+  /* Without memory for a bigger table it goes in anyway: a table is never
+   * full (rebuilt at half), so one more stream fits. */
+  if (!insert(t, st)) {
+    ruda__stream_slots *cur = atomic_load_explicit(&t->current, memory_order_relaxed);
+    if (place(cur, st)) t->tombs--;
+    atomic_store_explicit(&t->count, atomic_load_explicit(&t->count, memory_order_relaxed) + 1, memory_order_relaxed);
+  }
+  pthread_mutex_unlock(&t->lock);
+}
+
+int ruda__streams_free_retired(ruda__stream_table *t) {
+  const uint64_t now = atomic_load_explicit(&t->halves, memory_order_relaxed);
+  pthread_mutex_lock(&t->lock);
+  ruda__stream_slots **link = &t->retired;
+  while (*link != NULL) {
+    ruda__stream_slots *r = *link;
+    /* Stamped under the table lock, not reap_lock: a half-period under
+     * way then may have begun before the table was replaced, so the two
+     * after it count. */
+    if (now >= r->grace + 3) {
+      *link = r->prev_retired;
+      free(r);
+    } else {
+      link = &r->prev_retired;
+    }
+  }
+  const int left = t->retired != NULL;
+  pthread_mutex_unlock(&t->lock);
+  return left;
 }
 
 /* This thread's own stream id and the last stream it looked up, read on
@@ -96,28 +186,14 @@ static ruda__stream *create(struct ruda__sched *sch, ruda_stream_id id) {
   pthread_mutex_init(&st->err_lock, NULL);
   /* The calling thread's own stream: retired once the thread exits. */
   if (id == cache.current && id > RUDA_STREAM_EXPLICIT_MAX) st->life = ruda__thread_life_get();
-  uint64_t n = atomic_load_explicit(&t->count, memory_order_relaxed) + 1;
-  if (n * 2 > cur->mask + 1) {
-    ruda__stream_slots *bigger = slots_new((cur->mask + 1) * 2);
-    if (bigger == NULL) {
-      ruda__thread_life_put(st->life);
-      pthread_mutex_destroy(&st->err_lock);
-      free(st);
-      st = NULL;
-      goto out;
-    }
-    for (uint64_t i = 0; i <= cur->mask; i++) {
-      ruda__stream *old = atomic_load_explicit(&cur->slot[i], memory_order_relaxed);
-      if (old != NULL) place(bigger, old);
-    }
-    place(bigger, st);
-    atomic_store_explicit(&t->current, bigger, memory_order_release);
-    cur->prev_retired = t->retired;
-    t->retired = cur;
-  } else {
-    place(cur, st);
+  if (!insert(t, st)) {
+    ruda__thread_life_put(st->life);
+    pthread_mutex_destroy(&st->err_lock);
+    free(st);
+    st = NULL;
+    goto out;
   }
-  atomic_store_explicit(&t->count, n, memory_order_relaxed);
+  atomic_fetch_add_explicit(&t->records, 1, memory_order_relaxed);
 out:
   pthread_mutex_unlock(&t->lock);
   return st;
@@ -136,7 +212,9 @@ static __attribute__((noinline)) ruda__stream *stream_miss(struct ruda__sched *s
         (atomic_fetch_add_explicit(&sch->streams.thread_creations, 1, memory_order_relaxed) & 15) == 15)
       ruda__streams_reap(sch);
   }
-  if (st != NULL) {
+  /* Another thread's own stream is never cached: it may be freed once
+   * its thread exited and this call returned. */
+  if (st != NULL && (st->life == NULL || id == cache.current)) {
     cache.serial = sch->serial;
     cache.id = id;
     cache.stream = st;
@@ -155,8 +233,12 @@ void ruda__streams_each(ruda__stream_table *t, void (*fn)(ruda__stream *, void *
   if (cur == NULL) return;
   for (uint64_t i = 0; i <= cur->mask; i++) {
     ruda__stream *st = atomic_load_explicit(&cur->slot[i], memory_order_acquire);
-    if (st != NULL) fn(st, arg);
+    if (st != NULL && st != TOMB) fn(st, arg);
   }
+}
+
+uint64_t ruda__streams_capacity(ruda__stream_table *t) {
+  return atomic_load_explicit(&t->current, memory_order_acquire)->mask + 1;
 }
 
 typedef struct list_arg {
@@ -213,8 +295,8 @@ void ruda__stream_private_free(struct ruda__sched *sch, ruda__stream *s, const c
   free(s);
 }
 
-static void free_stream(ruda__stream *st, void *unused) {
-  (void)unused;
+void ruda__stream_free(ruda__stream *st) {
+  free(st->until);
   ruda__capture_free(atomic_load(&st->cap));
   ruda_error_free(st->err_head);
   ruda__thread_life_put(st->life);
@@ -222,8 +304,18 @@ static void free_stream(ruda__stream *st, void *unused) {
   free(st);
 }
 
+static void free_stream(ruda__stream *st, void *unused) {
+  (void)unused;
+  ruda__stream_free(st);
+}
+
+void ruda__stream_forget_thread(void) {
+  cache.serial = 0;
+  cache.current = 0;
+}
+
 void ruda__streams_destroy(ruda__stream_table *t) {
-  ruda__streams_each(t, free_stream, NULL);
+  ruda__streams_each(t, free_stream, NULL); /* pending ones too: close unpended them */
   free(atomic_load(&t->current));
   for (ruda__stream_slots *r = t->retired; r != NULL;) {
     ruda__stream_slots *p = r->prev_retired;

@@ -12,8 +12,21 @@
  * before that was seen, with no error waiting, no capture, no open profile
  * and no live buffer, gives its pools' pages back to the arena (where the
  * next thread's stream takes them), hands its empty pools to the next
- * stream that needs some, and is retired. Its record (192 bytes) stays
- * until close: a call naming the id as it retires may still hold it.
+ * stream that needs some, and is retired: taken out of the stream table.
+ *
+ * Its record is freed after a grace period, since a call that named the id
+ * as it retired may still hold it. Every public call counts itself in one
+ * of two counters of its call slot, picked by the device's call phase
+ * (scheduler/sched.h). A half-period completes when every slot's counter
+ * of the other phase reads zero; the phase then flips, so that new calls
+ * count in the other one. Two half-periods after the record left the
+ * table both counters of every slot have read zero since, so each call
+ * that could have found it has returned (a call counted after such a read
+ * finds the table without it: the counter's increment and the removal are
+ * sequentially consistent). Nobody blocks: the reaper tries again at its
+ * next run. What those calls pushed is then waited for through every
+ * worker's tickets, and a record that a racing call made busy again (an
+ * error, a capture, a future, a page) goes back into the table instead.
  */
 #include <stdlib.h>
 
@@ -33,8 +46,12 @@ static __thread struct ruda__thread_life *own_life;
 static void thread_exited(void *p) {
   struct ruda__thread_life *life = p;
   /* A later destructor of this thread that calls ruda gets a new record
-   * (and this hook runs again for it), never this one once it is freed. */
+   * and a new stream (and this hook runs again for it), never this one
+ * once it is freed. */
   own_life = NULL;
+  /* Nor does it reach the stream it leaves here: its record is freed once
+   * retired. */
+  ruda__stream_forget_thread();
   atomic_store_explicit(&life->exited, 1, memory_order_release);
   ruda__thread_life_put(life);
 }
@@ -62,36 +79,129 @@ void ruda__thread_life_put(struct ruda__thread_life *life) {
   if (life != NULL && atomic_fetch_sub_explicit(&life->refs, 1, memory_order_acq_rel) == 1) free(life);
 }
 
-/* Under reap_lock: exit_ticket is written here only. */
+/* The stream is idle and holds nothing a client could still want. Under
+ * reap_lock, once the worker ran everything up to exit_ticket. */
+static int quiet(ruda__stream *st) {
+  if (atomic_load_explicit(&st->nerr, memory_order_acquire) != 0 ||
+      atomic_load_explicit(&st->capturing, memory_order_acquire) ||
+      atomic_load_explicit(&st->holders, memory_order_acquire) != 0)
+    return 0;
+  pthread_mutex_lock(&st->err_lock);
+  const int profiling = st->profiles != NULL;
+  pthread_mutex_unlock(&st->err_lock);
+  return !profiling;
+}
+
+/* Gives the stream's pages back and its empty pools to the next stream
+ * that needs some: 0 while it has pages in use or behind a fence. */
+static int give_back(struct ruda__sched *sch, ruda__stream *st) {
+  ruda__pools *p = atomic_load_explicit(&st->pools, memory_order_acquire);
+  if (p != NULL && ruda__pools_give_back(p) != 0) return 0;
+  /* Pools recycle refuses stay memory's (freed at close), empty. */
+  if (p != NULL && atomic_compare_exchange_strong_explicit(&st->pools, &p, NULL, memory_order_acq_rel,
+                                                           memory_order_relaxed))
+    ruda__pools_recycle(sch->memory, p);
+  return 1;
+}
+
+/* The worker ran every command pushed before exit_ticket was taken (taken
+ * now when 0). */
+static int worker_past(ruda__stream *st) {
+  ruda__worker *w = st->worker;
+  if (st->exit_ticket == 0) st->exit_ticket = atomic_load_explicit(&w->tickets, memory_order_seq_cst) + 1;
+  return atomic_load_explicit(&w->done, memory_order_acquire) + 1 >= st->exit_ticket;
+}
+
+/* Under reap_lock: exit_ticket and the pending list are written here only. */
 static void reap_one(ruda__stream *st, void *arg) {
   struct ruda__sched *sch = arg;
   if (st->life == NULL || atomic_load_explicit(&st->retired, memory_order_relaxed) ||
       !atomic_load_explicit(&st->life->exited, memory_order_acquire))
     return;
-  ruda__worker *w = st->worker;
   /* Every push the thread made happened before its exit was seen, so the
    * ticket count read now covers its commands. */
-  if (st->exit_ticket == 0) st->exit_ticket = atomic_load_explicit(&w->tickets, memory_order_seq_cst) + 1;
-  if (atomic_load_explicit(&w->done, memory_order_acquire) + 1 < st->exit_ticket) return;
-  if (atomic_load_explicit(&st->nerr, memory_order_acquire) != 0 ||
-      atomic_load_explicit(&st->capturing, memory_order_acquire))
-    return;
-  pthread_mutex_lock(&st->err_lock);
-  const int profiling = st->profiles != NULL;
-  pthread_mutex_unlock(&st->err_lock);
-  if (profiling) return;
-  ruda__pools *p = atomic_load_explicit(&st->pools, memory_order_acquire);
-  if (p != NULL && ruda__pools_give_back(p) != 0) return; /* pages in use or behind a fence: later */
-  /* The empty pools go to the next stream that needs some. */
-  if (p != NULL && atomic_compare_exchange_strong_explicit(&st->pools, &p, NULL, memory_order_acq_rel,
-                                                           memory_order_relaxed) &&
-      !ruda__pools_recycle(sch->memory, p))
-    atomic_store_explicit(&st->pools, p, memory_order_release);
+  if (!worker_past(st) || !quiet(st) || !give_back(sch, st)) return;
   atomic_store_explicit(&st->retired, 1, memory_order_release);
+  ruda__streams_unpublish(&sch->streams, st);
+  st->grace = atomic_load_explicit(&sch->streams.halves, memory_order_relaxed);
+  st->pending_next = sch->streams.pending;
+  sch->streams.pending = st;
+}
+
+/* One half-period, if every slot's counter of the phase calls left reads
+ * zero: flips the phase. The removals before it are ordered before these
+ * reads (seq_cst). */
+static int half_period(struct ruda__sched *sch) {
+  atomic_thread_fence(memory_order_seq_cst);
+  const unsigned ph = atomic_load_explicit(sch->call_phase, memory_order_seq_cst) & 1;
+  for (unsigned i = 0; i < RUDA__CALL_SLOTS; i++)
+    if (atomic_load_explicit(&sch->calls[i].n[ph ^ 1], memory_order_seq_cst) != 0) return 0;
+  atomic_store_explicit(sch->call_phase, ph ^ 1, memory_order_seq_cst);
+  atomic_fetch_add_explicit(&sch->streams.halves, 1, memory_order_seq_cst);
+  return 1;
+}
+
+/* Every worker ran what was pushed to it once st's grace period passed:
+ * the commands of the calls that found st (taken now when not yet). */
+static int workers_past(struct ruda__sched *sch, ruda__stream *st) {
+  if (st->until == NULL) {
+    st->until = malloc(sch->nworkers * sizeof *st->until);
+    if (st->until == NULL) return 0; /* next time */
+    for (uint32_t i = 0; i < sch->nworkers; i++)
+      st->until[i] = atomic_load_explicit(&sch->workers[i].tickets, memory_order_seq_cst);
+  }
+  for (uint32_t i = 0; i < sch->nworkers; i++)
+    if (atomic_load_explicit(&sch->workers[i].done, memory_order_acquire) < st->until[i]) return 0;
+  return 1;
+}
+
+/* Frees the pending records whose grace period passed and that stayed
+ * quiet; puts back those a racing call made busy. */
+static void settle(struct ruda__sched *sch) {
+  ruda__stream_table *t = &sch->streams;
+  const uint64_t now = atomic_load_explicit(&t->halves, memory_order_relaxed);
+  for (ruda__stream **link = &t->pending; *link != NULL;) {
+    ruda__stream *st = *link;
+    if (now < st->grace + 2 || !workers_past(sch, st)) {
+      link = &st->pending_next;
+      continue;
+    }
+    *link = st->pending_next;
+    if (quiet(st) && give_back(sch, st)) {
+      ruda__stream_free(st);
+      atomic_fetch_sub_explicit(&t->records, 1, memory_order_relaxed);
+    } else {
+      free(st->until);
+      st->until = NULL;
+      st->exit_ticket = 0;
+      atomic_store_explicit(&st->retired, 0, memory_order_release);
+      ruda__streams_republish(t, st);
+    }
+  }
 }
 
 void ruda__streams_reap(struct ruda__sched *sch) {
-  if (pthread_mutex_trylock(&sch->streams.reap_lock) != 0) return;
-  ruda__streams_each(&sch->streams, reap_one, sch);
-  pthread_mutex_unlock(&sch->streams.reap_lock);
+  ruda__stream_table *t = &sch->streams;
+  if (pthread_mutex_trylock(&t->reap_lock) != 0) return;
+  ruda__streams_each(t, reap_one, sch);
+  const int tables = ruda__streams_free_retired(t);
+  /* Two tries: the caller's own call counts in one phase, so one reap
+   * usually completes one half-period; the next reap the other. */
+  for (int i = 0; i < 2 && (t->pending != NULL || tables) && half_period(sch); i++) {
+  }
+  settle(sch);
+  ruda__streams_free_retired(t);
+  pthread_mutex_unlock(&t->reap_lock);
+}
+
+void ruda__streams_unpend(struct ruda__sched *sch) {
+  ruda__stream_table *t = &sch->streams;
+  pthread_mutex_lock(&t->reap_lock);
+  while (t->pending != NULL) {
+    ruda__stream *st = t->pending;
+    t->pending = st->pending_next;
+    atomic_store_explicit(&st->retired, 0, memory_order_release);
+    ruda__streams_republish(t, st);
+  }
+  pthread_mutex_unlock(&t->reap_lock);
 }

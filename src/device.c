@@ -155,6 +155,8 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   dev->sched.workers = aligned_alloc(RUDA__CACHELINE, sizeof(ruda__worker) * dev->sched.nworkers);
   dev->calls = aligned_alloc(RUDA__CACHELINE, sizeof(ruda__call_slot) * RUDA__CALL_SLOTS);
   if (dev->calls != NULL) memset(dev->calls, 0, sizeof(ruda__call_slot) * RUDA__CALL_SLOTS);
+  dev->sched.calls = dev->calls;
+  dev->sched.call_phase = &dev->call_phase;
   if (dev->sched.workers == NULL || dev->calls == NULL || dev->kernels == NULL || atomic_load(&dev->sched.streams.current) == NULL) {
     rc = ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
     goto fail;
@@ -212,7 +214,8 @@ int ruda__call_closed(ruda_device *dev, _Atomic unsigned long **slot, const char
  * because the workers still run. */
 static void calls_wait(ruda_device *dev) {
   for (unsigned i = 0; i < RUDA__CALL_SLOTS; i++)
-    while (atomic_load_explicit(&dev->calls[i].n, memory_order_seq_cst) != 0) {
+    while (atomic_load_explicit(&dev->calls[i].n[0], memory_order_seq_cst) != 0 ||
+           atomic_load_explicit(&dev->calls[i].n[1], memory_order_seq_cst) != 0) {
       ruda__test_point(RUDA__HOOK_CLOSE_WAITING, dev);
       sched_yield();
     }
@@ -262,6 +265,7 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
   ruda__workers_stop(&dev->sched);
   ruda__trace_close(&dev->sched, 1);
 
+  ruda__streams_unpend(&dev->sched);
   collect_arg a = {dev, NULL, NULL, 0};
   ruda__streams_each(&dev->sched.streams, collect, &a);
   if (errors) *errors = a.head;

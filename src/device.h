@@ -25,15 +25,6 @@
 
 struct ruda__kernel_table; /* the kernel registry (src/kernels.c) */
 
-/* Public calls in progress on a device, counted in one of RUDA__CALL_SLOTS
- * slots per calling thread (a cache line each, so threads do not share
- * one): ruda_device_close waits until every slot reads zero (below). */
-#define RUDA__CALL_SLOTS 64
-typedef struct ruda__call_slot {
-  _Atomic unsigned long n;
-  char pad[RUDA__CACHELINE - sizeof(unsigned long)];
-} ruda__call_slot;
-
 struct ruda_device {
   /* First, so that handing the scheduler its root costs nothing. */
   ruda__sched sched;
@@ -44,7 +35,8 @@ struct ruda_device {
   ruda__limits limits;
   char fallback[320]; /* why auto chose host over cuda ("" when it did not) */
   _Atomic int closed;
-  ruda__call_slot *calls; /* RUDA__CALL_SLOTS, cache-line aligned */
+  ruda__call_slot *calls; /* RUDA__CALL_SLOTS, cache-line aligned (scheduler/sched.h) */
+  _Atomic unsigned call_phase; /* which counter of its slot a call counts in */
   ruda__handles handles;
   ruda__memory memory; /* pools, arena, fences (memory/memory.h) */
   struct ruda__kernel_table *kernels;
@@ -55,7 +47,7 @@ struct ruda_device {
 
 /* Calls in progress (see RUDA__CHECK_DEV). A call counts itself in its
  * thread's slot, then reads `closed`; ruda_device_close sets `closed`, then
- * waits for every slot to read zero. Both sides use sequentially consistent
+ * waits for every slot to read zero (both its counters). Both sides use sequentially consistent
  * operations, so a call either sees the device closed or is waited for:
  * nothing a call accepted is dropped by a close that races it. */
 extern _Thread_local unsigned ruda__call_slot_id; /* 0: not assigned yet */
@@ -64,7 +56,10 @@ unsigned ruda__call_slot_assign(void);
 static inline _Atomic unsigned long *ruda__call_enter(ruda_device *dev) {
   unsigned id = ruda__call_slot_id;
   if (id == 0) id = ruda__call_slot_assign();
-  _Atomic unsigned long *n = &dev->calls[(id - 1) % RUDA__CALL_SLOTS].n;
+  /* The phase only steers new calls away from the counter a grace period
+   * waits on (scheduler/stream_exit.c); a stale one is safe. */
+  const unsigned ph = atomic_load_explicit(&dev->call_phase, memory_order_relaxed) & 1;
+  _Atomic unsigned long *n = &dev->calls[(id - 1) % RUDA__CALL_SLOTS].n[ph];
   atomic_fetch_add_explicit(n, 1, memory_order_seq_cst);
   return n;
 }

@@ -194,17 +194,21 @@ RUDA_EXTERN uint32_t ruda_device_num_streams(const ruda_device *dev);
 /* ruda_stream_id, RUDA_STREAM_CURRENT and RUDA_STREAM_EXPLICIT_MAX are in
  * ruda/types.h. */
 
-/* The calling thread's stream id (stable for the thread's life). Thread-safe, non-blocking. */
+/* The calling thread's stream id (stable for the thread's life; a
+ * thread-exit destructor that calls ruda after ruda's own thread-exit hook
+ * ran gets a new one). Thread-safe, non-blocking. */
 RUDA_EXTERN ruda_stream_id ruda_stream_current(void);
 
 /* Writes up to cap ids of the streams used so far into ids; returns how
  * many streams exist (which may exceed cap). A thread's own stream is
  * listed while its thread runs and, after the thread exited, until its
- * work has run and its errors were drained (ruda_sync by this id, or
- * ruda_device_sync); it is then retired without any call: its cached
- * pages go back to the device's arena and its id is refused like one
- * never handed out (listing is one of the moments that happens, so it may
- * take those streams' pool locks briefly). Thread-safe, non-blocking. */
+ * work has run, its errors were drained (ruda_sync by this id, or
+ * ruda_device_sync) and no future from it is left unfreed; it is then
+ * retired without any call: its cached pages go back to the device's
+ * arena, its id is refused like one never handed out, and its record is
+ * freed once no call that named the id can still be using it (listing is
+ * one of the moments that happens, so it may take those streams' pool
+ * locks briefly). Thread-safe, non-blocking. */
 RUDA_EXTERN size_t ruda_stream_ids(ruda_device *dev, ruda_stream_id *ids, size_t cap);
 
 /* The name messages give stream id (RUDA_STREAM_CURRENT: the calling
