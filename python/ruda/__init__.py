@@ -346,5 +346,5 @@ def _close_all():
     for d in devs:
         try:
             d.close()
-        except Error:
+        except (Error, BufferError):  # BufferError: views still live at exit
             pass

@@ -103,6 +103,7 @@ static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   if (!self) return NULL;
   atomic_init(&self->users, 0);
   atomic_init(&self->closed, 1); /* until __init__ opened it */
+  atomic_init(&self->exports, 0);
   pthread_mutex_init(&self->lock, NULL);
   return (PyObject *)self;
 }
@@ -117,6 +118,12 @@ static int device_close_now(DeviceObject *self, ruda_error **errors) {
      below would wait for anyway). */
   while (atomic_load_explicit(&self->users, memory_order_acquire) != 0) sched_yield();
   Py_END_ALLOW_THREADS
+  /* Exports begin under a use, so none begins after this check; a live
+     one points at memory the close would free: refuse, stay open. */
+  if (atomic_load_explicit(&self->exports, memory_order_seq_cst) != 0) {
+    atomic_store(&self->closed, 0);
+    return RUDA_PY_EXPORTED;
+  }
   ruda_py_futures_finish(self);
   RUDA_PY_NOGIL(rc = ruda_device_close(self->dev, errors));
   if (rc == RUDA_EBUSY) { /* a communicator still holds it: stay open */
@@ -129,9 +136,15 @@ static int device_close_now(DeviceObject *self, ruda_error **errors) {
 }
 
 static PyObject *device_close(DeviceObject *self, PyObject *unused) {
+  if (ruda_py_refuse_wait("Device.close") < 0) return NULL;
   ruda_error *err = NULL;
   int rc = device_close_now(self, &err);
   if (rc == RUDA_ECLOSED) Py_RETURN_NONE; /* closing twice is harmless */
+  if (rc == RUDA_PY_EXPORTED)
+    return PyErr_Format(PyExc_BufferError,
+                        "close refused: %ld exported views (memoryviews of Staging blocks, DLPack tensors) still "
+                        "point at this device's memory; release them first",
+                        atomic_load(&self->exports));
   if (rc == RUDA_EBUSY) {
     ruda_py_raise_last(rc);
     return NULL;
@@ -147,7 +160,9 @@ static PyObject *device_close(DeviceObject *self, PyObject *unused) {
 static void device_dealloc(DeviceObject *self) {
   if (self->dev) {
     ruda_error *err = NULL;
-    if (device_close_now(self, &err) != RUDA_EBUSY) ruda_error_free(err);
+    /* Nothing is exported here: every export holds a reference to the device. */
+    int rc = device_close_now(self, &err);
+    if (rc != RUDA_EBUSY && rc != RUDA_PY_EXPORTED) ruda_error_free(err);
   }
   pthread_mutex_destroy(&self->lock);
   Py_TYPE(self)->tp_free((PyObject *)self);
@@ -416,7 +431,7 @@ typedef int (*stream_wait_fn)(ruda_device *, ruda_stream_id, ruda_error **);
 static PyObject *stream_wait(DeviceObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                              const char *fname, stream_wait_fn fn) {
   ruda_stream_id s;
-  if (ruda_py_stream_arg(fname, args, nargs, kwnames, &s) < 0) return NULL;
+  if (ruda_py_stream_arg(fname, args, nargs, kwnames, &s) < 0 || ruda_py_refuse_wait(fname) < 0) return NULL;
   ruda_device *d = dev_enter(self);
   if (!d) return NULL;
   ruda_error *err = NULL;
@@ -436,6 +451,7 @@ static PyObject *device_sync(DeviceObject *self, PyObject *const *args, Py_ssize
 }
 
 static PyObject *device_device_sync(DeviceObject *self, PyObject *unused) {
+  if (ruda_py_refuse_wait("device_sync") < 0) return NULL;
   ruda_device *d = dev_enter(self);
   if (!d) return NULL;
   ruda_error *err = NULL;
@@ -792,14 +808,19 @@ static PyObject *device_begin_capture(DeviceObject *self, PyObject *const *args,
                                       PyObject *kw) {
   ruda_stream_id s;
   if (ruda_py_stream_arg("begin_capture", args, nargs, kw, &s) < 0) return NULL;
+  /* A slot is reserved before the C call (the lock is not held across
+     it), so racing calls cannot all pass the bound and then append. */
   pthread_mutex_lock(&self->lock);
-  int full = self->ncapturing == RUDA_PY_MAX_CAPTURES;
+  int full = self->ncapturing + self->capture_reserved >= RUDA_PY_MAX_CAPTURES;
+  if (!full) self->capture_reserved++;
   pthread_mutex_unlock(&self->lock);
   if (full) return PyErr_Format(PyExc_RuntimeError, "at most %d streams capture at once", RUDA_PY_MAX_CAPTURES);
-  if (stream_call(self, s, ruda_graph_begin_capture) < 0) return NULL;
+  int rc = stream_call(self, s, ruda_graph_begin_capture);
   pthread_mutex_lock(&self->lock);
-  self->capturing[self->ncapturing++] = capture_id(s);
+  self->capture_reserved--;
+  if (rc == 0) self->capturing[self->ncapturing++] = capture_id(s);
   pthread_mutex_unlock(&self->lock);
+  if (rc < 0) return NULL;
   Py_RETURN_NONE;
 }
 

@@ -63,9 +63,16 @@ typedef struct {
   int64_t shape[RUDA_MAX_RANK];
 } export_block;
 
+static BufferObject *owner_of(BufferObject *b) { return b->base ? (BufferObject *)b->base : b; }
+
 static void drop_owner(export_block *b) {
   /* DLPack deleters may run on any thread, with or without the GIL. */
   PyGILState_STATE st = PyGILState_Ensure();
+  BufferObject *buf = (BufferObject *)b->owner;
+  if (buf) {
+    atomic_fetch_sub(&owner_of(buf)->exports, 1);
+    ruda_py_export_end(buf->device);
+  }
   Py_XDECREF(b->owner);
   PyGILState_Release(st);
   free(b);
@@ -100,8 +107,10 @@ static int dl_device_of(BufferObject *self, dl_device *out) {
   return 0;
 }
 
-/* Syncs the device (see the ordering rule above) and returns the address. */
-static int export_ptr(BufferObject *self, uint64_t *addr) {
+/* Syncs the device (see the ordering rule above) and returns the address;
+ * counted, the export is counted in the same use of the device (so a close
+ * sees it), and the caller ends it (drop_owner) or calls export_undo. */
+static int export_ptr(BufferObject *self, uint64_t *addr, int counted) {
   ruda_device *d = dev_enter(self->device);
   if (!d) return -1;
   ruda_error *err = NULL;
@@ -114,6 +123,10 @@ static int export_ptr(BufferObject *self, uint64_t *addr) {
     return -1;
   }
   rc = ruda_binding_device_ptr(d, self->b, addr);
+  if (!rc && counted) {
+    atomic_fetch_add(&owner_of(self)->exports, 1);
+    ruda_py_export_begin(self->device);
+  }
   dev_leave(self->device);
   if (rc) {
     ruda_py_raise_last(rc);
@@ -167,9 +180,13 @@ PyObject *ruda_py_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ss
      there, and both are accepted. */
   if (check_shape(self) < 0) return NULL;
   uint64_t addr;
-  if (export_ptr(self, &addr) < 0) return NULL;
+  if (export_ptr(self, &addr, 1) < 0) return NULL;
   export_block *b = calloc(1, sizeof *b);
-  if (!b) return PyErr_NoMemory();
+  if (!b) {
+    atomic_fetch_sub(&owner_of(self)->exports, 1);
+    ruda_py_export_end(self->device);
+    return PyErr_NoMemory();
+  }
   memcpy(b->shape, self->shape, sizeof b->shape);
   dl_tensor t = {.data = (void *)(uintptr_t)addr, .device = dev, .ndim = self->ndim,
                  .dtype = {self->dl_code, self->dl_bits, 1}, .shape = b->shape, .strides = NULL,
@@ -190,10 +207,7 @@ PyObject *ruda_py_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ss
     b->u.m.deleter = deleter_classic;
     cap = PyCapsule_New(&b->u.m, "dltensor", capsule_classic);
   }
-  if (!cap) {
-    Py_DECREF(b->owner);
-    free(b);
-  }
+  if (!cap) drop_owner(b);
   return cap;
 }
 
@@ -218,7 +232,7 @@ PyObject *ruda_py_buffer_cai(BufferObject *self, void *closure) {
   }
   if (check_shape(self) < 0) return NULL;
   uint64_t addr;
-  if (export_ptr(self, &addr) < 0) return NULL;
+  if (export_ptr(self, &addr, 0) < 0) return NULL;
   PyObject *shape = PyTuple_New(self->ndim);
   for (int i = 0; shape && i < self->ndim; i++) {
     PyObject *v = PyLong_FromLongLong(self->shape[i]);
