@@ -155,6 +155,10 @@ typedef struct ruda__backend_ops {
   /* Device memory. Failure: ruda__fail(). Any thread. */
   int (*mem_alloc)(void *state, uint64_t size, uint64_t *addr);
   void (*mem_free)(void *state, uint64_t addr, void *wstate);
+  /* Optional, any thread: is [addr, addr + size) memory of this device
+   * that commands may use (ruda_buffer_import)? 0, or a failure recorded
+   * with ruda__fail naming fn. NULL: any non-null address is. */
+  int (*mem_check)(void *state, uint64_t addr, uint64_t size, const char *fn);
   /* Host memory that stages a write until its copy ran. Any thread. */
   void *(*stage_alloc)(void *state, size_t size);
   void (*stage_free)(void *state, void *p);

@@ -570,6 +570,43 @@ static int cu_mem_alloc(void *state, uint64_t size, uint64_t *addr) {
   return 0;
 }
 
+/* An import must be device memory of this context, whole within the
+ * allocation it starts in: the driver's pointer attributes say. */
+static int cu_mem_check(void *state, uint64_t addr, uint64_t size, const char *fn) {
+  ruda__cu_backend *b = state;
+  if (ruda__cu.cuPointerGetAttribute == NULL)
+    return ruda__fail(RUDA_ENOBACKEND, "%s: the driver has no cuPointerGetAttribute to check the pointer", fn);
+  ruda__cu_guard g = {NULL, 0};
+  if (ruda__cu_enter(b, &g) != 0) return ruda_error_code(ruda_last_error());
+  CUcontext ctx = NULL;
+  unsigned int type = 0;
+  CUdeviceptr start = 0;
+  size_t range = 0;
+  CUdeviceptr p = (CUdeviceptr)addr;
+  CUresult r = ruda__cu.cuPointerGetAttribute(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, p);
+  if (r == CUDA_SUCCESS) r = ruda__cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p);
+  if (r == CUDA_SUCCESS) r = ruda__cu.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p);
+  if (r == CUDA_SUCCESS) r = ruda__cu.cuPointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p);
+  ruda__cu_leave(&g);
+  if (r != CUDA_SUCCESS) {
+    char d[160];
+    return ruda__fail_backend(RUDA_EINVAL, (long)r,
+                              "%s: 0x%llx is no device memory the driver knows (a host pointer, or freed): "
+                              "cuPointerGetAttribute says %s",
+                              fn, (unsigned long long)addr, ruda__cu_describe(r, d, sizeof d));
+  }
+  if (type != CU_MEMORYTYPE_DEVICE)
+    return ruda__fail(RUDA_EINVAL, "%s: 0x%llx is %s memory, not device memory", fn, (unsigned long long)addr,
+                      type == CU_MEMORYTYPE_HOST ? "page-locked host" : "non-device");
+  if (ctx != b->ctx)
+    return ruda__fail(RUDA_EINVAL, "%s: 0x%llx belongs to another context or device than this device's", fn,
+                      (unsigned long long)addr);
+  if (addr - (uint64_t)start + size > (uint64_t)range)
+    return ruda__fail(RUDA_EINVAL, "%s: [0x%llx, +%llu) runs past its allocation [0x%llx, +%zu)", fn,
+                      (unsigned long long)addr, (unsigned long long)size, (unsigned long long)start, range);
+  return 0;
+}
+
 /* cuMemFree waits for work in flight on the memory, which keeps this
  * simple scheme correct whichever stream used the buffer last; the pools
  * of the memory layer replace it with stream-ordered reuse. */
@@ -720,6 +757,7 @@ static const ruda__backend_ops cuda_ops = {
     .worker_stop = cu_worker_stop,
     .mem_alloc = cu_mem_alloc,
     .mem_free = cu_mem_free,
+    .mem_check = cu_mem_check,
     .stage_alloc = cu_stage_alloc,
     .stage_free = cu_stage_free,
     .write = ruda__cu_write,
