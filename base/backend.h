@@ -222,6 +222,13 @@ typedef struct ruda__backend_ops {
   /* Native handles for interop: a worker's CUstream, the CUcontext. */
   void *(*native_stream)(void *wstate);
   void *(*native_context)(void *state);
+  /* Optional (NULL: no native streams), any thread, never blocking: an
+   * event recorded on a native stream (the device's context made current
+   * for the call), released with event_release; and a native stream's
+   * later work made to wait on the device for such an event. 0, or a
+   * failure recorded with ruda__fail naming fn. */
+  int (*native_record)(void *state, void *native_stream, void **event, const char *fn);
+  int (*native_wait)(void *state, void *native_stream, void *event, const char *fn);
   int (*stage_usage)(void *state, ruda_staging_stats *out);
   /* Worker: replays a graph of n recorded commands. *exec is the
    * backend's own graph, NULL at the first replay: the op then starts

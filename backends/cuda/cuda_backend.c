@@ -549,6 +549,42 @@ static void cu_worker_stop(void *state, void *ws) {
 static void *cu_native_stream(void *ws) { return ws ? (void *)((ruda__cu_worker *)ws)->stream : NULL; }
 static void *cu_native_context(void *state) { return (void *)((ruda__cu_backend *)state)->ctx; }
 
+/* Ordering with streams ruda does not own (ruda_cuda_wait_buffer,
+ * ruda_buffer_wait_cuda): pooled events like the workers'. */
+static int cu_native_record(void *state, void *stream, void **event, const char *fn) {
+  ruda__cu_backend *b = state;
+  ruda__cu_guard g = {NULL, 0};
+  if (ruda__cu_enter(b, &g) != 0) return ruda_error_code(ruda_last_error());
+  CUresult r;
+  ruda__cu_event *e = ruda__cu_event_get(b, &r);
+  if (e != NULL && (r = ruda__cu.cuEventRecord(e->ev, (CUstream)stream)) != CUDA_SUCCESS) {
+    ruda__cu_event_put(b, e);
+    e = NULL;
+  }
+  ruda__cu_leave(&g);
+  if (e == NULL) {
+    char d[160];
+    return ruda__fail_backend(RUDA_ECUDA, (long)r, "%s: cuEventRecord on stream %p: %s", fn, stream,
+                              ruda__cu_describe(r, d, sizeof d));
+  }
+  *event = e;
+  return 0;
+}
+
+static int cu_native_wait(void *state, void *stream, void *event, const char *fn) {
+  ruda__cu_backend *b = state;
+  ruda__cu_guard g = {NULL, 0};
+  if (ruda__cu_enter(b, &g) != 0) return ruda_error_code(ruda_last_error());
+  CUresult r = ruda__cu.cuStreamWaitEvent((CUstream)stream, ((ruda__cu_event *)event)->ev, 0);
+  ruda__cu_leave(&g);
+  if (r != CUDA_SUCCESS) {
+    char d[160];
+    return ruda__fail_backend(RUDA_ECUDA, (long)r, "%s: cuStreamWaitEvent on stream %p: %s", fn, stream,
+                              ruda__cu_describe(r, d, sizeof d));
+  }
+  return 0;
+}
+
 /* ---- device memory ---- */
 
 static int cu_mem_alloc(void *state, uint64_t size, uint64_t *addr) {
@@ -783,6 +819,8 @@ static const ruda__backend_ops cuda_ops = {
     .launch_check = ruda__cu_launch_check,
     .native_stream = cu_native_stream,
     .native_context = cu_native_context,
+    .native_record = cu_native_record,
+    .native_wait = cu_native_wait,
     .stage_usage = cu_stage_usage,
     .graph_replay = ruda__cu_graph_replay,
     .graph_release = ruda__cu_graph_release,

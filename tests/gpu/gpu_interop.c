@@ -131,10 +131,81 @@ static void import_refuses_foreign_and_host_pointers(void **state) {
   test_close(dev);
 }
 
+/* The mock's hook that keeps every stream from starting work (NULL on a
+ * real device): both sides' work is then issued before either runs, so a
+ * missing link shows as a race on the data, not a lucky order. */
+static void (*hold_streams)(int on);
+
+static void hold(int on) {
+  if (hold_streams != NULL) hold_streams(on);
+}
+
+static void find_hold(ruda_device *dev) {
+  const char *path = getenv("RUDA_CUDA_DRIVER");
+  void *lib = gpu_is_mock(dev) && path != NULL ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+  void *f = lib ? dlsym(lib, "ruda_mock_hold_streams") : NULL;
+  memcpy(&hold_streams, &f, sizeof f);
+}
+
+/* Both directions against a stream ruda does not own: the foreign
+ * stream's copy sees ruda's write, ruda's read sees the foreign memset,
+ * with no host synchronization in between. */
+static void foreign_stream_ordering_both_ways(void **state) {
+  (void)state;
+  ruda_device *dev = gpu_open();
+  find_hold(dev);
+  enum { N = 1 << 20 };
+  ruda_handle x;
+  assert_ok(ruda_buffer_create(dev, 1, N, &x));
+  uint64_t xp = 0;
+  assert_ok(ruda_binding_device_ptr(dev, ruda_bind(x), &xp));
+  ctx_guard g = ctx_enter(dev);
+  CUstream ext = NULL;
+  assert_int_equal(ruda__cu.cuStreamCreate(&ext, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ctx_leave(g);
+  unsigned char *src = malloc(N), *back = malloc(N);
+  for (int round = 0; round < 4; round++) {
+    for (int i = 0; i < N; i++) src[i] = (unsigned char)(i * 13 + round);
+    hold(1);
+    test_write(dev, 1, ruda_bind(x), src, N);
+    assert_ok(ruda_cuda_wait_buffer(dev, 2, ruda_bind(x), ext, NULL)); /* ordered on another stream */
+    memset(back, 0, N);
+    g = ctx_enter(dev);
+    assert_int_equal(ruda__cu.cuMemcpyDtoHAsync(back, (CUdeviceptr)xp, N, ext), CUDA_SUCCESS);
+    hold(0);
+    assert_int_equal(ruda__cu.cuStreamSynchronize(ext), CUDA_SUCCESS);
+    ctx_leave(g);
+    assert_memory_equal(back, src, N);
+    /* The other way: the foreign stream writes, ruda reads after it. */
+    hold(1);
+    g = ctx_enter(dev);
+    assert_int_equal(ruda__cu.cuMemsetD8Async((CUdeviceptr)xp, (unsigned char)(0x70 + round), N, ext),
+                     CUDA_SUCCESS);
+    ctx_leave(g);
+    assert_ok(ruda_buffer_wait_cuda(dev, 3, ruda_bind(x), ext));
+    ruda_copy_desc rd = ruda_copy_contiguous(ruda_bind(x));
+    ruda_future *f = NULL;
+    assert_ok(ruda_read(dev, 0, &rd, back, N, &f));
+    hold(0);
+    assert_ok(ruda_future_wait(f, NULL));
+    ruda_future_free(f);
+    for (int i = 0; i < N; i++)
+      if (back[i] != 0x70 + round) fail_msg("round %d: byte %d is 0x%x, not the foreign memset's", round, i, back[i]);
+  }
+  g = ctx_enter(dev);
+  assert_int_equal(ruda__cu.cuStreamDestroy(ext), CUDA_SUCCESS);
+  ctx_leave(g);
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  test_close(dev);
+  free(src);
+  free(back);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(import_device_memory_round_trip),
       cmocka_unit_test(import_refuses_foreign_and_host_pointers),
+      cmocka_unit_test(foreign_stream_ordering_both_ways),
   };
   return gpu_main("gpu_interop", tests, sizeof tests / sizeof tests[0], argc, argv);
 }

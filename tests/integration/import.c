@@ -1,6 +1,8 @@
 /* import.c - foreign memory adopted as buffers (ruda_buffer_import) on the
  * host backend: used like any buffer, refused when it cannot be one, and
- * handed back by its release callback exactly once, after its last use. */
+ * handed back by its release callback exactly once, after its last use.
+ * And the host side of ordering against foreign streams
+ * (ruda_cuda_wait_buffer): it waits for the buffer's writers only. */
 #include "common.h"
 
 typedef struct released {
@@ -141,12 +143,52 @@ static void close_releases_what_was_never_freed(void **state) {
   assert_memory_equal(b, "0123456789abcdef0123456789abcdef", 32);
 }
 
+static int slow_fill(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  usleep(100000);
+  memset(args[0], 0x5c, 256);
+  return 0;
+}
+
+static void wait_buffer_waits_for_its_writers_not_other_streams(void **state) {
+  (void)state;
+  ruda_device *dev = test_open_default();
+  assert_ok(ruda_host_kernel_register(dev, "gate", test_gate_kernel));
+  assert_ok(ruda_host_kernel_register(dev, "slow_fill", slow_fill));
+  ruda_handle x, y;
+  assert_ok(ruda_buffer_create(dev, 0, 256, &x));
+  assert_ok(ruda_buffer_create(dev, 0, 256, &y));
+  /* A long kernel on stream 2, using another buffer, held by the gate. */
+  atomic_store(&test_gate_open, 0);
+  int before = atomic_load(&test_gate_entered);
+  ruda_arg ya = ruda_arg_buffer(ruda_bind(y));
+  assert_ok(test_launch(dev, 2, "gate", &ya, 1));
+  test_wait_count(&test_gate_entered, before + 1);
+  /* x's writer runs on stream 3; the wait is ordered on stream 1. */
+  ruda_arg xa = ruda_arg_out(ruda_bind(x));
+  assert_ok(test_launch(dev, 3, "slow_fill", &xa, 1));
+  assert_ok(ruda_cuda_wait_buffer(dev, 1, ruda_bind(x), NULL, NULL));
+  uint64_t p = 0;
+  assert_ok(ruda_binding_device_ptr(dev, ruda_bind(x), &p));
+  const unsigned char *bytes = (const unsigned char *)(uintptr_t)p;
+  for (int i = 0; i < 256; i++) assert_int_equal(bytes[i], 0x5c); /* the writer ran */
+  assert_int_equal(atomic_load(&test_gate_open), 0);                /* stream 2 still runs */
+  void *foreign = (void *)(uintptr_t)1;
+  assert_rc(ruda_cuda_wait_buffer(dev, 1, ruda_bind(x), foreign, NULL), RUDA_ENOBACKEND);
+  assert_rc(ruda_buffer_wait_cuda(dev, 1, ruda_bind(x), foreign), RUDA_ENOBACKEND);
+  atomic_store(&test_gate_open, 1);
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  assert_ok(ruda_buffer_free(dev, 0, y));
+  test_close(dev);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(import_is_a_buffer_on_every_stream),
       cmocka_unit_test(import_refuses_what_cannot_be_a_buffer),
       cmocka_unit_test(release_waits_for_the_last_use),
       cmocka_unit_test(close_releases_what_was_never_freed),
+      cmocka_unit_test(wait_buffer_waits_for_its_writers_not_other_streams),
   };
   return test_main("import", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
