@@ -1,10 +1,12 @@
 /* python/src/dlpack.c - a Buffer as a DLPack tensor (versioned 1.x or the
  * classic capsule) and as a __cuda_array_interface__ v3 dict.
  *
- * Ordering: an exported tensor is read by its consumer outside ruda, so
- * before the pointer leaves, every command queued on the device so far
- * must have run: the export syncs the device (ruda_device_sync, GIL
- * released) and raises the errors it hands back. The layouts below are
+ * Ordering: an exported tensor is used by its consumer outside ruda, so
+ * the consumer's work must follow every command queued so far that
+ * writes or reads the buffer, and nothing else: the export orders the
+ * consumer's stream after them by an event on the device
+ * (ruda_cuda_wait_buffer, GIL released; on the host backend it returns
+ * once they ran) and raises the errors of the calling thread's stream. The layouts below are
  * DLPack's public ABI (dlpack.h, v1.0), declared here so no header is
  * needed at build time. */
 #include "args.h"
@@ -107,20 +109,25 @@ static int dl_device_of(BufferObject *self, dl_device *out) {
   return 0;
 }
 
-/* Syncs the device (see the ordering rule above) and returns the address;
- * counted, the export is counted in the same use of the device (so a close
- * sees it), and the caller ends it (drop_owner) or calls export_undo. */
-static int export_ptr(BufferObject *self, uint64_t *addr, int counted) {
+/* Orders the consumer after the buffer's writers and readers (see the
+ * ordering rule above) and returns the address; consumer is the stream
+ * the consumer's work goes on (cuda), NULL on the host backend or for a
+ * consumer that asked for no ordering (skip). Counted, the export is
+ * counted in the same use of the device (so a close sees it), and the
+ * caller ends it (drop_owner). */
+static int export_ptr(BufferObject *self, uint64_t *addr, int counted, void *consumer, int skip) {
   ruda_device *d = dev_enter(self->device);
   if (!d) return -1;
-  ruda_error *err = NULL;
-  int rc;
-  RUDA_PY_NOGIL(rc = ruda_device_sync(d, &err));
-  if (rc) {
-    dev_leave(self->device);
-    if (err) ruda_py_raise_owned(rc, err);
-    else ruda_py_raise_last(rc);
-    return -1;
+  int rc = 0;
+  if (!skip) {
+    ruda_error *err = NULL;
+    RUDA_PY_NOGIL(rc = ruda_cuda_wait_buffer(d, RUDA_STREAM_CURRENT, self->b, consumer, &err));
+    if (rc) {
+      dev_leave(self->device);
+      if (err) ruda_py_raise_owned(rc, err);
+      else ruda_py_raise_last(rc);
+      return -1;
+    }
   }
   rc = ruda_binding_device_ptr(d, self->b, addr);
   if (!rc && counted) {
@@ -132,6 +139,31 @@ static int export_ptr(BufferObject *self, uint64_t *addr, int counted) {
     ruda_py_raise_last(rc);
     return -1;
   }
+  return 0;
+}
+
+/* DLPack's stream argument on cuda: None and 1 the legacy default stream,
+ * 2 the per-thread default stream, -1 no ordering, another positive
+ * value a CUstream. Returns -1 with an error raised, else 0. */
+static int consumer_stream(PyObject *o, void **out, int *skip) {
+  *out = NULL;
+  *skip = 0;
+  if (!o || o == Py_None) {
+    *out = (void *)(uintptr_t)1; /* CU_STREAM_LEGACY */
+    return 0;
+  }
+  long long v = PyLong_AsLongLong(o);
+  if (v == -1 && PyErr_Occurred()) return -1;
+  if (v == -1) {
+    *skip = 1;
+    return 0;
+  }
+  if (v <= 0) {
+    PyErr_Format(PyExc_ValueError, "stream %lld is no CUDA stream a consumer may pass (DLPack: None, -1, 1, 2 or a "
+                 "CUstream)", v);
+    return -1;
+  }
+  *out = (void *)(uintptr_t)v;
   return 0;
 }
 
@@ -174,13 +206,15 @@ PyObject *ruda_py_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ss
     if (major == -1 && PyErr_Occurred()) return NULL;
     versioned = major >= 1;
   }
-  /* stream: on cuda the consumer's stream; the sync below already ordered
-     it after ruda's work, so any value (None, 1, 2 or a CUstream) is fine.
-     On the host backend there is no stream: only None or -1 mean anything
-     there, and both are accepted. */
+  /* stream: on cuda the consumer's, which then waits for ruda's work on
+     the buffer on the device. The host backend has no streams: whatever
+     is passed, the export returns once the buffer's writers ran. */
+  void *consumer = NULL;
+  int skip = 0;
+  if (self->device->is_cuda && consumer_stream(a[0], &consumer, &skip) < 0) return NULL;
   if (check_shape(self) < 0) return NULL;
   uint64_t addr;
-  if (export_ptr(self, &addr, 1) < 0) return NULL;
+  if (export_ptr(self, &addr, 1, consumer, skip) < 0) return NULL;
   export_block *b = calloc(1, sizeof *b);
   if (!b) {
     atomic_fetch_sub(&owner_of(self)->exports, 1);
@@ -231,8 +265,17 @@ PyObject *ruda_py_buffer_cai(BufferObject *self, void *closure) {
     return NULL;
   }
   if (check_shape(self) < 0) return NULL;
+  /* The consumer is told a stream to order its work on (v3 "stream"):
+     the worker stream of this thread's ruda stream, made to wait for the
+     buffer's writers and readers on the device. */
+  ruda_device *d = dev_enter(self->device);
+  if (!d) return NULL;
+  void *cs = NULL;
+  int rc = ruda_cuda_stream(d, RUDA_STREAM_CURRENT, &cs);
+  dev_leave(self->device);
+  if (rc) return ruda_py_fail(rc);
   uint64_t addr;
-  if (export_ptr(self, &addr, 0) < 0) return NULL;
+  if (export_ptr(self, &addr, 0, cs, 0) < 0) return NULL;
   PyObject *shape = PyTuple_New(self->ndim);
   for (int i = 0; shape && i < self->ndim; i++) {
     PyObject *v = PyLong_FromLongLong(self->shape[i]);
@@ -244,8 +287,7 @@ PyObject *ruda_py_buffer_cai(BufferObject *self, void *closure) {
   }
   if (!shape) return NULL;
   char ts[16];
-  /* stream None: the device sync above leaves nothing for a consumer to
-     wait on (v3: "no synchronization required"). */
-  return Py_BuildValue("{s:N,s:s,s:(KO),s:i,s:O,s:O}", "shape", shape, "typestr", typestr(self, ts), "data",
-                       (unsigned long long)addr, Py_False, "version", 3, "strides", Py_None, "stream", Py_None);
+  return Py_BuildValue("{s:N,s:s,s:(KO),s:i,s:O,s:K}", "shape", shape, "typestr", typestr(self, ts), "data",
+                       (unsigned long long)addr, Py_False, "version", 3, "strides", Py_None, "stream",
+                       (unsigned long long)(uintptr_t)cs);
 }

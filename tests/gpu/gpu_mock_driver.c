@@ -651,6 +651,18 @@ static CUresult m_cuStreamCreate(CUstream *out, unsigned int flags) {
   *out = s;
   return CUDA_SUCCESS;
 }
+/* NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD name one stream made at
+ * first use (a consumer's default stream, as DLPack passes it); the
+ * legacy stream's implicit ordering with other streams is not modelled. */
+static CUstream default_stream;
+static pthread_once_t default_once = PTHREAD_ONCE_INIT;
+static void default_make(void) { m_cuStreamCreate(&default_stream, 0); }
+static CUstream resolve(CUstream s) {
+  if (s != NULL && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD) return s;
+  pthread_once(&default_once, default_make);
+  return default_stream;
+}
+
 static CUresult m_cuStreamDestroy(CUstream s) {
   drain(s);
   pthread_mutex_lock(&s->lock);
@@ -667,7 +679,7 @@ static CUresult m_cuStreamDestroy(CUstream s) {
 }
 static CUresult m_cuStreamSynchronize(CUstream s) {
   NEED_CTX();
-  drain(s);
+  drain(resolve(s));
   return atomic_load(&sticky);
 }
 static CUresult m_cuStreamQuery(CUstream s) {
@@ -700,7 +712,7 @@ static CUresult m_cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
   pthread_mutex_lock(&e->lock);
   o->u.event.gen = e->recorded;
   pthread_mutex_unlock(&e->lock);
-  enqueue(s, o);
+  enqueue(resolve(s), o);
   return CUDA_SUCCESS;
 }
 static CUresult m_cuEventCreate(CUevent *out, unsigned int flags) {
@@ -728,7 +740,7 @@ static CUresult m_cuEventRecord(CUevent e, CUstream s) {
   pthread_mutex_lock(&e->lock);
   o->u.event.gen = ++e->recorded;
   pthread_mutex_unlock(&e->lock);
-  enqueue(s, o);
+  enqueue(resolve(s), o);
   return CUDA_SUCCESS;
 }
 static CUresult m_cuEventQuery(CUevent e) {
