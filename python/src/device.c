@@ -945,6 +945,7 @@ static PyMethodDef device_methods[] = {
     {"write_staged", (PyCFunction)(void (*)(void))ruda_py_write_staged, METH_FASTCALL | METH_KEYWORDS,
      "write_staged(dst, staging, stream=None)"},
     {"_cuda_stream", (PyCFunction)device_cuda_stream, METH_O, NULL},
+    {"_adopt", (PyCFunction)(void (*)(void))ruda_py_device_adopt, METH_FASTCALL | METH_KEYWORDS, NULL},
     {NULL}};
 
 static PyGetSetDef device_getset[] = {

@@ -175,5 +175,6 @@ void ruda_py_host_kernels_release(DeviceObject *d);
 PyObject *ruda_py_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *ruda_py_buffer_dlpack_device(BufferObject *self, PyObject *unused);
 PyObject *ruda_py_buffer_cai(BufferObject *self, void *closure);
+PyObject *ruda_py_device_adopt(DeviceObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 
 #endif /* RUDA_PY_MODULE_H */
