@@ -36,11 +36,12 @@ static int u32_arg(PyObject *o, const char *what, uint32_t *out) {
 
 static int device_init(DeviceObject *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"backend", "device", "streams", "queue_bound", "backpressure", "log",
-                           "bounds_check", "cache_dir", "launch_blocking", "spin_us", NULL};
+                           "bounds_check", "cache_dir", "launch_blocking", "spin_us", "launch_gil", NULL};
   PyObject *backend = Py_None, *ordinal = Py_None, *streams = Py_None, *qbound = Py_None, *bp = Py_None,
-           *log = Py_None, *bounds = Py_None, *cache = Py_None, *blocking = Py_None, *spin = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOOOOOOOO", kwlist, &backend, &ordinal, &streams, &qbound, &bp,
-                                   &log, &bounds, &cache, &blocking, &spin))
+           *log = Py_None, *bounds = Py_None, *cache = Py_None, *blocking = Py_None, *spin = Py_None,
+           *gil = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOOOOOOOOO", kwlist, &backend, &ordinal, &streams, &qbound, &bp,
+                                   &log, &bounds, &cache, &blocking, &spin, &gil))
     return -1;
   if (self->dev) {
     PyErr_SetString(PyExc_RuntimeError, "ruda.Device is already open");
@@ -84,6 +85,17 @@ static int device_init(DeviceObject *self, PyObject *args, PyObject *kw) {
     cfg.cache_dir = PyUnicode_AsUTF8(cache); /* lives with the argument, past the open */
     if (!cfg.cache_dir) return -1;
   }
+  int keep_gil = 0;
+  if (gil != Py_None) {
+    static const char *const gils[] = {"release", "keep"};
+    if (enum_arg(gil, "launch_gil", gils, 2, &keep_gil) < 0) return -1;
+    /* Kept, a launch must never wait: a full queue then fails instead. */
+    if (keep_gil && cfg.backpressure != RUDA_BACKPRESSURE_ERROR) {
+      PyErr_SetString(PyExc_ValueError, "launch_gil='keep' needs backpressure='error': under 'block' a launch "
+                                        "into a full queue would wait with the GIL held");
+      return -1;
+    }
+  }
   ruda_device *dev = NULL;
   int rc;
   RUDA_PY_NOGIL(rc = ruda_device_open(&cfg, &dev));
@@ -94,6 +106,7 @@ static int device_init(DeviceObject *self, PyObject *args, PyObject *kw) {
   self->dev = dev;
   self->ordinal = cfg.device_ordinal;
   self->is_cuda = strcmp(ruda_device_backend(dev), "cuda") == 0;
+  self->keep_gil = keep_gil;
   atomic_store(&self->closed, 0);
   return 0;
 }

@@ -273,8 +273,11 @@ static int do_launch(KernelObject *k, ruda_stream_id s, ruda_launch_desc *l) {
   if (!d) return -1;
   int rc;
   /* Released: a full queue may block here, and other Python threads can
-     pack their own launches meanwhile. */
-  RUDA_PY_NOGIL(rc = ruda_launch(d, s, l));
+     pack their own launches meanwhile. Kept (launch_gil="keep", only with
+     backpressure="error", so the push never waits): many threads then do
+     not hand the GIL over around a push that costs less than the handoff. */
+  if (k->device->keep_gil) rc = ruda_launch(d, s, l);
+  else RUDA_PY_NOGIL(rc = ruda_launch(d, s, l));
   dev_leave(k->device);
   if (rc) {
     ruda_py_raise_last(rc);

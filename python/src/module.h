@@ -31,6 +31,7 @@ typedef struct {
   atomic_int closed;
   int ordinal;                /* the GPU ordinal asked for (DLPack device id) */
   int is_cuda;
+  int keep_gil;               /* launch_gil="keep": launches do not release the GIL */
   pthread_mutex_t lock;       /* guards futures, py_slots, capturing */
   FutureObject *futures;      /* live ruda futures, waited at close */
   uint64_t py_slots;          /* Python-callable kernel slots this device holds */

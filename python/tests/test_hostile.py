@@ -157,3 +157,27 @@ def test_waits_inside_a_python_host_kernel_raise_instead_of_deadlocking():
     """)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "flush: raised;sync: raised;device_sync: raised;close: raised"
+
+
+def test_the_staging_allocator_is_named():
+    # RUDA_EXPECT_JEMALLOC=1 (a build with RUDA_JEMALLOC_SOURCE) requires
+    # the private jemalloc; otherwise the stand-in is allowed.
+    want = {"jemalloc"} if os.environ.get("RUDA_EXPECT_JEMALLOC") == "1" else {"jemalloc", "staging_alloc.c"}
+    assert ruda._ruda._staging_allocator in want
+
+
+def test_launch_gil_keep_only_where_a_push_never_waits():
+    with pytest.raises(ValueError, match="backpressure='error'"):
+        ruda.Device(backend="host", launch_gil="keep")
+    d = ruda.Device(backend="host", streams=2, launch_gil="keep", backpressure="error", queue_bound=4)
+    d.load_host_kernels(KERNELS, SIGNATURES)
+    gate = threading.Event()
+    d.host_kernel("py_gate", lambda ctx, args: 0 if gate.wait(timeout=30) else ruda.ETIMEDOUT.code)
+    x = d.buffer(64, "float32")
+    d.kernel("py_gate").launch(1, 1, (), stream=1)  # a worker that needs the GIL: launches still return
+    with pytest.raises(ruda.EQUEUEFULL):
+        for _ in range(16):  # the bound is reached: an error, never a wait with the GIL held
+            d.kernel("fill_f32").launch(1, 16, (x, 1.0, 16), stream=1)
+    gate.set()
+    d.sync(stream=1)
+    d.close()
