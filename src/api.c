@@ -437,7 +437,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
   static const char fn[] = "ruda_launch";
   RUDA__CHECK_DEV(dev, fn);
   if (l == NULL || (l->kernel == NULL && l->ref == NULL))
-    return ruda__fail(RUDA_EINVAL, "ruda_launch: %s is NULL", l ? "kernel name (and ref)" : "launch descriptor");
+    return ruda__fail(RUDA_EINVAL, "ruda_launch: %s is NULL", l ? "kernel name is NULL, and ref" : "launch descriptor");
   ruda__kernel *k;
   ruda_launch_desc named;
   if (l->ref != NULL) { /* resolved once (ruda_kernel_lookup): no name to look up */
