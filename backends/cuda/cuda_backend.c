@@ -37,10 +37,10 @@ void ruda__cu_leave(ruda__cu_guard *g) {
 
 /* ---- events ---- */
 
-/* Worker side (w's exec holder): an event from w's free list, else a new one. */
-static ruda__cu_event *event_get(ruda__cu_worker *w, int timed, CUresult *r) {
-  ruda__cu_backend *b = w->b;
-  struct ruda__cu_event_list *l = &b->ev_lists[w->index];
+/* An event from free list home (locked: any thread may take from one),
+ * else a new one that goes back there. */
+static ruda__cu_event *event_take(ruda__cu_backend *b, uint32_t home, int timed, CUresult *r) {
+  struct ruda__cu_event_list *l = &b->ev_lists[home];
   pthread_mutex_lock(&l->lock);
   ruda__cu_event **list = timed ? &l->free_timed : &l->free;
   ruda__cu_event *e = *list;
@@ -57,7 +57,7 @@ static ruda__cu_event *event_get(ruda__cu_worker *w, int timed, CUresult *r) {
   }
   /* No timing unless asked: recording and querying such events is cheaper. */
   e->timed = (uint8_t)timed;
-  e->home = (uint16_t)w->index;
+  e->home = (uint16_t)home;
   if ((*r = ruda__cu.cuEventCreate(&e->ev, timed ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) {
     free(e);
     return NULL;
@@ -68,6 +68,11 @@ static ruda__cu_event *event_get(ruda__cu_worker *w, int timed, CUresult *r) {
   b->ev_all = e;
   pthread_mutex_unlock(&b->ev_lock);
   return e;
+}
+
+/* Worker side (w's exec holder): from w's own list. */
+static ruda__cu_event *event_get(ruda__cu_worker *w, int timed, CUresult *r) {
+  return event_take(w->b, w->index, timed, r);
 }
 
 ruda__cu_event *ruda__cu_event_get(ruda__cu_worker *w, CUresult *r) { return event_get(w, 0, r); }
@@ -564,7 +569,7 @@ static int cu_native_record(void *state, void *stream, void **event, const char 
   ruda__cu_guard g = {NULL, 0};
   if (ruda__cu_enter(b, &g) != 0) return ruda_error_code(ruda_last_error());
   CUresult r;
-  ruda__cu_event *e = ruda__cu_event_get(b, &r);
+  ruda__cu_event *e = event_take(b, 0, 0, &r); /* list 0: these are few, any thread takes them */
   if (e != NULL && (r = ruda__cu.cuEventRecord(e->ev, (CUstream)stream)) != CUDA_SUCCESS) {
     ruda__cu_event_put(b, e);
     e = NULL;
