@@ -26,6 +26,8 @@ static int add_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_add
 /* Checks a copy descriptor against its binding's size and fills l. */
 static int make_layout(const ruda_copy_desc *d, uint64_t binding_len, const char *fn, ruda__layout *l) {
   memset(l, 0, sizeof *l);
+  const int r = RUDA__RESERVED_SET(d);
+  if (r >= 0) return ruda__fail(RUDA_EINVAL, "%s: descriptor reserved[%d] is not zero", fn, r);
   if (d->rank == 0) {
     l->bytes = l->extent = binding_len;
     l->elem_size = 1;
@@ -445,6 +447,8 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
     return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": args is NULL with nargs %u", l->kernel, l->nargs);
   if (l->flags & ~(RUDA_LAUNCH_DRY_RUN | RUDA_LAUNCH_INDIRECT))
     return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": unknown flags 0x%x", l->kernel, l->flags);
+  const int r = RUDA__RESERVED_SET(l);
+  if (r >= 0) return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": reserved[%d] is not zero", l->kernel, r);
   ruda__kernel *k = ruda__kernel_find(dev, l->kernel);
   if (k == NULL)
     return ruda__fail(RUDA_EKERNEL, "ruda_launch: no kernel named \"%s\" is registered", l->kernel);

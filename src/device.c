@@ -92,6 +92,14 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
                       cfg_in->size, sizeof *cfg_in);
   if (cfg_in) cfg = *cfg_in;
   else ruda_config_init(&cfg);
+  /* A nonzero word is a setting this library does not know (the caller's
+   * headers are newer) or garbage: refused, never silently ignored. */
+  const int r = RUDA__RESERVED_SET(&cfg);
+  if (r >= 0)
+    return ruda__fail(RUDA_EINVAL,
+                      "ruda_device_open: cfg->reserved[%d] is 0x%llx, not zero: a setting this ruda %s does not "
+                      "know, or a config not filled by ruda_config_init()",
+                      r, (unsigned long long)cfg.reserved[r], RUDA_VERSION_STRING);
 
   if (cfg.num_streams == 0 || cfg.num_streams > 1024)
     return ruda__fail(RUDA_EINVAL, "ruda_device_open: num_streams %u outside 1..1024", cfg.num_streams);
