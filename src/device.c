@@ -8,6 +8,7 @@
 
 #include "base/log.h"
 #include "src/device.h"
+#include "base/parse.h"
 #include "scheduler/graph.h"
 #include "scheduler/trace.h"
 #include "src/api.h"
@@ -15,9 +16,8 @@
 static int env_u32(const char *name, uint32_t *out) {
   const char *v = getenv(name);
   if (v == NULL || *v == '\0') return 0;
-  char *end;
-  unsigned long x = strtoul(v, &end, 10);
-  if (*end != '\0' || x > UINT32_MAX) return -1;
+  uint64_t x;
+  if (ruda__parse_u64(v, UINT32_MAX, &x) != 0) return -1;
   *out = (uint32_t)x;
   return 1;
 }
