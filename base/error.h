@@ -41,9 +41,12 @@ int ruda__fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 
  * Thread-safe, non-blocking. */
 #define RUDA__RESERVED_SET(s) ruda__reserved_set((s)->reserved, sizeof (s)->reserved / sizeof (s)->reserved[0])
 static inline int ruda__reserved_set(const uint64_t *words, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    if (words[i] != 0) return (int)i;
-  return -1;
+  uint64_t any = 0; /* one branch on the launch path, not one per word */
+  for (size_t i = 0; i < n; i++) any |= words[i];
+  if (__builtin_expect(any == 0, 1)) return -1;
+  size_t i = 0;
+  while (words[i] == 0) i++;
+  return (int)i;
 }
 
 /* Like ruda__fail, with a backend result attached. */
