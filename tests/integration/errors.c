@@ -532,10 +532,10 @@ static void launch_arguments(void **state) {
   assert_last_error_contains("0x80");
   l.flags = 0;
 
-  l.reserved[3] = 1;
+  l.reserved[2] = 1;
   assert_rc(ruda_launch(dev, 0, &l), RUDA_EINVAL);
-  assert_last_error_contains("ruda_launch \"count\": reserved[3] is not zero");
-  l.reserved[3] = 0;
+  assert_last_error_contains("ruda_launch \"count\": reserved[2] is not zero");
+  l.reserved[2] = 0;
 
   args[0] = ruda_arg_scalar(NULL, 4);
   assert_rc(ruda_launch(dev, 0, &l), RUDA_EINVAL);
