@@ -102,7 +102,7 @@ static ruda__cmd *template_cmd(const ruda__cmd *c) {
 
 static void template_free(struct ruda__sched *sch, ruda_graph *g) {
   if (g == NULL) return;
-  if (g->exec != NULL && sch->ops->graph_release != NULL) sch->ops->graph_release(sch->bstate, g->exec);
+  if (g->exec != NULL && sch->backend.ops->graph_release != NULL) sch->backend.ops->graph_release(sch->backend.state, g->exec);
   for (uint32_t i = 0; i < g->n; i++) ruda__cmd_free(g->cmds[i]);
   free(g->cmds);
   pthread_mutex_destroy(&g->exec_lock);
@@ -186,7 +186,7 @@ uint32_t ruda__auto_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n, int 
     atomic_fetch_add_explicit(&w->auto_cmds, n, memory_order_relaxed);
     return n;
   }
-  if (sch->ops->graph_replay == NULL && failed > 0) {
+  if (sch->backend.ops->graph_replay == NULL && failed > 0) {
     /* Run in order up to the failure, which is run[failed - 1]'s own. */
     atomic_fetch_add_explicit(&w->auto_cmds, failed, memory_order_relaxed);
     return failed - 1;

@@ -71,7 +71,7 @@ int ruda__capture_record(ruda__stream *s, ruda__cmd *cmd) {
 
 static void graph_free(ruda_graph *g, void *wstate) {
   struct ruda__sched *sch = g->sch;
-  if (g->exec != NULL && sch->ops->graph_release != NULL) sch->ops->graph_release(sch->bstate, g->exec);
+  if (g->exec != NULL && sch->backend.ops->graph_release != NULL) sch->backend.ops->graph_release(sch->backend.state, g->exec);
   ruda__capture_discard(sch, g->cmds, g->n, wstate);
   free(g->cmds);
   free(g->slots);
@@ -119,7 +119,7 @@ static int patched(const replay_ctx *r, uint32_t i) {
  * patches of it applied in order. */
 static int issue(void *arg, uint32_t i, ruda_error **err) {
   replay_ctx *r = arg;
-  const ruda__backend_ops *ops = r->w->sch->ops;
+  const ruda__backend_ops *ops = r->w->sch->backend.ops;
   void *ws = r->w->wstate;
   const ruda__cmd *cmd = r->g->cmds[i];
   const uint32_t k0 = first_fix(r, i);
@@ -194,7 +194,7 @@ static uint32_t changed_list(const ruda_graph *g, const replay_ctx *r, uint32_t 
 
 int ruda__graph_run(ruda__worker *w, ruda_graph *g, const ruda__graph_fix *fix, uint32_t nfix, uint32_t *failed,
                     ruda_error **err) {
-  const ruda__backend_ops *ops = w->sch->ops;
+  const ruda__backend_ops *ops = w->sch->backend.ops;
   replay_ctx r = {w, g, fix, nfix, 0};
   int rc = 0;
   if (ops->graph_replay == NULL) {

@@ -1,11 +1,12 @@
 /* sched.h - the scheduler's root object: struct ruda__sched, one per
  * device, embedded in struct ruda_device (src/device.h) the way memory's
  * ruda__memory is. It holds what the scheduler owns (workers, the stream
- * table, cross-stream ordering, graphs, tracing, the device fault) and is
- * handed what it uses of the layers around it: copies of the backend and
- * configuration, and pointers to memory's handle table and root. The
- * scheduler never sees struct ruda_device. Fields are written once at
- * open unless marked.
+ * table, cross-stream ordering, graphs, tracing, the device fault) and the
+ * device's state every command reads: its serial, configuration and
+ * backend, which the other layers read from here (memory and the handle
+ * table through a pointer to `backend`). It is handed pointers to
+ * memory's handle table and root. The scheduler never sees struct
+ * ruda_device. Fields are written once at open unless marked.
  */
 #ifndef RUDA_SCHEDULER_SCHED_H
 #define RUDA_SCHEDULER_SCHED_H
@@ -37,13 +38,14 @@ typedef struct ruda__call_slot {
 } ruda__call_slot;
 
 typedef struct ruda__sched {
-  uint64_t serial; /* the device's: distinguishes devices in thread-local caches */
+  uint64_t serial; /* distinguishes devices in thread-local caches */
   /* The device's public handle, opaque here: handed to library calls
    * (ruda_call_ctx.dev, scheduler/libcall.c) so their code can issue. */
   ruda_device *handle;
-  ruda_config cfg;
-  const ruda__backend_ops *ops;
-  void *bstate;
+  ruda_config cfg; /* the device's, as open checked it (the one copy) */
+  /* The device's backend (the one copy): memory and the handle table
+   * point here. */
+  ruda__backend backend;
   const _Atomic int *closed; /* the device's: 1 once ruda_device_close began */
   /* The device's call slots and phase (above): read and flipped by the
    * stream reaper's grace periods only. */

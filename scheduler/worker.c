@@ -62,12 +62,12 @@ static void report(ruda__worker *w, ruda__cmd *cmd, int code, ruda_error *err) {
 /* RUDA_LAUNCH_BLOCKING: waits until the device ran what this worker
  * submitted, so a failure is reported on the command that caused it. */
 static int wait_for_device(ruda__worker *w, ruda_error **err) {
-  const ruda__backend_ops *ops = w->sch->ops;
+  const ruda__backend_ops *ops = w->sch->backend.ops;
   ruda__completion c = {0};
   int rc = ops->record(w->wstate, &c, err);
   if (rc == 0 && c.event != NULL) {
-    rc = ops->event_wait(w->sch->bstate, c.event, err);
-    if (ops->event_release != NULL) ops->event_release(w->sch->bstate, c.event);
+    rc = ops->event_wait(w->sch->backend.state, c.event, err);
+    if (ops->event_release != NULL) ops->event_release(w->sch->backend.state, c.event);
   }
   return rc;
 }
@@ -76,7 +76,7 @@ static int finish(ruda__worker *w, ruda__cmd *cmd, int rc, ruda_error *err);
 
 int ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
   struct ruda__sched *sch = w->sch;
-  const ruda__backend_ops *ops = sch->ops;
+  const ruda__backend_ops *ops = sch->backend.ops;
   ruda_error *err = NULL;
   int rc = 0;
   switch (cmd->kind) {
@@ -240,7 +240,7 @@ static void *worker_main(void *arg) {
     if (r == CDS_WFCQ_RET_SRC_EMPTY) {
       atomic_fetch_add_explicit(&w->idle_epoch, 1, memory_order_seq_cst); /* odd: idle */
       const uint64_t idle_start = ruda__now_ns(), spin = (uint64_t)sch->cfg.spin_us * 1000;
-      const int retiring = sch->ops->progress != NULL && sch->ops->progress(w->wstate);
+      const int retiring = sch->backend.ops->progress != NULL && sch->backend.ops->progress(w->wstate);
       ruda__exec_release(w);
       /* Poll before sleeping while work has been coming back within the
        * spin time (a client waiting on a result is about to send the next
@@ -312,14 +312,14 @@ static void *worker_main(void *arg) {
       else execute_observed(w, cmd, stats, nvtx);
       ruda__cmd_free(cmd);
     }
-    if (sch->ops->progress != NULL) sch->ops->progress(w->wstate);
+    if (sch->backend.ops->progress != NULL) sch->backend.ops->progress(w->wstate);
     retire(w, &unretired);
     /* Kept after STOP: no client runs anything in place on a stopped
      * worker's state. */
     if (!stop) ruda__exec_release(w);
   }
   ruda__auto_free(w);
-  if (sch->ops->worker_stop) sch->ops->worker_stop(sch->bstate, w->wstate);
+  if (sch->backend.ops->worker_stop) sch->backend.ops->worker_stop(sch->backend.state, w->wstate);
   return NULL;
 }
 
@@ -336,8 +336,8 @@ static void *worker_boot(void *p) {
   start_arg a = *(start_arg *)p;
   free(p);
   ruda__worker *w = a.w;
-  w->start_code = w->sch->ops->worker_start
-                      ? w->sch->ops->worker_start(w->sch->bstate, w->index, &w->wstate)
+  w->start_code = w->sch->backend.ops->worker_start
+                      ? w->sch->backend.ops->worker_start(w->sch->backend.state, w->index, &w->wstate)
                       : 0;
   pthread_mutex_lock(a.lock);
   (*a.pending)--;

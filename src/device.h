@@ -26,12 +26,9 @@
 struct ruda__kernel_table; /* the kernel registry (src/kernels.c) */
 
 struct ruda_device {
-  /* First, so that handing the scheduler its root costs nothing. */
+  /* First, so that handing the scheduler its root costs nothing. It
+   * owns the device's serial, config and backend (scheduler/sched.h). */
   ruda__sched sched;
-  uint64_t serial; /* distinguishes devices in thread-local caches */
-  ruda_config cfg;
-  const ruda__backend_ops *ops;
-  void *bstate;
   ruda__limits limits;
   char fallback[320]; /* why auto chose host over cuda ("" when it did not) */
   _Atomic int closed;

@@ -302,7 +302,7 @@ static int check_patch(ruda_device *dev, const ruda_graph *g, const ruda_graph_p
     return 0;
   }
   uint64_t bytes = c->kind == RUDA__CMD_WRITE ? c->u.write.layout.bytes : c->u.read.layout.bytes;
-  if (p->host == NULL || dev->ops->stage_owns == NULL || !dev->ops->stage_owns(dev->bstate, p->host, (size_t)bytes))
+  if (p->host == NULL || dev->sched.backend.ops->stage_owns == NULL || !dev->sched.backend.ops->stage_owns(dev->sched.backend.state, p->host, (size_t)bytes))
     return ruda__fail(RUDA_EINVAL,
                       "%s: patch %u: the host block of command %u (%s of %llu bytes) must lie inside one block from "
                       "ruda_staging_alloc, and %p does not",
