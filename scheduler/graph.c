@@ -95,6 +95,7 @@ typedef struct replay_ctx {
   const ruda__graph_fix *fix; /* sorted by command */
   uint32_t nfix;
   uint32_t failed; /* the command that failed, from 1 */
+  int capturing;   /* issued into the backend's graph, not run */
 } replay_ctx;
 
 /* Where r's patches of command i start (nfix when past them all; fix may
@@ -171,7 +172,7 @@ static int issue(void *arg, uint32_t i, ruda_error **err) {
       break;
     }
     case RUDA__CMD_CALL: /* never patched; a backend with graph_replay calls this while capturing */
-      rc = ruda__libcall_run(r->w, cmd, ops->graph_replay != NULL, err);
+      rc = ruda__libcall_run(r->w, cmd, r->capturing, err);
       break;
     default: break;
   }
@@ -195,10 +196,14 @@ static uint32_t changed_list(const ruda_graph *g, const replay_ctx *r, uint32_t 
 int ruda__graph_run(ruda__worker *w, ruda_graph *g, const ruda__graph_fix *fix, uint32_t nfix, uint32_t *failed,
                     ruda_error **err) {
   const ruda__backend_ops *ops = w->sch->backend.ops;
-  replay_ctx r = {w, g, fix, nfix, 0};
+  /* RUDA_LAUNCH_BLOCKING: one command at a time, each waited for, so a
+   * fault is the recorded command's that caused it. */
+  const int blocking = w->sch->cfg.launch_blocking;
+  replay_ctx r = {w, g, fix, nfix, 0, ops->graph_replay != NULL && !blocking};
   int rc = 0;
-  if (ops->graph_replay == NULL) {
-    for (uint32_t i = 0; i < g->n && rc == 0; i++) rc = issue(&r, i, err);
+  if (!r.capturing) {
+    for (uint32_t i = 0; i < g->n && rc == 0; i++)
+      if ((rc = issue(&r, i, err)) == 0 && blocking && (rc = ruda__wait_device(w, err)) != 0) r.failed = i + 1;
   } else {
     /* Replays of one graph on several workers take turns: the first one
      * captures, and one executable graph is patched and launched by one
@@ -222,7 +227,7 @@ int ruda__graph_run(ruda__worker *w, ruda_graph *g, const ruda__graph_fix *fix, 
 
 int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err) {
   ruda_graph *g = cmd->u.graph.g;
-  replay_ctx r = {w, g, cmd->u.graph.fix, cmd->u.graph.nfix, 0};
+  replay_ctx r = {w, g, cmd->u.graph.fix, cmd->u.graph.nfix, 0, 0};
   int rc = ruda__graph_run(w, g, r.fix, r.nfix, &r.failed, err);
   if (rc != 0 && r.failed && *err != NULL) {
     ruda__cmd *bad = g->cmds[r.failed - 1];

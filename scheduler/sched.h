@@ -96,6 +96,21 @@ static inline ruda__pools *ruda__stream_pools(ruda__sched *sch, ruda__stream *s)
   return p != NULL ? p : ruda__pools_of(sch->memory, &s->pools, s->worker->index, s->id);
 }
 
+/* RUDA_LAUNCH_BLOCKING: waits until the device ran what worker w
+ * submitted, so a failure is reported on the command that caused it (a
+ * command's, scheduler/worker.c; a replayed graph's, scheduler/graph.c).
+ * On w's thread, or a client holding its exec; blocks. */
+static inline int ruda__wait_device(ruda__worker *w, ruda_error **err) {
+  const ruda__backend_ops *ops = w->sch->backend.ops;
+  ruda__completion c = {0};
+  int rc = ops->record(w->wstate, &c, err);
+  if (rc == 0 && c.event != NULL) {
+    rc = ops->event_wait(w->sch->backend.state, c.event, err);
+    if (ops->event_release != NULL) ops->event_release(w->sch->backend.state, c.event);
+  }
+  return rc;
+}
+
 /* Memory's view of worker progress (base/progress.h), served by fences on
  * private streams (scheduler/progress.c). init after the workers started,
  * before ruda__memory_init; destroy after ruda__memory_destroy. Not

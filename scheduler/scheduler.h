@@ -102,6 +102,7 @@ typedef struct ruda__cmd {
        * in the command's trailing bytes (scheduler/graph.h). */
       const struct ruda__graph_fix *fix;
       uint32_t nfix;
+      const char *call; /* the public call that replayed it, for reports */
     } graph;
     ruda__coll coll;
     ruda__libcall_cmd call;

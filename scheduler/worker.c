@@ -45,7 +45,10 @@ static void report(ruda__worker *w, ruda__cmd *cmd, int code, ruda_error *err) {
     const char *what = cmd->kind == RUDA__CMD_LAUNCH ? cmd->u.launch.kernel->name
                        : cmd->kind == RUDA__CMD_CALL ? cmd->u.call.name
                                                      : "";
-    snprintf(ctx, sizeof ctx, "ruda_%s%s%.64s%s (%s, command #%llu): %.380s", cmd_name(cmd->kind),
+    /* A replay is named by the call that issued it (ruda_graph_run_with...). */
+    const int replay = cmd->kind == RUDA__CMD_GRAPH;
+    snprintf(ctx, sizeof ctx, "%s%s%s%.64s%s (%s, command #%llu): %.380s", replay ? "" : "ruda_",
+             replay ? cmd->u.graph.call : cmd_name(cmd->kind),
              *what ? " \"" : "", what, *what ? "\"" : "", RUDA__SNAME(s->id),
              (unsigned long long)cmd->seq, err->msg);
     memcpy(err->msg, ctx, sizeof err->msg);
@@ -57,19 +60,6 @@ static void report(ruda__worker *w, ruda__cmd *cmd, int code, ruda_error *err) {
   }
   ruda__log(w->sch->cfg.log_level, RUDA_LOG_DEBUG, "worker %u: %s", w->index, err ? err->msg : "error lost");
   ruda__stream_push_error(s, err);
-}
-
-/* RUDA_LAUNCH_BLOCKING: waits until the device ran what this worker
- * submitted, so a failure is reported on the command that caused it. */
-static int wait_for_device(ruda__worker *w, ruda_error **err) {
-  const ruda__backend_ops *ops = w->sch->backend.ops;
-  ruda__completion c = {0};
-  int rc = ops->record(w->wstate, &c, err);
-  if (rc == 0 && c.event != NULL) {
-    rc = ops->event_wait(w->sch->backend.state, c.event, err);
-    if (ops->event_release != NULL) ops->event_release(w->sch->backend.state, c.event);
-  }
-  return rc;
 }
 
 static int finish(ruda__worker *w, ruda__cmd *cmd, int rc, ruda_error *err);
@@ -137,7 +127,7 @@ static int finish(ruda__worker *w, ruda__cmd *cmd, int rc, ruda_error *err) {
   if (__builtin_expect(sch->cfg.launch_blocking, 0) && rc == 0 && cmd->kind != RUDA__CMD_MARK &&
       cmd->kind != RUDA__CMD_WAIT && cmd->kind != RUDA__CMD_STOP && cmd->kind != RUDA__CMD_FENCE &&
       cmd->kind != RUDA__CMD_TRACE)
-    rc = wait_for_device(w, &err);
+    rc = ruda__wait_device(w, &err);
   if (rc != 0) report(w, cmd, rc, err);
   for (uint32_t i = 0; i < cmd->npins; i++)
     ruda__handles_unpin(sch->handles, ruda__pin_slot(cmd->pins[i]), w->wstate);

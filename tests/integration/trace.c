@@ -112,6 +112,41 @@ static void trace_file_shows_streams_overlapping(void **state) {
   unlink(path);
 }
 
+/* A replay is submitted like a launch: its span carries the time it sat
+ * queued behind a 30 ms nap, from the stamp its submit took. */
+static void a_replay_has_its_submit_stamp(void **state) {
+  (void)state;
+  char path[] = "/tmp/ruda-trace-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  setenv("RUDA_TRACE", path, 1);
+  ruda_device *dev = test_open(1, 1024, RUDA_BACKPRESSURE_BLOCK);
+  unsetenv("RUDA_TRACE");
+  assert_ok(ruda_host_kernel_register(dev, "nap", nap_kernel));
+  assert_ok(ruda_host_kernel_register(dev, "recorded", failing_kernel));
+  ruda_graph *g = NULL;
+  assert_ok(ruda_graph_begin_capture(dev, 0));
+  assert_ok(test_launch(dev, 0, "recorded", NULL, 0));
+  assert_ok(ruda_graph_end_capture(dev, 0, &g));
+  assert_ok(test_launch(dev, 0, "nap", NULL, 0));
+  assert_ok(ruda_graph_replay(dev, 0, g));
+  ruda_error *errs = NULL;
+  assert_rc(ruda_flush(dev, 0, &errs), RUDA_EUNHEALTHY); /* the recorded kernel fails */
+  ruda_error_free(errs);
+  assert_ok(ruda_graph_destroy(dev, g));
+  assert_ok(ruda_device_close(dev, NULL));
+  char *s = test_slurp(path);
+  char *span = strstr(s, "{\"name\":\"graph\"");
+  assert_non_null(span);
+  char *eol = strchr(span, '\n'); /* one event a line: its own fields only */
+  if (eol != NULL) *eol = '\0';
+  assert_non_null(strstr(span, "\"queued_us\":"));
+  assert_true(test_json_number(span, "queued_us") >= 20000.0);
+  free(s);
+  unlink(path);
+}
+
 /* Entries of dir other than . and .. */
 static int dir_entries(const char *dir) {
   DIR *d = opendir(dir);
@@ -234,6 +269,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(no_trace_without_the_variable),
       cmocka_unit_test(unwritable_path_is_a_warning),
       cmocka_unit_test(start_and_stop_trace_a_window),
+      cmocka_unit_test(a_replay_has_its_submit_stamp),
   };
   return test_main("integration_trace", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
