@@ -24,19 +24,6 @@
 #include "ruda/ruda.h"
 #include "scheduler/scheduler.h"
 
-/* Public calls in progress on a device, counted by the API layer
- * (src/device.h) in one of RUDA__CALL_SLOTS slots per calling thread (a
- * cache line each, so threads do not share one): ruda_device_close waits
- * until every slot reads zero. Two counters per slot, picked by the
- * device's call phase, so that a grace period (scheduler/stream_exit.c)
- * can wait for the calls that were in progress without waiting for the
- * ones that start meanwhile. */
-#define RUDA__CALL_SLOTS 64
-typedef struct ruda__call_slot {
-  _Atomic unsigned long n[2];
-  char pad[RUDA__CACHELINE - 2 * sizeof(unsigned long)];
-} ruda__call_slot;
-
 typedef struct ruda__sched {
   uint64_t serial; /* distinguishes devices in thread-local caches */
   /* The device's public handle, opaque here: handed to library calls
@@ -47,10 +34,6 @@ typedef struct ruda__sched {
    * point here. */
   ruda__backend backend;
   const _Atomic int *closed; /* the device's: 1 once ruda_device_close began */
-  /* The device's call slots and phase (above): read and flipped by the
-   * stream reaper's grace periods only. */
-  ruda__call_slot *calls;
-  _Atomic unsigned *call_phase;
   ruda__handles *handles;    /* memory's (memory/handles.h) */
   ruda__memory *memory;      /* memory's root (memory/memory.h) */
   ruda__worker *workers;

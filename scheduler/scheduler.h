@@ -17,9 +17,8 @@
 #include <urcu/wfcqueue.h>
 
 #include "base/backend.h"
+#include "scheduler/grace.h"
 #include "ruda/ruda.h"
-
-#define RUDA__CACHELINE 64
 
 typedef struct ruda__worker ruda__worker;
 typedef struct ruda__stream ruda__stream;
@@ -377,7 +376,7 @@ static inline ruda__stream *ruda__stream_alloc(void) {
  * stream leaves its slot (a tombstone, reused by later inserts); a table
  * is rebuilt, larger or smaller, when live streams and tombstones fill
  * half of it. Records and tables a lookup may still hold are freed after
- * a grace period (scheduler/stream_exit.c). */
+ * a grace period (scheduler/grace.h). */
 typedef struct ruda__stream_table {
   struct ruda__stream_slots *_Atomic current;
   struct ruda__stream_slots *retired; /* replaced tables, under lock */
@@ -387,9 +386,9 @@ typedef struct ruda__stream_table {
   _Atomic uint64_t records; /* stream records allocated, pending ones included (for tests) */
   pthread_mutex_t reap_lock;         /* one ruda__streams_reap at a time */
   _Atomic uint32_t thread_creations; /* threads' own streams made, to pace reaping */
-  /* Grace periods, under reap_lock: half-periods completed (read
-   * anywhere), and the retired records waiting for theirs. */
-  _Atomic uint64_t halves;
+  /* Grace periods (advanced under reap_lock), and the retired records
+   * waiting for theirs. */
+  ruda__grace grace;
   struct ruda__stream *pending;
 } ruda__stream_table;
 
@@ -432,8 +431,8 @@ void ruda__streams_unpublish(ruda__stream_table *t, ruda__stream *st);
 void ruda__streams_republish(ruda__stream_table *t, ruda__stream *st);
 /* Frees a stream record no lookup, command or future can still reach. */
 void ruda__stream_free(ruda__stream *st);
-/* Frees the replaced tables whose grace period (stamp + 3 half-periods)
- * passed; 1 when some are left. Under reap_lock. */
+/* Frees the replaced tables whose grace period passed; 1 when some are
+ * left. Under reap_lock. */
 int ruda__streams_free_retired(ruda__stream_table *t);
 /* The calling thread's stream cache forgets its own stream and id (its
  * thread-exit hook): a later call on this thread makes a new stream. */

@@ -23,7 +23,7 @@
 typedef struct ruda__stream_slots {
   uint64_t mask;
   struct ruda__stream_slots *prev_retired;
-  uint64_t grace; /* once replaced: the half-periods completed by then */
+  uint64_t grace; /* once replaced: its grace stamp (scheduler/grace.h) */
   ruda__stream *_Atomic slot[];
 } ruda__stream_slots;
 
@@ -54,7 +54,7 @@ void ruda__streams_init(ruda__stream_table *t) {
   atomic_init(&t->records, 0);
   pthread_mutex_init(&t->reap_lock, NULL);
   atomic_init(&t->thread_creations, 0);
-  atomic_init(&t->halves, 0);
+  atomic_init(&t->grace.halves, 0); /* calls and phase: the device's, set at open */
   t->pending = NULL;
 }
 
@@ -94,7 +94,7 @@ static int insert(ruda__stream_table *t, ruda__stream *st) {
     }
     place(fresh, st);
     atomic_store_explicit(&t->current, fresh, memory_order_seq_cst);
-    cur->grace = atomic_load_explicit(&t->halves, memory_order_seq_cst);
+    cur->grace = ruda__grace_stamp(&t->grace, 0); /* under the table lock, not reap_lock */
     cur->prev_retired = t->retired;
     t->retired = cur;
     t->tombs = 0;
@@ -111,7 +111,7 @@ void ruda__streams_unpublish(ruda__stream_table *t, ruda__stream *st) {
   uint64_t i = mix(st->id) & cur->mask;
   while (atomic_load_explicit(&cur->slot[i], memory_order_relaxed) != st) i = (i + 1) & cur->mask;
   /* seq_cst: ordered before the grace period's reads of the call counters
-   * (scheduler/stream_exit.c). */
+   * (scheduler/grace.c). */
   atomic_store_explicit(&cur->slot[i], TOMB, memory_order_seq_cst);
   t->tombs++;
   atomic_store_explicit(&t->count, atomic_load_explicit(&t->count, memory_order_relaxed) - 1, memory_order_relaxed);
@@ -131,15 +131,11 @@ void ruda__streams_republish(ruda__stream_table *t, ruda__stream *st) {
 }
 
 int ruda__streams_free_retired(ruda__stream_table *t) {
-  const uint64_t now = atomic_load_explicit(&t->halves, memory_order_relaxed);
   pthread_mutex_lock(&t->lock);
   ruda__stream_slots **link = &t->retired;
   while (*link != NULL) {
     ruda__stream_slots *r = *link;
-    /* Stamped under the table lock, not reap_lock: a half-period under
-     * way then may have begun before the table was replaced, so the two
-     * after it count. */
-    if (now >= r->grace + 3) {
+    if (ruda__grace_passed(&t->grace, r->grace)) {
       *link = r->prev_retired;
       free(r);
     } else {

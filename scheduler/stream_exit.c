@@ -14,18 +14,10 @@
  * next thread's stream takes them), hands its empty pools to the next
  * stream that needs some, and is retired: taken out of the stream table.
  *
- * Its record is freed after a grace period, since a call that named the id
- * as it retired may still hold it. Every public call counts itself in one
- * of two counters of its call slot, picked by the device's call phase
- * (scheduler/sched.h). A half-period completes when every slot's counter
- * of the other phase reads zero; the phase then flips, so that new calls
- * count in the other one. Two half-periods after the record left the
- * table both counters of every slot have read zero since, so each call
- * that could have found it has returned (a call counted after such a read
- * finds the table without it: the counter's increment and the removal are
- * sequentially consistent). Nobody blocks: the reaper tries again at its
- * next run. What those calls pushed is then waited for through every
- * worker's tickets, and a record that a racing call made busy again (an
+ * Its record is freed after a grace period (scheduler/grace.h), since a
+ * call that named the id as it retired may still hold it. Nobody blocks:
+ * the reaper tries again at its next run. What those calls pushed is then
+ * waited for through every worker's tickets, and a record that a racing call made busy again (an
  * error, a capture, a future, a page) goes back into the table instead.
  */
 #include <stdlib.h>
@@ -123,22 +115,9 @@ static void reap_one(ruda__stream *st, void *arg) {
   if (!worker_past(st) || !quiet(st) || !give_back(sch, st)) return;
   atomic_store_explicit(&st->retired, 1, memory_order_release);
   ruda__streams_unpublish(&sch->streams, st);
-  st->grace = atomic_load_explicit(&sch->streams.halves, memory_order_relaxed);
+  st->grace = ruda__grace_stamp(&sch->streams.grace, 1); /* under reap_lock */
   st->pending_next = sch->streams.pending;
   sch->streams.pending = st;
-}
-
-/* One half-period, if every slot's counter of the phase calls left reads
- * zero: flips the phase. The removals before it are ordered before these
- * reads (seq_cst). */
-static int half_period(struct ruda__sched *sch) {
-  atomic_thread_fence(memory_order_seq_cst);
-  const unsigned ph = atomic_load_explicit(sch->call_phase, memory_order_seq_cst) & 1;
-  for (unsigned i = 0; i < RUDA__CALL_SLOTS; i++)
-    if (atomic_load_explicit(&sch->calls[i].n[ph ^ 1], memory_order_seq_cst) != 0) return 0;
-  atomic_store_explicit(sch->call_phase, ph ^ 1, memory_order_seq_cst);
-  atomic_fetch_add_explicit(&sch->streams.halves, 1, memory_order_seq_cst);
-  return 1;
 }
 
 /* Every worker ran what was pushed to it once st's grace period passed:
@@ -159,10 +138,9 @@ static int workers_past(struct ruda__sched *sch, ruda__stream *st) {
  * quiet; puts back those a racing call made busy. */
 static void settle(struct ruda__sched *sch) {
   ruda__stream_table *t = &sch->streams;
-  const uint64_t now = atomic_load_explicit(&t->halves, memory_order_relaxed);
   for (ruda__stream **link = &t->pending; *link != NULL;) {
     ruda__stream *st = *link;
-    if (now < st->grace + 2 || !workers_past(sch, st)) {
+    if (!ruda__grace_passed(&t->grace, st->grace) || !workers_past(sch, st)) {
       link = &st->pending_next;
       continue;
     }
@@ -185,10 +163,7 @@ void ruda__streams_reap(struct ruda__sched *sch) {
   if (pthread_mutex_trylock(&t->reap_lock) != 0) return;
   ruda__streams_each(t, reap_one, sch);
   const int tables = ruda__streams_free_retired(t);
-  /* Two tries: the caller's own call counts in one phase, so one reap
-   * usually completes one half-period; the next reap the other. */
-  for (int i = 0; i < 2 && (t->pending != NULL || tables) && half_period(sch); i++) {
-  }
+  if (t->pending != NULL || tables) ruda__grace_advance(&t->grace);
   settle(sch);
   ruda__streams_free_retired(t);
   pthread_mutex_unlock(&t->reap_lock);

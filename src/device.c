@@ -153,8 +153,8 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   dev->sched.workers = aligned_alloc(RUDA__CACHELINE, sizeof(ruda__worker) * dev->sched.nworkers);
   dev->calls = aligned_alloc(RUDA__CACHELINE, sizeof(ruda__call_slot) * RUDA__CALL_SLOTS);
   if (dev->calls != NULL) memset(dev->calls, 0, sizeof(ruda__call_slot) * RUDA__CALL_SLOTS);
-  dev->sched.calls = dev->calls;
-  dev->sched.call_phase = &dev->call_phase;
+  dev->sched.streams.grace.calls = dev->calls;
+  dev->sched.streams.grace.phase = &dev->call_phase;
   if (dev->sched.workers == NULL || dev->calls == NULL || dev->kernels == NULL || atomic_load(&dev->sched.streams.current) == NULL) {
     rc = ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
     goto fail;

@@ -32,7 +32,7 @@ struct ruda_device {
   ruda__limits limits;
   char fallback[320]; /* why auto chose host over cuda ("" when it did not) */
   _Atomic int closed;
-  ruda__call_slot *calls; /* RUDA__CALL_SLOTS, cache-line aligned (scheduler/sched.h) */
+  ruda__call_slot *calls; /* RUDA__CALL_SLOTS, cache-line aligned (scheduler/grace.h) */
   _Atomic unsigned call_phase; /* which counter of its slot a call counts in */
   ruda__handles handles;
   ruda__memory memory; /* pools, arena, fences (memory/memory.h) */
@@ -54,7 +54,7 @@ static inline _Atomic unsigned long *ruda__call_enter(ruda_device *dev) {
   unsigned id = ruda__call_slot_id;
   if (id == 0) id = ruda__call_slot_assign();
   /* The phase only steers new calls away from the counter a grace period
-   * waits on (scheduler/stream_exit.c); a stale one is safe. */
+   * waits on (scheduler/grace.c); a stale one is safe. */
   const unsigned ph = atomic_load_explicit(&dev->call_phase, memory_order_relaxed) & 1;
   _Atomic unsigned long *n = &dev->calls[(id - 1) % RUDA__CALL_SLOTS].n[ph];
   atomic_fetch_add_explicit(n, 1, memory_order_seq_cst);
