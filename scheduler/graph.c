@@ -248,15 +248,10 @@ int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err) {
   return rc;
 }
 
-typedef struct close_arg {
-  struct ruda__sched *sch;
-} close_arg;
-
-static void close_capture(ruda__stream *s, void *arg) {
-  close_arg *a = arg;
+void ruda__capture_close(ruda__stream *s, void *sch) {
   ruda__capture *c = atomic_load(&s->cap);
   if (c == NULL) return;
-  ruda__capture_discard(a->sch, c->cmds, c->n, NULL);
+  ruda__capture_discard(sch, c->cmds, c->n, NULL);
   free(c->cmds);
   c->cmds = NULL;
   c->n = c->cap = 0;
@@ -264,8 +259,6 @@ static void close_capture(ruda__stream *s, void *arg) {
 }
 
 void ruda__graphs_close(struct ruda__sched *sch) {
-  close_arg a = {sch};
-  ruda__streams_each(&sch->streams, close_capture, &a);
   /* The workers stopped: only the owners' references are left. */
   while (sch->graphs != NULL) {
     ruda_graph *g = sch->graphs;

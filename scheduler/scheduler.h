@@ -345,7 +345,8 @@ struct ruda__stream {
   _Atomic uint32_t nerr;
   _Atomic uint64_t lost; /* errors that could not be recorded (no memory) */
   struct ruda__profile *profiles; /* open profiles, owned by src/profile.c, under err_lock */
-  /* A thread's own stream (scheduler/stream_exit.c): its thread's life,
+  /* A thread's own stream (scheduler/stream.c, retired by
+   * scheduler/stream_exit.c): its thread's life,
    * the worker's ticket count seen once the thread had exited (+1; 0: not
    * seen yet), and set once it was retired: drained, its pages given
    * back, no longer listed or found by id. */
@@ -409,11 +410,20 @@ void ruda__stream_private_free(struct ruda__sched *sch, ruda__stream *s, const c
  * reserved id that names no existing stream, RUDA_ENOMEM (both recorded
  * naming fn) in *rc, NULL then. */
 ruda__stream *ruda__stream_for(struct ruda__sched *sch, ruda_stream_id id, const char *fn, int *rc);
-/* Threads' own streams (scheduler/stream_exit.c). life_get: the calling
- * thread's life record with a reference for a new stream (NULL without
- * memory: the stream is then never retired); life_put drops one. */
+/* Threads' own streams. A thread's life record: set exited by its
+ * thread-exit hook, held by the thread and by each of its streams.
+ * life_get (scheduler/stream.c): the calling thread's record with a
+ * reference for a new stream (NULL without memory: the stream is then
+ * never retired); life_put drops one (inline, so that the table's
+ * record free calls nothing above it). Any thread. */
+struct ruda__thread_life {
+  _Atomic int exited;
+  _Atomic uint32_t refs; /* the thread's own, one per stream */
+};
 struct ruda__thread_life *ruda__thread_life_get(void);
-void ruda__thread_life_put(struct ruda__thread_life *life);
+static inline void ruda__thread_life_put(struct ruda__thread_life *life) {
+  if (life != NULL && atomic_fetch_sub_explicit(&life->refs, 1, memory_order_acq_rel) == 1) free(life);
+}
 /* Retires the streams of threads that exited whose work every worker has
  * run and whose errors were drained: gives their pools' pages back and
  * stops listing them. Skips when another reap is running. Any thread;
@@ -434,9 +444,12 @@ void ruda__stream_free(ruda__stream *st);
 /* Frees the replaced tables whose grace period passed; 1 when some are
  * left. Under reap_lock. */
 int ruda__streams_free_retired(ruda__stream_table *t);
-/* The calling thread's stream cache forgets its own stream and id (its
- * thread-exit hook): a later call on this thread makes a new stream. */
-void ruda__stream_forget_thread(void);
+/* The stream of id in the table, or NULL. Lock-free; any thread. */
+ruda__stream *ruda__streams_find(ruda__stream_table *t, ruda_stream_id id);
+/* Inserts st (its id set) unless the table has a stream of that id:
+ * returns that stream, st once inserted, or NULL without memory (st not
+ * inserted). Takes the table lock; any thread. */
+ruda__stream *ruda__streams_add(ruda__stream_table *t, ruda__stream *st);
 
 /* The current table's slots (for tests and reports). */
 uint64_t ruda__streams_capacity(ruda__stream_table *t);

@@ -4,10 +4,9 @@
  * left on it are drained by id, and its commands may still be queued. But
  * a server that runs a thread per connection must not keep each exited
  * thread's pages, nor list its stream for ever. So each such stream holds
- * a reference to its thread's life record, which a thread-exit hook (a
- * pthread key destructor) marks exited; the hook touches no device, so it
- * is safe after the device closed. Reaping then happens on the device's
- * side, when new threads' streams are made and in ruda_stream_ids: a
+ * a reference to its thread's life record, which a thread-exit hook
+ * (scheduler/stream.c) marks exited. Reaping then happens on the device's
+ * side, where new threads' streams are made and in ruda_stream_ids: a
  * stream whose thread exited, whose worker has run every command pushed
  * before that was seen, with no error waiting, no capture, no open profile
  * and no live buffer, gives its pools' pages back to the arena (where the
@@ -17,59 +16,17 @@
  * Its record is freed after a grace period (scheduler/grace.h), since a
  * call that named the id as it retired may still hold it. Nobody blocks:
  * the reaper tries again at its next run. What those calls pushed is then
- * waited for through every worker's tickets, and a record that a racing call made busy again (an
- * error, a capture, a future, a page) goes back into the table instead.
+ * waited for through every worker's tickets, and a record that a racing
+ * call made busy again (an error, a capture, a future, a page) goes back
+ * into the table instead.
+ *
+ * Calls only the stream table (scheduler/stream_table.c), the grace
+ * periods and memory's pools: never stream.c, which calls it.
  */
 #include <stdlib.h>
 
 #include "memory/pool.h"
 #include "scheduler/sched.h"
-
-struct ruda__thread_life {
-  _Atomic int exited;
-  _Atomic uint32_t refs; /* the thread's own, one per stream */
-};
-
-static pthread_key_t life_key;
-static pthread_once_t life_once = PTHREAD_ONCE_INIT;
-static int life_key_made;
-static __thread struct ruda__thread_life *own_life;
-
-static void thread_exited(void *p) {
-  struct ruda__thread_life *life = p;
-  /* A later destructor of this thread that calls ruda gets a new record
-   * and a new stream (and this hook runs again for it), never this one
- * once it is freed. */
-  own_life = NULL;
-  /* Nor does it reach the stream it leaves here: its record is freed once
-   * retired. */
-  ruda__stream_forget_thread();
-  atomic_store_explicit(&life->exited, 1, memory_order_release);
-  ruda__thread_life_put(life);
-}
-
-static void make_key(void) { life_key_made = pthread_key_create(&life_key, thread_exited) == 0; }
-
-struct ruda__thread_life *ruda__thread_life_get(void) {
-  if (own_life == NULL) {
-    pthread_once(&life_once, make_key);
-    if (!life_key_made) return NULL;
-    struct ruda__thread_life *life = calloc(1, sizeof *life);
-    if (life == NULL) return NULL;
-    atomic_init(&life->refs, 1);
-    if (pthread_setspecific(life_key, life) != 0) {
-      free(life);
-      return NULL;
-    }
-    own_life = life;
-  }
-  atomic_fetch_add_explicit(&own_life->refs, 1, memory_order_relaxed);
-  return own_life;
-}
-
-void ruda__thread_life_put(struct ruda__thread_life *life) {
-  if (life != NULL && atomic_fetch_sub_explicit(&life->refs, 1, memory_order_acq_rel) == 1) free(life);
-}
 
 /* The stream is idle and holds nothing a client could still want. Under
  * reap_lock, once the worker ran everything up to exit_ticket. */

@@ -269,6 +269,7 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
   else ruda_error_free(a.head);
 
   /* Graphs hold pins and backend objects: before handles and context. */
+  ruda__streams_each(&dev->sched.streams, ruda__capture_close, &dev->sched);
   ruda__graphs_close(&dev->sched);
   pthread_mutex_destroy(&dev->sched.graph_lock);
   pthread_mutex_destroy(&dev->sched.trace_lock);
