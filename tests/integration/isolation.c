@@ -362,20 +362,27 @@ static int shared_frames(const ruda_error *e, void *const *here, int nhere) {
   return shared;
 }
 
+/* A host device of two workers with RUDA_LAUNCH_BLOCKING on or off and
+ * the kernel "fail". */
+static ruda_device *open_blocking(int blocking) {
+  ruda_config cfg;
+  ruda_config_init(&cfg);
+  cfg.backend = RUDA_BACKEND_HOST;
+  cfg.num_streams = 2;
+  cfg.log_level = RUDA_LOG_ERROR;
+  cfg.launch_blocking = blocking;
+  ruda_device *dev = NULL;
+  assert_ok(ruda_device_open(&cfg, &dev));
+  assert_ok(ruda_host_kernel_register(dev, "fail", fail_kernel));
+  return dev;
+}
+
 /* RUDA_LAUNCH_BLOCKING: a failure's backtrace is the enqueuing call's
  * (it shares the caller's frames); otherwise it is the worker's. */
 static void blocking_mode_keeps_the_enqueue_backtrace(void **state) {
   (void)state;
   for (int blocking = 0; blocking < 2; blocking++) {
-    ruda_config cfg;
-    ruda_config_init(&cfg);
-    cfg.backend = RUDA_BACKEND_HOST;
-    cfg.num_streams = 2;
-    cfg.log_level = RUDA_LOG_ERROR;
-    cfg.launch_blocking = blocking;
-    ruda_device *dev = NULL;
-    assert_ok(ruda_device_open(&cfg, &dev));
-    assert_ok(ruda_host_kernel_register(dev, "fail", fail_kernel));
+    ruda_device *dev = open_blocking(blocking);
     void *here[24];
     int nhere = backtrace(here, 24);
     launch_code(dev, 3, RUDA_ELAUNCH);
@@ -397,15 +404,7 @@ static void blocking_mode_keeps_the_enqueue_backtrace(void **state) {
 static void blocking_mode_names_the_replay_and_its_command(void **state) {
   (void)state;
   for (int blocking = 0; blocking < 2; blocking++) {
-    ruda_config cfg;
-    ruda_config_init(&cfg);
-    cfg.backend = RUDA_BACKEND_HOST;
-    cfg.num_streams = 2;
-    cfg.log_level = RUDA_LOG_ERROR;
-    cfg.launch_blocking = blocking;
-    ruda_device *dev = NULL;
-    assert_ok(ruda_device_open(&cfg, &dev));
-    assert_ok(ruda_host_kernel_register(dev, "fail", fail_kernel));
+    ruda_device *dev = open_blocking(blocking);
     ruda_graph *g = NULL;
     assert_ok(ruda_graph_begin_capture(dev, 3));
     launch_code(dev, 3, 0);

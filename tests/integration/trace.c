@@ -39,16 +39,22 @@ static int failing_kernel(const ruda_host_ctx *c, void *const *args) {
   return RUDA_EINVAL;
 }
 
-
-static void trace_file_shows_streams_overlapping(void **state) {
-  (void)state;
-  char path[] = "/tmp/ruda-trace-XXXXXX";
+/* A host device with `streams` workers tracing to a new file at path (a
+ * mkstemp template, filled in). */
+static ruda_device *open_traced(char *path, uint32_t streams) {
   int fd = mkstemp(path);
   assert_true(fd >= 0);
   close(fd);
   setenv("RUDA_TRACE", path, 1);
-  ruda_device *dev = test_open(3, 1024, RUDA_BACKPRESSURE_BLOCK);
+  ruda_device *dev = test_open(streams, 1024, RUDA_BACKPRESSURE_BLOCK);
   unsetenv("RUDA_TRACE");
+  return dev;
+}
+
+static void trace_file_shows_streams_overlapping(void **state) {
+  (void)state;
+  char path[] = "/tmp/ruda-trace-XXXXXX";
+  ruda_device *dev = open_traced(path, 3);
   atomic_store(&naps_in, 0);
   assert_ok(ruda_host_kernel_register(dev, "nap", meeting_nap_kernel));
   assert_ok(ruda_host_kernel_register(dev, "fails", failing_kernel));
@@ -117,12 +123,7 @@ static void trace_file_shows_streams_overlapping(void **state) {
 static void a_replay_has_its_submit_stamp(void **state) {
   (void)state;
   char path[] = "/tmp/ruda-trace-XXXXXX";
-  int fd = mkstemp(path);
-  assert_true(fd >= 0);
-  close(fd);
-  setenv("RUDA_TRACE", path, 1);
-  ruda_device *dev = test_open(1, 1024, RUDA_BACKPRESSURE_BLOCK);
-  unsetenv("RUDA_TRACE");
+  ruda_device *dev = open_traced(path, 1);
   assert_ok(ruda_host_kernel_register(dev, "nap", nap_kernel));
   assert_ok(ruda_host_kernel_register(dev, "recorded", failing_kernel));
   ruda_graph *g = NULL;
