@@ -80,19 +80,23 @@ ruda__stream *ruda__stream_get(struct ruda__sched *sch, ruda_stream_id id) {
   return stream_miss(sch, id);
 }
 
+/* A thread's own stream that exists (ruda_stream_ids lists it) may be
+ * named by its id, from any thread: how errors left on the stream of a
+ * thread that exited are drained. Unknown reserved ids are refused. Out of
+ * line: explicit ids and RUDA_STREAM_CURRENT keep the short path. */
+static __attribute__((noinline)) ruda__stream *stream_by_thread_id(struct ruda__sched *sch, ruda_stream_id id,
+                                                                   const char *fn, int *rc) {
+  ruda__stream *st = ruda__streams_find(&sch->streams, id);
+  if (st != NULL && !atomic_load_explicit(&st->retired, memory_order_acquire)) return st;
+  *rc = ruda__fail(RUDA_EINVAL,
+                   "%s: stream id %llu is reserved (explicit ids are below 2^63; a thread's own stream "
+                   "is named by RUDA_STREAM_CURRENT, or by its id while ruda_stream_ids lists it)",
+                   fn, (unsigned long long)id);
+  return NULL;
+}
+
 ruda__stream *ruda__stream_for(struct ruda__sched *sch, ruda_stream_id id, const char *fn, int *rc) {
-  if (id != RUDA_STREAM_CURRENT && id > RUDA_STREAM_EXPLICIT_MAX) {
-    /* A thread's own stream that exists (ruda_stream_ids lists it) may be
-     * named by its id, from any thread: how errors left on the stream of a
-     * thread that exited are drained. Unknown reserved ids are refused. */
-    ruda__stream *st = ruda__streams_find(&sch->streams, id);
-    if (st != NULL && !atomic_load_explicit(&st->retired, memory_order_acquire)) return st;
-    *rc = ruda__fail(RUDA_EINVAL,
-                     "%s: stream id %llu is reserved (explicit ids are below 2^63; a thread's own stream "
-                     "is named by RUDA_STREAM_CURRENT, or by its id while ruda_stream_ids lists it)",
-                     fn, (unsigned long long)id);
-    return NULL;
-  }
+  if (id != RUDA_STREAM_CURRENT && id > RUDA_STREAM_EXPLICIT_MAX) return stream_by_thread_id(sch, id, fn, rc);
   ruda__stream *s = ruda__stream_get(sch, id);
   if (s == NULL) *rc = ruda__fail(RUDA_ENOMEM, "%s: out of host memory creating stream", fn);
   return s;
