@@ -119,19 +119,25 @@ static void trace_file_shows_streams_overlapping(void **state) {
 }
 
 /* A replay is submitted like a launch: its span carries the time it sat
- * queued behind a 30 ms nap, from the stamp its submit took. */
+ * queued behind a gate held shut for 30 ms after the replay was issued,
+ * from the stamp its submit took. */
 static void a_replay_has_its_submit_stamp(void **state) {
   (void)state;
   char path[] = "/tmp/ruda-trace-XXXXXX";
   ruda_device *dev = open_traced(path, 1);
-  assert_ok(ruda_host_kernel_register(dev, "nap", nap_kernel));
+  assert_ok(ruda_host_kernel_register(dev, "gate", test_gate_kernel));
   assert_ok(ruda_host_kernel_register(dev, "recorded", failing_kernel));
   ruda_graph *g = NULL;
   assert_ok(ruda_graph_begin_capture(dev, 0));
   assert_ok(test_launch(dev, 0, "recorded", NULL, 0));
   assert_ok(ruda_graph_end_capture(dev, 0, &g));
-  assert_ok(test_launch(dev, 0, "nap", NULL, 0));
+  atomic_store(&test_gate_open, 0);
+  atomic_store(&test_gate_entered, 0);
+  assert_ok(test_launch(dev, 0, "gate", NULL, 0));
+  test_wait_count(&test_gate_entered, 1);
   assert_ok(ruda_graph_replay(dev, 0, g));
+  usleep(30000);
+  atomic_store(&test_gate_open, 1);
   ruda_error *errs = NULL;
   assert_rc(ruda_flush(dev, 0, &errs), RUDA_EUNHEALTHY); /* the recorded kernel fails */
   ruda_error_free(errs);
@@ -143,7 +149,7 @@ static void a_replay_has_its_submit_stamp(void **state) {
   char *eol = strchr(span, '\n'); /* one event a line: its own fields only */
   if (eol != NULL) *eol = '\0';
   assert_non_null(strstr(span, "\"queued_us\":"));
-  assert_true(test_json_number(span, "queued_us") >= 20000.0);
+  assert_true(test_json_number(span, "queued_us") >= 29000.0);
   free(s);
   unlink(path);
 }
