@@ -140,11 +140,30 @@ static inline __attribute__((always_inline)) int ruda__submit_orders(struct ruda
   return 0;
 }
 
+/* Whether cmd may run in place by its stream's setting
+ * (ruda_stream_set_in_place; RUDA__IN_PLACE_AUTO: when it looks like a
+ * request loop). Counts the command towards the loop's window. */
+static inline __attribute__((always_inline)) int ruda__stream_in_place(struct ruda__sched *sch, ruda__stream *s,
+                                                                       const ruda__cmd *cmd) {
+  const int mode = atomic_load_explicit(&s->in_place, memory_order_relaxed);
+  int in_place = mode == RUDA__IN_PLACE_ON;
+  if (mode == RUDA__IN_PLACE_AUTO && sch->auto_in_place) {
+    /* A request loop waits for what it issued: no future left open but
+     * this command's own, and a wait within the last few commands. Anything else (a thread issuing
+     * back to back, requests in flight) gains from the hand-over. */
+    uint32_t n = atomic_load_explicit(&s->since_wait, memory_order_relaxed);
+    if (n < RUDA__IN_PLACE_RUN) atomic_store_explicit(&s->since_wait, n + 1, memory_order_relaxed);
+    in_place = n < RUDA__IN_PLACE_RUN &&
+               atomic_load_explicit(&s->unwaited, memory_order_relaxed) == (cmd->future != NULL);
+  }
+  return in_place;
+}
+
 /* ruda__submit_orders for a command whose buffers fit one order, run in
- * place when its stream is set so (ruda_stream_set_in_place). */
+ * place as its stream's setting says (ruda__stream_in_place). */
 static inline __attribute__((always_inline)) int ruda__submit(struct ruda__sched *sch, ruda__stream *s, ruda__cmd *cmd,
                                                         ruda__order *o) {
-  return ruda__submit_orders(sch, s, cmd, o, 1, NULL, atomic_load_explicit(&s->in_place, memory_order_relaxed));
+  return ruda__submit_orders(sch, s, cmd, o, 1, NULL, ruda__stream_in_place(sch, s, cmd));
 }
 
 /* Pushes a control command (flush, sync, profile stamp) of kind on s,
