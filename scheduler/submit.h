@@ -77,6 +77,25 @@ static inline __attribute__((always_inline)) void ruda__orders_abandon(ruda__ord
   for (uint32_t i = n; i-- > 0;) ruda__order_abandon(&o[i]);
 }
 
+/* Whether cmd may run in place by its stream's setting
+ * (ruda_stream_set_in_place; RUDA__IN_PLACE_AUTO: when it looks like a
+ * request loop). Counts the command towards the loop's window. */
+static inline __attribute__((always_inline)) int ruda__stream_in_place(struct ruda__sched *sch, ruda__stream *s,
+                                                                       const ruda__cmd *cmd) {
+  const int mode = atomic_load_explicit(&s->in_place, memory_order_relaxed);
+  int in_place = mode == RUDA__IN_PLACE_ON;
+  if (mode == RUDA__IN_PLACE_AUTO && sch->auto_in_place) {
+    /* A request loop waits for what it issued: no future left open but
+     * this command's own, and a wait within the last few commands. Anything else (a thread issuing
+     * back to back, requests in flight) gains from the hand-over. */
+    uint32_t n = atomic_load_explicit(&s->since_wait, memory_order_relaxed);
+    if (n < RUDA__IN_PLACE_RUN) atomic_store_explicit(&s->since_wait, n + 1, memory_order_relaxed);
+    in_place = n < RUDA__IN_PLACE_RUN &&
+               atomic_load_explicit(&s->unwaited, memory_order_relaxed) == (cmd->future != NULL);
+  }
+  return in_place;
+}
+
 /* Pushes cmd on s's worker, after whatever other streams' work its orders
  * say it must follow, and records its buffer uses (under their issue
  * locks: order.h). Every command a client builds passes here: it is
@@ -84,10 +103,11 @@ static inline __attribute__((always_inline)) void ruda__orders_abandon(ruda__ord
  * RUDA_LAUNCH_BLOCKING. A command whose uses do not fit one ruda__order
  * (a graph replay: its buffers in groups, then the graph's own record)
  * gives n orders, noted in one key order, locked, prepared and published
- * together. issue: a mutex the caller locked before noting the uses,
- * unlocked here once the command is published or given up, and before
- * it runs in place (NULL: none). in_place: the command may run on this
- * thread when its worker is idle (scheduler/inline.c). On failure the
+ * together. issue: a mutex the caller locked before noting the uses (at
+ * least one), unlocked here once the command is published or given up,
+ * and before it runs in place (NULL: none). in_place: the command may run
+ * on this thread when its worker is idle (scheduler/inline.c); -1: as its
+ * stream's setting says (ruda__stream_in_place). On failure the
  * orders are abandoned and cmd is still the caller's. */
 static inline __attribute__((always_inline)) int ruda__submit_orders(struct ruda__sched *sch, ruda__stream *s,
                                                                      ruda__cmd *cmd, ruda__order *o, uint32_t n,
@@ -102,11 +122,11 @@ static inline __attribute__((always_inline)) int ruda__submit_orders(struct ruda
     cmd->u.launch.seq = cmd->seq;
   }
   ruda__worker *w = s->worker;
-  if (n == 1 && o->nuse == 0) { /* no buffers, nothing to order */
-    int rc;
-    if (__builtin_expect(!in_place, 1)) rc = ruda__queue_push(w, cmd);
-    else if ((rc = ruda__queue_admit(w, s->id)) == 0 && !ruda__inline_run(w, cmd)) ruda__queue_push_admitted(w, cmd);
-    if (issue != NULL) pthread_mutex_unlock(issue);
+  if (in_place < 0) in_place = ruda__stream_in_place(sch, s, cmd);
+  if (n == 1 && o->nuse == 0) { /* no buffers, nothing to order (issue is NULL: see above) */
+    if (__builtin_expect(!in_place, 1)) return ruda__queue_push(w, cmd);
+    int rc = ruda__queue_admit(w, s->id);
+    if (rc == 0 && !ruda__inline_run(w, cmd)) ruda__queue_push_admitted(w, cmd);
     return rc;
   }
   /* Admitted first: the wait for room (RUDA_BACKPRESSURE_BLOCK) happens
@@ -140,30 +160,11 @@ static inline __attribute__((always_inline)) int ruda__submit_orders(struct ruda
   return 0;
 }
 
-/* Whether cmd may run in place by its stream's setting
- * (ruda_stream_set_in_place; RUDA__IN_PLACE_AUTO: when it looks like a
- * request loop). Counts the command towards the loop's window. */
-static inline __attribute__((always_inline)) int ruda__stream_in_place(struct ruda__sched *sch, ruda__stream *s,
-                                                                       const ruda__cmd *cmd) {
-  const int mode = atomic_load_explicit(&s->in_place, memory_order_relaxed);
-  int in_place = mode == RUDA__IN_PLACE_ON;
-  if (mode == RUDA__IN_PLACE_AUTO && sch->auto_in_place) {
-    /* A request loop waits for what it issued: no future left open but
-     * this command's own, and a wait within the last few commands. Anything else (a thread issuing
-     * back to back, requests in flight) gains from the hand-over. */
-    uint32_t n = atomic_load_explicit(&s->since_wait, memory_order_relaxed);
-    if (n < RUDA__IN_PLACE_RUN) atomic_store_explicit(&s->since_wait, n + 1, memory_order_relaxed);
-    in_place = n < RUDA__IN_PLACE_RUN &&
-               atomic_load_explicit(&s->unwaited, memory_order_relaxed) == (cmd->future != NULL);
-  }
-  return in_place;
-}
-
 /* ruda__submit_orders for a command whose buffers fit one order, run in
  * place as its stream's setting says (ruda__stream_in_place). */
 static inline __attribute__((always_inline)) int ruda__submit(struct ruda__sched *sch, ruda__stream *s, ruda__cmd *cmd,
                                                         ruda__order *o) {
-  return ruda__submit_orders(sch, s, cmd, o, 1, NULL, ruda__stream_in_place(sch, s, cmd));
+  return ruda__submit_orders(sch, s, cmd, o, 1, NULL, -1);
 }
 
 /* Pushes a control command (flush, sync, profile stamp) of kind on s,
