@@ -16,7 +16,7 @@
 
 int ruda__libcall_run(ruda__worker *w, const ruda__cmd *cmd, int capturing, ruda_error **err) {
   struct ruda__sched *sch = w->sch;
-  const ruda__backend_ops *ops = sch->ops;
+  const ruda__backend_ops *ops = sch->backend.ops;
   const ruda__libcall_cmd *c = &cmd->u.call;
   char msg[RUDA_CALL_MSG_MAX];
   msg[0] = '\0';
@@ -29,7 +29,7 @@ int ruda__libcall_run(ruda__worker *w, const ruda__cmd *cmd, int capturing, ruda
       .addr = c->addr,
       .size = c->size,
       .cu_stream = ops->native_stream != NULL ? ops->native_stream(w->wstate) : NULL,
-      .cu_context = ops->native_context != NULL ? ops->native_context(sch->bstate) : NULL,
+      .cu_context = ops->native_context != NULL ? ops->native_context(sch->backend.state) : NULL,
       .data = c->data,
       .data_size = c->data_size,
       .capturing = capturing,

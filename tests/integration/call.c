@@ -538,7 +538,7 @@ static void a_failing_recorded_call_names_the_graph_and_the_call(void **state) {
   const ruda_error *e = ruda_error_cause(err);
   assert_int_equal(ruda_error_code(e), RUDA_ECALL);
   assert_int_equal(ruda_error_backend_code(e), 3);
-  assert_contains(ruda_error_message(e), "ruda_graph_replay (stream 1, command #1)");
+  assert_contains(ruda_error_message(e), "ruda_graph_run (stream 1, command #1)");
   assert_contains(ruda_error_message(e), "graph of 2 commands captured on stream 0, command 2 (call gemm2)");
   assert_contains(ruda_error_message(e), "returned 3: library said no");
   ruda_error_free(err);

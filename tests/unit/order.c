@@ -402,10 +402,8 @@ static ruda_device *open_device_backend(void) {
   fake.event_wait = fake_event_wait;
   fake.event_release = fake_event_release;
   fake.stream_wait = fake_stream_wait;
-  ruda__workers_stop(&dev->sched); /* idle workers read dev->ops too */
-  dev->ops = &fake;
-  dev->sched.ops = &fake; /* the scheduler keeps its own copy */
-  dev->memory.ops = &fake; /* memory keeps its own copy */
+  ruda__workers_stop(&dev->sched); /* idle workers read the table too */
+  dev->sched.backend.ops = &fake; /* every layer reads this one field */
   assert_ok(ruda__workers_start(&dev->sched));
   return dev;
 }

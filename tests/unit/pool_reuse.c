@@ -64,10 +64,8 @@ static ruda_device *open_deferred(uint32_t streams) {
   fake.event_release = fake_event_release;
   assert_ok(ruda_host_kernel_register(dev, "gate", gate_kernel));
   assert_ok(ruda_host_kernel_register(dev, "fill", fill_kernel));
-  ruda__workers_stop(&dev->sched); /* idle workers read dev->ops too */
-  dev->ops = &fake;
-  dev->sched.ops = &fake; /* the scheduler keeps its own copy */
-  dev->memory.ops = &fake; /* memory keeps its own copy */
+  ruda__workers_stop(&dev->sched); /* idle workers read the table too */
+  dev->sched.backend.ops = &fake; /* every layer reads this one field */
   assert_ok(ruda__workers_start(&dev->sched));
   return dev;
 }
