@@ -33,7 +33,7 @@ need() { # module, pip name, Debian package
 }
 [ "${1:-}" = --example ] || need pytest pytest python3-pytest
 need numpy numpy python3-numpy
-log="${TMPDIR:-/tmp}/ruda-pip.log"
+log="$PWD/build-py/build.log"
 if "$vpy" -c "import scikit_build_core" 2>/dev/null ||
    "$vpy" -m pip install -q "scikit-build-core>=0.8" >/dev/null 2>&1; then
   echo "== python: building the package (pip install --no-build-isolation ./python; log: $log)"
@@ -60,7 +60,7 @@ echo "== python tests (pytest, host backend; the cuda backend on the mock driver
 # From the repository root: the installed package is imported, not python/ruda
 # (unless built without pip, above). -rs lists each skip's reason. A hang
 # (a deadlock under the GIL) fails the stage instead of stalling CI.
-out="${TMPDIR:-/tmp}/ruda-pytest.log"
+out="$PWD/build-py/pytest.log"
 PYTHONPATH="$pypath" timeout 1800 "$vpy" -m pytest -p no:cacheprovider -q -rs python/tests 2>&1 | tee "$out"
 rc="${PIPESTATUS[0]}"
 # One line for tools/test.sh's summary, from pytest's last line.

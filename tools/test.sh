@@ -13,6 +13,8 @@
 # build shows its last lines. Each ctest stage lists its skipped tests'
 # reasons, counted.
 #
+# RUDA_TEST_STAGES="normal python" runs only the stages named.
+#
 # Adding a stage is one line: `stage NAME [VAR=value...] command args...`
 # (a shell function or a program; exit 0 passes, 77 skips the stage, any
 # other code fails it). Inside, `suite DIR cmake-args... -- ctest-args...`
@@ -61,11 +63,18 @@ ctest_in() {
   if [ "$skipped" -gt 0 ]; then
     local last="$dir/Testing/Temporary/LastTest.log"
     echo "skipped, by reason (each case's output: $last):"
-    awk -F'\t' 'NR == FNR { skip[$1] = 1; next }
-      /^[0-9]+\/[0-9]+ Test: / { name = $3; seen[name] = ""; next }
-      /^skipped: / && name in skip && seen[name] == "" { seen[name] = substr($0, 10) }
-      /^\[  SKIPPED \]/ && name in skip && seen[name] == "" { seen[name] = "cmocka skip" }
-      END { for (n in skip) { r = seen[n]; if (r == "") r = "(no reason printed)"; c[r]++ }
+    # A case's reason: its "skipped: why" line (tests/common.h), else its
+    # output's last line (the GPU tests' "no CUDA driver ..."), less the
+    # binary's name in front.
+    awk 'NR == FNR { skip[$1] = 1; next }
+      /^[0-9]+\/[0-9]+ Test: / { name = $3; bin = name; sub(/\..*/, "", bin); said = ""; last = ""; next }
+      !(name in skip) { next }
+      /^<end of output>$/ { r = said != "" ? said : last; if (index(r, bin ": ") == 1) r = substr(r, length(bin) + 3)
+                            why[name] = r; name = ""; next }
+      /^skipped: / && said == "" { said = substr($0, 10) }
+      /^\[  SKIPPED \]/ && said == "" { said = "cmocka skip" }
+      NF { last = $0 }
+      END { for (n in skip) { r = why[n]; if (r == "") r = "(no reason printed)"; c[r]++ }
             for (r in c) printf "  %4d  %s\n", c[r], r }' "$out.skipped" "$last" | sort -rn
   fi
   return "$rc"
@@ -92,6 +101,10 @@ names=() results=() counts=() times=()
 stage() {
   local name="$1" t0=$SECONDS rc
   shift
+  if [ -n "${RUDA_TEST_STAGES:-}" ] && [[ " $RUDA_TEST_STAGES " != *" $name "* ]]; then
+    names+=("$name") results+=("skipped: not in RUDA_TEST_STAGES") counts+=("") times+=(0)
+    return
+  fi
   echo
   echo "== stage $name"
   ( while [ $# -gt 0 ] && [[ "$1" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; do export "${1?}"; shift; done
