@@ -133,8 +133,10 @@ typedef struct ruda_config {
                                 row, of a shape it saw before, issues them as
                                 one graph with what changed patched in
                                 (docs/graphs.md); same results, ordering and
-                                errors as one by one. Off (0) by default: not
-                                yet measured faster on a GPU. Not while
+                                errors as one by one. 1 on, 0 off; -1 (the
+                                default) on where graphs pay: the cuda
+                                backend (a driver launch per command costs
+                                more than a replay), not host. Not while
                                 tracing, NVTX, RUDA_WORKER_STATS or
                                 RUDA_LAUNCH_BLOCKING are on. */
 } ruda_config;
@@ -232,7 +234,12 @@ RUDA_EXTERN int ruda_stream_name(ruda_stream_id id, char *buf, size_t len);
  * thread that had none keeps it after (as the CUDA runtime would bind
  * it), another one is put back. Library calls (ruda_call) always go to
  * the worker: their code may issue on the buffers the caller would still
- * hold locked. Off by default. RUDA_EINVAL as any stream call.
+ * hold locked. on == 0 turns it off for the stream. By default (neither
+ * called) the cuda backend runs a stream's command in place while the
+ * stream looks like a request loop: no other future of it is outstanding
+ * and it was waited on within its last 16 commands; the host backend
+ * never does (in place there runs the kernel on the caller). RUDA_EINVAL
+ * as any stream call.
  * Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_stream_set_in_place(ruda_device *dev, ruda_stream_id stream, int on);
 
@@ -443,8 +450,22 @@ typedef struct ruda_launch_desc {
   uint32_t nargs;
   uint32_t flags;            /* RUDA_LAUNCH_* */
   ruda_binding indirect_grid; /* RUDA_LAUNCH_INDIRECT: 12 bytes, u32[3] */
-  uint64_t reserved[4];      /* zero */
+  const struct ruda_kernel_ref *ref; /* NULL, or the kernel resolved once by
+                                ruda_kernel_lookup: then `kernel` is not
+                                looked up (it may be NULL) */
+  uint64_t reserved[3];      /* zero */
 } ruda_launch_desc;
+
+/* A registered kernel, resolved once (ruda_kernel_lookup) so that a launch
+ * carries it instead of a name to look up on every call. Valid until the
+ * device closes; registering the name again (a replacement) is what it
+ * launches from then on. Opaque. */
+typedef struct ruda_kernel_ref ruda_kernel_ref;
+
+/* *out: the reference of the kernel registered as name, for
+ * ruda_launch_desc.ref. RUDA_EKERNEL when no kernel has that name,
+ * RUDA_EINVAL for NULL arguments. Thread-safe, non-blocking. */
+RUDA_EXTERN int ruda_kernel_lookup(ruda_device *dev, const char *name, const ruda_kernel_ref **out);
 
 /* Enqueues a kernel launch. Checks at the call: the kernel name is known,
  * dims are non-zero and within device limits, every binding is live and in
