@@ -247,7 +247,7 @@ static int meet_fn(const ruda_call_ctx *c, void *user) {
   (void)c;
   int want = *(const int *)user;
   atomic_fetch_add(&arrived, 1);
-  uint64_t until = now_ns() + 300000000ull;
+  uint64_t until = now_ns() + 300000000ull * test_patience();
   while (atomic_load(&arrived) < want && now_ns() < until) usleep(50);
   if (atomic_load(&arrived) >= want) atomic_fetch_add(&met, 1);
   return 0;

@@ -20,14 +20,15 @@ static int nap_kernel(const ruda_host_ctx *c, void *const *args) {
 }
 
 /* The three naps of the overlap test meet before napping: each counts
- * itself in and waits (10 s at most, else it fails) for the others, so
- * all three spans are open at once however the workers are scheduled. */
+ * itself in and waits (10 s times test_patience() at most, else it
+ * fails) for the others, so all three spans are open at once however the
+ * workers are scheduled. */
 static _Atomic int naps_in;
 
 static int meeting_nap_kernel(const ruda_host_ctx *c, void *const *args) {
   atomic_fetch_add(&naps_in, 1);
   for (int waited_ms = 0; atomic_load(&naps_in) < 3; waited_ms++) {
-    if (waited_ms == 10000) return RUDA_ETIMEDOUT;
+    if (waited_ms == 10000 * (int)test_patience()) return RUDA_ETIMEDOUT;
     usleep(1000);
   }
   return nap_kernel(c, args);

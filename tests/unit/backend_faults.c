@@ -103,7 +103,7 @@ static ruda_device *open_fake(uint32_t streams) {
 
 static void wait_events(int n) {
   for (int i = 0; atomic_load(&nevents) < n; i++) {
-    assert_true(i < 10000);
+    assert_true(i < 10000 * (int)test_patience());
     usleep(1000);
   }
 }

@@ -32,7 +32,7 @@ static int fake_event_wait(void *state, void *ev, ruda_error **err) {
 /* Waits until the workers recorded at least n events. */
 static void wait_events(int n) {
   for (int i = 0; atomic_load(&nevents) < n; i++) {
-    assert_true(i < 20000);
+    assert_true(i < 20000 * (int)test_patience());
     usleep(100);
   }
 }
@@ -195,7 +195,7 @@ static void queued_foreign_use_is_not_overwritten(void **state) {
   /* Worker 1 may record the fence for x's memory before this sync's
    * event: complete events until the sync's own one is among them. */
   for (int i = 0; ruda_future_poll(f) != 1; i++) {
-    assert_true(i < 20000);
+    assert_true(i < 20000 * (int)test_patience());
     complete_all();
     usleep(100);
   }
