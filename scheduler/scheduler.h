@@ -60,6 +60,7 @@ typedef struct ruda__libcall_cmd {
   const uint64_t *addr, *size; /* nbuf each */
   const void *data;            /* data_size bytes, or NULL */
   uint32_t nbuf, data_size;
+  ruda_stream_id stream; /* ctx->stream: the id, as a recorded call keeps no stream record */
   char name[RUDA_CALL_NAME_MAX];
 } ruda__libcall_cmd;
 
