@@ -103,6 +103,10 @@ typedef struct ruda__cmd {
        * in the command's trailing bytes (scheduler/graph.h). */
       const struct ruda__graph_fix *fix;
       uint32_t nfix;
+      /* Optional, called with the worker's index once the replay ran (the
+       * API layer's hold on the host blocks it uses, src/stage_hold.h). */
+      void (*ran)(void *arg, uint32_t worker);
+      void *ran_arg;
     } graph;
     ruda__coll coll;
     ruda__libcall_cmd call;

@@ -107,6 +107,7 @@ int ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
       rc = ruda__graph_execute(w, cmd, &err);
       /* ruda_graph_replay_async: the future completes after the replay. */
       if (rc == 0 && cmd->future != NULL) rc = ops->record(w->wstate, &cmd->future->completion, &err);
+      if (cmd->u.graph.ran != NULL) cmd->u.graph.ran(cmd->u.graph.ran_arg, w->index);
       /* The replay's reference; the error report below names no graph. */
       ruda__graph_unref(cmd->u.graph.g, w->wstate);
       break;

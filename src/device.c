@@ -137,6 +137,7 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   }
 
   ruda__handles_init(&dev->handles);
+  ruda__stage_holds_init(&dev->holds);
   /* The scheduler's root: its copies of what it reads on every command,
    * and memory's parts it pins and allocates from. */
   dev->sched.serial = dev->serial;
@@ -185,6 +186,7 @@ fail:
   ruda__kernels_destroy(dev);
   ruda__streams_destroy(&dev->sched.streams);
   ruda__handles_destroy(&dev->handles);
+  ruda__stage_holds_destroy(&dev->holds);
   pthread_mutex_destroy(&dev->sched.graph_lock);
   pthread_mutex_destroy(&dev->sched.trace_lock);
   dev->ops->close(dev->bstate);
@@ -273,6 +275,7 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
 
   /* Graphs hold pins and backend objects: before handles and context. */
   ruda__graphs_close(&dev->sched);
+  ruda__stage_holds_destroy(&dev->holds); /* every replay ran; the blocks go with the backend */
   pthread_mutex_destroy(&dev->sched.graph_lock);
   pthread_mutex_destroy(&dev->sched.trace_lock);
   ruda__handles_destroy(&dev->handles);

@@ -386,6 +386,8 @@ static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, const 
   cmd->u.graph.g = g;
   cmd->u.graph.fix = NULL;
   cmd->u.graph.nfix = 0;
+  cmd->u.graph.ran = NULL;
+  ruda__stage_hold *hold = NULL;
   /* The patches' buffers, pinned (po settles them once queued); which of
    * the graph's pins they replace, and the graph's buffers no command
    * uses any more in this replay. */
@@ -433,6 +435,13 @@ static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, const 
       }
     cmd->u.graph.fix = fix;
     cmd->u.graph.nfix = np;
+  }
+  /* The host blocks it reads or fills are kept from ruda_staging_free
+   * until it ran (src/stage_hold.h). */
+  if ((rc = ruda__stage_hold_new(dev, g, cmd->u.graph.fix, np, &hold)) != 0) goto fail;
+  if (hold != NULL) {
+    cmd->u.graph.ran = ruda__stage_hold_ran;
+    cmd->u.graph.ran_arg = hold;
   }
   /* A graph buffer every use of which a patch replaced is not used. */
   uint32_t gone[RUDA_GRAPH_MAX_PATCHES], ngone = 0;
@@ -543,6 +552,7 @@ static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, const 
   }
   free(f);
 fail:
+  ruda__stage_hold_drop(dev, hold);
   ruda__order_abandon(&po);
   for (uint32_t i = 0; i < cmd->npins; i++) ruda__handles_unpin(h, ruda__pin_slot(cmd->pins[i]), NULL);
   ruda__cmd_free(cmd);
