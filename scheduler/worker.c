@@ -7,6 +7,7 @@
 #include <sched.h>
 
 #include "scheduler/sched.h"
+#include "base/env.h"
 #include "base/log.h"
 #include "scheduler/auto_graph.h"
 #include "scheduler/graph.h"
@@ -207,8 +208,8 @@ static void execute_observed(ruda__worker *w, ruda__cmd *cmd, int stats, int nvt
 }
 
 static int worker_stats_on(void) {
-  const char *sv = getenv("RUDA_WORKER_STATS");
-  return sv != NULL && *sv != '\0' && *sv != '0';
+  int on = 0;
+  return ruda__env_bool("RUDA_WORKER_STATS", &on) > 0 && on;
 }
 
 static void *worker_main(void *arg) {

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "base/env.h"
 #include "base/log.h"
 #include "src/device.h"
 #include "scheduler/graph.h"
@@ -64,9 +65,10 @@ void ruda_config_init(ruda_config *cfg) {
       if (!strcasecmp(v, names[i])) cfg->log_level = (ruda_log_level)i, found = 1;
     if (!found) fprintf(stderr, "ruda: ignoring RUDA_LOG=%s (off|error|warn|info|debug)\n", v);
   }
-  if (env_u32("RUDA_BOUNDS_CHECK", &u) > 0) cfg->bounds_checked = u != 0;
-  if (env_u32("RUDA_LAUNCH_BLOCKING", &u) > 0) cfg->launch_blocking = u != 0;
-  if (env_u32("RUDA_AUTO_GRAPHS", &u) > 0) cfg->auto_graphs = u != 0;
+  int on = 0;
+  if (ruda__env_bool("RUDA_BOUNDS_CHECK", &on) > 0) cfg->bounds_checked = on;
+  if (ruda__env_bool("RUDA_LAUNCH_BLOCKING", &on) > 0) cfg->launch_blocking = on;
+  if (ruda__env_bool("RUDA_AUTO_GRAPHS", &on) > 0) cfg->auto_graphs = on;
   if ((v = getenv("RUDA_CACHE_DIR")) != NULL) cfg->cache_dir = v;
   cfg->spin_us = 50;
   if (env_u32("RUDA_SPIN_US", &u) < 0) fprintf(stderr, "ruda: ignoring malformed RUDA_SPIN_US\n");
