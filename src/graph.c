@@ -297,6 +297,17 @@ static int check_patch(ruda_device *dev, const ruda_graph *g, const ruda_graph_p
    * destination); the rest are buffers. */
   const int host = (c->kind == RUDA__CMD_WRITE && p->kind == RUDA_GRAPH_PATCH_SRC) ||
                    (c->kind == RUDA__CMD_READ && p->kind == RUDA_GRAPH_PATCH_DST);
+  /* The other side's field set and this one's empty: say which side the
+   * field takes and which helper builds it, rather than "no live buffer"
+   * for a zero handle. */
+  const int given_host = p->host != NULL, given_buffer = p->binding.handle.slot != 0 || p->binding.handle.gen != 0;
+  if (given_host != given_buffer && given_host != host)
+    return ruda__fail(RUDA_EINVAL,
+                      "%s: patch %u: the %s of command %u (%s) is on the %s: %s, from ruda_graph_patch_%s (the "
+                      "patch gives %s)",
+                      fn, k, p->kind == RUDA_GRAPH_PATCH_DST ? "destination" : "source", p->command, cmd_what(c),
+                      host ? "host" : "device", host ? "a staging block" : "a buffer binding",
+                      host ? "host" : "buffer", host ? "a buffer binding" : "a host block");
   if (!host) {
     (*nbuf)++;
     return 0;

@@ -204,6 +204,13 @@ static void bad_patches_are_refused_and_the_graph_stays_usable(void **state) {
       {ruda_graph_patch_host(RUDA_GRAPH_PATCH_SRC, 0, pageable), RUDA_EINVAL, "ruda_staging_alloc"},
       {ruda_graph_patch_host(RUDA_GRAPH_PATCH_DST, 5, b.out + 1), RUDA_EINVAL, "ruda_staging_alloc"},
       {ruda_graph_patch_host(RUDA_GRAPH_PATCH_DST, 5, NULL), RUDA_EINVAL, "ruda_staging_alloc"},
+      /* The side a field takes, and the helper that builds it. */
+      {ruda_graph_patch_host(RUDA_GRAPH_PATCH_DST, 0, b.in), RUDA_EINVAL,
+       "the destination of command 0 (an upload) is on the device: a buffer binding, from ruda_graph_patch_buffer"},
+      {ruda_graph_patch_host(RUDA_GRAPH_PATCH_SRC, 3, b.in), RUDA_EINVAL,
+       "the source of command 3 (a copy) is on the device: a buffer binding, from ruda_graph_patch_buffer"},
+      {ruda_graph_patch_buffer(RUDA_GRAPH_PATCH_DST, 5, ruda_bind(b.y)), RUDA_EINVAL,
+       "the destination of command 5 (a download) is on the host: a staging block, from ruda_graph_patch_host"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     /* Alone, and behind a good patch that pins a buffer first. */
