@@ -301,6 +301,9 @@ static void *worker_main(void *arg) {
           if (!ruda__auto_eligible(c) || c->stream != cmd->stream) break;
           run[n++] = c;
         }
+        /* The command after the run is read too: at the length limit the
+         * loop stopped before its acquire. */
+        if (nd != NULL) RUDA__TSAN_ACQUIRE(nd);
         if (n >= 2 && nd != NULL &&
             ruda__auto_wait_point(caa_container_of(nd, ruda__cmd, node), cmd->stream)) {
           unretired += n - 1;
