@@ -424,6 +424,13 @@ void ruda__thread_life_put(struct ruda__thread_life *life);
  * stops listing them. Skips when another reap is running. Any thread;
  * takes pool locks, never waits for the device. */
 void ruda__streams_reap(struct ruda__sched *sch);
+/* A call naming a retired thread's id that is waiting for its grace
+ * period: when a racing call made the record busy (a capture or profile
+ * begun, an error), it goes back into the table now and is returned, so
+ * an id that accepted a begin accepts its end; else NULL. The caller is
+ * counted in its call slot. Any thread; takes reap_lock, never waits for
+ * the device. */
+ruda__stream *ruda__streams_reclaim(struct ruda__sched *sch, ruda_stream_id id);
 
 /* Close, after the workers stopped: puts the records still waiting for
  * their grace period back into the table, so that close's walks over the
