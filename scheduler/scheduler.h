@@ -150,7 +150,11 @@ struct ruda_future {
   struct ruda__sched *sch;
   ruda__stream *stream;
   int drains_errors;
-  int held; /* handed to the caller: counted in the device's held_futures */
+  /* Handed to the caller (ruda__future_hand_out): listed in the device's
+   * home of held futures, which close completes (scheduler/future.c). */
+  struct ruda__future_home *home;
+  struct ruda_future *hnext, *hprev;
+  _Atomic uint32_t detached; /* futex word: close completed it, the device is gone */
   /* Set by the worker when the completion has an event: the event covers
    * the worker's commands up to order_pos, which ordering may take as done
    * once a waiter saw it complete (scheduler/order.c). */
@@ -162,9 +166,21 @@ struct ruda_future {
 };
 
 struct ruda_future *ruda__future_new(struct ruda__sched *sch, ruda__stream *s, int drains);
-/* A public call hands f (may be NULL) to its caller: counted until
- * ruda_future_free. */
+/* A public call hands f (may be NULL) to its caller: listed until
+ * ruda_future_free, so close can complete it. Thread-safe; takes one of
+ * the home's stripe locks. */
 void ruda__future_hand_out(struct ruda_future *f);
+/* Device open: the home of held futures (RUDA_ENOMEM). */
+int ruda__futures_open(struct ruda__sched *sch);
+/* Device close, after the workers stopped and before the streams and the
+ * backend go: marks the home closed (no wait, poll or free of a held
+ * future starts on the device after it), waits for those in progress
+ * (each has its event and its completion: all work ran), then completes
+ * every held future not yet waited with RUDA_ECLOSED, dropping its result,
+ * and detaches all of them from the device: they stay valid to wait,
+ * poll and free. The home itself goes with the last of them. Blocks only
+ * for waits in progress. */
+void ruda__futures_close(struct ruda__sched *sch);
 /* Worker: the command ran (code 0) or failed; wakes the waiter. */
 void ruda__future_submitted(struct ruda_future *f, int code);
 void ruda__future_unref(struct ruda_future *f);

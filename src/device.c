@@ -165,6 +165,7 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
     goto fail;
   }
   memset(dev->sched.workers, 0, sizeof(ruda__worker) * dev->sched.nworkers);
+  if ((rc = ruda__futures_open(&dev->sched)) != 0) goto fail;
   if ((rc = ruda__progress_init(&dev->sched)) != 0) goto fail;
   dev->memory.ops = dev->ops;
   dev->memory.bstate = dev->bstate;
@@ -180,6 +181,7 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   return 0;
 
 fail:
+  ruda__futures_close(&dev->sched); /* none handed out yet */
   ruda__trace_close(&dev->sched, 0);
   ruda__memory_destroy(&dev->memory);
   ruda__progress_destroy(&dev->sched);
@@ -243,6 +245,19 @@ static void collect(ruda__stream *s, void *p) {
   a->tail = e;
 }
 
+/* The close sequence, in order (ruda.h has the contract, architecture.md
+ * the picture):
+ *  1. refuse while a communicator is live (RUDA_EBUSY, still open);
+ *  2. mark closed: calls starting from here fail with RUDA_ECLOSED;
+ *  3. wait for the calls in progress (their commands are queued by then,
+ *     the futures they hand out listed);
+ *  4. stop the workers: every queued command runs (or is reported);
+ *  5. complete the held futures (scheduler/future.c): waits in progress
+ *     finish with their results, the rest get RUDA_ECLOSED; all outlive
+ *     the device;
+ *  6. collect the streams' errors, then free graphs, staging holds,
+ *     handles, memory, kernels, streams and the backend;
+ *  7. wait for calls that raced the first wait, free the device. */
 int ruda_device_close(ruda_device *dev, ruda_error **errors) {
   if (errors) *errors = NULL;
   if (dev == NULL) return ruda__fail(RUDA_EINVAL, "ruda_device_close: device is NULL");
@@ -256,17 +271,12 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
                         "ruda_device_close: the device is a rank of %u live communicator%s; ruda_comm_destroy %s "
                         "first (the device stays open)",
                         comms, comms == 1 ? "" : "s", comms == 1 ? "it" : "them");
-    uint64_t futures = atomic_load_explicit(&dev->sched.held_futures, memory_order_acquire);
-    if (futures != 0 && !atomic_load(&dev->closed))
-      return ruda__fail(RUDA_EBUSY,
-                        "ruda_device_close: %llu future%s from ruda_read, ruda_sync_async or "
-                        "ruda_graph_replay_async still held; ruda_future_free %s first (the device stays open)",
-                        (unsigned long long)futures, futures == 1 ? "" : "s", futures == 1 ? "it" : "them");
     if (atomic_exchange(&dev->closed, 1)) return ruda__call_closed(dev, &ruda__in_call, "ruda_device_close");
   }
   calls_wait(dev);
   ruda__test_point(RUDA__HOOK_CLOSE_WAITED, dev);
   ruda__workers_stop(&dev->sched);
+  ruda__futures_close(&dev->sched);
   ruda__trace_close(&dev->sched, 1);
 
   ruda__streams_unpend(&dev->sched);
