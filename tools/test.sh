@@ -23,6 +23,13 @@ cmake --build build-tsan -j"$jobs" >/dev/null
 echo "== tests under ThreadSanitizer"
 TSAN_OPTIONS="halt_on_error=1" ctest --test-dir build-tsan --output-on-failure -j"$jobs" || {
   echo "thread sanitizer run failed"; exit 1; }
+# Automatic request graphs change what workers do with every run of
+# launches, so the scheduler, graph and stream tests (label `scheduler`,
+# tests/CMakeLists.txt) run again with them on; the whole suite twice
+# would cost too much CI time.
+echo "== scheduler, graph and stream tests under ThreadSanitizer with RUDA_AUTO_GRAPHS=1"
+RUDA_AUTO_GRAPHS=1 TSAN_OPTIONS="halt_on_error=1" ctest --test-dir build-tsan --output-on-failure -j"$jobs" -L scheduler || {
+  echo "thread sanitizer run with automatic request graphs failed"; exit 1; }
 echo "== fuzzing the API for 30 s (tools/fuzz.sh)"
 log="${TMPDIR:-/tmp}/ruda-fuzz.log"
 set +e
