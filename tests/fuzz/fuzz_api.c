@@ -261,6 +261,25 @@ static int run_patched(fuzz *z, ruda_stream_id rs, ruda_graph *g, const ruda_gra
   return 0;
 }
 
+/* Four staging blocks of b's size in blk (in, out, in2, out2), and a
+ * request graph recorded on s: upload in -> b, add v to b, download b ->
+ * out. */
+static ruda_graph *record_request(fuzz *z, ruda_stream_id s, model_buf *b, uint32_t v, unsigned char **blk) {
+  uint32_t len = b->size;
+  for (int i = 0; i < 4; i++) CHECK(ruda_staging_alloc(z->dev, len, (void **)&blk[i]) == 0, "staging");
+  drain(z, s, 1);
+  CHECK(ruda_graph_begin_capture(z->dev, s) == 0, "begin capture");
+  ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(b->h));
+  ruda_future *none = NULL;
+  CHECK(ruda_write_staged(z->dev, s, &d, blk[0], len) == 0, "recorded upload");
+  ruda_arg a[3] = {ruda_arg_buffer(ruda_bind(b->h)), ruda_arg_scalar(&v, 4), ruda_arg_scalar(&len, 4)};
+  CHECK(launch(z, s, "add", a, 3) == 0, "captured launch");
+  CHECK(ruda_read(z->dev, s, &d, blk[1], len, &none) == 0 && none == NULL, "recorded download");
+  ruda_graph *g = NULL;
+  CHECK(ruda_graph_end_capture(z->dev, s, &g) == 0, "end capture");
+  return g;
+}
+
 static void step(fuzz *z) {
   const uint8_t op = next(z) % 20;
   const ruda_stream_id s = next(z) % NSTREAMS;
@@ -517,21 +536,9 @@ static void step(fuzz *z) {
       model_buf *c = pick(z), *dead = pick(z);
       if (!b->live || !c->live) break;
       uint32_t v = next(z), len = b->size, times = 1 + next(z) % 3;
-      unsigned char *in = NULL, *out = NULL, *in2 = NULL, *out2 = NULL, stack[MAXB];
-      CHECK(ruda_staging_alloc(z->dev, len, (void **)&in) == 0 && ruda_staging_alloc(z->dev, len, (void **)&out) == 0 &&
-                ruda_staging_alloc(z->dev, len, (void **)&in2) == 0 &&
-                ruda_staging_alloc(z->dev, len, (void **)&out2) == 0,
-            "staging");
-      drain(z, s, 1);
-      CHECK(ruda_graph_begin_capture(z->dev, s) == 0, "begin capture");
-      d = ruda_copy_contiguous(ruda_bind(b->h));
-      ruda_future *none = NULL;
-      CHECK(ruda_write_staged(z->dev, s, &d, in, len) == 0, "recorded upload");
-      ruda_arg a[3] = {ruda_arg_buffer(ruda_bind(b->h)), ruda_arg_scalar(&v, 4), ruda_arg_scalar(&len, 4)};
-      CHECK(launch(z, s, "add", a, 3) == 0, "captured launch");
-      CHECK(ruda_read(z->dev, s, &d, out, len, &none) == 0 && none == NULL, "recorded download");
-      ruda_graph *g = NULL;
-      CHECK(ruda_graph_end_capture(z->dev, s, &g) == 0, "end capture");
+      unsigned char *blk[4], stack[MAXB];
+      ruda_graph *g = record_request(z, s, b, v, blk);
+      unsigned char *in = blk[0], *out = blk[1], *in2 = blk[2], *out2 = blk[3];
       for (uint32_t t = 0; t < times; t++) {
         const ruda_stream_id rs = (s + t) % NSTREAMS;
         uint32_t v2 = next(z);
@@ -610,21 +617,9 @@ static void step(fuzz *z) {
       model_buf *c = pick(z);
       if (!b->live || !c->live || c->size < b->size) break;
       uint32_t v = next(z), len = b->size;
-      unsigned char *in = NULL, *out = NULL, *in2 = NULL, *out2 = NULL;
-      CHECK(ruda_staging_alloc(z->dev, len, (void **)&in) == 0 && ruda_staging_alloc(z->dev, len, (void **)&out) == 0 &&
-                ruda_staging_alloc(z->dev, len, (void **)&in2) == 0 &&
-                ruda_staging_alloc(z->dev, len, (void **)&out2) == 0,
-            "staging");
-      drain(z, s, 1);
-      CHECK(ruda_graph_begin_capture(z->dev, s) == 0, "begin capture");
-      d = ruda_copy_contiguous(ruda_bind(b->h));
-      ruda_future *none = NULL;
-      CHECK(ruda_write_staged(z->dev, s, &d, in, len) == 0, "recorded upload");
-      ruda_arg a[3] = {ruda_arg_buffer(ruda_bind(b->h)), ruda_arg_scalar(&v, 4), ruda_arg_scalar(&len, 4)};
-      CHECK(launch(z, s, "add", a, 3) == 0, "captured launch");
-      CHECK(ruda_read(z->dev, s, &d, out, len, &none) == 0 && none == NULL, "recorded download");
-      ruda_graph *g = NULL;
-      CHECK(ruda_graph_end_capture(z->dev, s, &g) == 0, "end capture");
+      unsigned char *blk[4];
+      ruda_graph *g = record_request(z, s, b, v, blk);
+      unsigned char *in = blk[0], *out = blk[1], *in2 = blk[2], *out2 = blk[3];
       const ruda_stream_id rs = next(z) % NSTREAMS;
       const uint8_t fillv = next(z);
       memset(in2, fillv, len);

@@ -387,6 +387,21 @@ static void a_failing_patched_command_is_named(void **state) {
   test_close(dev);
 }
 
+/* Replays g (recorded on a) moved onto b, with k1 2 and k2 3 and b's
+ * input filled with seed 7, queued on stream 0 behind a shut gate (the
+ * caller opens it); its future. */
+static ruda_future *queue_patched(ruda_device *dev, ruda_graph *g, const set *b) {
+  const uint64_t k1 = 2, k2 = 3;
+  ruda_graph_patch p[16];
+  uint32_t n = request_patches(b, &k1, &k2, p);
+  fill(b->in, 7);
+  atomic_store(&test_gate_open, 0);
+  assert_ok(test_launch(dev, 0, "gate", NULL, 0));
+  ruda_future *f;
+  assert_ok(ruda_graph_replay_with(dev, 0, g, p, n, &f));
+  return f;
+}
+
 /* A patch's buffer freed while its replay is queued keeps its memory
  * until the replay ran: a buffer made meanwhile gets other memory. */
 static void a_patch_keeps_its_buffer_until_the_replay_ran(void **state) {
@@ -394,14 +409,7 @@ static void a_patch_keeps_its_buffer_until_the_replay_ran(void **state) {
   ruda_device *dev = open_patch(1);
   set a = set_new(dev), b = set_new(dev);
   ruda_graph *g = record_request(dev, 0, &a);
-  const uint64_t k1 = 2, k2 = 3;
-  ruda_graph_patch p[16];
-  uint32_t n = request_patches(&b, &k1, &k2, p);
-  fill(b.in, 7);
-  atomic_store(&test_gate_open, 0);
-  assert_ok(test_launch(dev, 0, "gate", NULL, 0));
-  ruda_future *f;
-  assert_ok(ruda_graph_replay_with(dev, 0, g, p, n, &f));
+  ruda_future *f = queue_patched(dev, g, &b);
   assert_ok(ruda_buffer_free(dev, 0, b.x));
   assert_ok(ruda_buffer_free(dev, 0, b.y));
   ruda_handle junk[4];
@@ -433,14 +441,7 @@ static void freeing_a_patched_host_block_waits_for_the_replay(void **state) {
   ruda_device *dev = open_patch(1);
   set a = set_new(dev), b = set_new(dev);
   ruda_graph *g = record_request(dev, 0, &a);
-  const uint64_t k1 = 2, k2 = 3;
-  ruda_graph_patch p[16];
-  uint32_t n = request_patches(&b, &k1, &k2, p);
-  fill(b.in, 7);
-  atomic_store(&test_gate_open, 0);
-  assert_ok(test_launch(dev, 0, "gate", NULL, 0));
-  ruda_future *f;
-  assert_ok(ruda_graph_replay_with(dev, 0, g, p, n, &f));
+  ruda_future *f = queue_patched(dev, g, &b);
   assert_ok(ruda_staging_free(dev, b.in));
   assert_ok(ruda_staging_free(dev, b.out));
   uint64_t *junk[4];
