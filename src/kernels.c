@@ -10,10 +10,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/tls.h"
 #include "src/device.h"
 #include "src/api.h"
 
+/* What a ruda_kernel_ref points at: entries live until close, and a
+ * replacement swaps their kernel, so a reference follows it. */
 typedef struct ruda__kernel_entry {
+  const struct ruda__kernel_table *table; /* the device's: refs are checked against it */
   const char *name; /* owned by the first kernel registered under it */
   uint64_t hash;
   ruda__kernel *_Atomic kernel;
@@ -84,9 +88,8 @@ static void place(ruda__kernel_slots *s, ruda__kernel_entry *e) {
  * have rewritten the string behind the same pointer. Only the owning thread
  * touches its slots.
  *
- * initial-exec: the slots are reached %fs-relative with no __tls_get_addr
- * call. KCACHE_SLOTS * 24 = 96 bytes of static TLS, affordable even when
- * libruda is dlopen'ed. */
+ * initial-exec where the build allows it (base/tls.h): KCACHE_SLOTS * 24
+ * = 96 bytes. */
 #define KCACHE_BITS 2
 #define KCACHE_SLOTS (1u << KCACHE_BITS)
 
@@ -96,7 +99,7 @@ typedef struct kcache_slot {
   ruda__kernel_entry *entry;
 } kcache_slot;
 
-static __thread kcache_slot kcache[KCACHE_SLOTS] __attribute__((tls_model("initial-exec")));
+static __thread kcache_slot kcache[KCACHE_SLOTS] RUDA__TLS_HOT;
 
 /* Direct-mapped on the name pointer and the serial, so one name used on
  * two devices from one thread can occupy two slots. */
@@ -116,6 +119,26 @@ static __attribute__((noinline, cold)) ruda__kernel *kcache_miss(ruda_device *de
   c->name = name;
   c->entry = e;
   return atomic_load_explicit(&e->kernel, memory_order_acquire);
+}
+
+ruda__kernel *ruda__kernel_of_ref(ruda_device *dev, const ruda_kernel_ref *ref, const char **name) {
+  const ruda__kernel_entry *e = (const ruda__kernel_entry *)ref;
+  if (e->table != dev->kernels) return NULL;
+  *name = e->name;
+  return atomic_load_explicit(&e->kernel, memory_order_acquire);
+}
+
+int ruda_kernel_lookup(ruda_device *dev, const char *name, const ruda_kernel_ref **out) {
+  static const char fn[] = "ruda_kernel_lookup";
+  if (out != NULL) *out = NULL;
+  RUDA__CHECK_DEV(dev, fn);
+  if (name == NULL || out == NULL)
+    return ruda__fail(RUDA_EINVAL, "ruda_kernel_lookup: %s is NULL", name ? "out" : "name");
+  ruda__kernel_slots *s = atomic_load_explicit(&dev->kernels->current, memory_order_acquire);
+  ruda__kernel_entry *e = lookup(s, name, hash_name(name));
+  if (e == NULL) return ruda__fail(RUDA_EKERNEL, "ruda_kernel_lookup: no kernel named \"%s\" is registered", name);
+  *out = (const ruda_kernel_ref *)e;
+  return 0;
 }
 
 ruda__kernel *ruda__kernel_find(ruda_device *dev, const char *name) {
@@ -170,6 +193,7 @@ int ruda__kernel_add(ruda_device *dev, ruda__kernel *k) {
     rc = ruda__fail(RUDA_ENOMEM, "kernel \"%s\": out of host memory", k->name);
     goto out;
   }
+  e->table = t;
   e->name = k->name;
   e->hash = h;
   e->replaced = NULL;

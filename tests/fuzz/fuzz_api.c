@@ -29,6 +29,10 @@
  *     the replay still reads and fills them (the free is deferred);
  *   - errors: each flush or sync of a stream hands back exactly the
  *     kernel failures the model counted on it, none lost, none elsewhere;
+ *   - buffers adopted from host memory (ruda_buffer_import) behave as made
+ *     ones; each block is freed by its release callback, so a release
+ *     before the last use is a use after free under ASan, and each is
+ *     released exactly once (counted at the end);
  *   - at the end every live buffer equals the model and close is clean.
  * A violation aborts (the fuzzer reports it with the input).
  *
@@ -36,6 +40,7 @@
  * (tools/fuzz.sh); without, a driver that runs -n inputs from a seeded
  * generator, or the files named on the command line (ctest: fuzz_api.*). */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,8 +67,25 @@ typedef struct pending_read {
   uint32_t len;
 } pending_read;
 
+/* Imports' release callbacks, counted (any thread). */
+typedef struct import_rec {
+  void *mem;
+  _Atomic int released;
+} import_rec;
+
+#define MAXIMPORTS 64
+
+static void release_import(void *user, uint64_t addr, uint64_t bytes) {
+  import_rec *r = user;
+  (void)bytes;
+  if ((uint64_t)(uintptr_t)r->mem == addr) free(r->mem); /* a wrong address leaks: the count below fails */
+  atomic_fetch_add(&r->released, 1);
+}
+
 typedef struct fuzz {
   ruda_device *dev;
+  import_rec imports[MAXIMPORTS];
+  int nimports;
   model_buf b[NBUF];
   int errors[NSTREAMS]; /* kernel failures queued on each stream */
   pending_read pend[4];
@@ -227,8 +249,14 @@ static void *capture_then_exit(void *p) {
   return NULL;
 }
 
+/* By name, or by reference (ruda_kernel_lookup): the same outcome. */
 static uint32_t launch(fuzz *z, ruda_stream_id s, const char *k, ruda_arg *a, uint32_t n) {
   ruda_launch_desc l = {.kernel = k, .grid = {1, 1, 1}, .block = {1, 1, 1}, .args = a, .nargs = n};
+  if (next(z) & 1) {
+    int rc = ruda_kernel_lookup(z->dev, k, &l.ref);
+    if (rc != 0) return (uint32_t)rc;
+    l.kernel = NULL;
+  }
   return (uint32_t)ruda_launch(z->dev, s, &l);
 }
 
@@ -290,8 +318,20 @@ static void step(fuzz *z) {
     case 0: { /* create (replacing a dead slot) */
       if (b->live) break;
       uint32_t size = 1 + next(z) % MAXB;
-      rc = ruda_buffer_create(z->dev, s, size, &b->h);
-      CHECK(rc == 0, "create %u bytes: %s", size, ruda_err_name(rc));
+      if ((next(z) & 3) == 0 && z->nimports < MAXIMPORTS) { /* adopted host memory instead */
+        import_rec *r = &z->imports[z->nimports++];
+        r->mem = malloc(size);
+        CHECK(r->mem != NULL, "malloc");
+        rc = ruda_buffer_import(z->dev, s, (uint64_t)(uintptr_t)r->mem, size, release_import, r, &b->h);
+        CHECK(rc == 0, "import %u bytes: %s", size, ruda_err_name(rc));
+        /* The same memory again is an overlap, refused. */
+        ruda_handle again;
+        rc = ruda_buffer_import(z->dev, s, (uint64_t)(uintptr_t)r->mem, size, release_import, r, &again);
+        CHECK(rc == RUDA_EINVAL, "a second import of the same memory returned %s", ruda_err_name(rc));
+      } else {
+        rc = ruda_buffer_create(z->dev, s, size, &b->h);
+        CHECK(rc == 0, "create %u bytes: %s", size, ruda_err_name(rc));
+      }
       b->live = b->made = 1;
       b->size = size;
       memset(b->data, 0, sizeof b->data);
@@ -703,6 +743,9 @@ int ruda_fuzz_one(const uint8_t *data, size_t size) {
     CHECK(ruda_buffer_free(z->dev, 0, b->h) == 0, "final free");
   }
   CHECK(ruda_device_close(z->dev, NULL) == 0, "close");
+  for (int i = 0; i < z->nimports; i++)
+    CHECK(atomic_load(&z->imports[i].released) == 1, "import %d released %d times", i,
+          atomic_load(&z->imports[i].released));
   return 0;
 }
 

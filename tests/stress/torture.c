@@ -6,11 +6,14 @@
  * place of some of those kernels, half the threads issuing in place,
  * kernels that launch on their own buffer, two graphs every thread
  * replays with patches at once (moved onto its own buffer, or onto shared
- * handles freed under its feet), graphs captured on the own streams of
- * threads that exit at once and replayed after the reaper freed those
- * streams, a request graph every thread replays with its own staging
- * blocks patched in and frees them while the replay is queued. Every
- * byte read back is checked; run under ASan and TSan by tools/test.sh.
+ * handles freed under its feet), every third chain on host memory adopted
+ * with ruda_buffer_import (freed by its release callback, so an early
+ * release is a use after free; imports and releases counted), graphs
+ * captured on the own streams of threads that exit at once and replayed
+ * after the reaper freed those streams, a request graph every thread
+ * replays with its own staging blocks patched in and frees them while the
+ * replay is queued. Every byte read back is checked; run under ASan and
+ * TSan by tools/test.sh.
  *   torture [-t threads] [-n iterations] [-a 1: automatic request graphs on] */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -25,6 +28,14 @@
 static int nthreads = 32, iters = 200, auto_graphs;
 static ruda_device *dev;
 static _Atomic int failures;
+static _Atomic long imported, released;
+
+/* Frees an adopted block: any thread, once its chain's last use is done. */
+static void release_block(void *user, uint64_t addr, uint64_t bytes) {
+  (void)addr, (void)bytes;
+  free(user);
+  atomic_fetch_add(&released, 1);
+}
 static _Atomic(uint64_t) shared_h[16]; /* handles any thread may use or free: slot << 32 | gen */
 /* Recorded once, replayed by every thread with patches: two bumps of a
  * buffer, and a peek of one. */
@@ -82,9 +93,11 @@ static uint64_t rng(uint64_t *s) {
   return *s;
 }
 
+/* By name on odd streams, by reference (ruda_kernel_lookup) on even ones. */
 static void launch_bump(ruda_stream_id s, ruda_handle h, int *rc) {
   ruda_arg a = ruda_arg_buffer(ruda_bind(h));
   ruda_launch_desc l = {.kernel = "bump", .grid = {1, 1, 1}, .block = {1, 1, 1}, .args = &a, .nargs = 1};
+  if ((s & 1) == 0 && (*rc = ruda_kernel_lookup(dev, "bump", &l.ref)) != 0) return;
   *rc = ruda_launch(dev, s, &l);
 }
 
@@ -236,7 +249,15 @@ static void *worker(void *p) {
     /* A chain on my stream: write (t, i), bump it twice, read it back;
      * the buffer is freed while the read is still queued. */
     ruda_handle x;
-    if (ruda_buffer_create(dev, me, sizeof src, &x) != 0) {
+    void *block = i % 3 == 2 ? malloc(sizeof src) : NULL;
+    if (block != NULL) {
+      if (ruda_buffer_import(dev, me, (uint64_t)(uintptr_t)block, sizeof src, release_block, block, &x) != 0) {
+        FAIL("thread %llu: import", (unsigned long long)t);
+        free(block);
+        continue;
+      }
+      atomic_fetch_add(&imported, 1);
+    } else if (ruda_buffer_create(dev, me, sizeof src, &x) != 0) {
       FAIL("thread %llu: create", (unsigned long long)t);
       continue;
     }
@@ -428,6 +449,8 @@ int main(int argc, char **argv) {
   }
   ruda_error_free(errs);
   if (atomic_load(&nest_failures) != 0) FAIL("%d launches issued by kernels failed", atomic_load(&nest_failures));
+  if (atomic_load(&released) != atomic_load(&imported))
+    FAIL("%ld imports, %ld releases", atomic_load(&imported), atomic_load(&released));
   int f = atomic_load(&failures);
   printf("torture: %d threads x %d iterations, %d failures\n", nthreads, iters, f);
   return f == 0 ? 0 : 1;
