@@ -185,6 +185,9 @@ typedef struct ruda__backend_ops {
   /* Any thread: 1 when [p, p + size) lies in staging memory the device
    * can copy to and from asynchronously (blocks of ruda_staging_alloc). */
   int (*stage_owns)(void *state, const void *p, size_t size);
+  /* Any thread: the bytes of block p from stage_alloc (at least the size
+   * asked for), so a free can tell which host ranges lie in it. */
+  size_t (*stage_size)(void *state, const void *p);
   int (*launch)(void *wstate, const ruda__launch_cmd *cmd, ruda_error **err);
   /* Worker, optional: a library call (ruda_call) of stream's command seq
    * is about to issue its own work on the worker's stream; fault reports,

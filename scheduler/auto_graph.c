@@ -88,7 +88,7 @@ static ruda__cmd *template_cmd(const ruda__cmd *c) {
   ruda__cmd *t = ruda__cmd_alloc(extra);
   if (t == NULL) return NULL;
   t->kind = c->kind;
-  t->stream = c->stream;
+  t->stream = NULL; /* a template outlives the run's stream record: nothing reads it */
   t->seq = c->seq;
   t->u = c->u;
   if (c->kind == RUDA__CMD_LAUNCH) {

@@ -58,11 +58,16 @@ int ruda__capture_record(ruda__stream *s, ruda__cmd *cmd) {
     c->cmds = grown;
     c->cap = cap;
   }
-  cmd->stream = s;
+  /* A graph outlives the stream it was captured on (an exited thread's
+   * record is freed by the reaper): recorded commands keep its id, in the
+   * graph and in the kinds that quote it (launch, call), and no pointer. */
+  cmd->stream = NULL;
   cmd->seq = c->n + 1; /* its place in the graph, quoted if a replay fails */
   if (cmd->kind == RUDA__CMD_LAUNCH) {
     cmd->u.launch.stream = s->id;
     cmd->u.launch.seq = cmd->seq;
+  } else if (cmd->kind == RUDA__CMD_CALL) {
+    cmd->u.call.stream = s->id;
   }
   c->cmds[c->n++] = cmd;
   pthread_mutex_unlock(&c->lock);

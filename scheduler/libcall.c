@@ -22,7 +22,7 @@ int ruda__libcall_run(ruda__worker *w, const ruda__cmd *cmd, int capturing, ruda
   msg[0] = '\0';
   ruda_call_ctx ctx = {
       .dev = sch->handle,
-      .stream = cmd->stream->id,
+      .stream = c->stream,
       .seq = cmd->seq,
       .worker = w->index,
       .nbuffers = c->nbuf,

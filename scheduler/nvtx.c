@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/env.h"
 #include "scheduler/nvtx.h"
 #include "scheduler/trace.h"
 
@@ -21,9 +22,9 @@ static int on;
 static nvtxDomainHandle_t domain;
 
 static void init(void) {
-  const char *force = getenv("RUDA_NVTX");
   const char *tool = getenv("NVTX_INJECTION64_PATH");
-  on = force != NULL && *force != '\0' ? *force != '0' : tool != NULL && *tool != '\0';
+  int force = 0;
+  on = ruda__env_bool("RUDA_NVTX", &force) > 0 ? force : tool != NULL && *tool != '\0';
   if (on) domain = nvtxDomainCreateA("ruda");
 }
 

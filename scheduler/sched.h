@@ -63,8 +63,8 @@ typedef struct ruda__sched {
   } order;
   /* Futures handed to the caller (ruda_read, ruda_sync_async,
    * ruda_graph_replay_async) and not freed yet (scheduler/future.c):
-   * close refuses while any is held, since freeing one needs the device. */
-  _Atomic uint64_t held_futures;
+   * close completes them, and they outlive the device. */
+  struct ruda__future_home *futures;
   /* Graphs not destroyed yet (scheduler/graph.c), freed at close. */
   pthread_mutex_t graph_lock;
   struct ruda_graph *graphs;

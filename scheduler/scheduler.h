@@ -59,6 +59,7 @@ typedef struct ruda__libcall_cmd {
   const uint64_t *addr, *size; /* nbuf each */
   const void *data;            /* data_size bytes, or NULL */
   uint32_t nbuf, data_size;
+  ruda_stream_id stream; /* ctx->stream: the id, as a recorded call keeps no stream record */
   char name[RUDA_CALL_NAME_MAX];
 } ruda__libcall_cmd;
 
@@ -102,6 +103,10 @@ typedef struct ruda__cmd {
       const struct ruda__graph_fix *fix;
       uint32_t nfix;
       const char *call; /* the public call that replayed it, for reports */
+      /* Optional, called with the worker's index once the replay ran (the
+       * API layer's hold on the host blocks it uses, src/stage_hold.h). */
+      void (*ran)(void *arg, uint32_t worker);
+      void *ran_arg;
     } graph;
     ruda__coll coll;
     ruda__libcall_cmd call;
@@ -145,7 +150,11 @@ struct ruda_future {
   struct ruda__sched *sch;
   ruda__stream *stream;
   int drains_errors;
-  int held; /* handed to the caller: counted in the device's held_futures */
+  /* Handed to the caller (ruda__future_hand_out): listed in the device's
+   * home of held futures, which close completes (scheduler/future.c). */
+  struct ruda__future_home *home;
+  struct ruda_future *hnext, *hprev;
+  _Atomic uint32_t detached; /* futex word: close completed it, the device is gone */
   /* Set by the worker when the completion has an event: the event covers
    * the worker's commands up to order_pos, which ordering may take as done
    * once a waiter saw it complete (scheduler/order.c). */
@@ -157,9 +166,21 @@ struct ruda_future {
 };
 
 struct ruda_future *ruda__future_new(struct ruda__sched *sch, ruda__stream *s, int drains);
-/* A public call hands f (may be NULL) to its caller: counted until
- * ruda_future_free. */
+/* A public call hands f (may be NULL) to its caller: listed until
+ * ruda_future_free, so close can complete it. Thread-safe; takes one of
+ * the home's stripe locks. */
 void ruda__future_hand_out(struct ruda_future *f);
+/* Device open: the home of held futures (RUDA_ENOMEM). */
+int ruda__futures_open(struct ruda__sched *sch);
+/* Device close, after the workers stopped and before the streams and the
+ * backend go: marks the home closed (no wait, poll or free of a held
+ * future starts on the device after it), waits for those in progress
+ * (each has its event and its completion: all work ran), then completes
+ * every held future not yet waited with RUDA_ECLOSED, dropping its result,
+ * and detaches all of them from the device: they stay valid to wait,
+ * poll and free. The home itself goes with the last of them. Blocks only
+ * for waits in progress. */
+void ruda__futures_close(struct ruda__sched *sch);
 /* Worker: the command ran (code 0) or failed; wakes the waiter. */
 void ruda__future_submitted(struct ruda_future *f, int code);
 void ruda__future_unref(struct ruda_future *f);
@@ -436,6 +457,13 @@ static inline void ruda__thread_life_put(struct ruda__thread_life *life) {
  * stops listing them. Skips when another reap is running. Any thread;
  * takes pool locks, never waits for the device. */
 void ruda__streams_reap(struct ruda__sched *sch);
+/* A call naming a retired thread's id that is waiting for its grace
+ * period: when a racing call made the record busy (a capture or profile
+ * begun, an error), it goes back into the table now and is returned, so
+ * an id that accepted a begin accepts its end; else NULL. The caller is
+ * counted in its call slot. Any thread; takes reap_lock, never waits for
+ * the device. */
+ruda__stream *ruda__streams_reclaim(struct ruda__sched *sch, ruda_stream_id id);
 
 /* Close, after the workers stopped: puts the records still waiting for
  * their grace period back into the table, so that close's walks over the

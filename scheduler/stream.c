@@ -87,6 +87,12 @@ static __attribute__((noinline)) ruda__stream *stream_by_thread_id(struct ruda__
                                                                    const char *fn, int *rc) {
   ruda__stream *st = ruda__streams_find(&sch->streams, id);
   if (st != NULL && !atomic_load_explicit(&st->retired, memory_order_acquire)) return st;
+  /* Busy while it waits for its grace period (a begin accepted as it
+   * retired): back now. Or the reaper put it back between the find and
+   * the reclaim: a second find sees it. */
+  if ((st = ruda__streams_reclaim(sch, id)) != NULL) return st;
+  st = ruda__streams_find(&sch->streams, id);
+  if (st != NULL && !atomic_load_explicit(&st->retired, memory_order_acquire)) return st;
   *rc = ruda__fail(RUDA_EINVAL,
                    "%s: stream id %llu is reserved (explicit ids are below 2^63; a thread's own stream "
                    "is named by RUDA_STREAM_CURRENT, or by its id while ruda_stream_ids lists it)",

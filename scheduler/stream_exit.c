@@ -126,6 +126,28 @@ void ruda__streams_reap(struct ruda__sched *sch) {
   pthread_mutex_unlock(&t->reap_lock);
 }
 
+ruda__stream *ruda__streams_reclaim(struct ruda__sched *sch, ruda_stream_id id) {
+  ruda__stream_table *t = &sch->streams;
+  ruda__stream *found = NULL;
+  pthread_mutex_lock(&t->reap_lock);
+  for (ruda__stream **link = &t->pending; *link != NULL; link = &(*link)->pending_next) {
+    ruda__stream *st = *link;
+    if (st->id != id) continue;
+    if (!quiet(st)) { /* as settle puts a busy record back */
+      *link = st->pending_next;
+      free(st->until);
+      st->until = NULL;
+      st->exit_ticket = 0;
+      atomic_store_explicit(&st->retired, 0, memory_order_release);
+      ruda__streams_republish(t, st);
+      found = st;
+    }
+    break;
+  }
+  pthread_mutex_unlock(&t->reap_lock);
+  return found;
+}
+
 void ruda__streams_unpend(struct ruda__sched *sch) {
   ruda__stream_table *t = &sch->streams;
   pthread_mutex_lock(&t->reap_lock);

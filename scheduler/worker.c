@@ -7,6 +7,7 @@
 #include <sched.h>
 
 #include "scheduler/sched.h"
+#include "base/env.h"
 #include "base/log.h"
 #include "scheduler/auto_graph.h"
 #include "scheduler/graph.h"
@@ -97,6 +98,7 @@ int ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
       rc = ruda__graph_execute(w, cmd, &err);
       /* ruda_graph_replay_async: the future completes after the replay. */
       if (rc == 0 && cmd->future != NULL) rc = ops->record(w->wstate, &cmd->future->completion, &err);
+      if (cmd->u.graph.ran != NULL) cmd->u.graph.ran(cmd->u.graph.ran_arg, w->index);
       /* The replay's reference; the error report below names no graph. */
       ruda__graph_unref(cmd->u.graph.g, w->wstate);
       break;
@@ -196,8 +198,8 @@ static void execute_observed(ruda__worker *w, ruda__cmd *cmd, int stats, int nvt
 }
 
 static int worker_stats_on(void) {
-  const char *sv = getenv("RUDA_WORKER_STATS");
-  return sv != NULL && *sv != '\0' && *sv != '0';
+  int on = 0;
+  return ruda__env_bool("RUDA_WORKER_STATS", &on) > 0 && on;
 }
 
 static void *worker_main(void *arg) {
@@ -289,6 +291,9 @@ static void *worker_main(void *arg) {
           if (!ruda__auto_eligible(c) || c->stream != cmd->stream) break;
           run[n++] = c;
         }
+        /* The command after the run is read too: at the length limit the
+         * loop stopped before its acquire. */
+        if (nd != NULL) RUDA__TSAN_ACQUIRE(nd);
         if (n >= 2 && nd != NULL &&
             ruda__auto_wait_point(caa_container_of(nd, ruda__cmd, node), cmd->stream)) {
           unretired += n - 1;

@@ -98,6 +98,7 @@ int ruda_call(ruda_device *dev, ruda_stream_id stream, const ruda_call_desc *d) 
   c->addr = addr;
   c->size = size;
   c->nbuf = n;
+  c->stream = s->id;
   c->data_size = d->data_size;
   c->data = NULL;
   if (d->data_size > 0) {

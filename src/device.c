@@ -6,6 +6,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "base/env.h"
 #include "base/log.h"
 #include "src/device.h"
 #include "base/parse.h"
@@ -64,10 +65,11 @@ void ruda_config_init(ruda_config *cfg) {
       if (!strcasecmp(v, names[i])) cfg->log_level = (ruda_log_level)i, found = 1;
     if (!found) fprintf(stderr, "ruda: ignoring RUDA_LOG=%s (off|error|warn|info|debug)\n", v);
   }
-  if (env_u32("RUDA_BOUNDS_CHECK", &u) > 0) cfg->bounds_checked = u != 0;
-  if (env_u32("RUDA_LAUNCH_BLOCKING", &u) > 0) cfg->launch_blocking = u != 0;
+  int on = 0;
+  if (ruda__env_bool("RUDA_BOUNDS_CHECK", &on) > 0) cfg->bounds_checked = on;
+  if (ruda__env_bool("RUDA_LAUNCH_BLOCKING", &on) > 0) cfg->launch_blocking = on;
   cfg->auto_graphs = -1; /* where the backend's graphs pay */
-  if (env_u32("RUDA_AUTO_GRAPHS", &u) > 0) cfg->auto_graphs = u != 0;
+  if (ruda__env_bool("RUDA_AUTO_GRAPHS", &on) > 0) cfg->auto_graphs = on;
   if ((v = getenv("RUDA_CACHE_DIR")) != NULL) cfg->cache_dir = v;
   cfg->spin_us = 50;
   if (env_u32("RUDA_SPIN_US", &u) < 0) fprintf(stderr, "ruda: ignoring malformed RUDA_SPIN_US\n");
@@ -148,6 +150,7 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   }
 
   ruda__handles_init(&dev->handles);
+  ruda__stage_holds_init(&dev->holds);
   /* The rest of the scheduler's root: memory's parts it pins and
    * allocates from. */
   dev->sched.handle = dev;
@@ -172,6 +175,7 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
     goto fail;
   }
   memset(dev->sched.workers, 0, sizeof(ruda__worker) * dev->sched.nworkers);
+  if ((rc = ruda__futures_open(&dev->sched)) != 0) goto fail;
   if ((rc = ruda__progress_init(&dev->sched)) != 0) goto fail;
   dev->memory.backend = &dev->sched.backend;
   dev->memory.handles = &dev->handles;
@@ -186,6 +190,7 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   return 0;
 
 fail:
+  ruda__futures_close(&dev->sched); /* none handed out yet */
   ruda__trace_close(&dev->sched, 0);
   ruda__memory_destroy(&dev->memory);
   ruda__progress_destroy(&dev->sched);
@@ -194,6 +199,7 @@ fail:
   ruda__kernels_destroy(dev);
   ruda__streams_destroy(&dev->sched.streams);
   ruda__handles_destroy(&dev->handles);
+  ruda__stage_holds_destroy(&dev->holds);
   pthread_mutex_destroy(&dev->sched.graph_lock);
   pthread_mutex_destroy(&dev->sched.trace_lock);
   dev->sched.backend.ops->close(dev->sched.backend.state);
@@ -248,6 +254,19 @@ static void collect(ruda__stream *s, void *p) {
   a->tail = e;
 }
 
+/* The close sequence, in order (ruda.h has the contract, architecture.md
+ * the picture):
+ *  1. refuse while a communicator is live (RUDA_EBUSY, still open);
+ *  2. mark closed: calls starting from here fail with RUDA_ECLOSED;
+ *  3. wait for the calls in progress (their commands are queued by then,
+ *     the futures they hand out listed);
+ *  4. stop the workers: every queued command runs (or is reported);
+ *  5. complete the held futures (scheduler/future.c): waits in progress
+ *     finish with their results, the rest get RUDA_ECLOSED; all outlive
+ *     the device;
+ *  6. collect the streams' errors, then free graphs, staging holds,
+ *     handles, memory, kernels, streams and the backend;
+ *  7. wait for calls that raced the first wait, free the device. */
 int ruda_device_close(ruda_device *dev, ruda_error **errors) {
   if (errors) *errors = NULL;
   if (dev == NULL) return ruda__fail(RUDA_EINVAL, "ruda_device_close: device is NULL");
@@ -261,17 +280,12 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
                         "ruda_device_close: the device is a rank of %u live communicator%s; ruda_comm_destroy %s "
                         "first (the device stays open)",
                         comms, comms == 1 ? "" : "s", comms == 1 ? "it" : "them");
-    uint64_t futures = atomic_load_explicit(&dev->sched.held_futures, memory_order_acquire);
-    if (futures != 0 && !atomic_load(&dev->closed))
-      return ruda__fail(RUDA_EBUSY,
-                        "ruda_device_close: %llu future%s from ruda_read, ruda_sync_async or "
-                        "ruda_graph_replay_async still held; ruda_future_free %s first (the device stays open)",
-                        (unsigned long long)futures, futures == 1 ? "" : "s", futures == 1 ? "it" : "them");
     if (atomic_exchange(&dev->closed, 1)) return ruda__call_closed(dev, &ruda__in_call, "ruda_device_close");
   }
   calls_wait(dev);
   ruda__test_point(RUDA__HOOK_CLOSE_WAITED, dev);
   ruda__workers_stop(&dev->sched);
+  ruda__futures_close(&dev->sched);
   ruda__trace_close(&dev->sched, 1);
 
   ruda__streams_unpend(&dev->sched);
@@ -283,6 +297,7 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
   /* Graphs hold pins and backend objects: before handles and context. */
   ruda__streams_each(&dev->sched.streams, ruda__capture_close, &dev->sched);
   ruda__graphs_close(&dev->sched);
+  ruda__stage_holds_destroy(&dev->holds); /* every replay ran; the blocks go with the backend */
   pthread_mutex_destroy(&dev->sched.graph_lock);
   pthread_mutex_destroy(&dev->sched.trace_lock);
   ruda__handles_destroy(&dev->handles);

@@ -22,6 +22,7 @@
 #include "ruda/ruda.h"
 #include "scheduler/sched.h"
 #include "scheduler/scheduler.h"
+#include "src/stage_hold.h"
 
 struct ruda__kernel_table; /* the kernel registry (src/kernels.c) */
 
@@ -37,6 +38,7 @@ struct ruda_device {
   ruda__handles handles;
   ruda__memory memory; /* pools, arena, fences (memory/memory.h) */
   struct ruda__kernel_table *kernels;
+  ruda__stage_holds holds; /* staging blocks queued replays use (src/stage_hold.h) */
   /* Live communicators this device is a rank of (src/comm.c): close is
    * refused while any is. */
   _Atomic uint32_t comms;

@@ -289,6 +289,17 @@ static int check_patch(ruda_device *dev, const ruda_graph *g, const ruda_graph_p
    * destination); the rest are buffers. */
   const int host = (c->kind == RUDA__CMD_WRITE && p->kind == RUDA_GRAPH_PATCH_SRC) ||
                    (c->kind == RUDA__CMD_READ && p->kind == RUDA_GRAPH_PATCH_DST);
+  /* The other side's field set and this one's empty: say which side the
+   * field takes and which helper builds it, rather than "no live buffer"
+   * for a zero handle. */
+  const int given_host = p->host != NULL, given_buffer = p->binding.handle.slot != 0 || p->binding.handle.gen != 0;
+  if (given_host != given_buffer && given_host != host)
+    return ruda__fail(RUDA_EINVAL,
+                      "%s: patch %u: the %s of command %u (%s) is on the %s: %s, from ruda_graph_patch_%s (the "
+                      "patch gives %s)",
+                      fn, k, p->kind == RUDA_GRAPH_PATCH_DST ? "destination" : "source", p->command, cmd_what(c),
+                      host ? "host" : "device", host ? "a staging block" : "a buffer binding",
+                      host ? "host" : "buffer", host ? "a buffer binding" : "a host block");
   if (!host) {
     (*nbuf)++;
     return 0;
@@ -377,6 +388,8 @@ static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, const 
   cmd->u.graph.g = g;
   cmd->u.graph.fix = NULL;
   cmd->u.graph.nfix = 0;
+  cmd->u.graph.ran = NULL;
+  ruda__stage_hold *hold = NULL;
   /* The patches' buffers, pinned (po settles them once queued); which of
    * the graph's pins they replace, and the graph's buffers no command
    * uses any more in this replay. */
@@ -424,6 +437,13 @@ static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, const 
       }
     cmd->u.graph.fix = fix;
     cmd->u.graph.nfix = np;
+  }
+  /* The host blocks it reads or fills are kept from ruda_staging_free
+   * until it ran (src/stage_hold.h). */
+  if ((rc = ruda__stage_hold_new(dev, g, cmd->u.graph.fix, np, &hold)) != 0) goto fail;
+  if (hold != NULL) {
+    cmd->u.graph.ran = ruda__stage_hold_ran;
+    cmd->u.graph.ran_arg = hold;
   }
   /* A graph buffer every use of which a patch replaced is not used. */
   uint32_t gone[RUDA_GRAPH_MAX_PATCHES], ngone = 0;
@@ -511,6 +531,7 @@ static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, const 
   free(f);
   cmd->future = NULL;
 fail:
+  ruda__stage_hold_drop(dev, hold);
   ruda__order_abandon(&po);
   for (uint32_t i = 0; i < cmd->npins; i++) ruda__handles_unpin(h, ruda__pin_slot(cmd->pins[i]), NULL);
   ruda__cmd_free(cmd);

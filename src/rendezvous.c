@@ -18,9 +18,12 @@
  * counts; once every rank joined it sends the id, collects an
  * acknowledgement from each (with the time each has left) and then one
  * verdict for all: commit, only if every rank still has time to receive it,
- * else the reason it gave up. A rank returns 0 only on a commit, so all
- * ranks return the same. The key: RUDA_COMM_SECRET when set, else the
- * launcher's job id (docs/collectives.md).
+ * else the reason it gave up. A rank returns 0 only on a commit, once it
+ * sent its confirmation of it; rank 0 only once every confirmation came
+ * by its deadline. So all ranks return the same, unless a connection
+ * breaks between a rank's confirmation and rank 0's reading it
+ * (docs/collectives.md). The key: RUDA_COMM_SECRET when set, else the
+ * launcher's job id.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -38,6 +41,7 @@
 #include <unistd.h>
 
 #include "base/comm_timeout.h"
+#include "base/log.h"
 #include "base/parse.h"
 #include "base/sha256.h"
 #include "base/sync.h"
@@ -113,7 +117,7 @@ static int file_read(const char *path, file_answer *a, uint64_t limit, const cha
 
 /* ---- tcp: messages ---- */
 
-enum { MSG_CHALLENGE = 1, MSG_HELLO, MSG_ANSWER, MSG_ACK, MSG_VERDICT, MSG_STRANGER };
+enum { MSG_CHALLENGE = 1, MSG_HELLO, MSG_ANSWER, MSG_ACK, MSG_VERDICT, MSG_STRANGER, MSG_CONFIRMED };
 enum { ANSWER_OK = 0, ANSWER_WRONG_SIZE, ANSWER_NO_RANK, ANSWER_TWICE };
 
 typedef struct challenge {
@@ -267,7 +271,7 @@ static int resolve(const char *hostport, int passive, struct addrinfo **ai, cons
 
 /* ---- tcp: rank 0 ---- */
 
-enum { C_FREE = 0, C_PROVING, C_JOINED, C_ANSWERED, C_ACKED };
+enum { C_FREE = 0, C_PROVING, C_JOINED, C_ANSWERED, C_ACKED, C_COMMITTED, C_CONFIRMED };
 
 typedef struct conn {
   int fd, state;
@@ -285,6 +289,7 @@ typedef struct conn {
 typedef struct server {
   const char *fn, *hostport;
   uint32_t nranks, joined, acked;
+  uint32_t refused; /* hellos of this protocol whose tag was wrong (another key) */
   const ruda_comm_id *id;
   const job_key *key;
   conn pending[MAX_PENDING];
@@ -305,8 +310,9 @@ static void rank_gone(server *sv, conn *c) {
   conn_close(c);
 }
 
-/* The same verdict for every rank that joined, then every socket closed:
- * code 0 commits. */
+/* The same verdict for every rank that joined: code 0 commits, and the
+ * sockets stay open for the ranks' confirmations; any other code closes
+ * them. */
 static void verdict_all(server *sv, int code) {
   for (uint32_t r = 1; r < sv->nranks; r++) {
     conn *c = &sv->ranks[r];
@@ -318,9 +324,44 @@ static void verdict_all(server *sv, int code) {
     v.nranks = sv->nranks;
     v.status = (uint32_t)code;
     tag_of(sv->key, c->n0, c->n1, &v, offsetof(reply, tag), v.tag);
-    (void)send_now(c->fd, &v, sizeof v);
-    conn_close(c);
+    if (send_now(c->fd, &v, sizeof v) == 0 && code == 0) {
+      c->state = C_COMMITTED;
+      c->got = 0;
+    } else {
+      conn_close(c);
+    }
   }
+}
+
+/* After a commit: every rank confirms it received it, by the deadline,
+ * else rank 0 fails too (the rank that did not confirm has failed, or
+ * will: it returns 0 only once its confirmation is sent). 0 or the code. */
+static int confirms(server *sv, uint64_t until, uint64_t limit) {
+  int rc = 0;
+  for (uint32_t r = 1; r < sv->nranks && rc == 0; r++) {
+    conn *c = &sv->ranks[r];
+    if (c->state != C_COMMITTED) {
+      rc = ruda__fail(RUDA_EIO, "%s: rank %u did not confirm the commit at %s: its connection broke as rank 0 "
+                                "sent it; every rank fails", sv->fn, r, sv->hostport);
+      break;
+    }
+    ack a; /* a confirmation has an ack's shape */
+    int e = io_all(c->fd, &a, sizeof a, 0, until);
+    uint8_t t[TAG];
+    if (e == 0) tag_of(sv->key, c->n0, c->n1, &a, offsetof(ack, tag), t);
+    if (e == ETIMEDOUT)
+      rc = ruda__fail(RUDA_ETIMEDOUT, "%s: rank %u did not confirm the commit at %s within %llu ms "
+                                      "(RUDA_COMM_TIMEOUT); every rank fails", sv->fn, r, sv->hostport,
+                      (unsigned long long)limit);
+    else if (e != 0)
+      rc = ruda__fail(RUDA_EIO, "%s: rank %u did not confirm the commit at %s: it went away (%s); every rank fails",
+                      sv->fn, r, sv->hostport, strerror(e));
+    else if (a.magic != MAGIC || a.kind != MSG_CONFIRMED || !ruda__bytes_equal(t, a.tag, TAG))
+      rc = ruda__fail(RUDA_EINVAL, "%s: rank %u did not confirm the commit at %s: it sent something else", sv->fn, r,
+                      sv->hostport);
+  }
+  for (uint32_t r = 1; r < sv->nranks; r++) conn_close(&sv->ranks[r]);
+  return rc;
 }
 
 static int answer(server *sv, conn *c, uint32_t status) {
@@ -384,6 +425,14 @@ static int hello_in(server *sv, conn *c) {
   uint8_t t[TAG];
   tag_of(sv->key, c->n0, NULL, h, offsetof(hello, tag), t);
   if (h->magic != MAGIC || h->kind != MSG_HELLO || !ruda__bytes_equal(t, h->tag, TAG)) {
+    /* A hello of this protocol under another key is a rank of another
+     * job, or of this one started with another RUDA_COMM_SECRET: said once
+     * (the first), and counted; garbage is dropped quietly. */
+    if (h->magic == MAGIC && h->kind == MSG_HELLO && sv->refused++ == 0)
+      ruda__log(RUDA_LOG_WARN, RUDA_LOG_WARN,
+                "%s: rank 0 at %s refused a peer claiming rank %u of %u: its proof of membership does not match "
+                "this rank's key (%s; RUDA_COMM_SECRET must be alike on every rank)",
+                sv->fn, sv->hostport, h->rank, h->nranks, sv->key->source);
     reply no;
     memset(&no, 0, sizeof no);
     no.magic = MAGIC;
@@ -539,6 +588,10 @@ static int serve_loop(server *sv, int ls, uint64_t limit) {
   }
   for (int i = 0; i < MAX_PENDING; i++) conn_close(&sv->pending[i]);
   verdict_all(sv, rc);
+  if (rc == 0) rc = confirms(sv, until, limit);
+  if (sv->refused > 1)
+    ruda__log(RUDA_LOG_WARN, RUDA_LOG_WARN, "%s: rank 0 at %s refused %u peers with another key in all", sv->fn,
+              sv->hostport, sv->refused);
   free(pf);
   free(who);
   return rc;
@@ -617,12 +670,13 @@ static int dial(const struct addrinfo *ai, uint64_t until) {
   return -1;
 }
 
-enum { ASK_DONE = 0, ASK_AGAIN = 1, ASK_LATE = 2 };
+enum { ASK_DONE = 0, ASK_AGAIN = 1, ASK_LATE = 2, ASK_NO_VERDICT = 3 };
 
 /* One conversation with rank 0: ASK_DONE with *id filled (committed),
  * ASK_AGAIN (rank 0 dropped us before answering: try again), ASK_LATE (the
- * deadline passed), or a failure every rank shares (negative, via
- * ruda__fail). */
+ * deadline passed before the id came), ASK_NO_VERDICT (it passed after
+ * this rank acknowledged the id, before rank 0's verdict), or a failure
+ * every rank shares (negative, via ruda__fail). */
 static int ask_once(int s, uint32_t nranks, uint32_t rank, ruda_comm_id *id, const job_key *key, uint64_t until,
                     const char *hostport, const char *fn) {
   challenge ch;
@@ -663,15 +717,28 @@ static int ask_once(int s, uint32_t nranks, uint32_t rank, ruda_comm_id *id, con
   k.left_ms = until == UINT64_MAX ? UINT32_MAX : until > now ? (uint32_t)(until - now) : 0;
   tag_of(key, ch.nonce, h.nonce, &k, offsetof(ack, tag), k.tag);
   if ((e = io_all(s, &k, sizeof k, 1, until)) != 0 || (e = io_all(s, &a, sizeof a, 0, until)) != 0) {
-    if (e == ETIMEDOUT) return ASK_LATE;
-    return ruda__fail(RUDA_EIO, "%s: rank 0 at %s went away before confirming the id to rank %u", fn, hostport, rank);
+    if (e == ETIMEDOUT) return ASK_NO_VERDICT;
+    return ruda__fail(RUDA_EIO,
+                      "%s: rank 0 at %s went away after sending the id, before its verdict reached rank %u; rank 0 "
+                      "fails too (it waits for every rank's confirmation)", fn, hostport, rank);
   }
   tag_of(key, ch.nonce, h.nonce, &a, offsetof(reply, tag), t);
   if (a.magic != MAGIC || a.kind != MSG_VERDICT || !ruda__bytes_equal(t, a.tag, TAG))
     return ruda__fail(RUDA_EINVAL, "%s: %s answered rank %u, but not as this job's rank 0 (its key differs)", fn,
                       hostport, rank);
 verdict:
-  if (a.status == 0) return ASK_DONE;
+  if (a.status == 0) {
+    /* Rank 0 returns 0 only once every rank confirmed; so does this one,
+     * once its confirmation is on its way. */
+    memset(&k, 0, sizeof k);
+    k.magic = MAGIC;
+    k.kind = MSG_CONFIRMED;
+    tag_of(key, ch.nonce, h.nonce, &k, offsetof(ack, tag), k.tag);
+    if ((e = io_all(s, &k, sizeof k, 1, until)) == 0) return ASK_DONE;
+    return ruda__fail(e == ETIMEDOUT ? RUDA_ETIMEDOUT : RUDA_EIO,
+                      "%s: rank %u had rank 0's commit from %s but could not confirm it (%s); rank 0 fails too", fn,
+                      rank, hostport, strerror(e));
+  }
   return ruda__fail((int)a.status, "%s: rank 0 at %s gave up (%s); so does rank %u", fn, hostport,
                     ruda_err_name((int)a.status), rank);
 }
@@ -694,6 +761,13 @@ static int tcp_ask(const char *hostport, uint32_t nranks, uint32_t rank, ruda_co
       if (rc == ASK_DONE) *id = got;
     }
     if (rc <= 0) break; /* done, or a failure every rank shares */
+    if (rc == ASK_NO_VERDICT) {
+      rc = ruda__fail(RUDA_ETIMEDOUT,
+                      "%s: rank %u had the id from rank 0 at %s, but rank 0's verdict did not come within %llu ms "
+                      "(RUDA_COMM_TIMEOUT); rank 0 fails too (it waits for every rank's confirmation)",
+                      fn, rank, hostport, (unsigned long long)limit);
+      break;
+    }
     if (rc == ASK_LATE || now_ms() > until) {
       rc = ruda__fail(RUDA_ETIMEDOUT, "%s: rank %u could not reach rank 0 at %s within %llu ms (RUDA_COMM_TIMEOUT)",
                       fn, rank, hostport, (unsigned long long)limit);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "src/device.h"
+#include "src/stage_hold.h"
 
 int ruda_staging_alloc(ruda_device *dev, size_t size, void **out) {
   RUDA__CHECK_DEV(dev, "ruda_staging_alloc");
@@ -21,8 +22,7 @@ int ruda_staging_alloc(ruda_device *dev, size_t size, void **out) {
 
 int ruda_staging_free(ruda_device *dev, void *p) {
   RUDA__CHECK_DEV(dev, "ruda_staging_free");
-  if (p != NULL) dev->sched.backend.ops->stage_free(dev->sched.backend.state, p);
-  return 0;
+  return p != NULL ? ruda__stage_free(dev, p) : 0;
 }
 
 int ruda_staging_usage(ruda_device *dev, ruda_staging_stats *out) {

@@ -292,6 +292,10 @@ void ruda__staging_free(ruda__staging *s, void *p) {
   }
 }
 
+size_t ruda__staging_size(const ruda__staging *s, const void *p) {
+  return ruda__staging_pinned(s, p) ? sallocx((void *)(uintptr_t)p, s->flags) : malloc_usable_size((void *)(uintptr_t)p);
+}
+
 void ruda__staging_usage(const ruda__staging *s, ruda_staging_stats *out) {
   out->pinned_bytes = atomic_load_explicit(&s->pinned, memory_order_relaxed);
   out->in_use_bytes = atomic_load_explicit(&s->in_use, memory_order_relaxed);

@@ -48,6 +48,9 @@ void *ruda__staging_alloc(ruda__staging *s, size_t size);
 /* Returns a block from ruda__staging_alloc. NULL is a no-op. Thread-safe. */
 void ruda__staging_free(ruda__staging *s, void *p);
 
+/* The usable bytes of block p from ruda__staging_alloc. Thread-safe. */
+size_t ruda__staging_size(const ruda__staging *s, const void *p);
+
 /* Whether p lies in page-locked memory of this arena. Lock-free. */
 int ruda__staging_pinned(const ruda__staging *s, const void *p);
 

@@ -127,6 +127,14 @@ asan() {
 tsan() {
   TSAN_OPTIONS="halt_on_error=1" suite build-tsan -DRUDA_TSAN=ON -DCMAKE_BUILD_TYPE=Debug
 }
+# Automatic request graphs change what workers do with every run of
+# launches (on by default for cuda only), so the scheduler, graph and
+# stream tests (label `scheduler`, tests/CMakeLists.txt) run again under
+# TSan with them forced on; the whole suite twice would cost too much.
+tsan_auto() {
+  [ -d build-tsan ] || { echo "no build-tsan (the tsan stage did not run)"; return 77; }
+  RUDA_AUTO_GRAPHS=1 TSAN_OPTIONS="halt_on_error=1" ctest_in build-tsan -L scheduler
+}
 fuzz() {
   local log="$logs/fuzz.run.log" rc
   echo "fuzzing the API for 30 s (tools/fuzz.sh; log: $log)"
@@ -173,6 +181,7 @@ echo "logs of this run: $logs"
 
 stage asan asan
 stage tsan tsan
+stage tsan_auto tsan_auto
 stage fuzz fuzz
 stage nocuda nocuda
 stage normal normal

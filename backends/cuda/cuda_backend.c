@@ -220,6 +220,10 @@ static void cu_stage_free(void *state, void *p) {
   ruda__staging_free(((ruda__cu_backend *)state)->staging, p);
 }
 
+static size_t cu_stage_size(void *state, const void *p) {
+  return ruda__staging_size(((ruda__cu_backend *)state)->staging, p);
+}
+
 static int cu_stage_usage(void *state, ruda_staging_stats *out) {
   ruda__staging_usage(((ruda__cu_backend *)state)->staging, out);
   return 0;
@@ -831,6 +835,7 @@ static const ruda__backend_ops cuda_ops = {
     .mem_check = cu_mem_check,
     .stage_alloc = cu_stage_alloc,
     .stage_free = cu_stage_free,
+    .stage_size = cu_stage_size,
     .write = ruda__cu_write,
     .read = ruda__cu_read,
     .copy = ruda__cu_copy,

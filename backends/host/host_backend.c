@@ -171,6 +171,11 @@ static int host_download(void *ws, void *dst, uint64_t src, uint64_t size, ruda_
 
 /* A walk of the staging list: called when a graph records a copy, not per
  * command. */
+static size_t host_stage_size(void *state, const void *p) {
+  (void)state;
+  return ((const stage_hdr *)p - 1)->size;
+}
+
 static int host_stage_owns(void *state, const void *p, size_t size) {
   host_state *h = state;
   const unsigned char *a = p;
@@ -297,6 +302,7 @@ const ruda__backend_ops ruda__host_backend = {
     .mem_free = host_mem_free,
     .stage_alloc = host_stage_alloc,
     .stage_free = host_stage_free,
+    .stage_size = host_stage_size,
     .write = host_write,
     .read = host_read,
     .copy = host_copy,

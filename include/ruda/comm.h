@@ -117,8 +117,10 @@ RUDA_EXTERN int ruda_comm_unique_id(struct ruda_device *dev, ruda_comm_id *id);
  * until rank 0 is there). tcp peers prove they belong to the job with a
  * key from RUDA_COMM_SECRET, else the launcher's job id
  * (docs/collectives.md); strangers are dropped and never take a rank's
- * place, and every rank returns the same outcome (0 only once every rank
- * has the id). Blocking, every wait within RUDA_COMM_TIMEOUT ms
+ * place, and every rank returns the same outcome (rank 0 returns 0 only
+ * once every rank confirmed it has the id, a rank only once its
+ * confirmation is sent; a connection that breaks between the two leaves
+ * that rank with 0 and rank 0 failing: docs/collectives.md). Blocking, every wait within RUDA_COMM_TIMEOUT ms
  * (RUDA_ETIMEDOUT saying what was waited for). RUDA_EINVAL for a where of
  * neither form, rank >= nranks, ranks started for different nranks, ranks
  * with different keys, or a RUDA_COMM_TIMEOUT that is not 0..2147483647;

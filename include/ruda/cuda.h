@@ -82,8 +82,12 @@ RUDA_EXTERN int ruda_grid_spread_max(ruda_dim3 max, uint32_t num_blocks, ruda_di
  * Never waits for a worker or the device otherwise (non-blocking). */
 RUDA_EXTERN int ruda_staging_alloc(ruda_device *dev, size_t size, void **out);
 
-/* Returns a staging buffer not handed to ruda_write_staged(). NULL is a
- * no-op. Thread-safe, non-blocking. */
+/* Returns a staging buffer not handed to ruda_write_staged(). A block a
+ * queued graph replay still reads or fills (ruda/graph.h: recorded, or a
+ * patch's host block) is freed once those replays ran (on cuda, once the
+ * device passed them); the call returns 0 at once either way, or
+ * RUDA_ENOMEM when no host memory is left to defer it (the block stays
+ * the caller's). NULL is a no-op. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_staging_free(ruda_device *dev, void *p);
 
 /* ruda_write() without the copy: staged (from ruda_staging_alloc, at

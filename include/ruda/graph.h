@@ -47,7 +47,10 @@
  * otherwise: a device copy from pageable memory cannot be recorded) and a
  * contiguous region. The blocks must outlive the graph; the caller must
  * not change the input block while a replay may still read it, nor read
- * the output block before the replay's future completed.
+ * the output block before the replay's future completed. A block that a
+ * queued replay uses (recorded, or named by a patch's `host`) is kept
+ * for it: ruda_staging_free returns 0 at once and the block goes back once
+ * every such replay ran (on cuda: once the device passed it).
  *
  * One graph can serve requests on other buffers, blocks, scalars or grids
  * without a new capture: ruda_graph_replay_with and ruda_graph_run_with

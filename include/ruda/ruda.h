@@ -180,12 +180,18 @@ RUDA_EXTERN int ruda_device_open(const ruda_config *cfg, ruda_device **out);
  * they enqueued runs before close returns; calls that start after it began
  * fail with RUDA_ECLOSED. Calls that start after close returned use a freed
  * handle (undefined): stop other threads before the handle dies.
- * Refuses with RUDA_EBUSY, the device staying open, while the caller holds
- * a future (from ruda_read, ruda_sync_async or ruda_graph_replay_async)
- * not yet given to ruda_future_free, or while the device is a rank of a
- * live communicator: those are freed without naming the device, so they
- * must go first. What is freed by naming the device goes with it: close
- * destroys live graphs, frees staging blocks and drops open profile
+ * Futures (from ruda_read, ruda_sync_async, ruda_graph_replay_async and
+ * ruda_graph_replay_with) still held by any thread do not stop it and
+ * outlive the device: a wait already in progress when close starts
+ * finishes with its own result; every other future not yet waited is
+ * completed by close with RUDA_ECLOSED (its result dropped: a read's
+ * destination is not written), and all of them stay valid to wait, poll
+ * and free afterwards, on any thread. A call racing close either fails
+ * with RUDA_ECLOSED or hands out a future that close completes.
+ * Refuses with RUDA_EBUSY, the device staying open, while the device is a
+ * rank of a live communicator: a communicator is freed without naming the
+ * device, so it must go first. What is freed by naming the device goes
+ * with it: close destroys live graphs, frees staging blocks and drops open profile
  * tokens (ruda_graph_destroy, ruda_staging_free and ruda_profile_end on
  * them after close are calls on a freed handle). Blocks until calls in
  * progress and the workers are done. Thread-safe in that sense: other
@@ -355,25 +361,28 @@ RUDA_EXTERN int ruda_read(ruda_device *dev, ruda_stream_id stream, const ruda_co
 RUDA_EXTERN int ruda_copy(ruda_device *dev, ruda_stream_id stream, ruda_binding dst,
                           ruda_binding src);
 
-/* Returns 1 when the future completed, 0 when not yet. Never blocks;
- * thread-safe against one waiter. */
+/* Returns 1 when the future completed, 0 when not yet. Never blocks
+ * (except beside a close completing futures, until close let go of this
+ * one); thread-safe against one waiter. */
 RUDA_EXTERN int ruda_future_poll(ruda_future *fut);
 
 /* Blocks until the future completes. Returns 0, or the error code of the
  * completion; then *err (if err is non-NULL) receives an owned error with
  * the stream's queued errors as its list. Waiting twice returns the same
  * result (the error is handed over only once). A stream holding errors
- * yields RUDA_EUNHEALTHY as for ruda_flush.
+ * yields RUDA_EUNHEALTHY as for ruda_flush. A future not waited before its
+ * device closed returns RUDA_ECLOSED (ruda_device_close).
  * Not thread-safe on one future: one waiter at a time (ruda_future_poll may run beside it). */
 RUDA_EXTERN int ruda_future_wait(ruda_future *fut, ruda_error **err);
 
 /* Frees a future. A future not yet waited is detached: the work still
  * runs and its result is dropped (a read's dst is then never written,
  * except a dst in staging memory, which the device may already have
- * filled). NULL is a no-op. Every future must be freed before
- * ruda_device_close (which refuses with RUDA_EBUSY until then). Not
- * thread-safe on one future: no wait or poll of it beside or after it.
- * Non-blocking. */
+ * filled). NULL is a no-op. A future may be freed after
+ * ruda_device_close returned (ruda_device_close says what it holds then).
+ * Not thread-safe on one future: no wait or poll of it beside or after it.
+ * Non-blocking, except beside a close that is completing futures (it
+ * waits until close let go of this one). */
 RUDA_EXTERN void ruda_future_free(ruda_future *fut);
 
 /* ------------------------------------------------------------------ */

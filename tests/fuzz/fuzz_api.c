@@ -22,6 +22,11 @@
  *   - kernels that issue work themselves (a launch on their own buffer, a
  *     replay of their own graph), in place or on a worker: nothing hangs
  *     (the fuzzer's timeout) and the data follows the model;
+ *   - a graph of every recorded kind (upload, launch, copy, library call,
+ *     download) captured on the own stream of a thread that then exits,
+ *     replayed after the reaper freed that stream's record;
+ *   - host blocks a queued patched replay names, freed before it ran:
+ *     the replay still reads and fills them (the free is deferred);
  *   - errors: each flush or sync of a stream hands back exactly the
  *     kernel failures the model counted on it, none lost, none elsewhere;
  *   - buffers adopted from host memory (ruda_buffer_import) behave as made
@@ -34,6 +39,7 @@
  * Built two ways: with RUDA_LIBFUZZER, the LLVMFuzzerTestOneInput target
  * (tools/fuzz.sh); without, a driver that runs -n inputs from a seeded
  * generator, or the files named on the command line (ctest: fuzz_api.*). */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -211,6 +217,38 @@ static void finish_read(fuzz *z, pending_read *p) {
 
 static model_buf *pick(fuzz *z) { return &z->b[next(z) % NBUF]; }
 
+/* A thread that captures, on its own stream, a request on b and c:
+ * upload in -> b, add v to b, library call c := b + cv[0], copy c -> b,
+ * download c into out; then syncs and exits. */
+typedef struct exiting_capture {
+  ruda_device *dev;
+  ruda_handle b, c;
+  uint32_t v, len, cv[3];
+  unsigned char *in, *out;
+  ruda_graph *g;
+  int ok;
+} exiting_capture;
+
+static uint32_t launch(fuzz *z, ruda_stream_id s, const char *k, ruda_arg *a, uint32_t n);
+
+static void *capture_then_exit(void *p) {
+  exiting_capture *e = p;
+  const ruda_stream_id cur = RUDA_STREAM_CURRENT;
+  ruda_copy_desc db = ruda_copy_contiguous(ruda_bind(e->b)), dc = ruda_copy_contiguous(ruda_bind_range(e->c, 0, e->len));
+  ruda_arg a[3] = {ruda_arg_buffer(ruda_bind(e->b)), ruda_arg_scalar(&e->v, 4), ruda_arg_scalar(&e->len, 4)};
+  ruda_launch_desc l = {.kernel = "add", .grid = {1, 1, 1}, .block = {1, 1, 1}, .args = a, .nargs = 3};
+  ruda_arg bufs[2] = {ruda_arg_in(ruda_bind(e->b)), ruda_arg_out(ruda_bind(e->c))};
+  ruda_call_desc cd = {.name = "add", .fn = call_add, .buffers = bufs, .nbuffers = 2, .data = e->cv,
+                       .data_size = sizeof e->cv};
+  ruda_future *none = NULL;
+  e->ok = ruda_graph_begin_capture(e->dev, cur) == 0 && ruda_write_staged(e->dev, cur, &db, e->in, e->len) == 0 &&
+          ruda_launch(e->dev, cur, &l) == 0 && ruda_call(e->dev, cur, &cd) == 0 &&
+          ruda_copy(e->dev, cur, ruda_bind_range(e->b, 0, e->len), ruda_bind_range(e->c, 0, e->len)) == 0 &&
+          ruda_read(e->dev, cur, &dc, e->out, e->len, &none) == 0 &&
+          ruda_graph_end_capture(e->dev, cur, &e->g) == 0 && ruda_sync(e->dev, cur, NULL) == 0;
+  return NULL;
+}
+
 /* By name, or by reference (ruda_kernel_lookup): the same outcome. */
 static uint32_t launch(fuzz *z, ruda_stream_id s, const char *k, ruda_arg *a, uint32_t n) {
   ruda_launch_desc l = {.kernel = k, .grid = {1, 1, 1}, .block = {1, 1, 1}, .args = a, .nargs = n};
@@ -251,8 +289,27 @@ static int run_patched(fuzz *z, ruda_stream_id rs, ruda_graph *g, const ruda_gra
   return 0;
 }
 
+/* Four staging blocks of b's size in blk (in, out, in2, out2), and a
+ * request graph recorded on s: upload in -> b, add v to b, download b ->
+ * out. */
+static ruda_graph *record_request(fuzz *z, ruda_stream_id s, model_buf *b, uint32_t v, unsigned char **blk) {
+  uint32_t len = b->size;
+  for (int i = 0; i < 4; i++) CHECK(ruda_staging_alloc(z->dev, len, (void **)&blk[i]) == 0, "staging");
+  drain(z, s, 1);
+  CHECK(ruda_graph_begin_capture(z->dev, s) == 0, "begin capture");
+  ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(b->h));
+  ruda_future *none = NULL;
+  CHECK(ruda_write_staged(z->dev, s, &d, blk[0], len) == 0, "recorded upload");
+  ruda_arg a[3] = {ruda_arg_buffer(ruda_bind(b->h)), ruda_arg_scalar(&v, 4), ruda_arg_scalar(&len, 4)};
+  CHECK(launch(z, s, "add", a, 3) == 0, "captured launch");
+  CHECK(ruda_read(z->dev, s, &d, blk[1], len, &none) == 0 && none == NULL, "recorded download");
+  ruda_graph *g = NULL;
+  CHECK(ruda_graph_end_capture(z->dev, s, &g) == 0, "end capture");
+  return g;
+}
+
 static void step(fuzz *z) {
-  const uint8_t op = next(z) % 18;
+  const uint8_t op = next(z) % 20;
   const ruda_stream_id s = next(z) % NSTREAMS;
   model_buf *b = pick(z);
   ruda_copy_desc d;
@@ -519,21 +576,9 @@ static void step(fuzz *z) {
       model_buf *c = pick(z), *dead = pick(z);
       if (!b->live || !c->live) break;
       uint32_t v = next(z), len = b->size, times = 1 + next(z) % 3;
-      unsigned char *in = NULL, *out = NULL, *in2 = NULL, *out2 = NULL, stack[MAXB];
-      CHECK(ruda_staging_alloc(z->dev, len, (void **)&in) == 0 && ruda_staging_alloc(z->dev, len, (void **)&out) == 0 &&
-                ruda_staging_alloc(z->dev, len, (void **)&in2) == 0 &&
-                ruda_staging_alloc(z->dev, len, (void **)&out2) == 0,
-            "staging");
-      drain(z, s, 1);
-      CHECK(ruda_graph_begin_capture(z->dev, s) == 0, "begin capture");
-      d = ruda_copy_contiguous(ruda_bind(b->h));
-      ruda_future *none = NULL;
-      CHECK(ruda_write_staged(z->dev, s, &d, in, len) == 0, "recorded upload");
-      ruda_arg a[3] = {ruda_arg_buffer(ruda_bind(b->h)), ruda_arg_scalar(&v, 4), ruda_arg_scalar(&len, 4)};
-      CHECK(launch(z, s, "add", a, 3) == 0, "captured launch");
-      CHECK(ruda_read(z->dev, s, &d, out, len, &none) == 0 && none == NULL, "recorded download");
-      ruda_graph *g = NULL;
-      CHECK(ruda_graph_end_capture(z->dev, s, &g) == 0, "end capture");
+      unsigned char *blk[4], stack[MAXB];
+      ruda_graph *g = record_request(z, s, b, v, blk);
+      unsigned char *in = blk[0], *out = blk[1], *in2 = blk[2], *out2 = blk[3];
       for (uint32_t t = 0; t < times; t++) {
         const ruda_stream_id rs = (s + t) % NSTREAMS;
         uint32_t v2 = next(z);
@@ -572,6 +617,77 @@ static void step(fuzz *z) {
       CHECK(ruda_staging_free(z->dev, in) == 0 && ruda_staging_free(z->dev, out) == 0 &&
                 ruda_staging_free(z->dev, in2) == 0 && ruda_staging_free(z->dev, out2) == 0,
             "staging free");
+      break;
+    }
+    case 18: { /* every recorded kind captured by a thread that exits; replayed once its record is freed */
+      model_buf *c = pick(z);
+      if (!b->live || !c->live || c == b || c->size < b->size) break;
+      exiting_capture e = {.dev = z->dev, .b = b->h, .c = c->h, .v = next(z), .len = b->size};
+      e.cv[0] = next(z);
+      e.cv[1] = e.len;
+      CHECK(ruda_staging_alloc(z->dev, e.len, (void **)&e.in) == 0 && ruda_staging_alloc(z->dev, e.len, (void **)&e.out) == 0,
+            "staging");
+      pthread_t t;
+      CHECK(pthread_create(&t, NULL, capture_then_exit, &e) == 0 && pthread_join(t, NULL) == 0 && e.ok,
+            "a capture on an exiting thread's own stream");
+      CHECK(ruda_graph_length(e.g) == 5, "the exited thread's graph has %u commands", ruda_graph_length(e.g));
+      for (int i = 0; i < 4; i++) ruda_stream_ids(z->dev, NULL, 0); /* the reaper frees the record */
+      for (uint32_t r = 0, times = 1 + next(z) % 3; r < times; r++) {
+        const ruda_stream_id rs = (s + r) % NSTREAMS;
+        memset(e.in, next(z), e.len);
+        ruda_error *err = NULL;
+        ruda_future *f = NULL;
+        if (next(z) & 1) rc = ruda_graph_run(z->dev, rs, e.g, &err);
+        else {
+          CHECK(ruda_graph_replay_async(z->dev, rs, e.g, &f) == 0, "replay_async");
+          rc = ruda_future_wait(f, &err);
+        }
+        replay_done(z, rs, rc, err, f);
+        for (uint32_t i = 0; i < e.len; i++) {
+          c->data[i] = (unsigned char)(e.in[i] + e.v + e.cv[0]);
+          b->data[i] = c->data[i];
+        }
+        CHECK(memcmp(e.out, c->data, e.len) == 0, "a replay of the exited thread's graph differs from the model");
+      }
+      CHECK(ruda_graph_destroy(z->dev, e.g) == 0, "destroy");
+      CHECK(ruda_staging_free(z->dev, e.in) == 0 && ruda_staging_free(z->dev, e.out) == 0, "staging free");
+      break;
+    }
+    case 19: { /* a patched replay queued behind a slow kernel; its host blocks freed before it ran */
+      model_buf *c = pick(z);
+      if (!b->live || !c->live || c->size < b->size) break;
+      uint32_t v = next(z), len = b->size;
+      unsigned char *blk[4];
+      ruda_graph *g = record_request(z, s, b, v, blk);
+      unsigned char *in = blk[0], *out = blk[1], *in2 = blk[2], *out2 = blk[3];
+      const ruda_stream_id rs = next(z) % NSTREAMS;
+      const uint8_t fillv = next(z);
+      memset(in2, fillv, len);
+      ruda_graph_patch p[6] = {
+          ruda_graph_patch_buffer(RUDA_GRAPH_PATCH_DST, 0, ruda_bind(c->h)),
+          ruda_graph_patch_host(RUDA_GRAPH_PATCH_SRC, 0, in2),
+          ruda_graph_patch_arg(1, 0, ruda_arg_buffer(ruda_bind(c->h))),
+          ruda_graph_patch_buffer(RUDA_GRAPH_PATCH_SRC, 2, ruda_bind(c->h)),
+          ruda_graph_patch_host(RUDA_GRAPH_PATCH_DST, 2, out2),
+      };
+      CHECK(launch(z, rs, "slow", NULL, 0) == 0, "slow launch");
+      ruda_future *f = NULL;
+      CHECK(ruda_graph_replay_with(z->dev, rs, g, p, 5, &f) == 0, "patched replay");
+      /* Freed with the replay queued (and the recorded blocks too): each
+       * goes back once the replay ran. */
+      CHECK(ruda_staging_free(z->dev, in2) == 0 && ruda_staging_free(z->dev, out2) == 0, "staging free (queued)");
+      const int early = next(z) & 1;
+      if (early) CHECK(ruda_staging_free(z->dev, in) == 0 && ruda_staging_free(z->dev, out) == 0, "free");
+      unsigned char *junk = NULL; /* reuses what a free handed back at once, if it did */
+      CHECK(ruda_staging_alloc(z->dev, len, (void **)&junk) == 0, "staging");
+      memset(junk, 0xee, len);
+      ruda_error *err = NULL;
+      rc = ruda_future_wait(f, &err);
+      replay_done(z, rs, rc, err, f);
+      for (uint32_t i = 0; i < len; i++) c->data[i] = (unsigned char)(fillv + v);
+      CHECK(ruda_graph_destroy(z->dev, g) == 0, "destroy");
+      CHECK(ruda_staging_free(z->dev, junk) == 0, "staging free");
+      if (!early) CHECK(ruda_staging_free(z->dev, in) == 0 && ruda_staging_free(z->dev, out) == 0, "staging free");
       break;
     }
   }

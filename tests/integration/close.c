@@ -313,30 +313,98 @@ static void close_with_many_live_buffers(void **state) {
   assert_int_equal(atomic_load(&runs), 1000);
 }
 
-/* A future still held when close is called: freeing it afterwards would
- * touch the freed device, so close refuses, saying what to do, and
- * succeeds once the future is freed (ASan: no double free, no leak). */
-static void close_refuses_while_futures_are_held(void **state) {
+/* Futures still held when close is called (by this thread or others) do
+ * not stop it: close completes each one not yet waited with RUDA_ECLOSED
+ * and drops its result; a waited one keeps its result. Every one stays
+ * valid to wait, poll and free after close returned (ASan: no use after
+ * free, no leak). */
+static void futures_held_at_close_complete_with_eclosed(void **state) {
   (void)state;
   ruda_device *dev = open_counting(2);
+  atomic_store(&gate_open, 1);
   ruda_handle h;
   assert_ok(ruda_buffer_create(dev, 0, 64, &h));
-  char out[64];
+  char out[64], done_out[64];
+  memset(out, 0x5a, sizeof out);
   ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(h));
-  ruda_future *read = NULL, *sync = NULL;
+  ruda_future *read = NULL, *sync = NULL, *waited = NULL;
+  assert_ok(ruda_read(dev, 0, &d, done_out, sizeof done_out, &waited));
+  assert_ok(ruda_future_wait(waited, NULL));
   assert_ok(ruda_read(dev, 0, &d, out, sizeof out, &read));
   assert_ok(ruda_sync_async(dev, 1, &sync));
-  assert_rc(ruda_device_close(dev, NULL), RUDA_EBUSY);
-  assert_last_error_contains("2 futures");
-  assert_last_error_contains("ruda_future_free them first (the device stays open)");
-  /* Still open: the futures complete and can be waited. */
-  assert_ok(ruda_future_wait(read, NULL));
+  assert_ok(ruda_device_close(dev, NULL));
+  ruda_error *err = NULL;
+  assert_rc(ruda_future_wait(read, &err), RUDA_ECLOSED);
+  assert_non_null(err);
+  assert_contains(ruda_error_message(err), "the device was closed before the future was waited");
+  ruda_error_free(err);
+  assert_rc(ruda_future_wait(read, NULL), RUDA_ECLOSED); /* the same result twice */
+  assert_int_equal(ruda_future_poll(sync), 1);
+  assert_rc(ruda_future_wait(sync, NULL), RUDA_ECLOSED);
+  for (size_t i = 0; i < sizeof out; i++) assert_int_equal((unsigned char)out[i], 0x5a); /* dropped */
+  assert_ok(ruda_future_wait(waited, NULL)); /* finished before close: its own result */
   ruda_future_free(read);
-  assert_rc(ruda_device_close(dev, NULL), RUDA_EBUSY);
-  assert_last_error_contains("1 future from");
-  ruda_future_free(sync); /* never waited: detached, still counted as freed */
-  assert_ok(ruda_buffer_free(dev, 0, h));
-  test_close(dev);
+  ruda_future_free(sync);
+  ruda_future_free(waited);
+}
+
+typedef struct holder {
+  ruda_device *dev;
+  ruda_handle h;
+  int rc;
+  uint64_t got;
+  _Atomic int waiting;
+} holder;
+
+/* Reads behind the gate and waits across the close another thread runs. */
+static void *wait_across_close(void *arg) {
+  holder *t = arg;
+  ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(t->h));
+  ruda_future *f = NULL;
+  if (ruda_read(t->dev, 1, &d, &t->got, sizeof t->got, &f) != 0) return (void *)1;
+  atomic_store(&t->waiting, 1);
+  t->rc = ruda_future_wait(f, NULL);
+  ruda_future_free(f);
+  return NULL;
+}
+
+typedef struct close_job {
+  ruda_device *dev;
+  int rc;
+} close_job;
+
+static void *close_it(void *arg) {
+  close_job *c = arg;
+  c->rc = ruda_device_close(c->dev, NULL);
+  return NULL;
+}
+
+/* A thread waiting on its future when close starts is not hung and sees
+ * its own result (its wait began before the device was closed). */
+static void a_thread_waiting_across_close_gets_its_result(void **state) {
+  (void)state;
+  ruda_device *dev = open_counting(2);
+  holder t = {.dev = dev, .rc = -1};
+  assert_ok(ruda_buffer_create(dev, 0, sizeof(uint64_t), &t.h));
+  const uint64_t v = 0x1234567887654321u;
+  test_write(dev, 0, ruda_bind(t.h), &v, sizeof v);
+  assert_ok(ruda_sync(dev, 0, NULL));
+  assert_ok(test_launch(dev, 1, "gate", NULL, 0));
+  pthread_t tw, tc;
+  assert_int_equal(pthread_create(&tw, NULL, wait_across_close, &t), 0);
+  while (!atomic_load(&t.waiting)) usleep(100);
+  usleep(2000); /* inside the wait */
+  close_job c = {dev, -1};
+  assert_int_equal(pthread_create(&tc, NULL, close_it, &c), 0);
+  usleep(2000); /* close is waiting for the gate */
+  atomic_store(&gate_open, 1);
+  void *rc = (void *)1;
+  assert_int_equal(pthread_join(tc, NULL), 0);
+  assert_int_equal(pthread_join(tw, &rc), 0);
+  assert_null(rc);
+  assert_int_equal(c.rc, 0);
+  assert_int_equal(t.rc, 0);
+  assert_int_equal(t.got, v);
 }
 
 int main(int argc, char **argv) {
@@ -349,7 +417,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(close_right_after_open),
       cmocka_unit_test(close_with_many_live_buffers),
       cmocka_unit_test(close_frees_unreturned_staging),
-      cmocka_unit_test(close_refuses_while_futures_are_held),
+      cmocka_unit_test(futures_held_at_close_complete_with_eclosed),
+      cmocka_unit_test(a_thread_waiting_across_close_gets_its_result),
   };
   return test_main("integration_close", tests, sizeof tests / sizeof tests[0], argc, argv);
 }

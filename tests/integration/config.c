@@ -6,7 +6,7 @@
 
 static const char *const vars[] = {"RUDA_BACKEND",   "RUDA_DEVICE", "RUDA_STREAMS",      "RUDA_QUEUE_BOUND",
                                    "RUDA_BACKPRESSURE", "RUDA_LOG", "RUDA_BOUNDS_CHECK", "RUDA_CACHE_DIR",
-                                   "RUDA_SPIN_US"};
+                                   "RUDA_SPIN_US", "RUDA_AUTO_GRAPHS", "RUDA_LAUNCH_BLOCKING"};
 
 static int clear_env(void **state) {
   (void)state;
@@ -136,6 +136,38 @@ static void malformed_device_is_reported(void **state) {
   init_capturing_stderr(&cfg, said, sizeof said);
   assert_contains(said, "RUDA_SPIN_US");
   assert_int_equal(cfg.spin_us, 50);
+}
+
+/* The switches take the usual boolean words, in any case, and report
+ * anything else (keeping the default: off, or for RUDA_AUTO_GRAPHS the
+ * backend's choice, -1). */
+static void boolean_switches_take_the_usual_words(void **state) {
+  (void)state;
+  static const struct {
+    const char *v;
+    int want; /* 1, 0, or -1: malformed, reported */
+  } values[] = {{"1", 1},     {"true", 1},  {"YES", 1}, {"On", 1},      {"TRUE", 1},  {"0", 0},   {"false", 0},
+                {"No", 0},    {"OFF", 0},   {"1x", -1}, {"-1", -1},     {"2", -1},    {"enable", -1}, {"tru", -1}};
+  static const char *const names[] = {"RUDA_AUTO_GRAPHS", "RUDA_LAUNCH_BLOCKING", "RUDA_BOUNDS_CHECK"};
+  for (size_t n = 0; n < 3; n++) {
+    for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
+      setenv(names[n], values[i].v, 1);
+      ruda_config cfg;
+      char said[512];
+      init_capturing_stderr(&cfg, said, sizeof said);
+      int got = n == 0 ? cfg.auto_graphs : n == 1 ? cfg.launch_blocking : cfg.bounds_checked;
+      const int want = values[i].want >= 0 ? values[i].want : n == 0 ? -1 : 0;
+      if (got != want) fail_msg("%s=%s gave %d, not %d", names[n], values[i].v, got, want);
+      if (values[i].want >= 0) {
+        assert_string_equal(said, "");
+      } else {
+        assert_contains(said, names[n]);
+        assert_contains(said, values[i].v);
+        assert_contains(said, "1|0|true|false|yes|no|on|off");
+      }
+    }
+    unsetenv(names[n]);
+  }
 }
 
 static void open_uses_the_environment(void **state) {
@@ -339,6 +371,7 @@ static void stream_ids_lists_streams_used(void **state) {
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(malformed_device_is_reported, clear_env, clear_env),
+      cmocka_unit_test_setup_teardown(boolean_switches_take_the_usual_words, clear_env, clear_env),
       cmocka_unit_test_setup_teardown(defaults, clear_env, clear_env),
       cmocka_unit_test_setup_teardown(environment_applies, clear_env, clear_env),
       cmocka_unit_test_setup_teardown(malformed_environment_is_ignored, clear_env, clear_env),

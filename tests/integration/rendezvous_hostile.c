@@ -15,6 +15,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -210,6 +211,12 @@ static void a_process_with_another_key_takes_no_place(void **state) {
   setenv("RUDA_COMM_SECRET", "the job's secret", 1);
   int port = free_port();
   peer r0, r1;
+  /* Rank 0 says whom it refused (on stderr, kept here). */
+  fflush(stderr);
+  int saved = dup(2);
+  FILE *said = tmpfile();
+  assert_non_null(said);
+  dup2(fileno(said), 2);
   start(&r0, port, 2, 0);
   close(connect_to("127.0.0.1", port, 1));
   pid_t other = spawn_rank(r0.where, 2, 1, "8000", "another secret");
@@ -217,6 +224,16 @@ static void a_process_with_another_key_takes_no_place(void **state) {
   start(&r1, port, 2, 1);
   finish(&r1);
   finish(&r0);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  char log[2048];
+  rewind(said);
+  size_t n = fread(log, 1, sizeof log - 1, said);
+  log[n] = '\0';
+  fclose(said);
+  assert_contains(log, "refused a peer claiming rank 1 of 2");
+  assert_contains(log, "RUDA_COMM_SECRET");
   expect_id(&r0);
   expect_id(&r1);
   unsetenv("RUDA_COMM_SECRET");
@@ -308,6 +325,86 @@ static void timeouts_out_of_range_are_refused(void **state) {
   unsetenv("RUDA_COMM_TIMEOUT");
 }
 
+/* A relay between rank 1 and rank 0 that passes everything until rank 1
+ * has sent its hello and its acknowledgement of the id (64 + 48 bytes,
+ * src/rendezvous.c's messages), then either cuts both connections or
+ * holds back what rank 0 sends next (its verdict), keeping rank 1's
+ * connection open until rank 1 gives up. */
+typedef struct relay {
+  int ls, to_port, cut;
+} relay;
+
+static void *relay_main(void *p) {
+  relay *r = p;
+  int a = accept(r->ls, NULL, NULL);
+  if (a < 0) return NULL;
+  int b = connect_to("127.0.0.1", r->to_port, 1);
+  size_t up = 0;
+  char buf[4096];
+  for (;;) {
+    struct pollfd pf[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+    if (poll(pf, b >= 0 ? 2 : 1, 5000) <= 0) break;
+    if (pf[0].revents) { /* rank 1 -> rank 0 */
+      ssize_t k = recv(a, buf, sizeof buf, 0);
+      if (k <= 0) break;
+      if (send(b, buf, (size_t)k, MSG_NOSIGNAL) != k) break;
+      up += (size_t)k;
+      if (up >= 64 + 48 && r->cut) break;
+    }
+    if (b >= 0 && pf[1].revents) { /* rank 0 -> rank 1 */
+      ssize_t k = recv(b, buf, sizeof buf, 0);
+      if (k <= 0 && up >= 64 + 48) { /* rank 0 gave up: rank 1 still waits */
+        close(b);
+        b = -1;
+        continue;
+      }
+      if (k <= 0) break;
+      if (up < 64 + 48 && send(a, buf, (size_t)k, MSG_NOSIGNAL) != k) break; /* later: held back */
+    }
+  }
+  close(a);
+  if (b >= 0) close(b);
+  return NULL;
+}
+
+/* The verdict cut, or too late for rank 1: rank 0 does not return 0
+ * while rank 1 fails (it waits for rank 1's confirmation of the commit),
+ * and rank 1 says what happened rather than that it could not reach
+ * rank 0. */
+static void a_verdict_cut_or_late_fails_every_rank(void **state) {
+  (void)state;
+  setenv("RUDA_COMM_TIMEOUT", "1500", 1);
+  for (int cut = 1; cut >= 0; cut--) {
+    int port = free_port(), rport = free_port();
+    int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in sa = {0};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)rport);
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    assert_int_equal(bind(ls, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(ls, 4), 0);
+    relay rl = {ls, port, cut};
+    pthread_t rt;
+    peer r0, r1;
+    start(&r0, port, 2, 0);
+    assert_int_equal(pthread_create(&rt, NULL, relay_main, &rl), 0);
+    start(&r1, rport, 2, 1);
+    finish(&r1);
+    finish(&r0);
+    pthread_join(rt, NULL);
+    close(ls);
+    if ((r0.rc == 0) != (r1.rc == 0))
+      fail_msg("%s: rank 0 returned %s (%s), rank 1 %s (%s)", cut ? "cut" : "late", ruda_err_name(r0.rc), r0.msg,
+               ruda_err_name(r1.rc), r1.msg);
+    assert_int_not_equal(r1.rc, 0);
+    assert_contains(r0.msg, "did not confirm");
+    assert_contains(r1.msg, cut ? "went away after sending the id" : "had the id from rank 0");
+  }
+  unsetenv("RUDA_COMM_TIMEOUT");
+}
+
 int main(int argc, char **argv) {
   if (argc == 7 && strcmp(argv[1], "--rank") == 0) return child_main(argv);
   const struct CMUnitTest tests[] = {
@@ -316,6 +413,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(a_flood_of_strangers_stops_nobody),
       cmocka_unit_test(a_process_with_another_key_takes_no_place),
       cmocka_unit_test(every_rank_sees_the_same_outcome),
+      cmocka_unit_test(a_verdict_cut_or_late_fails_every_rank),
       cmocka_unit_test(a_fifo_is_no_rendezvous_file),
       cmocka_unit_test(timeouts_out_of_range_are_refused),
   };

@@ -8,9 +8,12 @@
  * replays with patches at once (moved onto its own buffer, or onto shared
  * handles freed under its feet), every third chain on host memory adopted
  * with ruda_buffer_import (freed by its release callback, so an early
- * release is a use after free; imports and releases counted). Every byte
- * read back is
- * checked; run under ASan and TSan by tools/test.sh.
+ * release is a use after free; imports and releases counted), graphs
+ * captured on the own streams of threads that exit at once and replayed
+ * after the reaper freed those streams, a request graph every thread
+ * replays with its own staging blocks patched in and frees them while the
+ * replay is queued. Every byte read back is checked; run under ASan and
+ * TSan by tools/test.sh.
  *   torture [-t threads] [-n iterations] [-a 1: automatic request graphs on] */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -37,6 +40,10 @@ static _Atomic(uint64_t) shared_h[16]; /* handles any thread may use or free: sl
 /* Recorded once, replayed by every thread with patches: two bumps of a
  * buffer, and a peek of one. */
 static ruda_graph *bump2, *peek1;
+/* Recorded once: upload a staging block into a buffer, bump it,
+ * download it into another block; replayed with each thread's blocks
+ * and buffer patched in. */
+static ruda_graph *request;
 
 #define FAIL(...)                                        \
   do {                                                   \
@@ -127,6 +134,108 @@ static void call_peek(ruda_stream_id s, ruda_handle h, int *rc) {
   ruda_arg a = ruda_arg_in(ruda_bind(h));
   ruda_call_desc d = {.name = "peek", .fn = call_peek_fn, .buffers = &a, .nbuffers = 1};
   *rc = ruda_call(dev, s, &d);
+}
+
+/* A short-lived thread's capture on its own stream: an upload of zeros,
+ * a bump launch and a bump call of x; it syncs and exits. */
+typedef struct exiting {
+  ruda_handle x;
+  uint64_t *zeros;
+  ruda_graph *g;
+  int rc;
+} exiting;
+
+static void *capture_and_exit(void *p) {
+  exiting *e = p;
+  ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(e->x));
+  e->rc = ruda_graph_begin_capture(dev, RUDA_STREAM_CURRENT);
+  if (e->rc == 0) e->rc = ruda_write_staged(dev, RUDA_STREAM_CURRENT, &d, e->zeros, WORDS * 8);
+  if (e->rc == 0) launch_bump(RUDA_STREAM_CURRENT, e->x, &e->rc);
+  if (e->rc == 0) call_bump(RUDA_STREAM_CURRENT, e->x, &e->rc);
+  int rc = ruda_graph_end_capture(dev, RUDA_STREAM_CURRENT, &e->g);
+  if (e->rc == 0) e->rc = rc;
+  if (e->rc == 0) e->rc = ruda_sync(dev, RUDA_STREAM_CURRENT, NULL);
+  return NULL;
+}
+
+static int read_words(ruda_stream_id s, ruda_handle h, uint64_t *got) {
+  ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(h));
+  ruda_future *f = NULL;
+  int rc = ruda_read(dev, s, &d, got, WORDS * 8, &f);
+  if (rc == 0) rc = ruda_future_wait(f, NULL);
+  ruda_future_free(f);
+  return rc;
+}
+
+/* Every 32nd iteration: a graph captured by a thread that exited at once,
+ * replayed on my stream and a shared one after its record was reaped;
+ * each replay zeroes x and bumps it twice. */
+static void exited_thread_graph(uint64_t t, uint64_t *seed) {
+  exiting e = {.rc = -1};
+  if (ruda_buffer_create(dev, (ruda_stream_id)t, WORDS * 8, &e.x) != 0) return;
+  if (ruda_staging_alloc(dev, WORDS * 8, (void **)&e.zeros) != 0) {
+    ruda_buffer_free(dev, (ruda_stream_id)t, e.x);
+    return;
+  }
+  memset(e.zeros, 0, WORDS * 8);
+  pthread_t th;
+  if (pthread_create(&th, NULL, capture_and_exit, &e) != 0 || pthread_join(th, NULL) != 0 || e.rc != 0) {
+    FAIL("thread %llu: capture on an exiting thread's stream: %s", (unsigned long long)t, ruda_err_name(e.rc));
+  } else {
+    ruda_stream_ids(dev, NULL, 0); /* reaps the exited thread's stream */
+    ruda_stream_ids(dev, NULL, 0);
+    for (int r = 0; r < 2; r++) {
+      ruda_error *err = NULL;
+      const ruda_stream_id rs = r == 0 ? (ruda_stream_id)t : (uint64_t)nthreads + rng(seed) % 4;
+      if (ruda_graph_run(dev, rs, e.g, &err) != 0) FAIL("thread %llu: replay of an exited thread's graph", (unsigned long long)t);
+      ruda_error_free(err);
+      uint64_t got[WORDS];
+      if (read_words(rs, e.x, got) != 0 || got[0] != 2 || got[WORDS - 1] != 2)
+        FAIL("thread %llu: an exited thread's graph left %llu, expected 2", (unsigned long long)t, (unsigned long long)got[0]);
+    }
+  }
+  if (e.g != NULL && ruda_graph_destroy(dev, e.g) != 0) FAIL("destroy an exited thread's graph");
+  ruda_staging_free(dev, e.zeros);
+  ruda_buffer_free(dev, (ruda_stream_id)t, e.x);
+}
+
+/* The shared request graph moved onto my buffer and staging blocks, the
+ * blocks freed while the replay is still queued (behind other threads'
+ * work): the replay reads and fills them all the same. */
+static void patched_blocks_freed(uint64_t t, int i) {
+  ruda_handle x;
+  uint64_t *in = NULL, *out = NULL;
+  if (ruda_buffer_create(dev, (ruda_stream_id)t, WORDS * 8, &x) != 0) return;
+  if (ruda_staging_alloc(dev, WORDS * 8, (void **)&in) != 0 || ruda_staging_alloc(dev, WORDS * 8, (void **)&out) != 0) {
+    FAIL("thread %llu: staging", (unsigned long long)t);
+    ruda_staging_free(dev, in);
+    ruda_buffer_free(dev, (ruda_stream_id)t, x);
+    return;
+  }
+  const uint64_t base = (t << 40) | ((uint64_t)i << 8);
+  for (int w = 0; w < WORDS; w++) in[w] = base + (uint64_t)w;
+  ruda_graph_patch p[5] = {
+      ruda_graph_patch_buffer(RUDA_GRAPH_PATCH_DST, 0, ruda_bind(x)), ruda_graph_patch_host(RUDA_GRAPH_PATCH_SRC, 0, in),
+      ruda_graph_patch_arg(1, 0, ruda_arg_buffer(ruda_bind(x))), ruda_graph_patch_buffer(RUDA_GRAPH_PATCH_SRC, 2, ruda_bind(x)),
+      ruda_graph_patch_host(RUDA_GRAPH_PATCH_DST, 2, out)};
+  ruda_future *f = NULL;
+  const ruda_stream_id rs = (uint64_t)nthreads + (t + (uint64_t)i) % 4; /* a shared stream: often busy */
+  int rc = ruda_graph_replay_with(dev, rs, request, p, 5, &f);
+  if (rc != 0) FAIL("thread %llu: patched request: %s", (unsigned long long)t, ruda_err_name(rc));
+  if (ruda_staging_free(dev, in) != 0 || ruda_staging_free(dev, out) != 0) FAIL("thread %llu: staging free", (unsigned long long)t);
+  if (rc == 0) {
+    if (ruda_future_wait(f, NULL) != 0) FAIL("thread %llu: patched request wait", (unsigned long long)t);
+    ruda_future_free(f);
+    uint64_t got[WORDS];
+    if (read_words((ruda_stream_id)t, x, got) != 0) FAIL("thread %llu: patched request read", (unsigned long long)t);
+    for (int w = 0; w < WORDS; w++)
+      if (got[w] != base + (uint64_t)w + 1) {
+        FAIL("thread %llu: patched request word %d: %llx, expected %llx", (unsigned long long)t, w,
+             (unsigned long long)got[w], (unsigned long long)(base + (uint64_t)w + 1));
+        break;
+      }
+  }
+  ruda_buffer_free(dev, (ruda_stream_id)t, x);
 }
 
 static void *worker(void *p) {
@@ -226,6 +335,8 @@ static void *worker(void *p) {
     if (rc != 0 && rc != RUDA_EGRAPHSTATE)
       FAIL("thread %llu: flush/sync of stream %llu: %s", (unsigned long long)t, (unsigned long long)other,
            ruda_err_name(rc));
+    if (i % 32 == (int)(t % 32)) exited_thread_graph(t, &seed);
+    if (i % 8 == (int)(t % 8)) patched_blocks_freed(t, i);
     /* Now and then a graph of two bumps, replayed on three streams and
      * destroyed with the replays queued. */
     if (i % 16 == (int)(t % 16)) {
@@ -308,10 +419,22 @@ int main(int argc, char **argv) {
   if (rc0 != 0 || ruda_graph_end_capture(dev, 0, &bump2) != 0 || ruda_graph_begin_capture(dev, 0) != 0) return 1;
   launch_peek(0, rec, &rc0);
   if (rc0 != 0 || ruda_graph_end_capture(dev, 0, &peek1) != 0) return 1;
+  uint64_t *rin = NULL, *rout = NULL;
+  if (ruda_staging_alloc(dev, WORDS * 8, (void **)&rin) != 0 || ruda_staging_alloc(dev, WORDS * 8, (void **)&rout) != 0)
+    return 1;
+  ruda_copy_desc rd = ruda_copy_contiguous(ruda_bind(rec));
+  ruda_future *rnone = NULL;
+  if (ruda_graph_begin_capture(dev, 0) != 0 || ruda_write_staged(dev, 0, &rd, rin, WORDS * 8) != 0) return 1;
+  launch_bump(0, rec, &rc0);
+  if (rc0 != 0 || ruda_read(dev, 0, &rd, rout, WORDS * 8, &rnone) != 0 || ruda_graph_end_capture(dev, 0, &request) != 0)
+    return 1;
   pthread_t th[256];
   for (int t = 0; t < nthreads; t++) pthread_create(&th[t], NULL, worker, (void *)(uintptr_t)t);
   for (int t = 0; t < nthreads; t++) pthread_join(th[t], NULL);
-  if (ruda_graph_destroy(dev, bump2) != 0 || ruda_graph_destroy(dev, peek1) != 0) FAIL("destroy shared graphs");
+  if (ruda_graph_destroy(dev, bump2) != 0 || ruda_graph_destroy(dev, peek1) != 0 || ruda_graph_destroy(dev, request) != 0)
+    FAIL("destroy shared graphs");
+  ruda_staging_free(dev, rin);
+  ruda_staging_free(dev, rout);
   ruda_buffer_free(dev, 0, rec);
   for (int k = 0; k < 16; k++) {
     uint64_t hv = atomic_load(&shared_h[k]);

@@ -4,7 +4,10 @@
  * with what changed patched in, and give the same results, the same
  * errors (messages included) and the same cross-stream order as with the
  * feature off; observed workers and RUDA_LAUNCH_BLOCKING keep it off. */
+#include <unistd.h>
+
 #include "common.h"
+#include "scheduler/auto_graph.h"
 #include "src/device.h"
 
 #define N 16
@@ -22,6 +25,13 @@ static int k_check(const ruda_host_ctx *c, void *const *args) {
   return (*(const uint64_t *)args[1] & 1) ? RUDA_EGENERIC : 0;
 }
 
+static int k_nap(const ruda_host_ctx *c, void *const *args) {
+  (void)c;
+  (void)args;
+  usleep(20000);
+  return 0;
+}
+
 static ruda_device *open_auto(int on, uint32_t streams) {
   ruda_config cfg;
   ruda_config_init(&cfg);
@@ -35,6 +45,7 @@ static ruda_device *open_auto(int on, uint32_t streams) {
   assert_ok(ruda_host_kernel_register_typed(dev, "addk", k_addk, bk, 2));
   assert_ok(ruda_host_kernel_register_typed(dev, "check", k_check, bk, 2));
   assert_ok(ruda_host_kernel_register(dev, "gate", test_gate_kernel));
+  assert_ok(ruda_host_kernel_register(dev, "nap", k_nap));
   return dev;
 }
 
@@ -207,10 +218,46 @@ static void the_environment_turns_it_on(void **state) {
   unsetenv("RUDA_AUTO_GRAPHS");
 }
 
+/* Runs of 15, 16 and 17 launches, each ended by a read: a run stops at
+ * RUDA__AUTO_MAX commands, and the command after it (the 17th, a launch or
+ * the read) is looked at like the others, after the client that pushed it
+ * (TSan sees each node published before it is read). Results match the
+ * arithmetic; the second and later sightings replay. */
+static void runs_at_the_length_limit(void **state) {
+  (void)state;
+  ruda_device *dev = open_auto(1, 1);
+  ruda_handle x;
+  assert_ok(ruda_buffer_create(dev, 0, N * sizeof(uint64_t), &x));
+  for (uint32_t len = RUDA__AUTO_MAX - 1; len <= RUDA__AUTO_MAX + 1; len++) {
+    for (int round = 0; round < 4; round++) {
+      uint64_t want[N] = {0};
+      test_write(dev, 0, ruda_bind(x), want, sizeof want);
+      /* Stream 1 shares worker 0: it sleeps while the run queues behind
+       * it (no gate: a gate's flag would order the pushes for TSan). */
+      assert_ok(test_launch(dev, 1, "nap", NULL, 0));
+      for (uint32_t i = 0; i < len; i++) {
+        addk(dev, 0, x, i + (uint64_t)round);
+        for (int j = 0; j < N; j++) want[j] = want[j] * 3 + i + (uint64_t)round;
+      }
+      ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(x));
+      uint64_t got[N];
+      ruda_future *f;
+      assert_ok(ruda_read(dev, 0, &d, got, sizeof got, &f));
+      assert_ok(ruda_future_wait(f, NULL));
+      ruda_future_free(f);
+      for (int j = 0; j < N; j++) assert_int_equal(got[j], want[j]);
+    }
+  }
+  assert_true(auto_cmds(dev) > 0);
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  test_close(dev);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(same_results_errors_and_order_as_one_by_one),
     cmocka_unit_test(observed_or_blocking_workers_keep_each_command),
     cmocka_unit_test(the_environment_turns_it_on),
+    cmocka_unit_test(runs_at_the_length_limit),
 };
 
 TEST_MAIN("auto_graph", tests)

@@ -133,8 +133,17 @@ static void await_either(atomic_int *f, atomic_int *g) {
   }
 }
 
+/* Reads racing close (below): close frees the device only once every
+ * reader saw RUDA_ECLOSED and stopped calling. */
+static atomic_int readers_armed, readers_running;
+
 void ruda__test_hook(int point, ruda_device *dev) {
   (void)dev;
+  if (point == RUDA__HOOK_CLOSE_FREE && atomic_load(&readers_armed))
+    for (unsigned i = 0; atomic_load(&readers_running) != 0; i++) {
+      if (i >= 100000000u) await_gone("the readers");
+      sched_yield();
+    }
   if (!atomic_load(&race_armed)) return;
   switch (point) {
   case RUDA__HOOK_CLOSE_WAITED: /* the closer: let the racing call in, once it is counted go on */
@@ -209,12 +218,73 @@ static void a_second_close_racing_close_is_waited_for(void **state) {
   race_close(1);
 }
 
+typedef struct reader {
+  ruda_device *dev;
+  ruda_handle h;
+  int bad, reads, closed_futures;
+} reader;
+
+/* Reads until a read is refused: each read is refused with RUDA_ECLOSED,
+ * or gives a future that completes (0) or that close completed
+ * (RUDA_ECLOSED); never a hang or another code. Every other future is
+ * held a moment before its wait, so some outlive the close unwaited. */
+static void *read_until_closed(void *arg) {
+  reader *r = arg;
+  for (;;) {
+    ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(r->h));
+    uint64_t got = 0;
+    ruda_future *f = NULL;
+    int rc = ruda_read(r->dev, RUDA_STREAM_CURRENT, &d, &got, sizeof got, &f);
+    if (rc != 0) {
+      r->bad += rc != RUDA_ECLOSED;
+      break;
+    }
+    if (r->reads & 1) usleep(100);
+    rc = ruda_future_wait(f, NULL);
+    if (rc != 0 && rc != RUDA_ECLOSED) r->bad++;
+    r->closed_futures += rc == RUDA_ECLOSED;
+    ruda_future_free(f);
+    r->reads++;
+  }
+  atomic_fetch_sub(&readers_running, 1);
+  return NULL;
+}
+
+/* Calls racing close that hand out futures: close never refuses for them
+ * and nothing they hold dangles (ASan, TSan). */
+static void reads_racing_close_leave_valid_futures(void **state) {
+  (void)state;
+  enum { THREADS = 4 };
+  ruda_device *dev = test_open_default();
+  ruda_handle h;
+  assert_ok(ruda_buffer_create(dev, 0, sizeof(uint64_t), &h));
+  reader r[THREADS];
+  pthread_t t[THREADS];
+  atomic_store(&readers_running, THREADS);
+  atomic_store(&readers_armed, 1);
+  for (int i = 0; i < THREADS; i++) {
+    r[i] = (reader){dev, h, 0, 0, 0};
+    assert_int_equal(pthread_create(&t[i], NULL, read_until_closed, &r[i]), 0);
+  }
+  usleep(20000);
+  assert_ok(ruda_device_close(dev, NULL));
+  atomic_store(&readers_armed, 0);
+  int reads = 0;
+  for (int i = 0; i < THREADS; i++) {
+    assert_int_equal(pthread_join(t[i], NULL), 0);
+    assert_int_equal(r[i].bad, 0);
+    reads += r[i].reads;
+  }
+  assert_true(reads > 0);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(calls_after_close),
       cmocka_unit_test(close_runs_pushes_between_workers),
       cmocka_unit_test(a_call_racing_close_is_waited_for),
       cmocka_unit_test(a_second_close_racing_close_is_waited_for),
+      cmocka_unit_test(reads_racing_close_leave_valid_futures),
   };
   return test_main("unit_closed", tests, sizeof tests / sizeof tests[0], argc, argv);
 }

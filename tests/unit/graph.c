@@ -714,6 +714,95 @@ static void prepare_on_the_current_stream(void **state) {
   test_close(dev);
 }
 
+/* A graph captured on a thread's own stream (RUDA_STREAM_CURRENT) holds
+ * no pointer into the stream's record: the thread exits, the reaper frees
+ * the record, and every later replay still runs each recorded kind (an
+ * upload, a launch, a copy, a library call, a download) and hands the
+ * call the id it was captured on. */
+typedef struct exited_capture {
+  ruda_device *dev;
+  ruda_handle x, y;
+  uint64_t *in, *out;
+  ruda_graph *g;
+  ruda_stream_id id;
+} exited_capture;
+
+static _Atomic uint64_t call_saw_stream;
+static _Atomic int call_runs;
+
+static int note_stream(const ruda_call_ctx *c, void *user) {
+  (void)user;
+  atomic_store(&call_saw_stream, c->stream);
+  atomic_fetch_add(&call_runs, 1);
+  return 0;
+}
+
+static void *capture_and_exit(void *arg) {
+  exited_capture *e = arg;
+  ruda_device *dev = e->dev;
+  const ruda_stream_id cur = RUDA_STREAM_CURRENT;
+  ruda_copy_desc dx = ruda_copy_contiguous(ruda_bind(e->x)), dy = ruda_copy_contiguous(ruda_bind(e->y));
+  ruda_future *f = NULL;
+  ruda_arg bufs[1] = {ruda_arg_in(ruda_bind(e->y))};
+  ruda_call_desc cd = {.name = "note", .fn = note_stream, .buffers = bufs, .nbuffers = 1};
+#define STEP(call)                                                                                  \
+  do {                                                                                              \
+    if ((call) != 0) {                                                                              \
+      fprintf(stderr, "%s: %s\n", #call, ruda_error_message(ruda_last_error()));                    \
+      return (void *)1;                                                                             \
+    }                                                                                               \
+  } while (0)
+  STEP(ruda_graph_begin_capture(dev, cur));
+  STEP(ruda_write_staged(dev, cur, &dx, e->in, N * sizeof *e->in));
+  STEP(launch1(dev, cur, "twice", e->x, NULL));
+  STEP(ruda_copy(dev, cur, ruda_bind(e->y), ruda_bind(e->x)));
+  STEP(ruda_call(dev, cur, &cd));
+  STEP(ruda_read(dev, cur, &dy, e->out, N * sizeof *e->out, &f));
+  STEP(ruda_graph_end_capture(dev, cur, &e->g));
+  STEP(ruda_sync(dev, cur, NULL));
+#undef STEP
+  e->id = ruda_stream_current();
+  return NULL;
+}
+
+static void a_graph_outlives_its_threads_stream(void **state) {
+  (void)state;
+  ruda_device *dev = open_graphs(2);
+  exited_capture e = {.dev = dev};
+  e.x = test_u64_buffer(dev, 0, 0);
+  e.y = test_u64_buffer(dev, 0, 0);
+  assert_ok(ruda_staging_alloc(dev, N * sizeof *e.in, (void **)&e.in));
+  assert_ok(ruda_staging_alloc(dev, N * sizeof *e.out, (void **)&e.out));
+  const uint64_t before = atomic_load(&dev->sched.streams.records); /* the explicit streams' */
+  pthread_t t;
+  void *trc = (void *)1;
+  assert_int_equal(pthread_create(&t, NULL, capture_and_exit, &e), 0);
+  assert_int_equal(pthread_join(t, &trc), 0);
+  assert_null(trc);
+  assert_int_equal(ruda_graph_length(e.g), 5);
+  /* The exited thread's record is freed (its grace period passed). */
+  for (int i = 0; i < 200 && atomic_load(&dev->sched.streams.records) != before; i++) {
+    ruda_stream_ids(dev, NULL, 0);
+    usleep(1000);
+  }
+  assert_int_equal(atomic_load(&dev->sched.streams.records), before);
+  for (uint64_t r = 0; r < 10; r++) {
+    for (int i = 0; i < N; i++) e.in[i] = r * 1000 + (uint64_t)i;
+    ruda_error *err = NULL;
+    assert_ok(ruda_graph_run(dev, r % 2, e.g, &err));
+    assert_null(err);
+    for (int i = 0; i < N; i++) assert_int_equal(e.out[i], 2 * (r * 1000 + (uint64_t)i));
+    assert_int_equal(atomic_load(&call_saw_stream), e.id);
+  }
+  assert_int_equal(atomic_load(&call_runs), 10);
+  assert_ok(ruda_graph_destroy(dev, e.g));
+  assert_ok(ruda_buffer_free(dev, 0, e.x));
+  assert_ok(ruda_buffer_free(dev, 0, e.y));
+  assert_ok(ruda_staging_free(dev, e.in));
+  assert_ok(ruda_staging_free(dev, e.out));
+  test_close(dev);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(replays_rerun_the_recorded_sequence),
@@ -734,6 +823,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(runs_and_replays_race_from_threads),
       cmocka_unit_test(prepare_routes_to_the_persistent_pool),
       cmocka_unit_test(prepare_on_the_current_stream),
+      cmocka_unit_test(a_graph_outlives_its_threads_stream),
   };
   return test_main("unit_graph", tests, sizeof tests / sizeof tests[0], argc, argv);
 }

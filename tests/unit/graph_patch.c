@@ -204,6 +204,13 @@ static void bad_patches_are_refused_and_the_graph_stays_usable(void **state) {
       {ruda_graph_patch_host(RUDA_GRAPH_PATCH_SRC, 0, pageable), RUDA_EINVAL, "ruda_staging_alloc"},
       {ruda_graph_patch_host(RUDA_GRAPH_PATCH_DST, 5, b.out + 1), RUDA_EINVAL, "ruda_staging_alloc"},
       {ruda_graph_patch_host(RUDA_GRAPH_PATCH_DST, 5, NULL), RUDA_EINVAL, "ruda_staging_alloc"},
+      /* The side a field takes, and the helper that builds it. */
+      {ruda_graph_patch_host(RUDA_GRAPH_PATCH_DST, 0, b.in), RUDA_EINVAL,
+       "the destination of command 0 (an upload) is on the device: a buffer binding, from ruda_graph_patch_buffer"},
+      {ruda_graph_patch_host(RUDA_GRAPH_PATCH_SRC, 3, b.in), RUDA_EINVAL,
+       "the source of command 3 (a copy) is on the device: a buffer binding, from ruda_graph_patch_buffer"},
+      {ruda_graph_patch_buffer(RUDA_GRAPH_PATCH_DST, 5, ruda_bind(b.y)), RUDA_EINVAL,
+       "the destination of command 5 (a download) is on the host: a staging block, from ruda_graph_patch_host"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     /* Alone, and behind a good patch that pins a buffer first. */
@@ -380,6 +387,21 @@ static void a_failing_patched_command_is_named(void **state) {
   test_close(dev);
 }
 
+/* Replays g (recorded on a) moved onto b, with k1 2 and k2 3 and b's
+ * input filled with seed 7, queued on stream 0 behind a shut gate (the
+ * caller opens it); its future. */
+static ruda_future *queue_patched(ruda_device *dev, ruda_graph *g, const set *b) {
+  const uint64_t k1 = 2, k2 = 3;
+  ruda_graph_patch p[16];
+  uint32_t n = request_patches(b, &k1, &k2, p);
+  fill(b->in, 7);
+  atomic_store(&test_gate_open, 0);
+  assert_ok(test_launch(dev, 0, "gate", NULL, 0));
+  ruda_future *f;
+  assert_ok(ruda_graph_replay_with(dev, 0, g, p, n, &f));
+  return f;
+}
+
 /* A patch's buffer freed while its replay is queued keeps its memory
  * until the replay ran: a buffer made meanwhile gets other memory. */
 static void a_patch_keeps_its_buffer_until_the_replay_ran(void **state) {
@@ -387,14 +409,7 @@ static void a_patch_keeps_its_buffer_until_the_replay_ran(void **state) {
   ruda_device *dev = open_patch(1);
   set a = set_new(dev), b = set_new(dev);
   ruda_graph *g = record_request(dev, 0, &a);
-  const uint64_t k1 = 2, k2 = 3;
-  ruda_graph_patch p[16];
-  uint32_t n = request_patches(&b, &k1, &k2, p);
-  fill(b.in, 7);
-  atomic_store(&test_gate_open, 0);
-  assert_ok(test_launch(dev, 0, "gate", NULL, 0));
-  ruda_future *f;
-  assert_ok(ruda_graph_replay_with(dev, 0, g, p, n, &f));
+  ruda_future *f = queue_patched(dev, g, &b);
   assert_ok(ruda_buffer_free(dev, 0, b.x));
   assert_ok(ruda_buffer_free(dev, 0, b.y));
   ruda_handle junk[4];
@@ -413,6 +428,41 @@ static void a_patch_keeps_its_buffer_until_the_replay_ran(void **state) {
   set_free(dev, &a);
   assert_ok(ruda_staging_free(dev, b.in));
   assert_ok(ruda_staging_free(dev, b.out));
+  test_close(dev);
+}
+
+/* Freeing a host block that a queued replay's patch names is deferred:
+ * the free returns 0 at once, the replay still reads its upload's source
+ * and fills its download's destination, and the blocks go back once the
+ * replay ran (src/stage_hold.c keeps them meanwhile). Junk written to
+ * blocks allocated after the free never reaches the result. */
+static void freeing_a_patched_host_block_waits_for_the_replay(void **state) {
+  (void)state;
+  ruda_device *dev = open_patch(1);
+  set a = set_new(dev), b = set_new(dev);
+  ruda_graph *g = record_request(dev, 0, &a);
+  ruda_future *f = queue_patched(dev, g, &b);
+  assert_ok(ruda_staging_free(dev, b.in));
+  assert_ok(ruda_staging_free(dev, b.out));
+  uint64_t *junk[4];
+  for (int i = 0; i < 4; i++) {
+    assert_ok(ruda_staging_alloc(dev, N * sizeof(uint64_t), (void **)&junk[i]));
+    for (int j = 0; j < N; j++) junk[i][j] = UINT64_MAX;
+  }
+  /* Both frees wait for the replay behind the gate. */
+  assert_int_equal(ruda__stage_deferred(dev), 2);
+  atomic_store(&test_gate_open, 1);
+  assert_ok(ruda_future_wait(f, NULL));
+  ruda_future_free(f);
+  assert_int_equal(ruda__stage_deferred(dev), 0);
+  uint64_t got[N];
+  test_read(dev, 0, ruda_bind(b.y), got, sizeof got);
+  for (int i = 0; i < N; i++) assert_int_equal(got[i], (7000 + (uint64_t)i + 2) * 2 + 3);
+  for (int i = 0; i < 4; i++) assert_ok(ruda_staging_free(dev, junk[i]));
+  assert_ok(ruda_graph_destroy(dev, g));
+  set_free(dev, &a);
+  assert_ok(ruda_buffer_free(dev, 0, b.x));
+  assert_ok(ruda_buffer_free(dev, 0, b.y));
   test_close(dev);
 }
 
@@ -468,6 +518,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(patched_grids_dispatch_their_blocks),
     cmocka_unit_test(a_failing_patched_command_is_named),
     cmocka_unit_test(a_patch_keeps_its_buffer_until_the_replay_ran),
+    cmocka_unit_test(freeing_a_patched_host_block_waits_for_the_replay),
     cmocka_unit_test(clients_replay_one_graph_with_their_own_buffers),
 };
 

@@ -218,12 +218,60 @@ static void a_call_holding_a_retiring_record_keeps_it(void **state) {
   test_close(dev);
 }
 
+static _Atomic int reaping;
+
+static void *reaper(void *unused) {
+  (void)unused;
+  while (atomic_load(&reaping)) ruda_stream_ids(dev, NULL, 0);
+  return NULL;
+}
+
+/* An exited thread's id that accepted a begin (capture, profile) accepts
+ * its end, however the reaper races them: a begin that found the record
+ * as it retired makes it busy, and the end finds it (no "reserved" for
+ * the few milliseconds until the reaper would put it back). */
+static void an_id_that_accepted_a_begin_accepts_its_end(void **state) {
+  (void)state;
+  dev = test_open_default();
+  atomic_store(&reaping, 1);
+  pthread_t r;
+  assert_int_equal(pthread_create(&r, NULL, reaper, NULL), 0);
+  int accepted = 0, refused_end = 0;
+  for (int round = 0; round < 1500; round++) {
+    ruda_stream_id id = 0;
+    pthread_t t;
+    void *trc = (void *)1;
+    assert_int_equal(pthread_create(&t, NULL, syncing_connection, &id), 0);
+    assert_int_equal(pthread_join(t, &trc), 0);
+    assert_null(trc);
+    if (round & 1) {
+      if (ruda_graph_begin_capture(dev, id) != 0) continue; /* retired first: refused, fine */
+      accepted++;
+      if (ruda_graph_abort_capture(dev, id) != 0 && ++refused_end == 1)
+        fprintf(stderr, "first refusal: %s\n", ruda_error_message(ruda_last_error()));
+    } else {
+      ruda_profile_token tok;
+      if (ruda_profile_begin(dev, id, &tok) != 0) continue;
+      accepted++;
+      uint64_t ns = 0;
+      if (ruda_profile_end(dev, id, tok, &ns, NULL) != 0 && ++refused_end == 1)
+        fprintf(stderr, "first refusal: %s\n", ruda_error_message(ruda_last_error()));
+    }
+  }
+  atomic_store(&reaping, 0);
+  assert_int_equal(pthread_join(r, NULL), 0);
+  if (refused_end != 0) fail_msg("%d of %d accepted begins had their end refused", refused_end, accepted);
+  assert_true(accepted > 0);
+  test_close(dev);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(exited_threads_pools_serve_new_streams),
       cmocka_unit_test(exited_threads_records_are_freed),
       cmocka_unit_test(calls_naming_retiring_ids_race_the_reaper),
       cmocka_unit_test(a_call_holding_a_retiring_record_keeps_it),
+      cmocka_unit_test(an_id_that_accepted_a_begin_accepts_its_end),
   };
   return test_main("unit_stream_exit", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
