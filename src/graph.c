@@ -161,7 +161,6 @@ int ruda_graph_end_capture(ruda_device *dev, ruda_stream_id stream, ruda_graph *
   g->slots = slots;
   g->nslots = u;
   g->stream = s->id;
-  for (uint32_t i = 0; i < n && !g->calls; i++) g->calls = cmds[i]->kind == RUDA__CMD_CALL;
   atomic_init(&g->refs, 1);
   pthread_mutex_init(&g->exec_lock, NULL);
   pthread_mutex_init(&g->issue_lock, NULL);
