@@ -18,7 +18,10 @@
  *     back keep all of the above;
  *   - library calls (ruda_call) order by their buffers' access modes like
  *     kernels, are recorded and replayed by graphs, refuse stale handles,
- *     and a failing one is one error on its stream;
+ *     and a failing one is one error on its stream; calls naming a
+ *     library (ruda_library_register, some registered mid-run, refused
+ *     past RUDA_LIBRARY_MAX) get their own worker's state, each state
+ *     destroyed once at close;
  *   - kernels that issue work themselves (a launch on their own buffer, a
  *     replay of their own graph), in place or on a worker: nothing hangs
  *     (the fuzzer's timeout) and the data follows the model;
@@ -30,6 +33,7 @@
  * Built two ways: with RUDA_LIBFUZZER, the LLVMFuzzerTestOneInput target
  * (tools/fuzz.sh); without, a driver that runs -n inputs from a seeded
  * generator, or the files named on the command line (ctest: fuzz_api.*). */
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +62,7 @@ typedef struct pending_read {
 
 typedef struct fuzz {
   ruda_device *dev;
+  uint32_t libs, lib[RUDA_LIBRARY_MAX]; /* libraries registered (ruda_library_register) */
   model_buf b[NBUF];
   int errors[NSTREAMS]; /* kernel failures queued on each stream */
   pending_read pend[4];
@@ -118,6 +123,39 @@ static int call_add(const ruda_call_ctx *c, void *user) {
   unsigned char *dst = ruda_call_ptr(c, 1);
   for (uint32_t i = 0; i < v[1]; i++) dst[i] = (unsigned char)(src[i] + v[0]);
   return 0;
+}
+
+/* A library's per-worker state: which worker made it. The counters say
+ * how many states were made and destroyed (each once, at close); a call
+ * handed another worker's state, or none, fails with 55, which the model
+ * never expects. */
+typedef struct lib_state {
+  uint32_t worker, destroyed;
+} lib_state;
+static _Atomic int lib_made, lib_destroyed, lib_twice;
+
+static int lib_create(const ruda_call_ctx *c, void *user, void **state) {
+  (void)user;
+  lib_state *st = calloc(1, sizeof *st);
+  if (st == NULL) return 12;
+  st->worker = c->worker;
+  *state = st;
+  atomic_fetch_add(&lib_made, 1);
+  return 0;
+}
+
+static void lib_destroy(const ruda_call_ctx *c, void *user, void *state) {
+  (void)user;
+  lib_state *st = state;
+  if (st->worker != c->worker || st->destroyed++) atomic_store(&lib_twice, 1);
+  atomic_fetch_add(&lib_destroyed, 1);
+  free(st);
+}
+
+static int call_add_lib(const ruda_call_ctx *c, void *user) {
+  const lib_state *st = c->library;
+  if (st == NULL || st->worker != c->worker) return 55;
+  return call_add(c, user);
 }
 
 /* nest(b, v, len, handle, stream, mode): b += v, then, once per op (the
@@ -361,6 +399,21 @@ static void step(fuzz *z) {
       ruda_arg bufs[2] = {ruda_arg_in(ruda_bind(b->h)), ruda_arg_out(ruda_bind(dst->h))};
       ruda_call_desc cd = {.name = "add", .fn = call_add, .buffers = bufs, .nbuffers = 2, .data = v,
                            .data_size = sizeof v};
+      if (how & 16) { /* with a library's per-worker state; sometimes a library registered now */
+        if ((how & 32) || z->libs == 0) {
+          ruda_library_desc ld = {.name = "lib", .create = lib_create, .destroy = lib_destroy};
+          uint32_t id = 0;
+          int rc = ruda_library_register(z->dev, &ld, &id);
+          if (z->libs == RUDA_LIBRARY_MAX) {
+            CHECK(rc == RUDA_EINVAL, "library %u of %d registered", z->libs + 1, RUDA_LIBRARY_MAX);
+          } else {
+            CHECK(rc == 0 && id == z->libs + 1, "register library: %s, id %u", ruda_err_name(rc), id);
+            z->lib[z->libs++] = id;
+          }
+        }
+        cd.fn = call_add_lib;
+        cd.library = z->lib[next(z) % z->libs];
+      }
       if (!b->live) {
         CHECK(ruda_call(z->dev, s, &cd) == RUDA_ENOTFOUND, "a call on a freed buffer was not refused");
         break;
@@ -542,6 +595,9 @@ int ruda_fuzz_one(const uint8_t *data, size_t size) {
   memset(z, 0, sizeof *z);
   z->in = data;
   z->n = size;
+  atomic_store(&lib_made, 0);
+  atomic_store(&lib_destroyed, 0);
+  atomic_store(&lib_twice, 0);
   ruda_config cfg;
   ruda_config_init(&cfg);
   cfg.backend = RUDA_BACKEND_HOST;
@@ -587,6 +643,10 @@ int ruda_fuzz_one(const uint8_t *data, size_t size) {
     CHECK(ruda_buffer_free(z->dev, 0, b->h) == 0, "final free");
   }
   CHECK(ruda_device_close(z->dev, NULL) == 0, "close");
+  /* Every state made was destroyed once, by its own worker, at close. */
+  CHECK(atomic_load(&lib_destroyed) == atomic_load(&lib_made) && !atomic_load(&lib_twice),
+        "library states: %d made, %d destroyed%s", atomic_load(&lib_made), atomic_load(&lib_destroyed),
+        atomic_load(&lib_twice) ? ", one twice or by another worker" : "");
   return 0;
 }
 
