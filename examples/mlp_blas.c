@@ -5,8 +5,10 @@
  * Request: upload x (ROWS x IN), h = gelu(x W1 + b1), y = h W2 + b2,
  * download y. The GEMMs are library calls on the request's stream: on the
  * cuda backend cublasSgemm on the worker's CUstream (cuBLAS loaded at run
- * time, one handle per worker, made on the worker by its first call); on
- * the host backend a C GEMM stands in for the library. The bias kernels
+ * time; one handle per worker, ruda's per-worker library state: made on
+ * the worker before its first GEMM, destroyed at close after its last);
+ * on the host backend a C GEMM stands in for the library, its state a
+ * count of the GEMMs its worker ran. The bias kernels
  * are ruda launches between them. W1, W2, b1 and b2 are uploaded once and
  * shared by every stream: the calls and kernels declare them read-only
  * (ruda_arg_in), so requests on different streams read them at once, while
@@ -17,6 +19,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,12 +27,13 @@
 #include "cublas_dl.h"
 #include "ruda/ruda.h"
 
-enum { ROWS = 16, IN = 128, HID = 256, OUT = 32, MAXW = 64 };
+enum { ROWS = 16, IN = 128, HID = 256, OUT = 32 };
 
 static ruda_device *dev;
 static int on_cuda;
 static cublas_dl blas;
-static void *handles[MAXW]; /* cuBLAS handle per worker; touched only by that worker's calls */
+static uint32_t blas_lib; /* ruda_library_register's id */
+static _Atomic long host_gemms; /* the host stand-in's states, summed at destroy */
 static float w1[IN * HID], b1[HID], w2[HID * OUT], b2[OUT];
 static ruda_handle dw1, db1, dw2, db2;
 
@@ -39,10 +43,35 @@ typedef struct gemm_dims {
   int m, n, k;
 } gemm_dims;
 
+/* The library's per-worker state: a cuBLAS handle bound to the worker's
+ * stream (cuda), or a GEMM counter (host). */
+static int blas_create(const ruda_call_ctx *c, void *user, void **state) {
+  (void)user;
+  if (!on_cuda) {
+    *state = calloc(1, sizeof(long));
+    return *state != NULL ? 0 : 12;
+  }
+  int st = cublas_dl_bound(&blas, c->cu_stream, state);
+  if (st != 0) snprintf(c->msg, RUDA_CALL_MSG_MAX, "cublasCreate/cublasSetStream: status %d", st);
+  return st;
+}
+
+/* At close, the worker's work done: cublasDestroy may synchronize. */
+static void blas_destroy(const ruda_call_ctx *c, void *user, void *state) {
+  (void)c;
+  (void)user;
+  if (on_cuda) {
+    blas.destroy(state);
+  } else {
+    atomic_fetch_add(&host_gemms, *(long *)state);
+    free(state);
+  }
+}
+
 static int gemm_call(const ruda_call_ctx *c, void *user) {
   (void)user;
   gemm_dims g;
-  memcpy(&g, c->data, sizeof g);
+  memcpy(&g, c->data, sizeof g); /* c->data is aligned: reading it in place would do too */
   const float *x = ruda_call_ptr(c, 0), *w = ruda_call_ptr(c, 1);
   float *y = ruda_call_ptr(c, 2);
   if (!on_cuda) { /* the host stand-in */
@@ -52,18 +81,12 @@ static int gemm_call(const ruda_call_ctx *c, void *user) {
         for (int i = 0; i < g.k; i++) s += x[r * g.k + i] * w[i * g.n + j];
         y[r * g.n + j] = s;
       }
+    ++*(long *)c->library;
     return 0;
   }
-  /* A worker's stream never changes: its handle is bound once. */
-  int st = cublas_dl_gemm_rm_on(&blas, &handles[c->worker], c->cu_stream, g.m, g.n, g.k, x, w, y);
+  int st = cublas_dl_gemm_rm(&blas, c->library, g.m, g.n, g.k, x, w, y);
   if (st != 0) snprintf(c->msg, RUDA_CALL_MSG_MAX, "cuBLAS status %d", st);
   return st;
-}
-
-static int destroy_handle_call(const ruda_call_ctx *c, void *user) {
-  (void)user;
-  cublas_dl_release(&blas, &handles[c->worker]);
-  return 0;
 }
 
 /* ---- bias kernels: v[r][j] += b[j], then gelu when asked ---- */
@@ -92,7 +115,7 @@ static int bias_host(const ruda_host_ctx *c, void *const *a) {
 static int call3(ruda_stream_id s, const char *name, ruda_handle x, ruda_handle w, ruda_handle y, gemm_dims g) {
   ruda_arg bufs[3] = {ruda_arg_in(ruda_bind(x)), ruda_arg_in(ruda_bind(w)), ruda_arg_out(ruda_bind(y))};
   ruda_call_desc d = {.name = name, .fn = gemm_call, .buffers = bufs, .nbuffers = 3, .data = &g,
-                      .data_size = sizeof g};
+                      .data_size = sizeof g, .library = blas_lib};
   return ruda_call(dev, s, &d);
 }
 
@@ -202,17 +225,14 @@ int main(int argc, char **argv) {
     return 1;
   }
   on_cuda = strcmp(ruda_device_backend(dev), "cuda") == 0;
-  if (ruda_device_num_streams(dev) > MAXW) {
-    fprintf(stderr, "mlp_blas: at most %d workers\n", MAXW);
-    ruda_device_close(dev, NULL);
-    return 1;
-  }
   if (on_cuda && cublas_dl_open(&blas) != 0) {
     printf("mlp_blas: skipped on the cuda backend: %s\n", blas.why);
     ruda_device_close(dev, NULL);
     return 0;
   }
-  int rc = on_cuda ? ruda_kernel_source(dev, "bias_act", bias_cuda, NULL)
+  ruda_library_desc lib = {.name = on_cuda ? "cublas" : "host gemm", .create = blas_create, .destroy = blas_destroy};
+  int rc = ruda_library_register(dev, &lib, &blas_lib);
+  if (rc == 0) rc = on_cuda ? ruda_kernel_source(dev, "bias_act", bias_cuda, NULL)
                    : ruda_host_kernel_register(dev, "bias_act", bias_host);
   uint64_t seed = 7;
   for (int i = 0; i < IN * HID; i++) w1[i] = frand(&seed) * 0.1f;
@@ -249,15 +269,16 @@ int main(int argc, char **argv) {
   ruda_buffer_free(dev, 0, db1);
   ruda_buffer_free(dev, 0, dw2);
   ruda_buffer_free(dev, 0, db2);
-  /* Each worker's handle goes on that worker, in order after its GEMMs. */
-  for (uint32_t w = 0; on_cuda && w < ruda_device_num_streams(dev); w++) {
-    ruda_call_desc d = {.name = "cublasDestroy", .fn = destroy_handle_call};
-    if (ruda_call(dev, w, &d) != 0) failed = 1;
-  }
   ruda_error *errs = NULL;
   if (ruda_device_close(dev, &errs) != 0) {
     ruda_error_print(errs, stderr, 0);
     ruda_error_free(errs);
+    failed = 1;
+  }
+  /* Close destroyed every worker's state: on host each counted its GEMMs. */
+  if (!on_cuda && atomic_load(&host_gemms) != 2L * threads * requests) {
+    fprintf(stderr, "mlp_blas: the library states counted %ld GEMMs, %d were issued\n", atomic_load(&host_gemms),
+            2 * threads * requests);
     failed = 1;
   }
   printf("mlp_blas: %s backend, %d threads x %d requests, GEMMs through ruda_call (%s): %s, %d outputs wrong\n",
