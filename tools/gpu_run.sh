@@ -8,8 +8,10 @@
 #   commit, and build-gpu, alternated twice, to compare two trees in one run;
 #   serve: bench_serve with pageable and page-locked request buffers and
 #   with each request one graph replay, the PyTorch peer, and bench_gpu's
-#   empty-launch sections beside them; blas: bench_blas, cuBLAS through ruda_call beside
-#   the raw cuBLAS loop, with pageable and page-locked I/O and as graphs;
+#   empty-launch sections beside them; blas: mlp_blas and mlp_lt (cuBLAS,
+#   cuBLASLt with fused epilogues) checked on the GPU, bench_blas: cuBLAS and
+#   cuBLASLt through ruda_call beside the raw loops, with pageable and
+#   page-locked I/O and as graphs against raw CUDA graphs;
 #   graphs: issue 20 in one go: bench_graph_patch on the device, bench_serve's
 #   call-by-call rows with the raw-graph column, -g and -p rows, the
 #   call-by-call rows with automatic request graphs (-a), a traced
@@ -83,6 +85,7 @@ if want tests || want all; then
   run inference_server 60 "$B/examples/inference_server"
   run training_loop 60 "$B/examples/training_loop"
   run mlp_blas 60 "$B/examples/mlp_blas"
+  run mlp_lt 60 "$B/examples/mlp_lt"
   for t in "$B"/tests/gpu_* "$B"/tests/unit_* "$B"/tests/integration_*; do
     [ -x "$t" ] && [ -f "$t" ] || continue
     case "$(basename "$t")" in
@@ -118,6 +121,8 @@ if want bench || want all; then
   run bench_blas 400 "$B/bench/bench_blas"
 fi
 if want blas; then
+  run mlp_blas 60 "$B/examples/mlp_blas"
+  run mlp_lt 60 "$B/examples/mlp_lt"
   run bench_blas 400 "$B/bench/bench_blas"
   run bench_blas_staged 400 "$B/bench/bench_blas" -s
   run bench_blas_graphs 400 "$B/bench/bench_blas" -g
