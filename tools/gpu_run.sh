@@ -11,7 +11,8 @@
 #   empty-launch sections beside them; blas: mlp_blas and mlp_lt (cuBLAS,
 #   cuBLASLt with fused epilogues) checked on the GPU, bench_blas: cuBLAS and
 #   cuBLASLt through ruda_call beside the raw loops, with pageable and
-#   page-locked I/O and as graphs against raw CUDA graphs;
+#   page-locked I/O, as graphs against raw CUDA graphs, and page-locked with
+#   ruda's streams issuing in place (-s -i);
 #   graphs: issue 20 in one go: bench_graph_patch on the device, bench_serve's
 #   call-by-call rows with the raw-graph column, -g and -p rows, the
 #   call-by-call rows with automatic request graphs (-a), a traced
@@ -126,6 +127,7 @@ if want blas; then
   run bench_blas 400 "$B/bench/bench_blas"
   run bench_blas_staged 400 "$B/bench/bench_blas" -s
   run bench_blas_graphs 400 "$B/bench/bench_blas" -g
+  run bench_blas_in_place 400 "$B/bench/bench_blas" -s -i
 fi
 if want serve; then
   run bench_serve 400 "$B/bench/bench_serve" -n 2048
