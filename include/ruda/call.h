@@ -3,7 +3,7 @@
  *
  * Libraries that take a CUstream and issue their own kernels (cuBLAS,
  * cuBLASLt, cuDNN, CUTLASS's host API, NCCL) run through ruda_call as one
- * command of a stream: the caller's function runs on the stream's worker,
+ * command of a stream: the caller's function runs holding the stream's worker,
  * in stream order, with the worker's CUstream and the device's context
  * current, and gets the device address of every buffer the call names.
  * Each buffer carries an access mode (ruda_arg_in, ruda_arg_out,
@@ -11,16 +11,15 @@
  * against the library's exactly as against a kernel that declared them:
  *
  *   static int gemm(const ruda_call_ctx *c, void *user) {
- *     cublasHandle_t h = handle_of_worker(user, c->worker);  (one per worker)
- *     cublasSetStream(h, (cudaStream_t)c->cu_stream);
+ *     cublasHandle_t h = c->library;         (the worker's: see ruda_library_register)
  *     const float *x = ruda_call_ptr(c, 0), *w = ruda_call_ptr(c, 1);
  *     float *y = ruda_call_ptr(c, 2);
  *     return cublasSgemm(h, ...);            (a nonzero status is an error)
  *   }
  *   ruda_arg bufs[3] = {ruda_arg_in(ruda_bind(x)), ruda_arg_in(ruda_bind(w)),
  *                       ruda_arg_out(ruda_bind(y))};
- *   ruda_call_desc d = {.name = "layer1", .fn = gemm, .user = lib,
- *                       .buffers = bufs, .nbuffers = 3};
+ *   ruda_call_desc d = {.name = "layer1", .fn = gemm, .buffers = bufs,
+ *                       .nbuffers = 3, .library = cublas_id};
  *   ruda_call(dev, s, &d);                    returns at once, like ruda_launch
  *
  * Where and when the function runs. It runs holding the worker of its
