@@ -222,8 +222,8 @@ typedef struct ruda_library_desc {
  * library field. Nothing runs yet: each worker's state is made at its
  * first call naming the library, and destroyed at ruda_device_close.
  * RUDA_EINVAL (create NULL, reserved set, or RUDA_LIBRARY_MAX libraries
- * registered already). Thread-safe; takes a short lock, never
- * waits for a worker or the device. */
+ * registered already). Thread-safe; blocks only on a short lock of the
+ * registry, never waits for a worker or the device. */
 RUDA_EXTERN int ruda_library_register(ruda_device *dev, const ruda_library_desc *desc, uint32_t *id);
 
 #ifdef __cplusplus
