@@ -193,84 +193,19 @@ typedef struct thread_arg {
 
 /* ---- ruda rows ---- */
 
-typedef struct gemm_dims {
-  int m, n, k;
-} gemm_dims;
-
-/* The call row's library: a cuBLAS handle per worker, bound to the
- * worker's stream once (it never changes). */
-static int blas_create(const ruda_call_ctx *c, void *user, void **state) {
-  (void)user;
-  int st = cublas_dl_bound(&blas, c->cu_stream, state);
-  if (st != 0) snprintf(c->msg, RUDA_CALL_MSG_MAX, "cublasCreate/cublasSetStream: status %d", st);
-  return st;
-}
-
-static void blas_destroy(const ruda_call_ctx *c, void *user, void *state) {
-  (void)c;
-  (void)user;
-  blas.destroy(state); /* synchronizes: allowed at close */
-}
-
-/* The lt call row's: a cuBLASLt context per worker. */
-static int lt_create(const ruda_call_ctx *c, void *user, void **state) {
-  (void)user;
-  cublaslt_ctx *x = malloc(sizeof *x);
-  int st = x != NULL ? cublaslt_ctx_init(x, &lt) : 12;
-  if (st != 0) {
-    free(x);
-    snprintf(c->msg, RUDA_CALL_MSG_MAX, "cublasLtCreate or the workspace: status %d", st);
-    return st;
-  }
-  *state = x;
-  return 0;
-}
-
-static void lt_destroy(const ruda_call_ctx *c, void *user, void *state) {
-  (void)c;
-  (void)user;
-  cublaslt_ctx_fini(state);
-  free(state);
-}
-
-static int gemm_call(const ruda_call_ctx *c, void *user) {
-  (void)user;
-  const gemm_dims *g = c->data; /* aligned for any type (ruda/call.h) */
-  int st = cublas_dl_gemm_rm(&blas, c->library, g->m, g->n, g->k, ruda_call_ptr(c, 0), ruda_call_ptr(c, 1),
-                             ruda_call_ptr(c, 2));
-  if (st != 0) snprintf(c->msg, RUDA_CALL_MSG_MAX, "cuBLAS status %d", st);
-  return st;
-}
-
-static void gemm(ruda_stream_id s, const char *name, ruda_handle x, ruda_handle w, ruda_handle y, gemm_dims g) {
+/* The call rows' libraries: ruda's per-worker state of cuBLAS (a handle
+ * bound to the worker's stream) and of cuBLASLt (a handle, a workspace and
+ * the shapes' plans), from examples/cublas_dl.h and cublaslt_dl.h. */
+static void gemm(ruda_stream_id s, const char *name, ruda_handle x, ruda_handle w, ruda_handle y, cublas_dl_dims g) {
   ruda_arg bufs[3] = {ruda_arg_in(ruda_bind(x)), ruda_arg_in(ruda_bind(w)), ruda_arg_out(ruda_bind(y))};
-  ruda_call_desc d = {.name = name, .fn = gemm_call, .buffers = bufs, .nbuffers = 3, .data = &g,
+  ruda_call_desc d = {.name = name, .fn = cublas_dl_call, .user = &blas, .buffers = bufs, .nbuffers = 3, .data = &g,
                       .data_size = sizeof g, .library = blas_lib};
   CHECK(ruda_call(dev, s, &d));
 }
 
-/* cuBLASLt: y = act(x w + bias), act by data's epilogue. */
-typedef struct lt_dims {
-  int m, n, k, epilogue;
-} lt_dims;
-
-static int lt_call(const ruda_call_ctx *c, void *user) {
-  (void)user;
-  const lt_dims *g = c->data;
-  int st = cublaslt_gemm_rm(c->library, c->cu_stream, g->m, g->n, g->k, ruda_call_ptr(c, 0), ruda_call_ptr(c, 1),
-                            ruda_call_ptr(c, 2), ruda_call_ptr(c, 3), g->epilogue);
-  if (st != 0) snprintf(c->msg, RUDA_CALL_MSG_MAX, "cuBLASLt status %d", st);
-  return st;
-}
-
 static void lt_gemm(ruda_stream_id s, const char *name, ruda_handle x, ruda_handle w, ruda_handle b, ruda_handle y,
-                    lt_dims g) {
-  /* x, w and the bias are read; y is written whole (beta 0). */
-  ruda_arg bufs[4] = {ruda_arg_in(ruda_bind(x)), ruda_arg_in(ruda_bind(w)), ruda_arg_in(ruda_bind(b)),
-                      ruda_arg_out(ruda_bind(y))};
-  ruda_call_desc d = {.name = name, .fn = lt_call, .buffers = bufs, .nbuffers = 4, .data = &g,
-                      .data_size = sizeof g, .library = lt_lib};
-  CHECK(ruda_call(dev, s, &d));
+                    cublaslt_dl_dims g) {
+  CHECK(cublaslt_dl_issue(dev, s, name, cublaslt_dl_call, &lt, lt_lib, x, w, b, y, g));
 }
 
 static void bias(ruda_stream_id s, const char *k, ruda_handle v, ruda_handle b, unsigned cols, unsigned n);
@@ -278,13 +213,13 @@ static void bias(ruda_stream_id s, const char *k, ruda_handle v, ruda_handle b, 
 /* One request's device work, cuBLAS (with the two kernels) or cuBLASLt. */
 static void request_body(int lt_row, ruda_stream_id s, ruda_handle x, ruda_handle h, ruda_handle y) {
   if (lt_row) {
-    lt_gemm(s, "lt1", x, rw1, rb1, h, (lt_dims){M, HD, D, CUBLASLT_DL_EPILOGUE_GELU_BIAS});
-    lt_gemm(s, "lt2", h, rw2, rb2, y, (lt_dims){M, D, HD, CUBLASLT_DL_EPILOGUE_BIAS});
+    lt_gemm(s, "lt1", x, rw1, rb1, h, (cublaslt_dl_dims){M, HD, D, CUBLASLT_DL_EPILOGUE_GELU_BIAS});
+    lt_gemm(s, "lt2", h, rw2, rb2, y, (cublaslt_dl_dims){M, D, HD, CUBLASLT_DL_EPILOGUE_BIAS});
     return;
   }
-  gemm(s, "gemm1", x, rw1, h, (gemm_dims){M, HD, D});
+  gemm(s, "gemm1", x, rw1, h, (cublas_dl_dims){M, HD, D});
   bias(s, "blas_bias_gelu", h, rb1, HD, HF);
-  gemm(s, "gemm2", h, rw2, y, (gemm_dims){M, D, HD});
+  gemm(s, "gemm2", h, rw2, y, (cublas_dl_dims){M, D, HD});
   bias(s, "blas_bias", y, rb2, D, YF);
 }
 
@@ -653,11 +588,13 @@ int main(int argc, char **argv) {
     ruda_device_close(dev, NULL);
     return 0;
   }
-  ruda_library_desc bl = {.name = "cublas", .create = blas_create, .destroy = blas_destroy};
+  ruda_library_desc bl = {.name = "cublas", .create = cublas_dl_state_create, .destroy = cublas_dl_state_destroy,
+                          .user = &blas};
   CHECK(ruda_library_register(dev, &bl, &blas_lib));
   const char *lt_why = NULL;
   if (cublaslt_dl_open(&lt) == 0) {
-    ruda_library_desc ll = {.name = "cublasLt", .create = lt_create, .destroy = lt_destroy};
+    ruda_library_desc ll = {.name = "cublasLt", .create = cublaslt_dl_state_create,
+                            .destroy = cublaslt_dl_state_destroy, .user = &lt};
     CHECK(ruda_library_register(dev, &ll, &lt_lib));
     have_lt = 1;
   } else {

@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "ruda/ruda.h"
+
 typedef struct cublas_dl {
   void *lib;
   int (*create)(void **handle);
@@ -65,6 +67,36 @@ static int cublas_dl_bound(const cublas_dl *b, void *stream, void **h) {
     b->destroy(*h);
     *h = NULL;
   }
+  return st;
+}
+
+/* ---- as a ruda library (ruda_library_register, ruda/call.h); user: the
+ * loaded cublas_dl ---- */
+
+/* create: the worker's handle, bound to its stream once. */
+static int cublas_dl_state_create(const ruda_call_ctx *c, void *user, void **state) {
+  int st = cublas_dl_bound(user, c->cu_stream, state);
+  if (st != 0) snprintf(c->msg, RUDA_CALL_MSG_MAX, "cublasCreate/cublasSetStream: status %d", st);
+  return st;
+}
+
+/* destroy, at close: cublasDestroy synchronizes, which is allowed there. */
+static void cublas_dl_state_destroy(const ruda_call_ctx *c, void *user, void *state) {
+  (void)c;
+  ((const cublas_dl *)user)->destroy(state);
+}
+
+typedef struct cublas_dl_dims {
+  int m, n, k;
+} cublas_dl_dims;
+
+/* A ruda_call function: cublas_dl_gemm_rm with data's dims, buffers x, w
+ * (ruda_arg_in) and y (ruda_arg_out: beta is 0), the worker's handle. */
+static int cublas_dl_call(const ruda_call_ctx *c, void *user) {
+  const cublas_dl_dims *g = c->data; /* aligned for any type */
+  int st = cublas_dl_gemm_rm(user, c->library, g->m, g->n, g->k, ruda_call_ptr(c, 0), ruda_call_ptr(c, 1),
+                             ruda_call_ptr(c, 2));
+  if (st != 0) snprintf(c->msg, RUDA_CALL_MSG_MAX, "cublasSgemm: status %d", st);
   return st;
 }
 

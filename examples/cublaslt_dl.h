@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ruda/ruda.h"
+
 /* cublasLt.h's values. */
 enum {
   CUBLASLT_DL_R_32F = 0,                    /* cudaDataType CUDA_R_32F */
@@ -220,6 +222,58 @@ static int cublaslt_gemm_rm(cublaslt_ctx *c, void *stream, int m, int n, int k, 
   const float one = 1.0f, zero = 0.0f;
   return c->lt->matmul(c->handle, p->desc, &one, w, p->a, x, p->b, &zero, y, p->d, y, p->d, &p->algo,
                        (void *)(uintptr_t)c->workspace, CUBLASLT_WORKSPACE, stream);
+}
+
+/* ---- as a ruda library (ruda_library_register, ruda/call.h); user: the
+ * loaded cublaslt_dl ---- */
+
+/* create: the worker's cublaslt_ctx (a handle and a workspace). */
+static int cublaslt_dl_state_create(const ruda_call_ctx *c, void *user, void **state) {
+  cublaslt_ctx *x = malloc(sizeof *x);
+  int st = x != NULL ? cublaslt_ctx_init(x, user) : 12;
+  if (st != 0) {
+    free(x);
+    snprintf(c->msg, RUDA_CALL_MSG_MAX, "cublasLtCreate or its workspace: status %d", st);
+    return st;
+  }
+  *state = x;
+  return 0;
+}
+
+/* destroy, at close: freeing the workspace synchronizes, allowed there. */
+static void cublaslt_dl_state_destroy(const ruda_call_ctx *c, void *user, void *state) {
+  (void)c;
+  (void)user;
+  cublaslt_ctx_fini(state);
+  free(state);
+}
+
+typedef struct cublaslt_dl_dims {
+  int m, n, k, epilogue;
+} cublaslt_dl_dims;
+
+/* A ruda_call function: cublaslt_gemm_rm with data's dims on the worker's
+ * context and stream; buffers x, w, bias, y. */
+static int cublaslt_dl_call(const ruda_call_ctx *c, void *user) {
+  (void)user;
+  const cublaslt_dl_dims *g = c->data; /* aligned for any type */
+  int st = cublaslt_gemm_rm(c->library, c->cu_stream, g->m, g->n, g->k, ruda_call_ptr(c, 0), ruda_call_ptr(c, 1),
+                            ruda_call_ptr(c, 2), ruda_call_ptr(c, 3), g->epilogue);
+  if (st != 0) snprintf(c->msg, RUDA_CALL_MSG_MAX, "cublasLtMatmul: status %d", st);
+  return st;
+}
+
+/* Issues fn (cublaslt_dl_call, or a stand-in taking the same buffers) on
+ * s: x, w and the bias are read (ruda_arg_in), y written whole
+ * (ruda_arg_out: beta is 0). ruda_call's return. */
+static int cublaslt_dl_issue(ruda_device *dev, ruda_stream_id s, const char *name, ruda_call_fn fn, void *user,
+                             uint32_t library, ruda_handle x, ruda_handle w, ruda_handle bias, ruda_handle y,
+                             cublaslt_dl_dims g) {
+  ruda_arg bufs[4] = {ruda_arg_in(ruda_bind(x)), ruda_arg_in(ruda_bind(w)), ruda_arg_in(ruda_bind(bias)),
+                      ruda_arg_out(ruda_bind(y))};
+  ruda_call_desc d = {.name = name, .fn = fn, .user = user, .buffers = bufs, .nbuffers = 4, .data = &g,
+                      .data_size = sizeof g, .library = library};
+  return ruda_call(dev, s, &d);
 }
 
 #endif /* RUDA_EXAMPLES_CUBLASLT_DL_H */

@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "ruda/ruda.h"
+#include "standin_lib.h"
 
 #define NSTREAMS 4
 #define NBUF 8
@@ -125,37 +126,13 @@ static int call_add(const ruda_call_ctx *c, void *user) {
   return 0;
 }
 
-/* A library's per-worker state: which worker made it. The counters say
- * how many states were made and destroyed (each once, at close); a call
- * handed another worker's state, or none, fails with 55, which the model
- * never expects. */
-typedef struct lib_state {
-  uint32_t worker, destroyed;
-} lib_state;
-static _Atomic int lib_made, lib_destroyed, lib_twice;
-
-static int lib_create(const ruda_call_ctx *c, void *user, void **state) {
-  (void)user;
-  lib_state *st = calloc(1, sizeof *st);
-  if (st == NULL) return 12;
-  st->worker = c->worker;
-  *state = st;
-  atomic_fetch_add(&lib_made, 1);
-  return 0;
-}
-
-static void lib_destroy(const ruda_call_ctx *c, void *user, void *state) {
-  (void)user;
-  lib_state *st = state;
-  if (st->worker != c->worker || st->destroyed++) atomic_store(&lib_twice, 1);
-  atomic_fetch_add(&lib_destroyed, 1);
-  free(st);
-}
-
+/* call_add holding the worker's state of a stand-in library: 55 (an
+ * error the model never expects) when the state is wrong. */
 static int call_add_lib(const ruda_call_ctx *c, void *user) {
-  const lib_state *st = c->library;
-  if (st == NULL || st->worker != c->worker) return 55;
-  return call_add(c, user);
+  if (standin_enter(c)) return 55;
+  int rc = call_add(c, user);
+  standin_leave(c);
+  return rc;
 }
 
 /* nest(b, v, len, handle, stream, mode): b += v, then, once per op (the
@@ -401,9 +378,8 @@ static void step(fuzz *z) {
                            .data_size = sizeof v};
       if (how & 16) { /* with a library's per-worker state; sometimes a library registered now */
         if ((how & 32) || z->libs == 0) {
-          ruda_library_desc ld = {.name = "lib", .create = lib_create, .destroy = lib_destroy};
           uint32_t id = 0;
-          int rc = ruda_library_register(z->dev, &ld, &id);
+          int rc = standin_register(z->dev, &id);
           if (z->libs == RUDA_LIBRARY_MAX) {
             CHECK(rc == RUDA_EINVAL, "library %u of %d registered", z->libs + 1, RUDA_LIBRARY_MAX);
           } else {
@@ -595,9 +571,7 @@ int ruda_fuzz_one(const uint8_t *data, size_t size) {
   memset(z, 0, sizeof *z);
   z->in = data;
   z->n = size;
-  atomic_store(&lib_made, 0);
-  atomic_store(&lib_destroyed, 0);
-  atomic_store(&lib_twice, 0);
+  standin_reset();
   ruda_config cfg;
   ruda_config_init(&cfg);
   cfg.backend = RUDA_BACKEND_HOST;
@@ -644,9 +618,9 @@ int ruda_fuzz_one(const uint8_t *data, size_t size) {
   }
   CHECK(ruda_device_close(z->dev, NULL) == 0, "close");
   /* Every state made was destroyed once, by its own worker, at close. */
-  CHECK(atomic_load(&lib_destroyed) == atomic_load(&lib_made) && !atomic_load(&lib_twice),
-        "library states: %d made, %d destroyed%s", atomic_load(&lib_made), atomic_load(&lib_destroyed),
-        atomic_load(&lib_twice) ? ", one twice or by another worker" : "");
+  CHECK(atomic_load(&standin_destroyed) == atomic_load(&standin_made) && !atomic_load(&standin_wrong),
+        "library states: %d made, %d destroyed, %d misused", atomic_load(&standin_made),
+        atomic_load(&standin_destroyed), atomic_load(&standin_wrong));
   return 0;
 }
 

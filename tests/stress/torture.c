@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "ruda/ruda.h"
+#include "standin_lib.h"
 
 #define WORDS 64
 static int nthreads = 32, iters = 200, auto_graphs;
@@ -92,67 +93,27 @@ static void launch_peek(ruda_stream_id s, ruda_handle h, int *rc) {
  * each call checks it got its own worker's state and held the worker
  * alone (in place or not); each state is destroyed once, at close. Eight
  * libraries, registered by the first eight threads at once. */
-typedef struct lib_state {
-  uint32_t worker;
-  _Atomic int inside;
-} lib_state;
 static _Atomic uint32_t lib_ids[8];
-static _Atomic int lib_made, lib_destroyed, lib_wrong;
-
-static int lib_create(const ruda_call_ctx *c, void *user, void **state) {
-  (void)user;
-  lib_state *st = calloc(1, sizeof *st);
-  if (st == NULL) return 12;
-  st->worker = c->worker;
-  *state = st;
-  atomic_fetch_add(&lib_made, 1);
-  return 0;
-}
-
-static void lib_destroy(const ruda_call_ctx *c, void *user, void *state) {
-  (void)user;
-  lib_state *st = state;
-  if (st->worker != c->worker || atomic_load(&st->inside) != 0) atomic_fetch_add(&lib_wrong, 1);
-  atomic_fetch_add(&lib_destroyed, 1);
-  free(st);
-}
-
-/* Enters the call's library state; 0, or 1 when it is not this worker's
- * or another call holds it. */
-static int lib_enter(const ruda_call_ctx *c) {
-  lib_state *st = c->library;
-  if (st == NULL) return 0; /* a call without a library */
-  if (st->worker != c->worker || atomic_fetch_add(&st->inside, 1) != 0) {
-    atomic_fetch_add(&lib_wrong, 1);
-    return 1;
-  }
-  return 0;
-}
-
-static void lib_leave(const ruda_call_ctx *c) {
-  lib_state *st = c->library;
-  if (st != NULL) atomic_fetch_sub(&st->inside, 1);
-}
 
 static uint32_t lib_pick(uint64_t r) { return atomic_load(&lib_ids[r % 8]); /* 0 until registered: none */ }
 
 static int call_bump_fn(const ruda_call_ctx *c, void *user) {
   (void)user;
-  if (lib_enter(c)) return 0;
+  if (c->library != NULL && standin_enter(c)) return 0;
   uint64_t *x = ruda_call_ptr(c, 0);
   for (int i = 0; i < WORDS; i++) x[i]++;
-  lib_leave(c);
+  if (c->library != NULL) standin_leave(c);
   return 0;
 }
 
 static int call_peek_fn(const ruda_call_ctx *c, void *user) {
   (void)user;
-  if (lib_enter(c)) return 0;
+  if (c->library != NULL && standin_enter(c)) return 0;
   const uint64_t *x = ruda_call_ptr(c, 0);
   uint64_t s = 0;
   for (int i = 0; i < WORDS; i++) s += x[i];
   atomic_fetch_add_explicit(&peeked, s, memory_order_relaxed);
-  lib_leave(c);
+  if (c->library != NULL) standin_leave(c);
   return 0;
 }
 
@@ -178,9 +139,8 @@ static void *worker(void *p) {
   /* Odd threads issue in place whenever their worker is idle. */
   if (ruda_stream_set_in_place(dev, me, (int)(t & 1)) != 0) FAIL("thread %llu: set_in_place", (unsigned long long)t);
   if (t < 8) { /* eight registrations at once */
-    ruda_library_desc ld = {.name = "torture", .create = lib_create, .destroy = lib_destroy};
     uint32_t id = 0;
-    if (ruda_library_register(dev, &ld, &id) != 0 || id < 1 || id > 8) FAIL("thread %llu: register", (unsigned long long)t);
+    if (standin_register(dev, &id) != 0 || id < 1 || id > 8) FAIL("thread %llu: register", (unsigned long long)t);
     else atomic_store(&lib_ids[t], id);
   }
   for (int i = 0; i < iters; i++) {
@@ -365,11 +325,12 @@ int main(int argc, char **argv) {
   }
   ruda_error_free(errs);
   if (atomic_load(&nest_failures) != 0) FAIL("%d launches issued by kernels failed", atomic_load(&nest_failures));
-  if (atomic_load(&lib_wrong) != 0) FAIL("%d library calls saw another worker's state or a second holder", atomic_load(&lib_wrong));
-  if (atomic_load(&lib_made) != atomic_load(&lib_destroyed))
-    FAIL("library states: %d made, %d destroyed", atomic_load(&lib_made), atomic_load(&lib_destroyed));
+  if (atomic_load(&standin_wrong) != 0)
+    FAIL("%d library states misused (another worker's, two holders, destroyed twice)", atomic_load(&standin_wrong));
+  if (atomic_load(&standin_made) != atomic_load(&standin_destroyed))
+    FAIL("library states: %d made, %d destroyed", atomic_load(&standin_made), atomic_load(&standin_destroyed));
   int f = atomic_load(&failures);
   printf("torture: %d threads x %d iterations, %d library states made and destroyed, %d failures\n", nthreads, iters,
-         atomic_load(&lib_made), f);
+         atomic_load(&standin_made), f);
   return f == 0 ? 0 : 1;
 }
