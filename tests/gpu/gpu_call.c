@@ -14,6 +14,7 @@ typedef struct seen {
   void *cu_stream, *cu_context, *current;
   uint32_t worker;
   int capturing, calls;
+  char thread[16];
 } seen;
 
 /* Fills buffer 0 with the byte in data, on the call's stream. */
@@ -27,6 +28,7 @@ static int memset_fn(const ruda_call_ctx *c, void *user) {
   s->worker = c->worker;
   s->capturing = c->capturing;
   s->calls++;
+  pthread_getname_np(pthread_self(), s->thread, sizeof s->thread);
   unsigned char v = *(const unsigned char *)c->data;
   CUresult r = ruda__cu.cuMemsetD8Async((CUdeviceptr)c->addr[0], v, c->size[0], (CUstream)c->cu_stream);
   if (r != CUDA_SUCCESS) snprintf(c->msg, RUDA_CALL_MSG_MAX, "cuMemsetD8Async: %d", (int)r);
@@ -298,6 +300,44 @@ static void a_call_may_allocate(void **state) {
   test_close(dev);
 }
 
+/* ruda_graph_run on an idle worker issues the replay on the calling
+ * thread, the call's function included: the first replay's capture runs
+ * there, with the device's context current and the worker's stream. */
+static void a_graph_run_issues_its_call_on_the_calling_thread(void **state) {
+  (void)state;
+  ruda_device *dev = gpu_open();
+  ruda_handle x;
+  assert_ok(ruda_buffer_create(dev, 3, 1024, &x));
+  seen s = {0};
+  unsigned char v = 0x6b, got[1024];
+  ruda_arg b = ruda_arg_out(ruda_bind(x));
+  ruda_call_desc d = {.name = "memset", .fn = memset_fn, .user = &s, .buffers = &b, .nbuffers = 1, .data = &v,
+                      .data_size = 1};
+  assert_ok(ruda_graph_begin_capture(dev, 3));
+  assert_ok(ruda_call(dev, 3, &d));
+  ruda_graph *g = NULL;
+  assert_ok(ruda_graph_end_capture(dev, 3, &g));
+  assert_ok(ruda_sync(dev, 3, NULL));
+  pthread_setname_np(pthread_self(), "gpu-call-main");
+  pid_t w3 = test_thread_named("ruda-w3");
+  assert_true(w3 != 0);
+  test_wait_blocked(w3); /* idle: nothing queued, nothing retiring */
+  assert_ok(ruda_graph_run(dev, 3, g, NULL));
+  assert_int_equal(s.calls, 1);
+  assert_int_equal(s.capturing, 1);
+  assert_string_equal(s.thread, "gpu-call-main");
+  void *stream = NULL, *ctx = NULL;
+  assert_ok(ruda_cuda_stream(dev, 3, &stream));
+  assert_ok(ruda_cuda_context(dev, &ctx));
+  assert_ptr_equal(s.cu_stream, stream);
+  assert_ptr_equal(s.current, ctx);
+  test_read(dev, 3, ruda_bind(x), got, sizeof got);
+  for (size_t i = 0; i < sizeof got; i++) assert_int_equal(got[i], 0x6b);
+  assert_ok(ruda_graph_destroy(dev, g));
+  assert_ok(ruda_buffer_free(dev, 3, x));
+  test_close(dev);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(call_gets_the_worker_stream_and_context),
@@ -306,6 +346,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(a_failure_reaches_the_stream),
       cmocka_unit_test(the_stream_is_fixed_per_worker_and_the_library_state_lives_with_it),
       cmocka_unit_test(a_call_may_allocate),
+      cmocka_unit_test(a_graph_run_issues_its_call_on_the_calling_thread),
   };
   return gpu_main("gpu_call", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
