@@ -11,8 +11,9 @@
 #   empty-launch sections beside them; blas: mlp_blas and mlp_lt (cuBLAS,
 #   cuBLASLt with fused epilogues) checked on the GPU, bench_blas: cuBLAS and
 #   cuBLASLt through ruda_call beside the raw loops, with pageable and
-#   page-locked I/O, as graphs against raw CUDA graphs, and page-locked with
-#   ruda's streams issuing in place (-s -i);
+#   page-locked I/O, as graphs against raw CUDA graphs, page-locked with
+#   ruda's streams issuing in place (-s -i), and one traced T=1 run
+#   ($OUT/trace_blas.json, device spans);
 #   graphs: issue 20 in one go: bench_graph_patch on the device, bench_serve's
 #   call-by-call rows with the raw-graph column, -g and -p rows, the
 #   call-by-call rows with automatic request graphs (-a), a traced
@@ -128,6 +129,9 @@ if want blas; then
   run bench_blas_staged 400 "$B/bench/bench_blas" -s
   run bench_blas_graphs 400 "$B/bench/bench_blas" -g
   run bench_blas_in_place 400 "$B/bench/bench_blas" -s -i
+  # Where a one-thread request's time goes: worker and device spans.
+  run bench_blas_trace 200 env RUDA_TRACE="$OUT/trace_blas.json" RUDA_TRACE_DEVICE=1 "$B/bench/bench_blas" \
+    -s -t 1 -n 300
 fi
 if want serve; then
   run bench_serve 400 "$B/bench/bench_serve" -n 2048
