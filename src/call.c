@@ -32,7 +32,6 @@ static int check_desc(const ruda_call_desc *d, const char *name) {
     return ruda__fail(RUDA_EINVAL, WHO ": data is NULL with data_size %u", WHO_ARGS(name), d->data_size);
   if (d->flags & ~RUDA_CALL_NOT_CAPTURABLE)
     return ruda__fail(RUDA_EINVAL, WHO ": unknown flags 0x%x", WHO_ARGS(name), d->flags);
-  if (d->reserved0 != 0) return ruda__fail(RUDA_EINVAL, WHO ": reserved0 is not zero", WHO_ARGS(name));
   for (int i = 0; i < 3; i++)
     if (d->reserved[i] != 0) return ruda__fail(RUDA_EINVAL, WHO ": reserved[%d] is not zero", WHO_ARGS(name), i);
   for (uint32_t i = 0; i < d->nbuffers; i++) {
@@ -64,8 +63,9 @@ int ruda_call(ruda_device *dev, ruda_stream_id stream, const ruda_call_desc *d) 
   const char *name = d->name != NULL ? d->name : "call";
   int rc = check_desc(d, name);
   if (rc != 0) return rc;
-  if (d->library != 0 && !ruda__library_known(&dev->sched, d->library))
-    return ruda__fail(RUDA_EINVAL, WHO ": library %u is not registered on this device", WHO_ARGS(name), d->library);
+  if (d->library != 0 && (d->library > RUDA_LIBRARY_MAX || !ruda__library_known(&dev->sched, (uint32_t)d->library)))
+    return ruda__fail(RUDA_EINVAL, WHO ": library %llu is not registered on this device", WHO_ARGS(name),
+                      (unsigned long long)d->library);
   ruda__stream *s = ruda__stream_for(&dev->sched, stream, "ruda_call", &rc);
   if (s == NULL) return named(rc, name);
   const int capturing = atomic_load_explicit(&s->capturing, memory_order_acquire);
@@ -110,7 +110,7 @@ int ruda_call(ruda_device *dev, ruda_stream_id stream, const ruda_call_desc *d) 
   c->size = size;
   c->nbuf = n;
   c->data_size = d->data_size;
-  c->library = d->library;
+  c->library = (uint32_t)d->library;
   c->data = NULL;
   if (d->data_size > 0) {
     memcpy(extra + data_off, d->data, d->data_size);

@@ -185,16 +185,17 @@ typedef struct ruda_call_desc {
   uint32_t flags;          /* RUDA_CALL_* */
   const void *data;        /* data_size bytes copied at the call, handed to fn */
   uint32_t data_size;      /* at most RUDA_CALL_MAX_DATA */
-  uint32_t library;        /* a ruda_library_register id: ctx->library is
-                              the worker's state of it; 0: none */
-  uint32_t reserved0;      /* zero */
+  uint64_t library;        /* a ruda_library_register id: ctx->library is
+                              the worker's state of it; 0: none (in what
+                              was reserved[0], so older callers pass 0) */
   uint64_t reserved[3];    /* zero */
 } ruda_call_desc;
 
 /* Enqueues a library call on stream. Checks at the call: fn is set, the
  * buffers are at most RUDA_MAX_ARGS, each a live handle with its range
- * inside the buffer and a buffer kind, data fits, flags and reserved are
- * known (RUDA_EINVAL, RUDA_ENOTFOUND, RUDA_ERANGE). On a capturing stream
+ * inside the buffer and a buffer kind, data fits, library is 0 or
+ * registered on dev, flags and reserved are known (RUDA_EINVAL,
+ * RUDA_ENOTFOUND, RUDA_ERANGE). On a capturing stream
  * the call is recorded (RUDA_EGRAPHSTATE with RUDA_CALL_NOT_CAPTURABLE).
  * The function's failure reaches the stream's error queue (flush, sync)
  * as RUDA_ECALL. Thread-safe, non-blocking (see ruda_write for a full

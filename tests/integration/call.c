@@ -3,9 +3,20 @@
  * other streams' writers and readers by access mode, errors, capture and
  * replay, refusal, bad inputs, and user code that calls back into ruda. */
 #include <pthread.h>
+#include <stddef.h>
 #include <time.h>
 
 #include "common.h"
+
+/* ruda_call_desc keeps 0.2's layout: library took reserved[0]'s place, so
+ * a caller built before it (all reserved words zero) names no library. */
+#if UINTPTR_MAX == UINT64_MAX
+_Static_assert(sizeof(ruda_call_desc) == 88 && offsetof(ruda_call_desc, library) == 56 &&
+                   offsetof(ruda_call_desc, reserved) == 64,
+               "ruda_call_desc's layout changed");
+_Static_assert(sizeof(ruda_call_ctx) == 120 && offsetof(ruda_call_ctx, library) == 88,
+               "ruda_call_ctx's layout changed");
+#endif
 
 static uint64_t now_ns(void) {
   struct timespec ts;
@@ -885,10 +896,13 @@ static void register_refuses_bad_input(void **state) {
   assert_ok(ruda_call(dev, 0, &d));
   d.library = RUDA_LIBRARY_MAX + 1;
   assert_rc(ruda_call(dev, 0, &d), RUDA_EINVAL);
-  d.library = 0;
-  d.reserved0 = 1;
+  d.library = (1ull << 32) + 1; /* not cut to 1 */
   assert_rc(ruda_call(dev, 0, &d), RUDA_EINVAL);
-  assert_last_error_contains("reserved0 is not zero");
+  assert_last_error_contains("library 4294967297 is not registered");
+  d.library = 0;
+  d.reserved[2] = 1;
+  assert_rc(ruda_call(dev, 0, &d), RUDA_EINVAL);
+  assert_last_error_contains("reserved[2] is not zero");
   test_close(dev);
   assert_int_equal(atomic_load(&never_called), 1);
 }
