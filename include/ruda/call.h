@@ -67,8 +67,10 @@
  * naming the library runs there, never inside a capture) and handed to
  * every call naming it as ctx->library. Its destroy callback runs once per
  * state at ruda_device_close, on the worker's thread after the worker ran
- * its last command, before its CUstream is destroyed; synchronizing (even
- * the whole device, as cublasDestroy does) is allowed there. So a cuBLAS
+ * its last command, before its CUstream is destroyed. The device may still
+ * be running what those commands issued: synchronizing (the stream, or
+ * even the whole device, as cublasDestroy does) is allowed there, and
+ * needed before freeing memory that work uses. So a cuBLAS
  * user needs no table of handles:
  *
  *   static int make(const ruda_call_ctx *c, void *user, void **state) {
