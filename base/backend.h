@@ -146,6 +146,15 @@ typedef struct ruda__backend_ops {
    * host_kernels: kernels are C functions (ruda_host_kernel_register);
    * otherwise they are CUDA C or images for the device (ruda_kernel_*). */
   unsigned host_kernels : 1;
+  /* auto_graphs_pay: replaying a recorded run costs less than issuing its
+   * commands one by one (a driver launch per command), so cfg.auto_graphs'
+   * default (-1) turns automatic graphs on. */
+  unsigned auto_graphs_pay : 1;
+  /* in_place_pays: a client issuing its own command returns as soon as
+   * the device took it (an asynchronous driver call), so a request loop's
+   * commands may run in place by default; not where running in place is
+   * running the kernel (host). */
+  unsigned in_place_pays : 1;
   /* Opens the backend; fills *limits. Failure: ruda__fail(). */
   int (*open)(const ruda__backend_env *env, void **state, ruda__limits *limits);
   void (*close)(void *state);

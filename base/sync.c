@@ -3,9 +3,11 @@
 #include "base/sync.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <linux/futex.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 static long futex(const uint32_t *addr, int op, uint32_t val, const struct timespec *ts) {
@@ -62,17 +64,40 @@ const struct ck_ec_mode ruda__ec_mp = {.ops = &ruda__ec_ops, .single_producer = 
 static _Atomic uint32_t spinning;
 static _Atomic uint32_t spin_cap;
 
-int ruda__spin_bounded(int (*done)(const void *), const void *arg, uint64_t ns) {
-  if (ns == 0) return done(arg);
+int ruda__spin_slot_take(void) {
   uint32_t cap = atomic_load_explicit(&spin_cap, memory_order_relaxed);
   if (cap == 0) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     cap = n >= 8 ? (uint32_t)(n / 4) : 1;
     atomic_store_explicit(&spin_cap, cap, memory_order_relaxed);
   }
-  int r;
-  if (atomic_fetch_add_explicit(&spinning, 1, memory_order_relaxed) < cap) r = ruda__spin(done, arg, ns);
-  else r = done(arg);
+  if (atomic_fetch_add_explicit(&spinning, 1, memory_order_relaxed) < cap) return 1;
   atomic_fetch_sub_explicit(&spinning, 1, memory_order_relaxed);
+  return 0;
+}
+
+void ruda__spin_slot_give(void) { atomic_fetch_sub_explicit(&spinning, 1, memory_order_relaxed); }
+
+int ruda__spin_bounded(int (*done)(const void *), const void *arg, uint64_t ns) {
+  if (ns == 0 || !ruda__spin_slot_take()) return done(arg);
+  int r = ruda__spin(done, arg, ns);
+  ruda__spin_slot_give();
   return r;
+}
+
+void ruda__poll_sleep(int (*done)(const void *), const void *arg) {
+  /* Yield first (a thread we wait for may want this CPU), then sleep in
+   * growing steps up to 200 us: the wait's extra latency stays within
+   * about a step of its length. */
+  uint64_t start = ruda__now_ns();
+  long step = 5000;
+  while (!done(arg)) {
+    if (ruda__now_ns() - start < 20000) {
+      sched_yield();
+      continue;
+    }
+    struct timespec ts = {0, step};
+    nanosleep(&ts, NULL);
+    if (step < 200000) step *= 2;
+  }
 }

@@ -48,6 +48,16 @@ static inline int ruda__spin(int (*done)(const void *), const void *arg, uint64_
  * request threads) it would take CPUs from the threads being waited for. */
 int ruda__spin_bounded(int (*done)(const void *), const void *arg, uint64_t ns);
 
+/* The same cap as a slot held across a wait of the caller's own (a
+ * driver call that spins): 1 if taken, then ruda__spin_slot_give. */
+int ruda__spin_slot_take(void);
+void ruda__spin_slot_give(void);
+
+/* Waits until done(arg) without holding a CPU: yields for the first 20 us,
+ * then sleeps in steps growing to 200 us. For waiters that found no spin
+ * slot. Any thread. */
+void ruda__poll_sleep(int (*done)(const void *), const void *arg);
+
 static inline void ruda__cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();

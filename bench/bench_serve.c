@@ -273,7 +273,7 @@ static void make_weights(ruda_device *dev, ruda_stream_id s, ruda_handle *w, rud
 }
 
 static int staged_io; /* -s */
-static int in_place;  /* -i: ruda_stream_set_in_place on each client's stream */
+static int in_place;  /* -i: ruda_stream_set_in_place(1) on each client's stream; -I: (0) */
 static int use_graphs; /* -g: each request one graph replay (ruda and raw) */
 static int patch_graphs; /* -p: as -g, but ruda keeps one graph per thread and moves it onto each slot's
                             blocks with patches (ruda_graph_run_with / _replay_with) */
@@ -286,7 +286,7 @@ static void *ruda_thread(void *p) {
   ruda_stream_id s = (ruda_stream_id)a->index;
   const int depth = rc->v->depth;
   ruda_handle w = rc->w, b = rc->b, x, y;
-  if (in_place) CHECK(ruda_stream_set_in_place(dev, s, 1));
+  if (in_place) CHECK(ruda_stream_set_in_place(dev, s, in_place > 0));
   if (!rc->v->shared) make_weights(dev, s, &w, &b);
   CHECK(ruda_buffer_create(dev, s, IN_BYTES, &x));
   CHECK(ruda_buffer_create(dev, s, IN_BYTES, &y));
@@ -639,7 +639,7 @@ static result run(ruda_device *dev, const variant *v, int threads, size_t n, int
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: bench_serve [-h] [-q] [-a] [-b] [-s] [-g] [-p] [-i] [-t threads[,threads...]] [-n requests] [-w workers] [-v variants]\n"
+          "usage: bench_serve [-h] [-q] [-a] [-b] [-s] [-g] [-p] [-i|-I] [-t threads[,threads...]] [-n requests] [-w workers] [-v variants]\n"
           "  -h  this help\n"
           "  -q  quick: few requests per thread\n"
           "  -a  automatic request graphs (cfg.auto_graphs; also RUDA_AUTO_GRAPHS=1)\n"
@@ -652,6 +652,8 @@ static void usage(FILE *f) {
           "      the slot's page-locked block first\n"
           "  -p  as -g, but ruda records one graph per thread and moves it onto each slot's\n"
           "      blocks with patches (ruda_graph_run_with, ruda_graph_replay_with)\n"
+          "  -I  no client issues in place (ruda_stream_set_in_place(.., 0)); default: ruda's\n"
+          "      choice (in place while a stream waits for each request)\n"
           "  -i  each client's stream issues in place (ruda_stream_set_in_place): the client\n"
           "      makes the driver calls itself while its worker is idle\n"
           "  -t  client thread counts (1..%d; default 1,4,16,64)\n"
@@ -669,7 +671,7 @@ int main(int argc, char **argv) {
   uint32_t workers = 0;
   int vrun[4] = {1, 1, 1, 1};
   int auto_graphs = 0;
-  while ((opt = getopt(argc, argv, "habgipqst:n:w:v:")) != -1) {
+  while ((opt = getopt(argc, argv, "habgiIpqst:n:w:v:")) != -1) {
     if (opt == 'h') {
       usage(stdout);
       return 0;
@@ -687,6 +689,8 @@ int main(int argc, char **argv) {
       use_graphs = patch_graphs = 1;
     } else if (opt == 'i') {
       in_place = 1;
+    } else if (opt == 'I') {
+      in_place = -1;
     } else if (opt == 't') {
       for (char *tok = strtok(optarg, ","); tok && nt < 16; tok = strtok(NULL, ",")) {
         int v = atoi(tok);
@@ -746,7 +750,7 @@ int main(int argc, char **argv) {
          : use_graphs ? "page-locked; each request one graph replay (ruda and raw)"
          : staged_io ? "page-locked (staging)"
                      : "pageable (ruda_write, ruda_read into the caller's array)");
-  if (in_place) printf("ruda's streams issue in place (ruda_stream_set_in_place)\n");
+  if (in_place) printf("ruda's streams %s in place (ruda_stream_set_in_place)\n", in_place > 0 ? "issue" : "never issue");
   if (cfg.auto_graphs) printf("ruda: automatic request graphs on (cfg.auto_graphs)\n");
   printf("request: write 64 KiB, 3 kernels (128x128 layer over 128 rows, bias+ReLU, row softmax), read 512 B, wait;"
          " %zu timed requests per thread after %d warm-up\n",

@@ -20,6 +20,7 @@ struct ruda_future *ruda__future_new(struct ruda__sched *sch, ruda__stream *s, i
   f->stream = s;
   /* A thread's own stream is freed once retired: not while this is held. */
   if (s != NULL && s->life != NULL) atomic_fetch_add_explicit(&s->holders, 1, memory_order_relaxed);
+  if (s != NULL) atomic_fetch_add_explicit(&s->unwaited, 1, memory_order_relaxed);
   f->drains_errors = drains;
   return f;
 }
@@ -44,6 +45,7 @@ static void release_event(struct ruda_future *f) {
 /* The future is done with its stream: once waited (the worker's last
  * reference may drop later, but touches no stream) or freed unwaited. */
 static void release_stream(struct ruda_future *f) {
+  if (f->stream != NULL) atomic_fetch_sub_explicit(&f->stream->unwaited, 1, memory_order_relaxed);
   if (f->stream != NULL && f->stream->life != NULL)
     atomic_fetch_sub_explicit(&f->stream->holders, 1, memory_order_release);
 }
@@ -125,6 +127,7 @@ int ruda_future_wait(ruda_future *f, ruda_error **err) {
     }
     f->code = rc;
     atomic_store_explicit(&f->finished, 1, memory_order_release);
+    if (f->stream != NULL) atomic_store_explicit(&f->stream->since_wait, 0, memory_order_relaxed);
     release_stream(f);
   }
   if (err) {

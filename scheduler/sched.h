@@ -66,6 +66,9 @@ typedef struct ruda__sched {
   uint64_t trace_start_ns;
   pthread_mutex_t trace_lock;
   _Atomic int tracing;
+  /* The backend's in_place_pays: streams left at RUDA__IN_PLACE_AUTO run
+   * request loops' commands in place (scheduler/submit.h). */
+  int auto_in_place;
   _Atomic int faulted; /* sticky device error: every stream reports it */
   ruda_error *fault;   /* the error that faulted it (set once) */
   /* Cross-stream ordering (scheduler/order.c): MARKs pushed, requests

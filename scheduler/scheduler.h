@@ -326,6 +326,8 @@ void ruda__inline_finish(ruda__worker *w, ruda__cmd *cmd, ruda__exec_guard *guar
  * ruda__stream_alloc): streams are small, and malloc packed two into one
  * line, so a launch on one stream could pull the line another stream's
  * thread was writing (seq). */
+enum { RUDA__IN_PLACE_OFF = -1, RUDA__IN_PLACE_AUTO = 0, RUDA__IN_PLACE_ON = 1, RUDA__IN_PLACE_RUN = 16 };
+
 struct ruda__stream {
   /* Client side: read or written by every command issued on the stream. */
   ruda_stream_id id;
@@ -336,9 +338,14 @@ struct ruda__stream {
    * and copy; the recording itself is made at the first begin. */
   _Atomic int capturing;
   _Atomic int graph_prepared;
-  /* ruda_stream_set_in_place: the caller issues this stream's commands
-   * itself when the worker is idle (scheduler/inline.c). */
+  /* Who issues this stream's commands while its worker is idle
+   * (scheduler/inline.c): RUDA__IN_PLACE_AUTO (0, the default), _ON or
+   * _OFF (ruda_stream_set_in_place). Auto runs a command in place while
+   * the stream looks like a request loop: no future of it is outstanding
+   * and it was waited on within the last RUDA__IN_PLACE_RUN commands. */
   _Atomic int in_place;
+  _Atomic uint32_t unwaited;   /* futures on it not yet waited or freed */
+  _Atomic uint32_t since_wait; /* commands issued since its last wait */
   struct ruda__capture *_Atomic cap;
   /* Error queue: workers push, drains take. */
   pthread_mutex_t err_lock;

@@ -86,7 +86,17 @@ static inline __attribute__((always_inline)) int ruda__submit(struct ruda__sched
     cmd->u.launch.seq = cmd->seq;
   }
   ruda__worker *w = s->worker;
-  const int in_place = atomic_load_explicit(&s->in_place, memory_order_relaxed);
+  const int mode = atomic_load_explicit(&s->in_place, memory_order_relaxed);
+  int in_place = mode == RUDA__IN_PLACE_ON;
+  if (mode == RUDA__IN_PLACE_AUTO && sch->auto_in_place) {
+    /* A request loop waits for what it issued: no future left open but
+     * this command's own, and a wait within the last few commands. Anything else (a thread issuing
+     * back to back, requests in flight) gains from the hand-over. */
+    uint32_t n = atomic_load_explicit(&s->since_wait, memory_order_relaxed);
+    if (n < RUDA__IN_PLACE_RUN) atomic_store_explicit(&s->since_wait, n + 1, memory_order_relaxed);
+    in_place = n < RUDA__IN_PLACE_RUN &&
+               atomic_load_explicit(&s->unwaited, memory_order_relaxed) == (cmd->future != NULL);
+  }
   if (o->nuse == 0) { /* no buffers, nothing to order */
     if (__builtin_expect(!in_place, 1)) return ruda__queue_push(w, cmd);
     int rc = ruda__queue_admit(w, s->id);

@@ -15,10 +15,12 @@ typedef struct trace_rec {
   uint64_t t0, t1;
   uint64_t queued; /* ns from the client's submit to t0; 0: not known */
   void *ev0, *ev1; /* device timing events around it (cuda), or NULL */
+  double dev0, dev1; /* once harvested: their ms since this worker's zero */
   ruda_stream_id stream; /* RUDA__TRACE_INTERNAL for the device's own commands */
   uint64_t seq, bytes;
   int rc;
   uint8_t kind;
+  uint8_t harvested; /* dev0/dev1 hold the span; the events went back */
   char name[48];
 } trace_rec;
 
@@ -32,6 +34,7 @@ struct ruda__trace {
   void *zero;
   uint64_t zero_ns;
   uint32_t ntimed;
+  uint32_t harvest; /* first record whose events may still be held */
   int device; /* RUDA_TRACE_DEVICE=1: record device spans */
   /* Memory over time: device memory the arena holds, sampled by this
    * worker at most once a millisecond, after a command. */
@@ -186,12 +189,35 @@ static void sample_memory(ruda__worker *w, ruda__trace *t, uint64_t now) {
   t->samples[t->nsamples++].held = atomic_load_explicit(&w->sch->memory->arena.backed, memory_order_relaxed);
 }
 
+/* Turns the events of records whose work the device finished into times
+ * since this worker's zero and gives them back to the backend's pool, so
+ * a long trace holds only the events of work in flight (creating new ones
+ * for every command would cost the worker more than the command). Stops
+ * at the first record still running: the stream finishes in order. */
+static void harvest(ruda__worker *w, ruda__trace *t) {
+  const ruda__backend_ops *ops = w->sch->ops;
+  for (; t->harvest < t->n; t->harvest++) {
+    trace_rec *r = &t->recs[t->harvest];
+    if (r->ev1 != NULL && ops->event_query(w->sch->bstate, r->ev1) == 0) break;
+    if (r->ev0 != NULL && r->ev1 != NULL && ops->elapsed(w->sch->bstate, t->zero, r->ev0, &r->dev0) == 0 &&
+        ops->elapsed(w->sch->bstate, t->zero, r->ev1, &r->dev1) == 0)
+      r->harvested = 1;
+    if (r->ev0 != NULL) ops->event_release(w->sch->bstate, r->ev0);
+    if (r->ev1 != NULL) ops->event_release(w->sch->bstate, r->ev1);
+    r->ev0 = r->ev1 = NULL;
+  }
+}
+
+#define HARVEST_EVERY 32u
+
 void ruda__trace_end(ruda__worker *w, ruda__trace *t, int rc) {
   if (t->n == t->cap) return; /* dropped at begin */
   trace_rec *r = &t->recs[t->n++];
   r->t1 = ruda__now_ns();
   r->rc = rc;
+  r->harvested = 0;
   if (r->ev0 != NULL) r->ev1 = stamp(w);
+  if (t->zero != NULL && t->n - t->harvest >= HARVEST_EVERY) harvest(w, t);
   sample_memory(w, t, r->t1);
 }
 
@@ -201,11 +227,16 @@ void ruda__trace_end(ruda__worker *w, ruda__trace *t, int rc) {
  * exactly; only the whole device lane's placement against the host's
  * carries the zero's wake-up error. 0 when r has no events or they cannot
  * be timed (a failed command). */
-static int device_span(struct ruda__sched *sch, const ruda__trace *t, const trace_rec *r, double *ts, double *dur) {
+static int device_span(struct ruda__sched *sch, const ruda__trace *t, const trace_rec *r, double own_ms, double *ts,
+                       double *dur) {
   double a, b;
-  if (r->ev0 == NULL || r->ev1 == NULL || sch->ops->elapsed(sch->bstate, t->zero, r->ev0, &a) != 0 ||
-      sch->ops->elapsed(sch->bstate, t->zero, r->ev1, &b) != 0)
+  if (r->harvested) { /* against this worker's zero, own_ms after t's */
+    a = r->dev0 + own_ms;
+    b = r->dev1 + own_ms;
+  } else if (r->ev0 == NULL || r->ev1 == NULL || sch->ops->elapsed(sch->bstate, t->zero, r->ev0, &a) != 0 ||
+             sch->ops->elapsed(sch->bstate, t->zero, r->ev1, &b) != 0) {
     return 0;
+  }
   const double zero_us = t->zero_ns >= sch->trace_start_ns ? (double)(t->zero_ns - sch->trace_start_ns) / 1000.0 : 0;
   *ts = zero_us + a * 1000.0;
   *dur = (b - a) * 1000.0;
@@ -252,6 +283,10 @@ static int write_file(struct ruda__sched *sch) {
   for (uint32_t i = 0; i < sch->nworkers; i++) {
     const ruda__trace *t = sch->traces[i];
     dropped += t->dropped;
+    /* Harvested spans count from this worker's own zero. */
+    double own_ms = 0;
+    if (ref != NULL && t->zero != NULL && t != ref && sch->ops->elapsed(sch->bstate, ref->zero, t->zero, &own_ms) != 0)
+      own_ms = 0;
     for (uint32_t k = 0; k < t->n; k++) {
       const trace_rec *r = &t->recs[k];
       if (r->kind == RUDA__CMD_STOP || r->kind == RUDA__CMD_FENCE || r->kind == RUDA__CMD_TRACE) continue;
@@ -265,7 +300,7 @@ static int write_file(struct ruda__sched *sch) {
       if (r->queued) fprintf(f, ",\"queued_us\":%.3f", (double)r->queued / 1000.0);
       fputs("}},\n", f);
       double ts, dur;
-      if (ref != NULL && device_span(sch, ref, r, &ts, &dur)) {
+      if (ref != NULL && device_span(sch, ref, r, own_ms, &ts, &dur)) {
         fputs("{\"name\":\"", f);
         put_json_string(f, r->name);
         fprintf(f,

@@ -66,6 +66,7 @@ void ruda_config_init(ruda_config *cfg) {
   }
   if (env_u32("RUDA_BOUNDS_CHECK", &u) > 0) cfg->bounds_checked = u != 0;
   if (env_u32("RUDA_LAUNCH_BLOCKING", &u) > 0) cfg->launch_blocking = u != 0;
+  cfg->auto_graphs = -1; /* where the backend's graphs pay */
   if (env_u32("RUDA_AUTO_GRAPHS", &u) > 0) cfg->auto_graphs = u != 0;
   if ((v = getenv("RUDA_CACHE_DIR")) != NULL) cfg->cache_dir = v;
   cfg->spin_us = 50;
@@ -142,6 +143,8 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   dev->sched.serial = dev->serial;
   dev->sched.handle = dev;
   dev->sched.cfg = dev->cfg;
+  if (dev->sched.cfg.auto_graphs < 0) dev->sched.cfg.auto_graphs = dev->ops->auto_graphs_pay;
+  dev->sched.auto_in_place = dev->ops->in_place_pays;
   dev->sched.ops = dev->ops;
   dev->sched.bstate = dev->bstate;
   dev->sched.closed = &dev->closed;
@@ -322,6 +325,6 @@ int ruda_stream_set_in_place(ruda_device *dev, ruda_stream_id stream, int on) {
   int rc = 0;
   ruda__stream *s = ruda__stream_for(&dev->sched, stream, fn, &rc);
   if (s == NULL) return rc;
-  atomic_store_explicit(&s->in_place, on != 0, memory_order_relaxed);
+  atomic_store_explicit(&s->in_place, on != 0 ? RUDA__IN_PLACE_ON : RUDA__IN_PLACE_OFF, memory_order_relaxed);
   return 0;
 }

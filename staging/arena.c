@@ -31,6 +31,14 @@ struct ruda__staging {
   size_t chunk;
   uint64_t limit;
   pthread_mutex_t lock; /* chunk growth and carving */
+  /* The next chunk, made ahead by the grower thread so that no allocation
+   * waits for the driver to page-lock a chunk (milliseconds, under a lock
+   * every other driver call of the process waits on). Under lock. */
+  pthread_cond_t grow_cond;
+  pthread_t grower;
+  int grower_started, stop, want_spare;
+  void *spare;
+  size_t spare_size;
   _Atomic uint32_t nchunks;
   _Atomic uint64_t pinned, in_use, peak, fb_bytes, fb_count;
   chunk chunks[MAX_CHUNKS];
@@ -63,21 +71,61 @@ static void *carve(ruda__staging *s, size_t size, size_t align) {
   return NULL;
 }
 
+/* The grower: makes a spare chunk whenever grow() took the last one, off
+ * the allocating threads. Blocks in the driver; sleeps otherwise. */
+static void *grower_main(void *p) {
+  ruda__staging *s = p;
+  pthread_mutex_lock(&s->lock);
+  for (;;) {
+    while (!s->stop && (!s->want_spare || s->spare != NULL)) pthread_cond_wait(&s->grow_cond, &s->lock);
+    if (s->stop) break;
+    s->want_spare = 0;
+    uint64_t have = atomic_load_explicit(&s->pinned, memory_order_relaxed);
+    if (s->limit && have + s->chunk > s->limit) continue; /* grow() falls back to exact sizes */
+    pthread_mutex_unlock(&s->lock);
+    void *mem = s->ops.alloc(s->ops.ctx, s->chunk);
+    pthread_mutex_lock(&s->lock);
+    if (mem != NULL) {
+      s->spare = mem;
+      s->spare_size = s->chunk;
+      atomic_fetch_add_explicit(&s->pinned, s->chunk, memory_order_relaxed); /* held, if not used yet */
+    }
+  }
+  pthread_mutex_unlock(&s->lock);
+  return NULL;
+}
+
+/* Under lock: asks the grower (started on first use) for a spare. */
+static void want_spare(ruda__staging *s) {
+  if (s->spare != NULL || s->want_spare) return;
+  if (!s->grower_started) s->grower_started = pthread_create(&s->grower, NULL, grower_main, s) == 0;
+  s->want_spare = 1;
+  pthread_cond_signal(&s->grow_cond);
+}
+
 static int grow(ruda__staging *s, size_t size, size_t align) {
   uint32_t n = atomic_load_explicit(&s->nchunks, memory_order_relaxed);
   if (n == MAX_CHUNKS) return -1;
   size_t need = round_up(size + align, PAGE_ROUND);
   size_t want = need > s->chunk ? need : s->chunk;
-  uint64_t have = atomic_load_explicit(&s->pinned, memory_order_relaxed);
-  if (s->limit && have + want > s->limit) {
-    if (have + need > s->limit) return -1; /* over the cap: caller falls back */
-    want = need;
+  void *mem = NULL;
+  int spare = s->spare != NULL && s->spare_size >= need;
+  if (spare) { /* made ahead: no driver call here */
+    mem = s->spare;
+    want = s->spare_size;
+    s->spare = NULL;
+  } else {
+    uint64_t have = atomic_load_explicit(&s->pinned, memory_order_relaxed);
+    if (s->limit && have + want > s->limit) {
+      if (have + need > s->limit) return -1; /* over the cap: caller falls back */
+      want = need;
+    }
+    mem = s->ops.alloc(s->ops.ctx, want);
   }
-  void *mem = s->ops.alloc(s->ops.ctx, want);
   if (mem == NULL) return -1;
   s->chunks[n] = (chunk){(uintptr_t)mem, want, 0};
   atomic_store_explicit(&s->nchunks, n + 1, memory_order_release);
-  atomic_fetch_add_explicit(&s->pinned, want, memory_order_relaxed);
+  if (!spare) atomic_fetch_add_explicit(&s->pinned, want, memory_order_relaxed);
   return 0;
 }
 
@@ -91,6 +139,9 @@ static void *hook_alloc(extent_hooks_t *h, void *new_addr, size_t size, size_t a
   pthread_mutex_lock(&s->lock);
   void *p = carve(s, size, align);
   if (p == NULL && grow(s, size, align) == 0) p = carve(s, size, align);
+  /* The newest chunk three quarters carved: the next one is made ahead. */
+  uint32_t n = atomic_load_explicit(&s->nchunks, memory_order_relaxed);
+  if (p != NULL && n > 0 && s->chunks[n - 1].used > s->chunks[n - 1].size / 4 * 3) want_spare(s);
   pthread_mutex_unlock(&s->lock);
   if (p == NULL) return NULL;
   if (*zero) memset(p, 0, size);
@@ -164,10 +215,12 @@ int ruda__staging_create(const ruda__pinned_ops *ops, size_t chunk_bytes, uint64
   s->chunk = chunk_bytes ? round_up(chunk_bytes, PAGE_ROUND) : DEFAULT_CHUNK;
   s->limit = limit;
   pthread_mutex_init(&s->lock, NULL);
+  pthread_cond_init(&s->grow_cond, NULL);
   extent_hooks_t *hp = &s->hooks;
   size_t sz = sizeof s->arena;
   int rc = mallctl("arenas.create", &s->arena, &sz, &hp, sizeof hp);
   if (rc != 0) {
+    pthread_cond_destroy(&s->grow_cond);
     pthread_mutex_destroy(&s->lock);
     free(s);
     return ruda__fail(RUDA_ENOMEM, "staging arena: jemalloc arenas.create failed (error %d)", rc);
@@ -188,11 +241,18 @@ int ruda__staging_create(const ruda__pinned_ops *ops, size_t chunk_bytes, uint64
 
 void ruda__staging_destroy(ruda__staging *s) {
   if (s == NULL) return;
+  pthread_mutex_lock(&s->lock);
+  s->stop = 1;
+  pthread_cond_signal(&s->grow_cond);
+  pthread_mutex_unlock(&s->lock);
+  if (s->grower_started) pthread_join(s->grower, NULL);
+  if (s->spare != NULL) s->ops.free(s->ops.ctx, s->spare);
   char name[64];
   snprintf(name, sizeof name, "arena.%u.destroy", s->arena);
   mallctl(name, NULL, NULL, NULL, 0);
   uint32_t n = atomic_load(&s->nchunks);
   for (uint32_t i = 0; i < n; i++) s->ops.free(s->ops.ctx, (void *)s->chunks[i].base);
+  pthread_cond_destroy(&s->grow_cond);
   pthread_mutex_destroy(&s->lock);
   free(s);
 }

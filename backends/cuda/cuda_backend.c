@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "base/sync.h"
 
 /* ---- context guard ---- */
 
@@ -597,6 +598,26 @@ static int cu_record(void *ws, ruda__completion *c, ruda_error **err) {
   return 0;
 }
 
+static int event_done(const void *p) {
+  return ruda__cu.cuEventQuery(((const ruda__cu_event *)p)->ev) != CUDA_ERROR_NOT_READY;
+}
+
+/* A client's wait for the device. cuEventSynchronize spins a CPU for the
+ * whole wait (the primary context's default where CPUs outnumber
+ * contexts): the quickest wake-up, so a few waiters at a time do that
+ * (the process-wide spin cap, base/sync.h). The rest poll and sleep, so
+ * that many waiting clients cannot take the CPUs from the workers whose
+ * work they wait for. */
+static CUresult wait_event(ruda__cu_event *e) {
+  if (ruda__spin_slot_take()) {
+    CUresult r = ruda__cu.cuEventSynchronize(e->ev);
+    ruda__spin_slot_give();
+    return r;
+  }
+  ruda__poll_sleep(event_done, e);
+  return ruda__cu.cuEventSynchronize(e->ev); /* complete: its status */
+}
+
 static int cu_event_wait(void *state, void *event, ruda_error **err) {
   ruda__cu_backend *b = state;
   ruda__cu_event *e = event;
@@ -606,7 +627,7 @@ static int cu_event_wait(void *state, void *event, ruda_error **err) {
                                     ruda_last_error()->msg);
     return ruda_last_error()->code;
   }
-  CUresult r = ruda__cu.cuEventSynchronize(e->ev);
+  CUresult r = wait_event(e);
   ruda__cu_leave(&g);
   if (r == CUDA_SUCCESS) {
     /* The uploads before this point are done: their staging can serve the
@@ -714,6 +735,8 @@ static int cu_elapsed(void *state, void *from, void *to, double *ms) {
 
 static const ruda__backend_ops cuda_ops = {
     .name = "cuda",
+    .auto_graphs_pay = 1,
+    .in_place_pays = 1,
     .open = cu_open,
     .close = cu_close,
     .worker_start = cu_worker_start,

@@ -133,8 +133,10 @@ typedef struct ruda_config {
                                 row, of a shape it saw before, issues them as
                                 one graph with what changed patched in
                                 (docs/graphs.md); same results, ordering and
-                                errors as one by one. Off (0) by default: not
-                                yet measured faster on a GPU. Not while
+                                errors as one by one. 1 on, 0 off; -1 (the
+                                default) on where graphs pay: the cuda
+                                backend (a driver launch per command costs
+                                more than a replay), not host. Not while
                                 tracing, NVTX, RUDA_WORKER_STATS or
                                 RUDA_LAUNCH_BLOCKING are on. */
 } ruda_config;
@@ -233,7 +235,12 @@ RUDA_EXTERN int ruda_stream_name(ruda_stream_id id, char *buf, size_t len);
  * it), another one is put back. Library calls (ruda_call) run in place
  * too, after the caller released what it held to issue them, so their
  * code may issue on their own buffers (ruda/call.h: ctx->worker, not the
- * thread, keys per-worker state). Off by default. RUDA_EINVAL as any stream call.
+ * thread, keys per-worker state). on == 0 turns it off for the stream. By
+ * default (neither called) the cuda backend runs a stream's command in
+ * place while the stream looks like a request loop: no other future of it
+ * is outstanding and it was waited on within its last 16 commands; the
+ * host backend never does (in place there runs the kernel on the caller).
+ * RUDA_EINVAL as any stream call.
  * Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_stream_set_in_place(ruda_device *dev, ruda_stream_id stream, int on);
 

@@ -35,6 +35,10 @@ static ruda_device *open_with_hooks(void) {
     test_close(dev);
     gpu_skip("needs the mock driver's hooks to keep events pending");
   }
+  /* These cases are about what the worker does with a dropped read: the
+   * client must not run the read itself (the default for a stream that
+   * waits for each request), or the gated record would hold the client. */
+  assert_ok(ruda_stream_set_in_place(dev, 0, 0));
   return dev;
 }
 

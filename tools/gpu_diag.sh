@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs on the lent GPU machine: A/B of the scheduler's defaults, a build of
+# an earlier commit (build-gpu-base, benches only) against build-gpu, in one
+# lease. Logs under $OUT; see tools/gpu_run.sh for the full suite.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/ruda-gpu-out}"; mkdir -p "$OUT"
+export RUDA_CACHE_DIR=/tmp/ruda-cache NCCL_NVLS_ENABLE=0
+log="$OUT/diag.log"
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; date -u; } >"$log" 2>&1
+r() { # label cmd...
+  local t0=$SECONDS; echo "==== $1: ${*:2}" >>"$log"; timeout 240 "${@:2}" >>"$log" 2>&1; echo "rc=$? ${SECONDS}s-$t0" >>"$log"
+  echo "$1 done $((SECONDS - t0))s"; }
+for m in ${DIAG:-serve}; do case $m in
+serve)
+  r base.serve build-gpu-base/bench/bench_serve -v 1,3 -n 2048
+  r new.serve build-gpu/bench/bench_serve -v 1,3 -n 2048
+  r new.serve-I build-gpu/bench/bench_serve -I -v 1,3 -n 2048
+  r new.serve-noauto env RUDA_AUTO_GRAPHS=0 build-gpu/bench/bench_serve -v 1,3 -n 2048
+  r base.serve-g build-gpu-base/bench/bench_serve -g -v 1,3 -n 2048
+  r new.serve-g build-gpu/bench/bench_serve -g -v 1,3 -n 2048
+  r new.serve-s build-gpu/bench/bench_serve -s -v 1,3 -n 2048
+  r new.serve.b build-gpu/bench/bench_serve -b -v 1 -t 1,4,16 -n 2048 ;;
+gpu)
+  r base.gpu build-gpu-base/bench/bench_gpu -q -s 2,5 "$OUT/base_gpu.csv"
+  r new.gpu build-gpu/bench/bench_gpu -q -s 2,5 "$OUT/new_gpu.csv" ;;
+blas)
+  r base.blas build-gpu-base/bench/bench_blas -n 1000
+  r new.blas build-gpu/bench/bench_blas -n 1000
+  r new.blas.s build-gpu/bench/bench_blas -s -n 1000 ;;
+trace)
+  r new.untraced build-gpu/bench/bench_serve -v 3 -t 64 -n 512
+  r new.trace_host env RUDA_TRACE=/tmp/trace_host.json build-gpu/bench/bench_serve -v 3 -t 64 -n 512
+  r new.trace_host.stalls python3 tools/trace_stalls.py /tmp/trace_host.json
+  r new.trace env RUDA_TRACE=/tmp/trace_dev.json RUDA_TRACE_DEVICE=1 build-gpu/bench/bench_serve -v 3 -t 64 -n 512
+  r new.trace.stalls python3 tools/trace_stalls.py /tmp/trace_dev.json
+  xz -T4 -3 -c /tmp/trace_host.json > "$OUT/trace_host.json.xz"
+  r base.untraced build-gpu-base/bench/bench_serve -v 3 -t 64 -n 512 ;;
+esac; done
+echo "== diag log"; grep -E "^====|^ +[0-9]+ \||rc=" "$log" | head -200

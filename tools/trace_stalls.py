@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""trace_stalls.py - where a RUDA_TRACE run's slow requests waited.
+
+  tools/trace_stalls.py TRACE.json [--gap-ms 2]
+
+Reads the trace-event JSON that RUDA_TRACE writes and prints, per command
+kind, the host span and queue-time percentiles (queued: from the client's
+submit to the worker's start), each worker's busy share, the worker gaps
+longer than --gap-ms, and whether those gaps line up across workers (all
+workers idle at once points at something process-wide: a driver lock, an
+allocation, the CPU scheduler) or not (one worker behind)."""
+import argparse
+import json
+from collections import defaultdict
+
+
+def pct(v, p):
+    return v[min(len(v) - 1, int(len(v) * p))] if v else 0.0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("trace")
+    ap.add_argument("--gap-ms", type=float, default=2.0)
+    a = ap.parse_args()
+    ev = json.load(open(a.trace))["traceEvents"]
+    host = [e for e in ev if e.get("ph") == "X" and e.get("pid") == 1]
+    dev = [e for e in ev if e.get("ph") == "X" and e.get("pid") == 2]
+    print(f"{len(host)} host spans, {len(dev)} device spans")
+    for lane, spans in (("host", host), ("device", dev)):
+        by = defaultdict(list)
+        for e in spans:
+            by[e["name"]].append(e["dur"])
+        for name, d in sorted(by.items()):
+            d.sort()
+            print(f"  {lane:6} {name:24} n={len(d):6} p50 {pct(d, .5):9.1f} p99 {pct(d, .99):9.1f} "
+                  f"max {d[-1]:9.1f} us")
+    q = sorted(e["args"].get("queued_us", 0.0) for e in host)
+    print(f"  queued (submit to worker start): p50 {pct(q, .5):.1f} p99 {pct(q, .99):.1f} "
+          f"p99.9 {pct(q, .999):.1f} max {q[-1] if q else 0:.1f} us")
+    byw = defaultdict(list)
+    for e in host:
+        byw[e["tid"]].append((e["ts"], e["ts"] + e["dur"]))
+    gaps = []
+    for w, l in sorted(byw.items()):
+        l.sort()
+        span = l[-1][1] - l[0][0]
+        busy = sum(b - a for a, b in l)
+        g = [(l[i + 1][0] - l[i][1], l[i][1]) for i in range(len(l) - 1)]
+        big = [x for x in g if x[0] > a.gap_ms * 1000]
+        gaps += [(t, t + d, w) for d, t in big]
+        print(f"  worker {w}: {len(l)} commands, busy {100 * busy / span if span else 0:.1f}%, "
+              f"{len(big)} gaps > {a.gap_ms} ms, longest {max((x[0] for x in g), default=0) / 1000:.2f} ms")
+    # Gaps of several workers overlapping in time.
+    gaps.sort()
+    shared = 0
+    for i, (s, e, w) in enumerate(gaps):
+        others = {w2 for s2, e2, w2 in gaps if w2 != w and s2 < e and e2 > s}
+        if len(others) >= max(1, len(byw) // 2):
+            shared += 1
+    print(f"  {len(gaps)} long gaps, {shared} of them overlapping gaps of at least half the other workers")
+    for s, e, w in gaps[:12]:
+        print(f"    worker {w} idle {s / 1000:.2f} .. {e / 1000:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
