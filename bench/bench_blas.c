@@ -2,7 +2,7 @@
 /* bench_blas.c - cuBLAS through ruda_call beside the raw cuBLAS loop, in
  * one process (issue 22).
  *
- *   bench_blas [-q] [-g] [-s] [-i] [-t threads[,threads...]] [-n requests] [-w workers]
+ *   bench_blas [-q] [-g] [-s] [-i|-I] [-t threads[,threads...]] [-n requests] [-w workers]
  *
  * A request: upload X (32 x 1024 fp32, 128 KiB), H = X W1 (cublasSgemm,
  * W1 1024 x 4096), bias + GELU kernel on H, Y = H W2 (cublasSgemm, W2
@@ -39,10 +39,11 @@
  * upload, both calls, both launches (cuBLASLt: the two calls) and the
  * download (ruda_graph_run per request), the raw loop captures the same
  * sequence into a CUDA graph (cuGraphLaunch + cuStreamSynchronize); the
- * flush row is skipped. -s and -g apply to both tables. With -i every ruda
- * stream issues in place (ruda_stream_set_in_place): a command the idle
- * worker could take at once is issued by the client thread itself, calls
- * included, as the raw loop's thread does. Without cuBLASLt
+ * flush row is skipped. -s and -g apply to both tables. By default ruda's
+ * streams follow the backend's in-place policy (on cuda a request loop's
+ * commands, calls included, are issued by the client thread while the
+ * worker is idle); -i turns in place on for every stream, -I off (every
+ * command handed to the worker: the hop measured). Without cuBLASLt
  * the second table says why and is skipped.
  *
  * Each thread runs WARMUP untimed requests first (cuBLAS makes its
@@ -171,7 +172,7 @@ static cublaslt_dl lt;
 static int have_lt;
 static uint32_t blas_lib, lt_lib; /* ruda_library_register's ids */
 static ruda_handle rw1, rw2, rb1, rb2;
-static int staged_io, use_graphs, in_place;
+static int staged_io, use_graphs, in_place = -1; /* -1: the backend's policy */
 
 typedef struct run_ctx {
   int row, threads;
@@ -252,7 +253,7 @@ static void *ruda_thread(void *p) {
   ruda_copy_desc xd = ruda_copy_contiguous(ruda_bind(x)), yd = ruda_copy_contiguous(ruda_bind(y));
   float *out = malloc(YB);
   void *gin = NULL, *gout = NULL;
-  if (in_place) CHECK(ruda_stream_set_in_place(dev, s, 1));
+  if (in_place >= 0) CHECK(ruda_stream_set_in_place(dev, s, in_place));
   if (staged_io || use_graphs) {
     CHECK(ruda_staging_alloc(dev, XB, &gin));
     CHECK(ruda_staging_alloc(dev, YB, &gout));
@@ -522,11 +523,12 @@ static result run(int row, int threads, size_t n) {
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: bench_blas [-q] [-g] [-s] [-i] [-t threads[,threads...]] [-n requests] [-w workers]\n"
+          "usage: bench_blas [-q] [-g] [-s] [-i|-I] [-t threads[,threads...]] [-n requests] [-w workers]\n"
           "  -q  quick: 200 requests per thread\n"
           "  -g  each request one graph (ruda: recorded request, ruda_graph_run; raw: a CUDA graph)\n"
           "  -s  ruda's input and output are page-locked staging blocks, as the raw loop's are\n"
           "  -i  ruda's streams issue in place (ruda_stream_set_in_place) while their worker is idle\n"
+          "  -I  ruda's streams never issue in place: every command goes to the worker\n"
           "  -t  client thread counts (1..%d; default 1,4,16)\n"
           "  -n  timed requests per thread (default 2000)\n"
           "  -w  ruda workers (default: RUDA_STREAMS, else ruda's default)\n",
@@ -543,9 +545,10 @@ int main(int argc, char **argv) {
   int opt, nt = 0, ts[16], quick = 0;
   long nreq = 0;
   uint32_t workers = 0;
-  while ((opt = getopt(argc, argv, "gqsit:n:w:")) != -1) {
+  while ((opt = getopt(argc, argv, "gqsiIt:n:w:")) != -1) {
     if (opt == 'g') use_graphs = 1;
     else if (opt == 'i') in_place = 1;
+    else if (opt == 'I') in_place = 0;
     else if (opt == 'q') quick = 1;
     else if (opt == 's') staged_io = 1;
     else if (opt == 't') {
@@ -620,7 +623,9 @@ int main(int argc, char **argv) {
          "4096x1024, bias, download; %zu timed requests per thread after %d warm-up; %s%s%s\n",
          props.name, ruda_device_num_streams(dev), date, n, WARMUP,
          use_graphs ? "each request one graph (ruda_graph_run; raw cuGraphLaunch)" : "one request in flight per thread",
-         staged_io && !use_graphs ? "; ruda's I/O page-locked" : "", in_place ? "; ruda's streams in place" : "");
+         staged_io && !use_graphs ? "; ruda's I/O page-locked" : "", in_place == 1   ? "; ruda's streams in place"
+         : in_place == 0 ? "; ruda's streams never in place"
+                         : "");
   printf("   %3s | %10s %8s %8s | %10s %8s %8s %7s %7s %7s | %10s %8s %8s %7s\n", "T", "raw req/s", "p50 us",
          "p99 us", "call req/s", "p50 us", "p99 us", "x raw", "p50 x", "p99 x", "flush r/s", "p50 us", "p99 us", "x raw");
   for (int i = 0; i < nt; i++) {

@@ -12,7 +12,7 @@
 #   cuBLASLt with fused epilogues) checked on the GPU, bench_blas: cuBLAS and
 #   cuBLASLt through ruda_call beside the raw loops, with pageable and
 #   page-locked I/O, as graphs against raw CUDA graphs, page-locked with
-#   ruda's streams issuing in place (-s -i), and one traced T=1 run
+#   every command handed to the worker (-s -I), and one traced T=1 run
 #   ($OUT/trace_blas.json, device spans);
 #   graphs: issue 20 in one go: bench_graph_patch on the device, bench_serve's
 #   call-by-call rows with the raw-graph column, -g and -p rows, the
@@ -128,7 +128,7 @@ if want blas; then
   run bench_blas 400 "$B/bench/bench_blas"
   run bench_blas_staged 400 "$B/bench/bench_blas" -s
   run bench_blas_graphs 400 "$B/bench/bench_blas" -g
-  run bench_blas_in_place 400 "$B/bench/bench_blas" -s -i
+  run bench_blas_no_in_place 400 "$B/bench/bench_blas" -s -I
   # Where a one-thread request's time goes: worker and device spans.
   run bench_blas_trace 200 env RUDA_TRACE="$OUT/trace_blas.json" RUDA_TRACE_DEVICE=1 "$B/bench/bench_blas" \
     -s -t 1 -n 300
