@@ -436,8 +436,21 @@ static int check_limits(ruda_device *dev, const ruda_launch_desc *l) {
 int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc *l) {
   static const char fn[] = "ruda_launch";
   RUDA__CHECK_DEV(dev, fn);
-  if (l == NULL || l->kernel == NULL)
-    return ruda__fail(RUDA_EINVAL, "ruda_launch: %s is NULL", l ? "kernel name" : "launch descriptor");
+  if (l == NULL || (l->kernel == NULL && l->ref == NULL))
+    return ruda__fail(RUDA_EINVAL, "ruda_launch: %s is NULL", l ? "kernel name is NULL, and ref" : "launch descriptor");
+  ruda__kernel *k;
+  ruda_launch_desc named;
+  if (l->ref != NULL) { /* resolved once (ruda_kernel_lookup): no name to look up */
+    const char *name = NULL;
+    if ((k = ruda__kernel_of_ref(dev, l->ref, &name)) == NULL)
+      return ruda__fail(RUDA_EINVAL, "ruda_launch: the kernel reference is not one of this device's (take it "
+                                     "with ruda_kernel_lookup on the device the launch is for)");
+    named = *l; /* messages below name the kernel */
+    named.kernel = name;
+    l = &named;
+  } else {
+    k = ruda__kernel_find(dev, l->kernel);
+  }
   if (l->nargs > RUDA_MAX_ARGS)
     return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": %u arguments, at most %d", l->kernel, l->nargs,
                       RUDA_MAX_ARGS);
@@ -445,7 +458,6 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
     return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": args is NULL with nargs %u", l->kernel, l->nargs);
   if (l->flags & ~(RUDA_LAUNCH_DRY_RUN | RUDA_LAUNCH_INDIRECT))
     return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": unknown flags 0x%x", l->kernel, l->flags);
-  ruda__kernel *k = ruda__kernel_find(dev, l->kernel);
   if (k == NULL)
     return ruda__fail(RUDA_EKERNEL, "ruda_launch: no kernel named \"%s\" is registered", l->kernel);
   int rc = check_limits(dev, l);

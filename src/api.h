@@ -14,6 +14,9 @@ typedef struct ruda__kernel_table ruda__kernel_table;
 ruda__kernel_table *ruda__kernels_new(void); /* NULL without memory */
 void ruda__kernels_destroy(ruda_device *dev);
 ruda__kernel *ruda__kernel_find(ruda_device *dev, const char *name);
+/* The kernel a ruda_kernel_ref names now, and its name; NULL when the
+ * reference is not one of dev's. */
+ruda__kernel *ruda__kernel_of_ref(ruda_device *dev, const ruda_kernel_ref *ref, const char **name);
 /* Adds or replaces a kernel; takes ownership of k. */
 int ruda__kernel_add(ruda_device *dev, ruda__kernel *k);
 

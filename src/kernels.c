@@ -13,7 +13,10 @@
 #include "src/device.h"
 #include "src/api.h"
 
+/* What a ruda_kernel_ref points at: entries live until close, and a
+ * replacement swaps their kernel, so a reference follows it. */
 typedef struct ruda__kernel_entry {
+  const struct ruda__kernel_table *table; /* the device's: refs are checked against it */
   const char *name; /* owned by the first kernel registered under it */
   uint64_t hash;
   ruda__kernel *_Atomic kernel;
@@ -118,6 +121,26 @@ static __attribute__((noinline, cold)) ruda__kernel *kcache_miss(ruda_device *de
   return atomic_load_explicit(&e->kernel, memory_order_acquire);
 }
 
+ruda__kernel *ruda__kernel_of_ref(ruda_device *dev, const ruda_kernel_ref *ref, const char **name) {
+  const ruda__kernel_entry *e = (const ruda__kernel_entry *)ref;
+  if (e->table != dev->kernels) return NULL;
+  *name = e->name;
+  return atomic_load_explicit(&e->kernel, memory_order_acquire);
+}
+
+int ruda_kernel_lookup(ruda_device *dev, const char *name, const ruda_kernel_ref **out) {
+  static const char fn[] = "ruda_kernel_lookup";
+  if (out != NULL) *out = NULL;
+  RUDA__CHECK_DEV(dev, fn);
+  if (name == NULL || out == NULL)
+    return ruda__fail(RUDA_EINVAL, "ruda_kernel_lookup: %s is NULL", name ? "out" : "name");
+  ruda__kernel_slots *s = atomic_load_explicit(&dev->kernels->current, memory_order_acquire);
+  ruda__kernel_entry *e = lookup(s, name, hash_name(name));
+  if (e == NULL) return ruda__fail(RUDA_EKERNEL, "ruda_kernel_lookup: no kernel named \"%s\" is registered", name);
+  *out = (const ruda_kernel_ref *)e;
+  return 0;
+}
+
 ruda__kernel *ruda__kernel_find(ruda_device *dev, const char *name) {
   const kcache_slot *c = &kcache[kcache_index(dev->serial, name)];
   if (__builtin_expect(c->serial == dev->serial && c->name == name, 1)) {
@@ -170,6 +193,7 @@ int ruda__kernel_add(ruda_device *dev, ruda__kernel *k) {
     rc = ruda__fail(RUDA_ENOMEM, "kernel \"%s\": out of host memory", k->name);
     goto out;
   }
+  e->table = t;
   e->name = k->name;
   e->hash = h;
   e->replaced = NULL;

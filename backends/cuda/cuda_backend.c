@@ -37,12 +37,15 @@ void ruda__cu_leave(ruda__cu_guard *g) {
 
 /* ---- events ---- */
 
-static ruda__cu_event *event_get(ruda__cu_backend *b, int timed, CUresult *r) {
-  pthread_mutex_lock(&b->ev_lock);
-  ruda__cu_event **list = timed ? &b->ev_free_timed : &b->ev_free;
+/* Worker side (w's exec holder): an event from w's free list, else a new one. */
+static ruda__cu_event *event_get(ruda__cu_worker *w, int timed, CUresult *r) {
+  ruda__cu_backend *b = w->b;
+  struct ruda__cu_event_list *l = &b->ev_lists[w->index];
+  pthread_mutex_lock(&l->lock);
+  ruda__cu_event **list = timed ? &l->free_timed : &l->free;
   ruda__cu_event *e = *list;
   if (e != NULL) *list = e->next_free;
-  pthread_mutex_unlock(&b->ev_lock);
+  pthread_mutex_unlock(&l->lock);
   if (e != NULL) {
     atomic_store_explicit(&e->refs, 1, memory_order_relaxed);
     return e;
@@ -54,6 +57,7 @@ static ruda__cu_event *event_get(ruda__cu_backend *b, int timed, CUresult *r) {
   }
   /* No timing unless asked: recording and querying such events is cheaper. */
   e->timed = (uint8_t)timed;
+  e->home = (uint16_t)w->index;
   if ((*r = ruda__cu.cuEventCreate(&e->ev, timed ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) {
     free(e);
     return NULL;
@@ -66,19 +70,20 @@ static ruda__cu_event *event_get(ruda__cu_backend *b, int timed, CUresult *r) {
   return e;
 }
 
-ruda__cu_event *ruda__cu_event_get(ruda__cu_backend *b, CUresult *r) { return event_get(b, 0, r); }
+ruda__cu_event *ruda__cu_event_get(ruda__cu_worker *w, CUresult *r) { return event_get(w, 0, r); }
 
 void ruda__cu_event_put(ruda__cu_backend *b, ruda__cu_event *e) {
   if (e == NULL || atomic_fetch_sub_explicit(&e->refs, 1, memory_order_acq_rel) != 1) return;
-  pthread_mutex_lock(&b->ev_lock);
-  ruda__cu_event **list = e->timed ? &b->ev_free_timed : &b->ev_free;
+  struct ruda__cu_event_list *l = &b->ev_lists[e->home];
+  pthread_mutex_lock(&l->lock);
+  ruda__cu_event **list = e->timed ? &l->free_timed : &l->free;
   e->next_free = *list;
   *list = e;
-  pthread_mutex_unlock(&b->ev_lock);
+  pthread_mutex_unlock(&l->lock);
 }
 
 ruda__cu_event *ruda__cu_record(ruda__cu_worker *w, CUresult *r) {
-  ruda__cu_event *e = ruda__cu_event_get(w->b, r);
+  ruda__cu_event *e = ruda__cu_event_get(w, r);
   if (e == NULL) return NULL;
   if ((*r = ruda__cu.cuEventRecord(e->ev, w->stream)) != CUDA_SUCCESS) {
     ruda__cu_event_put(w->b, e);
@@ -405,6 +410,7 @@ static int cu_open(const ruda__backend_env *env, void **state, ruda__limits *lim
   b->ordinal = ord;
   b->bounds_checked = cfg->bounds_checked;
   pthread_mutex_init(&b->ev_lock, NULL);
+  for (size_t i = 0; i < sizeof b->ev_lists / sizeof b->ev_lists[0]; i++) pthread_mutex_init(&b->ev_lists[i].lock, NULL);
   pthread_mutex_init(&b->mod_lock, NULL);
   pthread_cond_init(&b->mod_cond, NULL);
   if ((r = ruda__cu.cuDeviceGet(&b->cudev, ord)) != CUDA_SUCCESS) {
@@ -495,6 +501,7 @@ static void cu_close(void *state) {
   pthread_cond_destroy(&b->mod_cond);
   pthread_mutex_destroy(&b->mod_lock);
   pthread_mutex_destroy(&b->ev_lock);
+  for (size_t i = 0; i < sizeof b->ev_lists / sizeof b->ev_lists[0]; i++) pthread_mutex_destroy(&b->ev_lists[i].lock);
   free(b);
 }
 
@@ -707,7 +714,7 @@ static int cu_stream_wait(void *ws, void *event, ruda_error **err) {
 static int cu_stamp(void *ws, ruda__completion *c, ruda_error **err) {
   ruda__cu_worker *w = ws;
   CUresult r;
-  ruda__cu_event *e = event_get(w->b, 1, &r);
+  ruda__cu_event *e = event_get(w, 1, &r);
   if (e == NULL) return ruda__cu_worker_fail(w, r, err, "cuEventCreate (timing)");
   if ((r = ruda__cu.cuEventRecord(e->ev, w->stream)) != CUDA_SUCCESS) {
     ruda__cu_event_put(w->b, e);

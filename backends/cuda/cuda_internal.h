@@ -35,6 +35,7 @@ typedef struct ruda__cu_event {
   struct ruda__cu_worker *worker;
   uint64_t writes;
   uint8_t timed; /* created with timing (profiling stamps); its own free list */
+  uint16_t home; /* the free lists it goes back to: b->ev_lists[home] */
   /* Holders: the recorder's future or dependency, and the pending writes
    * it covers (cuda_backend.c); the last ruda__cu_event_put pools it. */
   _Atomic uint32_t refs;
@@ -55,8 +56,16 @@ typedef struct ruda__cu_backend {
   uint32_t max_shared_optin;
   ruda__staging *staging;
   /* Event pool: events are reused, never destroyed before close. */
+  /* Event pool: free lists per worker (a worker takes from its own; any
+   * thread puts an event back on its recorder's), so workers and their
+   * clients do not all meet on one lock; ev_all (every event, for close)
+   * under ev_lock, touched only when an event is created. */
   pthread_mutex_t ev_lock;
-  ruda__cu_event *ev_free, *ev_free_timed, *ev_all;
+  ruda__cu_event *ev_all;
+  struct ruda__cu_event_list {
+    pthread_mutex_t lock;
+    ruda__cu_event *free, *free_timed;
+  } ev_lists[1024];
   /* Module cache: one module per (source, options, arch, versions). */
   pthread_mutex_t mod_lock;
   pthread_cond_t mod_cond;
@@ -138,8 +147,9 @@ typedef struct ruda__cu_guard {
 int ruda__cu_enter(ruda__cu_backend *b, ruda__cu_guard *g);
 void ruda__cu_leave(ruda__cu_guard *g);
 
-/* Events from the pool (worker or any thread). NULL with *r set on error. */
-ruda__cu_event *ruda__cu_event_get(ruda__cu_backend *b, CUresult *r);
+/* An event from the pool, for w (its exec holder); ruda__cu_event_put from
+ * any thread. NULL with *r set on error. */
+ruda__cu_event *ruda__cu_event_get(struct ruda__cu_worker *w, CUresult *r);
 void ruda__cu_event_put(ruda__cu_backend *b, ruda__cu_event *e);
 
 /* Records a pooled event on w's stream, tagged with w's last launch. */

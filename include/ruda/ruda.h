@@ -451,8 +451,22 @@ typedef struct ruda_launch_desc {
   uint32_t nargs;
   uint32_t flags;            /* RUDA_LAUNCH_* */
   ruda_binding indirect_grid; /* RUDA_LAUNCH_INDIRECT: 12 bytes, u32[3] */
-  uint64_t reserved[4];      /* zero */
+  const struct ruda_kernel_ref *ref; /* NULL, or the kernel resolved once by
+                                ruda_kernel_lookup: then `kernel` is not
+                                looked up (it may be NULL) */
+  uint64_t reserved[3];      /* zero */
 } ruda_launch_desc;
+
+/* A registered kernel, resolved once (ruda_kernel_lookup) so that a launch
+ * carries it instead of a name to look up on every call. Valid until the
+ * device closes; registering the name again (a replacement) is what it
+ * launches from then on. Opaque. */
+typedef struct ruda_kernel_ref ruda_kernel_ref;
+
+/* *out: the reference of the kernel registered as name, for
+ * ruda_launch_desc.ref. RUDA_EKERNEL when no kernel has that name,
+ * RUDA_EINVAL for NULL arguments. Thread-safe, non-blocking. */
+RUDA_EXTERN int ruda_kernel_lookup(ruda_device *dev, const char *name, const ruda_kernel_ref **out);
 
 /* Enqueues a kernel launch. Checks at the call: the kernel name is known,
  * dims are non-zero and within device limits, every binding is live and in

@@ -204,8 +204,14 @@ static void finish_read(fuzz *z, pending_read *p) {
 
 static model_buf *pick(fuzz *z) { return &z->b[next(z) % NBUF]; }
 
+/* By name, or by reference (ruda_kernel_lookup): the same outcome. */
 static uint32_t launch(fuzz *z, ruda_stream_id s, const char *k, ruda_arg *a, uint32_t n) {
   ruda_launch_desc l = {.kernel = k, .grid = {1, 1, 1}, .block = {1, 1, 1}, .args = a, .nargs = n};
+  if (next(z) & 1) {
+    int rc = ruda_kernel_lookup(z->dev, k, &l.ref);
+    if (rc != 0) return (uint32_t)rc;
+    l.kernel = NULL;
+  }
   return (uint32_t)ruda_launch(z->dev, s, &l);
 }
 

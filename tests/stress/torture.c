@@ -77,9 +77,11 @@ static uint64_t rng(uint64_t *s) {
   return *s;
 }
 
+/* By name on odd streams, by reference (ruda_kernel_lookup) on even ones. */
 static void launch_bump(ruda_stream_id s, ruda_handle h, int *rc) {
   ruda_arg a = ruda_arg_buffer(ruda_bind(h));
   ruda_launch_desc l = {.kernel = "bump", .grid = {1, 1, 1}, .block = {1, 1, 1}, .args = &a, .nargs = 1};
+  if ((s & 1) == 0 && (*rc = ruda_kernel_lookup(dev, "bump", &l.ref)) != 0) return;
   *rc = ruda_launch(dev, s, &l);
 }
 

@@ -151,6 +151,48 @@ static void replacement_under_concurrent_launches(void **state) {
   test_close(shared_dev);
 }
 
+/* A launch by reference: resolved once, follows a replacement, refused on
+ * another device, and messages still name the kernel. */
+static int launch_ref(ruda_device *dev, const ruda_kernel_ref *ref, uint32_t block) {
+  ruda_launch_desc l = {.ref = ref, .grid = {1, 1, 1}, .block = {block, 1, 1}};
+  return ruda_launch(dev, 0, &l);
+}
+
+static void launches_by_reference(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(1, 1024, RUDA_BACKPRESSURE_BLOCK);
+  ruda_device *other = test_open(1, 1024, RUDA_BACKPRESSURE_BLOCK);
+  atomic_store(&total, 0);
+  const ruda_kernel_ref *ref = NULL, *ref2 = NULL;
+  assert_rc(ruda_kernel_lookup(dev, "k", &ref), RUDA_EKERNEL);
+  assert_null(ref);
+  assert_last_error_contains("\"k\"");
+  assert_rc(ruda_kernel_lookup(dev, NULL, &ref), RUDA_EINVAL);
+  assert_rc(ruda_kernel_lookup(dev, "k", NULL), RUDA_EINVAL);
+  assert_ok(ruda_host_kernel_register(dev, "k", k1));
+  assert_ok(ruda_kernel_lookup(dev, "k", &ref));
+  assert_ok(ruda_kernel_lookup(dev, "k", &ref2));
+  assert_ptr_equal(ref, ref2);
+  for (int i = 0; i < 3; i++) assert_ok(launch_ref(dev, ref, 1));
+  assert_int_equal(ran(dev), 3);
+  assert_ok(ruda_host_kernel_register(dev, "k", k10)); /* a replacement is what the ref launches */
+  assert_ok(launch_ref(dev, ref, 1));
+  assert_int_equal(ran(dev), 10);
+  /* Checks at the call name the kernel the reference holds. */
+  assert_rc(launch_ref(dev, ref, 0), RUDA_EINVAL); /* a zero block */
+  assert_last_error_contains("\"k\"");
+  /* Another device's reference is refused, and nothing runs. */
+  assert_ok(ruda_host_kernel_register(other, "k", k100));
+  assert_rc(launch_ref(other, ref, 1), RUDA_EINVAL);
+  assert_last_error_contains("not one of this device's");
+  assert_int_equal(ran(other), 0);
+  /* Neither name nor reference. */
+  ruda_launch_desc none = {.grid = {1, 1, 1}, .block = {1, 1, 1}};
+  assert_rc(ruda_launch(dev, 0, &none), RUDA_EINVAL);
+  test_close(other);
+  test_close(dev);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(replacement_is_seen_at_once),
@@ -158,6 +200,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(devices_never_share_entries),
       cmocka_unit_test(more_kernels_than_cache_slots),
       cmocka_unit_test(replacement_under_concurrent_launches),
+      cmocka_unit_test(launches_by_reference),
   };
   return test_main("unit_kernels", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
