@@ -164,6 +164,10 @@ typedef struct ruda__backend_ops {
   /* Device memory. Failure: ruda__fail(). Any thread. */
   int (*mem_alloc)(void *state, uint64_t size, uint64_t *addr);
   void (*mem_free)(void *state, uint64_t addr, void *wstate);
+  /* Optional, any thread: is [addr, addr + size) memory of this device
+   * that commands may use (ruda_buffer_import)? 0, or a failure recorded
+   * with ruda__fail naming fn. NULL: any non-null address is. */
+  int (*mem_check)(void *state, uint64_t addr, uint64_t size, const char *fn);
   /* Host memory that stages a write until its copy ran. Any thread. */
   void *(*stage_alloc)(void *state, size_t size);
   void (*stage_free)(void *state, void *p);
@@ -227,6 +231,13 @@ typedef struct ruda__backend_ops {
   /* Native handles for interop: a worker's CUstream, the CUcontext. */
   void *(*native_stream)(void *wstate);
   void *(*native_context)(void *state);
+  /* Optional (NULL: no native streams), any thread, never blocking: an
+   * event recorded on a native stream (the device's context made current
+   * for the call), released with event_release; and a native stream's
+   * later work made to wait on the device for such an event. 0, or a
+   * failure recorded with ruda__fail naming fn. */
+  int (*native_record)(void *state, void *native_stream, void **event, const char *fn);
+  int (*native_wait)(void *state, void *native_stream, void *event, const char *fn);
   int (*stage_usage)(void *state, ruda_staging_stats *out);
   /* Worker: replays a graph of n recorded commands. *exec is the
    * backend's own graph, NULL at the first replay: the op then starts

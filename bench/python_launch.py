@@ -16,6 +16,12 @@ host backend the kernels are C functions (ruda/_test_kernels.so); say so
 when quoting the figures. Usage:
 
     python bench/python_launch.py [--n 100000] [--threads 1,4,16,64] [--json out.json]
+                                  [--launch-gil keep]
+
+--launch-gil keep opens ruda's device with launch_gil="keep" (launches do
+not release the GIL; backpressure="error" and a large queue bound, so a
+push never waits): whether the GIL handoff around a ~200 ns push is what
+16 and 64 threads lose their rate to.
 """
 import argparse
 import json
@@ -90,8 +96,11 @@ def threads_rate(make_launcher, nthreads, per_thread, sync):
 class RudaSide:
     name = "ruda"
 
-    def __init__(self):
-        self.dev = ruda.Device()
+    def __init__(self, launch_gil="release"):
+        if launch_gil == "keep":
+            self.dev = ruda.Device(launch_gil="keep", backpressure="error", queue_bound=1 << 22)
+        else:
+            self.dev = ruda.Device()
         if self.dev.backend == "cuda":
             self.dev.module_source(CUDA_SOURCE, ["empty", "bench_axpy"])
         else:
@@ -213,10 +222,12 @@ def main(argv=None):
     ap.add_argument("--per-thread", type=int, default=20000)
     ap.add_argument("--serve", type=int, default=5000, help="requests of the serving loop")
     ap.add_argument("--json")
+    ap.add_argument("--launch-gil", choices=["release", "keep"], default="release")
     a = ap.parse_args(argv)
-    r = RudaSide()
+    r = RudaSide(a.launch_gil)
     sides = [r] + peers(r.backend)
     res = {"backend": r.backend, "python": sys.version.split()[0], "timer_p50_ns": timer_overhead(),
+           "launch_gil": a.launch_gil,
            "launch": {}, "threads": {}, "serve": {}}
     print(f"backend {r.backend}; Python {res['python']}; a perf_counter_ns pair costs "
           f"{res['timer_p50_ns']} ns (included below)")

@@ -121,6 +121,7 @@ void ruda__handles_publish(ruda__handles *h, uint32_t index, uint64_t addr, uint
   s->addr = addr;
   s->size = size;
   s->raw = 0;
+  s->imp = NULL;
   atomic_store_explicit(&s->home, home, memory_order_relaxed);
   atomic_store_explicit(&s->users, 0, memory_order_relaxed);
   atomic_store_explicit(&s->used, 0, memory_order_relaxed);
@@ -143,6 +144,28 @@ int ruda__handles_insert(ruda__handles *h, uint64_t addr, uint64_t size, ruda_ha
   ruda__handles_publish(h, index, addr, size, UINT32_MAX, NULL, out);
   slot_at(h, index)->raw = 1; /* before any pin can see it: the handle is not out yet */
   return 0;
+}
+
+void ruda__handles_publish_import(ruda__handles *h, uint32_t index, uint64_t addr, uint64_t size, void *imp,
+                                  ruda_handle *out) {
+  ruda__slot *s = slot_at(h, index);
+  s->imp = imp; /* before the publish's release: a pinner that sees the handle sees it */
+  uint32_t gen = gen_of(atomic_load_explicit(&s->state, memory_order_relaxed)) + 1;
+  gen &= 0x7fffffffu;
+  if (gen == 0) gen = 1;
+  s->addr = addr;
+  s->size = size;
+  s->raw = 0;
+  atomic_store_explicit(&s->home, UINT32_MAX, memory_order_relaxed);
+  atomic_store_explicit(&s->users, 0, memory_order_relaxed);
+  atomic_store_explicit(&s->used, 0, memory_order_relaxed);
+  atomic_store_explicit(&s->held, 0, memory_order_relaxed);
+  atomic_store_explicit(&s->mem, NULL, memory_order_relaxed);
+  atomic_store_explicit(last_of(s, index), 0, memory_order_relaxed);
+  atomic_store_explicit(last_of(s, index) + RUDA__USE_READERS, 0, memory_order_relaxed);
+  atomic_store_explicit(&s->state, ((uint64_t)gen << GEN_SHIFT) | LIVE | 1, memory_order_release);
+  out->slot = index;
+  out->gen = gen;
 }
 
 static int pin(ruda__handles *h, ruda_handle handle, uint32_t worker, int use, int hold, int pending,
@@ -263,7 +286,11 @@ void ruda__handles_unpin(ruda__handles *h, uint32_t index, void *wstate) {
   if (page != NULL)
     h->retire(h->retire_ctx, page, s->addr, s->size, atomic_load_explicit(&s->home, memory_order_relaxed),
               atomic_load_explicit(&s->users, memory_order_relaxed));
-  else if (s->raw)
+  else if (s->imp != NULL) {
+    void *imp = s->imp;
+    s->imp = NULL;
+    h->retire_import(h->retire_ctx, imp, atomic_load_explicit(&s->users, memory_order_relaxed));
+  } else if (s->raw)
     h->ops->mem_free(h->bstate, s->addr, wstate);
   /* Workers release here; a lock-free push keeps them off the table lock. */
   uint32_t head = atomic_load_explicit(&h->returned, memory_order_relaxed);

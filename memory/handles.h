@@ -44,6 +44,7 @@ typedef struct ruda__slot {
   _Atomic uint64_t users; /* other workers that pinned it: bit w % 64 */
   _Atomic(void *) mem;    /* pool page; NULL once given back, or raw */
   uint8_t raw;            /* inserted by ruda__handles_insert: mem_free it */
+  void *imp;              /* an import (memory/import.h): its owner gets it back */
   /* 1 once anything may have touched the memory: a command pinned it, or
    * its address went out (ruda_binding_device_ptr). Memory never touched
    * needs no fence before another stream reuses it. */
@@ -74,6 +75,8 @@ typedef struct ruda__handles {
   const struct ruda__backend_ops *ops;
   void *bstate;
   void (*retire)(void *ctx, void *page, uint64_t addr, uint64_t size, uint32_t home, uint64_t users);
+  /* An import's last reference (memory/import.h), with the same ctx. */
+  void (*retire_import)(void *ctx, void *imp, uint64_t users);
   void *retire_ctx;
 } ruda__handles;
 
@@ -106,6 +109,12 @@ void ruda__handles_destroy(ruda__handles *h);
 /* Registers backend memory at addr as a new live handle; the last
  * reference gives it back with ops->mem_free. */
 int ruda__handles_insert(ruda__handles *h, uint64_t addr, uint64_t size, ruda_handle *out);
+
+/* Makes a taken slot a live handle of foreign memory: no home worker
+ * (every pinning worker is a user), and its last reference goes to the
+ * retire_import hook. Lock-free. */
+void ruda__handles_publish_import(ruda__handles *h, uint32_t slot, uint64_t addr, uint64_t size, void *imp,
+                                  ruda_handle *out);
 
 /* Takes up to n free slots for the caller's cache (carving new ones as
  * needed); returns how many. put gives n back. Both take the table lock. */

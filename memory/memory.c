@@ -7,6 +7,7 @@
 
 #include "memory/arena.h"
 #include "memory/fence.h"
+#include "memory/import.h"
 #include "memory/memory.h"
 #include "memory/pool.h"
 
@@ -21,6 +22,7 @@ int ruda__memory_init(ruda__memory *mem, uint32_t nworkers) {
   mem->reclaim = ruda__pools_reclaim;
   pthread_mutex_init(&mem->layout_lock, NULL);
   pthread_mutex_init(&mem->all_lock, NULL);
+  pthread_mutex_init(&mem->import_lock, NULL);
   mem->nlayout = ruda_memory_default_pools(mem->layout, RUDA_MEMORY_MAX_POOLS);
   int rc = ruda__fence_table_init(mem);
   if (rc == 0) rc = ruda__arena_init(mem);
@@ -31,12 +33,16 @@ int ruda__memory_init(ruda__memory *mem, uint32_t nworkers) {
     h->bstate = mem->bstate;
     h->progress = &mem->progress;
     h->retire = ruda__pools_retire_hook;
+    h->retire_import = ruda__import_retire;
     h->retire_ctx = mem;
   }
   return 0;
 }
 
 void ruda__memory_destroy(ruda__memory *mem) {
+  /* The workers stopped: every import's work is done, owners get theirs. */
+  ruda__import_destroy_all(mem);
+  pthread_mutex_destroy(&mem->import_lock);
   ruda__fence_table_destroy(mem);
   ruda__pools_destroy_all(mem);
   ruda__arena_destroy(mem);

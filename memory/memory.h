@@ -7,10 +7,11 @@
  *   pool.c     per-stream pools, buffers, retired buffers (pool.h)
  *   arena.c    pages no stream holds, the backend's pages (arena.h)
  *   fence.c    how far each worker got (fence.h, over base/progress.h)
+ *   import.c   foreign memory adopted as buffers (import.h)
  *   handles.c  slot + generation handles, pins, use records (handles.h)
  *
  * Locks, always taken in this order: a stream's pools->lock, one shard
- * lock of the arena, fence_lock. docs/memory.md explains the choices.
+ * lock of the arena, fence_lock; import_lock before fence_lock. docs/memory.md explains the choices.
  */
 #ifndef RUDA_MEMORY_MEMORY_H
 #define RUDA_MEMORY_MEMORY_H
@@ -53,6 +54,11 @@ typedef struct ruda__memory {
   /* Freed buffers whose memory stayed with its page for want of host
    * memory to track it (ruda__memory_retire); back at close. */
   _Atomic uint64_t stranded;
+  /* Foreign memory adopted (memory/import.h): live and retired imports,
+   * and how many there are (read without the lock). */
+  pthread_mutex_t import_lock;
+  struct ruda__import *imports;
+  _Atomic uint32_t nimports;
 } ruda__memory;
 
 /* Device lifecycle (memory/memory.c). init with ops, bstate, handles and

@@ -49,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/tls.h"
 #include "scheduler/sched.h"
 
 #define BATCH 64u
@@ -102,10 +103,9 @@ struct cache {
   cache *idle_next;
 };
 
-/* initial-exec: the pointer is one %fs-relative load on every command,
- * with no __tls_get_addr call. Eight bytes of static TLS are affordable
- * even when libruda is dlopen'ed. */
-static __thread cache *my __attribute__((tls_model("initial-exec")));
+/* Read on every command: initial-exec where the build allows it
+ * (base/tls.h). */
+static __thread cache *my RUDA__TLS_HOT;
 
 static pthread_mutex_t idle_lock = PTHREAD_MUTEX_INITIALIZER;
 static cache *idle;

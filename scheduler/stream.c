@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/tls.h"
 #include "scheduler/sched.h"
 #include "scheduler/graph.h"
 #include "base/log.h"
@@ -152,15 +153,13 @@ int ruda__streams_free_retired(ruda__stream_table *t) {
 }
 
 /* This thread's own stream id and the last stream it looked up, read on
- * every call. initial-exec: they are reached %fs-relative, with no
- * __tls_get_addr call; 32 bytes of static TLS are affordable even when
- * libruda is dlopen'ed. */
+ * every call: initial-exec where the build allows it (base/tls.h). */
 static __thread struct {
   uint64_t serial; /* device of the cached stream; 0: none */
   ruda_stream_id id;
   ruda__stream *stream;
   ruda_stream_id current; /* this thread's RUDA_STREAM_CURRENT; 0: not yet numbered */
-} cache __attribute__((tls_model("initial-exec")));
+} cache RUDA__TLS_HOT;
 
 static _Atomic uint64_t next_thread_stream = 1;
 

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "memory/import.h"
 #include "staging/staging.h"
 #include "scheduler/graph.h"
 #include "scheduler/submit.h"
@@ -134,7 +135,28 @@ int ruda_buffer_free(ruda_device *dev, ruda_stream_id stream, ruda_handle h) {
   if (s == NULL) return rc;
   /* Stream order comes from the pins of the commands that use the buffer
    * and, for other workers, from fences (memory/pool.c): no command. */
-  return ruda__memory_free(&dev->memory, h);
+  rc = ruda__memory_free(&dev->memory, h);
+  ruda__import_poll(&dev->memory);
+  return rc;
+}
+
+int ruda_buffer_import(ruda_device *dev, ruda_stream_id stream, uint64_t addr, uint64_t bytes,
+                       ruda_release_fn release, void *user, ruda_handle *out) {
+  static const char fn[] = "ruda_buffer_import";
+  RUDA__CHECK_DEV(dev, fn);
+  if (out == NULL) return ruda__fail(RUDA_EINVAL, "%s: out is NULL", fn);
+  *out = (ruda_handle){0, 0};
+  if (bytes == 0) return ruda__fail(RUDA_EINVAL, "%s: bytes is 0", fn);
+  /* The top bit tags deferred (dry-run) addresses (memory/arena.h). */
+  if (addr == 0 || (addr & RUDA__UNBACKED) || addr + bytes < addr)
+    return ruda__fail(RUDA_EINVAL, "%s: address 0x%llx (+%llu bytes) cannot be a buffer", fn,
+                      (unsigned long long)addr, (unsigned long long)bytes);
+  int rc = 0;
+  ruda__stream *s = ruda__stream_for(&dev->sched, stream, fn, &rc);
+  if (s == NULL) return rc;
+  if (dev->ops->mem_check != NULL && (rc = dev->ops->mem_check(dev->bstate, addr, bytes, fn)) != 0) return rc;
+  ruda__import_poll(&dev->memory);
+  return ruda__import_add(&dev->memory, addr, bytes, release, user, out); /* memory/import.c */
 }
 
 int ruda_buffer_size(ruda_device *dev, ruda_handle h, uint64_t *size) {
@@ -613,6 +635,7 @@ int ruda_sync(ruda_device *dev, ruda_stream_id stream, ruda_error **errors) {
   if (rc != 0) return rc;
   rc = ruda_future_wait(f, errors);
   ruda_future_free(f);
+  ruda__import_poll(&dev->memory); /* imports whose last use this passed */
   return rc;
 }
 
@@ -666,6 +689,7 @@ int ruda_device_sync(ruda_device *dev, ruda_error **errors) {
   }
   free(f);
   free(l.s);
+  ruda__import_poll(&dev->memory);
   if (errors) *errors = head;
   else ruda_error_free(head);
   if (rc != 0) return rc;

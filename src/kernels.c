@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/tls.h"
 #include "src/device.h"
 #include "src/api.h"
 
@@ -87,9 +88,8 @@ static void place(ruda__kernel_slots *s, ruda__kernel_entry *e) {
  * have rewritten the string behind the same pointer. Only the owning thread
  * touches its slots.
  *
- * initial-exec: the slots are reached %fs-relative with no __tls_get_addr
- * call. KCACHE_SLOTS * 24 = 96 bytes of static TLS, affordable even when
- * libruda is dlopen'ed. */
+ * initial-exec where the build allows it (base/tls.h): KCACHE_SLOTS * 24
+ * = 96 bytes. */
 #define KCACHE_BITS 2
 #define KCACHE_SLOTS (1u << KCACHE_BITS)
 
@@ -99,7 +99,7 @@ typedef struct kcache_slot {
   ruda__kernel_entry *entry;
 } kcache_slot;
 
-static __thread kcache_slot kcache[KCACHE_SLOTS] __attribute__((tls_model("initial-exec")));
+static __thread kcache_slot kcache[KCACHE_SLOTS] RUDA__TLS_HOT;
 
 /* Direct-mapped on the name pointer and the serial, so one name used on
  * two devices from one thread can occupy two slots. */

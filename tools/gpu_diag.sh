@@ -36,5 +36,19 @@ trace)
   r new.trace.stalls python3 tools/trace_stalls.py /tmp/trace_dev.json
   xz -T4 -3 -c /tmp/trace_host.json > "$OUT/trace_host.json.xz"
   r base.untraced build-gpu-base/bench/bench_serve -v 3 -t 64 -n 512 ;;
+final)
+  # The defaults' final table: call-by-call, page-locked, graph, patched rows.
+  r final.serve build-gpu/bench/bench_serve -v 1,3 -n 2048
+  r final.serve-s build-gpu/bench/bench_serve -s -v 1,3 -n 2048
+  r final.serve-g build-gpu/bench/bench_serve -g -v 1,3 -n 2048
+  r final.serve-p build-gpu/bench/bench_serve -p -v 1,3 -n 2048
+  r final.patch env RUDA_BACKEND=cuda build-gpu/bench/bench_graph_patch -n 2000
+  r final.patch-k16 env RUDA_BACKEND=cuda build-gpu/bench/bench_graph_patch -n 1000 -k 16
+  r final.gpu build-gpu/bench/bench_gpu -q -s 2,5 "$OUT/final_gpu.csv"
+  r final.untraced build-gpu/bench/bench_serve -v 3 -t 64 -n 512
+  r final.trace_host env RUDA_TRACE=/tmp/trace_host.json build-gpu/bench/bench_serve -v 3 -t 64 -n 512
+  r final.trace_host.stalls python3 tools/trace_stalls.py /tmp/trace_host.json
+  r final.trace env RUDA_TRACE=/tmp/trace_dev.json RUDA_TRACE_DEVICE=1 build-gpu/bench/bench_serve -v 3 -t 64 -n 512
+  r final.trace.stalls python3 tools/trace_stalls.py /tmp/trace_dev.json ;;
 esac; done
 echo "== diag log"; grep -E "^====|^ +[0-9]+ \||rc=" "$log" | head -200

@@ -18,7 +18,10 @@
 #   call-by-call rows with the raw-graph column, -g and -p rows, the
 #   call-by-call rows with automatic request graphs (-a), a traced
 #   4-in-flight run for the tails' timeline, bench_gpu sections 2 and 5 at
-#   4, 8, 16 and 64 workers)
+#   4, 8, 16 and 64 workers; python: issue 33, the wheel carried as .whl/
+#   installed with no build, its pytest suite with torch and CuPy, and
+#   bench/python_launch.py at 1/4/16/64 threads with the GIL released and
+#   kept)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 modes=" ${*:-all} "
@@ -121,6 +124,17 @@ if want bench || want all; then
   run bench_memory 120 "$B/bench/bench_memory"
   run bench_enqueue 120 "$B/bench/bench_enqueue"
   run bench_blas 400 "$B/bench/bench_blas"
+fi
+if want python; then
+  # The wheel is built here: RUDA_JEMALLOC_SOURCE=<jemalloc git dir>
+  # python3.12 -m pip wheel --no-build-isolation --no-deps -w dist ./python,
+  # auditwheel repair into .whl/, carried with the tree.
+  pv="$(mktemp -d)/venv"
+  run python_install 300 sh -c "python3 -m venv --system-site-packages '$pv' && '$pv/bin/python' -m pip install --no-index --no-deps --force-reinstall .whl/ruda-*.whl"
+  # From the repository root the installed package is imported, not python/ruda.
+  run python_tests 600 env RUDA_EXPECT_JEMALLOC=1 "$pv/bin/python" -m pytest -q -p no:cacheprovider python/tests
+  run bench_python_launch 600 env PYTHONUNBUFFERED=1 "$pv/bin/python" bench/python_launch.py --threads 1,4,16,64 --json "$OUT/python_launch.json"
+  run bench_python_launch_keep 600 env PYTHONUNBUFFERED=1 "$pv/bin/python" bench/python_launch.py --threads 1,4,16,64 --launch-gil keep --json "$OUT/python_launch_keep.json"
 fi
 if want blas; then
   run mlp_blas 60 "$B/examples/mlp_blas"

@@ -36,7 +36,8 @@
   X(cuMemFreeAsync) X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags)     \
   X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuModuleGetFunctionCount)              \
   X(cuModuleEnumerateFunctions) X(cuFuncGetName) X(cuStreamGetCaptureInfo) X(cuGraphNodeGetType)       \
-  X(cuGraphMemcpyNodeGetParams) X(cuGraphExecKernelNodeSetParams) X(cuGraphExecMemcpyNodeSetParams)
+  X(cuGraphMemcpyNodeGetParams) X(cuGraphExecKernelNodeSetParams) X(cuGraphExecMemcpyNodeSetParams)   \
+  X(cuPointerGetAttribute)
 
 #define RUDA__NVRTC_FUNCS(X)                                                                       \
   X(nvrtcVersion) X(nvrtcGetErrorString) X(nvrtcCreateProgram) X(nvrtcDestroyProgram)              \

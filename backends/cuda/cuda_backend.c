@@ -37,10 +37,10 @@ void ruda__cu_leave(ruda__cu_guard *g) {
 
 /* ---- events ---- */
 
-/* Worker side (w's exec holder): an event from w's free list, else a new one. */
-static ruda__cu_event *event_get(ruda__cu_worker *w, int timed, CUresult *r) {
-  ruda__cu_backend *b = w->b;
-  struct ruda__cu_event_list *l = &b->ev_lists[w->index];
+/* An event from free list home (locked: any thread may take from one),
+ * else a new one that goes back there. */
+static ruda__cu_event *event_take(ruda__cu_backend *b, uint32_t home, int timed, CUresult *r) {
+  struct ruda__cu_event_list *l = &b->ev_lists[home];
   pthread_mutex_lock(&l->lock);
   ruda__cu_event **list = timed ? &l->free_timed : &l->free;
   ruda__cu_event *e = *list;
@@ -57,7 +57,7 @@ static ruda__cu_event *event_get(ruda__cu_worker *w, int timed, CUresult *r) {
   }
   /* No timing unless asked: recording and querying such events is cheaper. */
   e->timed = (uint8_t)timed;
-  e->home = (uint16_t)w->index;
+  e->home = (uint16_t)home;
   if ((*r = ruda__cu.cuEventCreate(&e->ev, timed ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) {
     free(e);
     return NULL;
@@ -68,6 +68,11 @@ static ruda__cu_event *event_get(ruda__cu_worker *w, int timed, CUresult *r) {
   b->ev_all = e;
   pthread_mutex_unlock(&b->ev_lock);
   return e;
+}
+
+/* Worker side (w's exec holder): from w's own list. */
+static ruda__cu_event *event_get(ruda__cu_worker *w, int timed, CUresult *r) {
+  return event_take(w->b, w->index, timed, r);
 }
 
 ruda__cu_event *ruda__cu_event_get(ruda__cu_worker *w, CUresult *r) { return event_get(w, 0, r); }
@@ -557,6 +562,42 @@ static void cu_worker_stop(void *state, void *ws) {
 static void *cu_native_stream(void *ws) { return ws ? (void *)((ruda__cu_worker *)ws)->stream : NULL; }
 static void *cu_native_context(void *state) { return (void *)((ruda__cu_backend *)state)->ctx; }
 
+/* Ordering with streams ruda does not own (ruda_cuda_wait_buffer,
+ * ruda_buffer_wait_cuda): pooled events like the workers'. */
+static int cu_native_record(void *state, void *stream, void **event, const char *fn) {
+  ruda__cu_backend *b = state;
+  ruda__cu_guard g = {NULL, 0};
+  if (ruda__cu_enter(b, &g) != 0) return ruda_error_code(ruda_last_error());
+  CUresult r;
+  ruda__cu_event *e = event_take(b, 0, 0, &r); /* list 0: these are few, any thread takes them */
+  if (e != NULL && (r = ruda__cu.cuEventRecord(e->ev, (CUstream)stream)) != CUDA_SUCCESS) {
+    ruda__cu_event_put(b, e);
+    e = NULL;
+  }
+  ruda__cu_leave(&g);
+  if (e == NULL) {
+    char d[160];
+    return ruda__fail_backend(RUDA_ECUDA, (long)r, "%s: cuEventRecord on stream %p: %s", fn, stream,
+                              ruda__cu_describe(r, d, sizeof d));
+  }
+  *event = e;
+  return 0;
+}
+
+static int cu_native_wait(void *state, void *stream, void *event, const char *fn) {
+  ruda__cu_backend *b = state;
+  ruda__cu_guard g = {NULL, 0};
+  if (ruda__cu_enter(b, &g) != 0) return ruda_error_code(ruda_last_error());
+  CUresult r = ruda__cu.cuStreamWaitEvent((CUstream)stream, ((ruda__cu_event *)event)->ev, 0);
+  ruda__cu_leave(&g);
+  if (r != CUDA_SUCCESS) {
+    char d[160];
+    return ruda__fail_backend(RUDA_ECUDA, (long)r, "%s: cuStreamWaitEvent on stream %p: %s", fn, stream,
+                              ruda__cu_describe(r, d, sizeof d));
+  }
+  return 0;
+}
+
 /* ---- device memory ---- */
 
 static int cu_mem_alloc(void *state, uint64_t size, uint64_t *addr) {
@@ -575,6 +616,43 @@ static int cu_mem_alloc(void *state, uint64_t size, uint64_t *addr) {
   }
   ruda__cu_leave(&g);
   *addr = (uint64_t)p;
+  return 0;
+}
+
+/* An import must be device memory of this context, whole within the
+ * allocation it starts in: the driver's pointer attributes say. */
+static int cu_mem_check(void *state, uint64_t addr, uint64_t size, const char *fn) {
+  ruda__cu_backend *b = state;
+  if (ruda__cu.cuPointerGetAttribute == NULL)
+    return ruda__fail(RUDA_ENOBACKEND, "%s: the driver has no cuPointerGetAttribute to check the pointer", fn);
+  ruda__cu_guard g = {NULL, 0};
+  if (ruda__cu_enter(b, &g) != 0) return ruda_error_code(ruda_last_error());
+  CUcontext ctx = NULL;
+  unsigned int type = 0;
+  CUdeviceptr start = 0;
+  size_t range = 0;
+  CUdeviceptr p = (CUdeviceptr)addr;
+  CUresult r = ruda__cu.cuPointerGetAttribute(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, p);
+  if (r == CUDA_SUCCESS) r = ruda__cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p);
+  if (r == CUDA_SUCCESS) r = ruda__cu.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p);
+  if (r == CUDA_SUCCESS) r = ruda__cu.cuPointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p);
+  ruda__cu_leave(&g);
+  if (r != CUDA_SUCCESS) {
+    char d[160];
+    return ruda__fail_backend(RUDA_EINVAL, (long)r,
+                              "%s: 0x%llx is no device memory the driver knows (a host pointer, or freed): "
+                              "cuPointerGetAttribute says %s",
+                              fn, (unsigned long long)addr, ruda__cu_describe(r, d, sizeof d));
+  }
+  if (type != CU_MEMORYTYPE_DEVICE)
+    return ruda__fail(RUDA_EINVAL, "%s: 0x%llx is %s memory, not device memory", fn, (unsigned long long)addr,
+                      type == CU_MEMORYTYPE_HOST ? "page-locked host" : "non-device");
+  if (ctx != b->ctx)
+    return ruda__fail(RUDA_EINVAL, "%s: 0x%llx belongs to another context or device than this device's", fn,
+                      (unsigned long long)addr);
+  if (addr - (uint64_t)start + size > (uint64_t)range)
+    return ruda__fail(RUDA_EINVAL, "%s: [0x%llx, +%llu) runs past its allocation [0x%llx, +%zu)", fn,
+                      (unsigned long long)addr, (unsigned long long)size, (unsigned long long)start, range);
   return 0;
 }
 
@@ -750,6 +828,7 @@ static const ruda__backend_ops cuda_ops = {
     .worker_stop = cu_worker_stop,
     .mem_alloc = cu_mem_alloc,
     .mem_free = cu_mem_free,
+    .mem_check = cu_mem_check,
     .stage_alloc = cu_stage_alloc,
     .stage_free = cu_stage_free,
     .write = ruda__cu_write,
@@ -775,6 +854,8 @@ static const ruda__backend_ops cuda_ops = {
     .launch_check = ruda__cu_launch_check,
     .native_stream = cu_native_stream,
     .native_context = cu_native_context,
+    .native_record = cu_native_record,
+    .native_wait = cu_native_wait,
     .stage_usage = cu_stage_usage,
     .graph_replay = ruda__cu_graph_replay,
     .graph_release = ruda__cu_graph_release,

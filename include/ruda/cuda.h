@@ -141,6 +141,35 @@ RUDA_EXTERN int ruda_cuda_stream(ruda_device *dev, ruda_stream_id stream, void *
  * on the host backend. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_cuda_context(ruda_device *dev, void **cu_context);
 
+/* Ordering with streams ruda does not own (another library's CUstream,
+ * torch's or CuPy's current stream), by events on the device instead of a
+ * host synchronization, for handing buffers across both ways. */
+
+/* Makes the work enqueued on cu_stream after this call wait, on the
+ * device, for every ruda command enqueued before it that uses b's buffer
+ * (its writers, and its readers, so the other side may also write), on
+ * any stream. Other streams' work is not waited for. The ordering is a
+ * command on stream with inout access to b (ruda/call.h), which the call
+ * waits to see issued by stream's worker, as ruda_flush waits, and whose
+ * errors, with the stream's others, it hands back as ruda_flush does
+ * (errors may be NULL); it never waits for the device. cu_stream may be
+ * CU_STREAM_LEGACY or CU_STREAM_PER_THREAD. On the host backend cu_stream
+ * must be NULL: on return those commands have run. Refused on a stream
+ * capturing a graph (RUDA_EGRAPHSTATE). Thread-safe; blocks until that
+ * worker issued what stream holds. */
+RUDA_EXTERN int ruda_cuda_wait_buffer(ruda_device *dev, ruda_stream_id stream, ruda_binding b, void *cu_stream,
+                                      ruda_error **errors);
+
+/* Makes every ruda command that uses b's buffer enqueued after this call,
+ * on any stream, run after the work cu_stream holds at this call: an
+ * event recorded on cu_stream now, waited for on the device by a command
+ * on stream with inout access to b, which later uses on other streams
+ * follow as they follow any writer. A failure on the device reaches
+ * stream's errors as RUDA_ECALL. RUDA_ENOBACKEND on the host backend.
+ * Refused on a stream capturing a graph (RUDA_EGRAPHSTATE). Thread-safe,
+ * non-blocking (see ruda_write for a full queue). */
+RUDA_EXTERN int ruda_buffer_wait_cuda(ruda_device *dev, ruda_stream_id stream, ruda_binding b, void *cu_stream);
+
 /* The device address of the binding's first byte (a host address on the
  * host backend), for work issued outside ruda. Checks that the
  * handle is live and the range inside the buffer. The buffer then counts

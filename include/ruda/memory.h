@@ -163,6 +163,39 @@ RUDA_EXTERN int ruda_memory_summary(struct ruda_device *dev, FILE *out);
  * Thread-safe; blocks for that moment at most. */
 RUDA_EXTERN int ruda_memory_cleanup(struct ruda_device *dev, ruda_stream_id stream);
 
+/* ---- foreign memory ---- */
+
+/* Gives adopted memory back to its owner (ruda_buffer_import): called once,
+ * with the import's user, address and size, after the buffer was freed (or
+ * its device closed) and every command that used it completed on the
+ * device. It runs on whichever thread notices that first: a worker, a
+ * thread in a ruda call on the device (an import, a free, a sync, a
+ * device sync) or the thread closing it; so it must be quick, thread-safe
+ * and must not call ruda functions that wait (flush, sync, future waits)
+ * nor free or import on the same device. */
+typedef void (*ruda_release_fn)(void *user, uint64_t addr, uint64_t bytes);
+
+/* Adopts memory ruda did not allocate as a buffer: a device pointer of the
+ * device's own context on cuda (a CUdeviceptr, e.g. a torch tensor's
+ * data_ptr()), host memory on the host backend. The handle is a buffer
+ * like any other: bindings, access modes, cross-stream ordering, graphs,
+ * ruda_buffer_free (ordered like any free). ruda never frees the memory
+ * itself: release (may be NULL) gets it back when the last use is done,
+ * as ruda_release_fn says. Work its owner did on the memory before the
+ * call must be complete, or ordered with ruda_buffer_wait_cuda. stream
+ * names the caller's stream as in ruda_buffer_create (for its checks; an
+ * import has no home stream, so each stream using it counts as a user).
+ * Refused with RUDA_EINVAL, nothing adopted and release not called: bytes
+ * 0, addr 0 or with the top bit set, a range that overlaps a live import
+ * (or one freed but not yet released), and on cuda a pointer the driver
+ * does not know, host memory, another device's or context's memory, or a
+ * range that runs past the allocation it starts in (the driver's
+ * cuPointerGetAttribute answers; RUDA_ENOBACKEND without it). Overlap
+ * with ruda's own buffers is not checked. Thread-safe, non-blocking (it
+ * may run release callbacks of earlier imports that became due). */
+RUDA_EXTERN int ruda_buffer_import(struct ruda_device *dev, ruda_stream_id stream, uint64_t addr, uint64_t bytes,
+                                   ruda_release_fn release, void *user, ruda_handle *out);
+
 #ifdef __cplusplus
 }
 #endif

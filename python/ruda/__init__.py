@@ -142,6 +142,7 @@ class Device(_ruda.Device):
         super().__init__(**config)
         self._signatures = {}
         self._libraries = []
+        self._foreign = {}  # id(obj) -> (weakref to obj, its Buffer): asbuffer
         with _open_lock:
             _open_devices.add(self)
 
@@ -168,6 +169,39 @@ class Device(_ruda.Device):
         for d in dims:
             n *= d
         return self._buffer(n * bits // 8, stream, code, bits, dims)
+
+    def asbuffer(self, obj):
+        """obj (any object with __dlpack__, or __cuda_array_interface__
+        on cuda: a torch tensor, a CuPy or numpy array) as a ruda Buffer
+        over the same memory, no copy; the memory is held until ruda's last
+        use of it is done. The same object gives the same Buffer while it
+        lives; each call orders ruda's later uses after the producer's work
+        (cuda: by events on the device, never a host sync). A ruda Buffer
+        is returned as it is. Another object over memory already adopted
+        (an overlapping view) raises ruda.EINVAL: pass the first one.
+        The Buffer is cached for the object: freed when the object dies
+        (torch), by Buffer.free() (needed for a numpy array, which its own
+        DLPack export keeps alive), or at close."""
+        if isinstance(obj, _ruda.Buffer):
+            return obj
+        key = id(obj)
+        hit = self._foreign.get(key)
+        if hit is not None and hit[0]() is obj and not hit[1].freed:
+            return self._adopt(obj, hit[1])
+        buf = self._adopt(obj)
+        foreign = self._foreign
+
+        def forget(ref, key=key):
+            if foreign.get(key, (None,))[0] is ref:
+                del foreign[key]  # the Buffer goes: its memory is released after ruda's last use
+
+        try:
+            foreign[key] = (weakref.ref(obj, forget), buf)
+        except TypeError:  # no weak references: adopted afresh at each call
+            pass
+        return buf
+
+    from_dlpack = asbuffer
 
     def array(self, obj, stream=None):
         """A buffer holding a copy of obj (a numpy array or anything
@@ -266,6 +300,7 @@ class Device(_ruda.Device):
                 with _open_lock:
                     _open_devices.discard(self)
                 self._libraries = []
+                self._foreign.clear()  # the close released their memory
 
 
 class _Holder:
@@ -346,5 +381,5 @@ def _close_all():
     for d in devs:
         try:
             d.close()
-        except Error:
+        except (Error, BufferError):  # BufferError: views still live at exit
             pass

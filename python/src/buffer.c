@@ -42,6 +42,10 @@ static PyObject *buffer_free(BufferObject *self, PyObject *const *args, Py_ssize
     ruda_py_raise(RUDA_EFREE, NULL);
     return NULL;
   }
+  if (atomic_load(&self->exports)) {
+    PyErr_SetString(PyExc_BufferError, "the buffer is exported (a DLPack tensor of it lives): free refused");
+    return NULL;
+  }
   ruda_device *d = dev_enter(self->device);
   if (!d) return NULL;
   int rc = ruda_buffer_free(d, s, self->b.handle);
@@ -272,17 +276,28 @@ static int staging_traverse(StagingObject *self, visitproc visit, void *arg) {
   return 0;
 }
 
+/* A view counts as an export of the device (its close refuses while one
+ * lives); a closed device freed the block, so no view is made then. */
 static int staging_getbuffer(StagingObject *self, Py_buffer *view, int flags) {
   if (self->given) {
     PyErr_SetString(PyExc_ValueError, "this staging block was handed to ruda by write_staged");
     return -1;
   }
-  if (PyBuffer_FillInfo(view, (PyObject *)self, self->p, self->size, 0, flags) < 0) return -1;
+  if (!dev_enter(self->device)) return -1;
+  if (PyBuffer_FillInfo(view, (PyObject *)self, self->p, self->size, 0, flags) < 0) {
+    dev_leave(self->device);
+    return -1;
+  }
+  ruda_py_export_begin(self->device);
+  dev_leave(self->device);
   self->exports++;
   return 0;
 }
 
-static void staging_releasebuffer(StagingObject *self, Py_buffer *view) { self->exports--; }
+static void staging_releasebuffer(StagingObject *self, Py_buffer *view) {
+  self->exports--;
+  ruda_py_export_end(self->device);
+}
 
 static PyBufferProcs staging_as_buffer = {(getbufferproc)staging_getbuffer,
                                           (releasebufferproc)staging_releasebuffer};

@@ -36,11 +36,12 @@ static int u32_arg(PyObject *o, const char *what, uint32_t *out) {
 
 static int device_init(DeviceObject *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"backend", "device", "streams", "queue_bound", "backpressure", "log",
-                           "bounds_check", "cache_dir", "launch_blocking", "spin_us", NULL};
+                           "bounds_check", "cache_dir", "launch_blocking", "spin_us", "launch_gil", NULL};
   PyObject *backend = Py_None, *ordinal = Py_None, *streams = Py_None, *qbound = Py_None, *bp = Py_None,
-           *log = Py_None, *bounds = Py_None, *cache = Py_None, *blocking = Py_None, *spin = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOOOOOOOO", kwlist, &backend, &ordinal, &streams, &qbound, &bp,
-                                   &log, &bounds, &cache, &blocking, &spin))
+           *log = Py_None, *bounds = Py_None, *cache = Py_None, *blocking = Py_None, *spin = Py_None,
+           *gil = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOOOOOOOOO", kwlist, &backend, &ordinal, &streams, &qbound, &bp,
+                                   &log, &bounds, &cache, &blocking, &spin, &gil))
     return -1;
   if (self->dev) {
     PyErr_SetString(PyExc_RuntimeError, "ruda.Device is already open");
@@ -84,6 +85,17 @@ static int device_init(DeviceObject *self, PyObject *args, PyObject *kw) {
     cfg.cache_dir = PyUnicode_AsUTF8(cache); /* lives with the argument, past the open */
     if (!cfg.cache_dir) return -1;
   }
+  int keep_gil = 0;
+  if (gil != Py_None) {
+    static const char *const gils[] = {"release", "keep"};
+    if (enum_arg(gil, "launch_gil", gils, 2, &keep_gil) < 0) return -1;
+    /* Kept, a launch must never wait: a full queue then fails instead. */
+    if (keep_gil && cfg.backpressure != RUDA_BACKPRESSURE_ERROR) {
+      PyErr_SetString(PyExc_ValueError, "launch_gil='keep' needs backpressure='error': under 'block' a launch "
+                                        "into a full queue would wait with the GIL held");
+      return -1;
+    }
+  }
   ruda_device *dev = NULL;
   int rc;
   RUDA_PY_NOGIL(rc = ruda_device_open(&cfg, &dev));
@@ -94,6 +106,7 @@ static int device_init(DeviceObject *self, PyObject *args, PyObject *kw) {
   self->dev = dev;
   self->ordinal = cfg.device_ordinal;
   self->is_cuda = strcmp(ruda_device_backend(dev), "cuda") == 0;
+  self->keep_gil = keep_gil;
   atomic_store(&self->closed, 0);
   return 0;
 }
@@ -103,6 +116,7 @@ static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   if (!self) return NULL;
   atomic_init(&self->users, 0);
   atomic_init(&self->closed, 1); /* until __init__ opened it */
+  atomic_init(&self->exports, 0);
   pthread_mutex_init(&self->lock, NULL);
   return (PyObject *)self;
 }
@@ -117,6 +131,12 @@ static int device_close_now(DeviceObject *self, ruda_error **errors) {
      below would wait for anyway). */
   while (atomic_load_explicit(&self->users, memory_order_acquire) != 0) sched_yield();
   Py_END_ALLOW_THREADS
+  /* Exports begin under a use, so none begins after this check; a live
+     one points at memory the close would free: refuse, stay open. */
+  if (atomic_load_explicit(&self->exports, memory_order_seq_cst) != 0) {
+    atomic_store(&self->closed, 0);
+    return RUDA_PY_EXPORTED;
+  }
   ruda_py_futures_finish(self);
   RUDA_PY_NOGIL(rc = ruda_device_close(self->dev, errors));
   if (rc == RUDA_EBUSY) { /* a communicator still holds it: stay open */
@@ -129,9 +149,15 @@ static int device_close_now(DeviceObject *self, ruda_error **errors) {
 }
 
 static PyObject *device_close(DeviceObject *self, PyObject *unused) {
+  if (ruda_py_refuse_wait("Device.close") < 0) return NULL;
   ruda_error *err = NULL;
   int rc = device_close_now(self, &err);
   if (rc == RUDA_ECLOSED) Py_RETURN_NONE; /* closing twice is harmless */
+  if (rc == RUDA_PY_EXPORTED)
+    return PyErr_Format(PyExc_BufferError,
+                        "close refused: %ld exported views (memoryviews of Staging blocks, DLPack tensors) still "
+                        "point at this device's memory; release them first",
+                        atomic_load(&self->exports));
   if (rc == RUDA_EBUSY) {
     ruda_py_raise_last(rc);
     return NULL;
@@ -147,7 +173,9 @@ static PyObject *device_close(DeviceObject *self, PyObject *unused) {
 static void device_dealloc(DeviceObject *self) {
   if (self->dev) {
     ruda_error *err = NULL;
-    if (device_close_now(self, &err) != RUDA_EBUSY) ruda_error_free(err);
+    /* Nothing is exported here: every export holds a reference to the device. */
+    int rc = device_close_now(self, &err);
+    if (rc != RUDA_EBUSY && rc != RUDA_PY_EXPORTED) ruda_error_free(err);
   }
   pthread_mutex_destroy(&self->lock);
   Py_TYPE(self)->tp_free((PyObject *)self);
@@ -416,7 +444,7 @@ typedef int (*stream_wait_fn)(ruda_device *, ruda_stream_id, ruda_error **);
 static PyObject *stream_wait(DeviceObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                              const char *fname, stream_wait_fn fn) {
   ruda_stream_id s;
-  if (ruda_py_stream_arg(fname, args, nargs, kwnames, &s) < 0) return NULL;
+  if (ruda_py_stream_arg(fname, args, nargs, kwnames, &s) < 0 || ruda_py_refuse_wait(fname) < 0) return NULL;
   ruda_device *d = dev_enter(self);
   if (!d) return NULL;
   ruda_error *err = NULL;
@@ -436,6 +464,7 @@ static PyObject *device_sync(DeviceObject *self, PyObject *const *args, Py_ssize
 }
 
 static PyObject *device_device_sync(DeviceObject *self, PyObject *unused) {
+  if (ruda_py_refuse_wait("device_sync") < 0) return NULL;
   ruda_device *d = dev_enter(self);
   if (!d) return NULL;
   ruda_error *err = NULL;
@@ -792,14 +821,19 @@ static PyObject *device_begin_capture(DeviceObject *self, PyObject *const *args,
                                       PyObject *kw) {
   ruda_stream_id s;
   if (ruda_py_stream_arg("begin_capture", args, nargs, kw, &s) < 0) return NULL;
+  /* A slot is reserved before the C call (the lock is not held across
+     it), so racing calls cannot all pass the bound and then append. */
   pthread_mutex_lock(&self->lock);
-  int full = self->ncapturing == RUDA_PY_MAX_CAPTURES;
+  int full = self->ncapturing + self->capture_reserved >= RUDA_PY_MAX_CAPTURES;
+  if (!full) self->capture_reserved++;
   pthread_mutex_unlock(&self->lock);
   if (full) return PyErr_Format(PyExc_RuntimeError, "at most %d streams capture at once", RUDA_PY_MAX_CAPTURES);
-  if (stream_call(self, s, ruda_graph_begin_capture) < 0) return NULL;
+  int rc = stream_call(self, s, ruda_graph_begin_capture);
   pthread_mutex_lock(&self->lock);
-  self->capturing[self->ncapturing++] = capture_id(s);
+  self->capture_reserved--;
+  if (rc == 0) self->capturing[self->ncapturing++] = capture_id(s);
   pthread_mutex_unlock(&self->lock);
+  if (rc < 0) return NULL;
   Py_RETURN_NONE;
 }
 
@@ -924,6 +958,7 @@ static PyMethodDef device_methods[] = {
     {"write_staged", (PyCFunction)(void (*)(void))ruda_py_write_staged, METH_FASTCALL | METH_KEYWORDS,
      "write_staged(dst, staging, stream=None)"},
     {"_cuda_stream", (PyCFunction)device_cuda_stream, METH_O, NULL},
+    {"_adopt", (PyCFunction)(void (*)(void))ruda_py_device_adopt, METH_FASTCALL | METH_KEYWORDS, NULL},
     {NULL}};
 
 static PyGetSetDef device_getset[] = {

@@ -98,6 +98,7 @@ void ruda_py_futures_finish(DeviceObject *d) {
 }
 
 static PyObject *future_wait(FutureObject *self, PyObject *unused) {
+  if (!atomic_load(&self->done) && ruda_py_refuse_wait("Future.wait") < 0) return NULL;
   RUDA_PY_NOGIL(finish_nogil(self));
   unlink_future(self);
   drop_view(self);

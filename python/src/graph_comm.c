@@ -91,7 +91,7 @@ static PyObject *graph_replay_async(GraphObject *self, PyObject *const *args, Py
 
 static PyObject *graph_run(GraphObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kw) {
   ruda_stream_id s;
-  if (ruda_py_stream_arg("run", args, nargs, kw, &s) < 0) return NULL;
+  if (ruda_py_stream_arg("run", args, nargs, kw, &s) < 0 || ruda_py_refuse_wait("Graph.run") < 0) return NULL;
   ruda_device *d = graph_enter(self);
   if (!d) return NULL;
   ruda_error *err = NULL;
@@ -313,6 +313,7 @@ static PyObject *comm_sync(CommObject *self, PyObject *dev) {
     PyErr_SetString(PyExc_ValueError, "the communicator was destroyed");
     return NULL;
   }
+  if (ruda_py_refuse_wait("Comm.sync") < 0) return NULL;
   ruda_device *d = dev_enter((DeviceObject *)dev);
   if (!d) return NULL;
   ruda_error *err = NULL;

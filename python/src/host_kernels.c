@@ -14,6 +14,21 @@ static PyObject *slot_fn[SLOTS];
 static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t slots_used;
 
+/* Set while this thread runs a Python kernel (nesting: a kernel that
+ * launches in place runs the next one inside it). */
+static _Thread_local int in_kernel;
+
+int ruda_py_in_host_kernel(void) { return in_kernel != 0; }
+
+int ruda_py_refuse_wait(const char *what) {
+  if (!in_kernel) return 0;
+  PyErr_Format(PyExc_RuntimeError,
+               "%s waits for ruda's workers, and this thread runs a Python host kernel: its own worker would "
+               "wait for itself for ever. Wait after the launch, outside the kernel",
+               what);
+  return -1;
+}
+
 static PyObject *dim_tuple(ruda_dim3 d) { return Py_BuildValue("(III)", d.x, d.y, d.z); }
 
 static int call_slot(int slot, const ruda_host_ctx *ctx, void *const *args) {
@@ -36,7 +51,9 @@ static int call_slot(int slot, const ruda_host_ctx *ctx, void *const *args) {
     }
     PyTuple_SET_ITEM(a, i, p);
   }
+  in_kernel++;
   PyObject *r = c && a && fn ? PyObject_CallFunctionObjArgs(fn, c, a, NULL) : NULL;
+  in_kernel--;
   if (r) {
     if (r == Py_None) rc = 0;
     else {

@@ -129,11 +129,23 @@ typedef struct {
   uint64_t words[RUDA_MAX_ARGS]; /* numbers packed per the signature */
   Py_buffer views[RUDA_MAX_ARGS]; /* bytes-like scalars, released after */
   int nviews;
+  PyObject *held[RUDA_MAX_ARGS]; /* Buffers adopted from foreign tensors */
+  int nheld;
 } packed;
 
 static void packed_release(packed *p) {
   for (int i = 0; i < p->nviews; i++) PyBuffer_Release(&p->views[i]);
   p->nviews = 0;
+  for (int i = 0; i < p->nheld; i++) Py_DECREF(p->held[i]);
+  p->nheld = 0;
+}
+
+/* A foreign tensor (a torch tensor, a CuPy array) for a buffer
+ * parameter: with a signature where it says 'P', without one when the
+ * object is not bytes-like (those stay scalars). */
+static int is_foreign(KernelObject *k, Py_ssize_t i, PyObject *o) {
+  if (k->has_sig ? k->codes[i] != 'P' : PyObject_CheckBuffer(o)) return 0;
+  return PyObject_HasAttrString(o, "__dlpack__") || PyObject_HasAttrString(o, "__cuda_array_interface__");
 }
 
 static int pack_number(char code, PyObject *o, void *dst, Py_ssize_t i) {
@@ -183,6 +195,7 @@ range:
 /* Packs the sequence args for kernel k into p; *n receives the count. */
 static int pack_args(KernelObject *k, PyObject *args, packed *p, uint32_t *n) {
   p->nviews = 0;
+  p->nheld = 0;
   if (!args || args == Py_None) {
     *n = 0;
     return 0;
@@ -214,6 +227,13 @@ static int pack_args(KernelObject *k, PyObject *args, packed *p, uint32_t *n) {
       if (b->device != k->device) goto other_device;
       *a = ruda_arg_buffer(b->b);
       a->kind = ((ArgObject *)o)->kind;
+    } else if (is_foreign(k, i, o)) {
+      /* Device.asbuffer: no copy, ordered after the producer's work. */
+      PyObject *b = PyObject_CallMethod((PyObject *)k->device, "asbuffer", "O", o);
+      if (!b) goto fail;
+      p->held[p->nheld++] = b;
+      if (!PyObject_TypeCheck(b, &BufferType) || ((BufferObject *)b)->device != k->device) goto other_device;
+      *a = ruda_arg_buffer(((BufferObject *)b)->b);
     } else if (k->has_sig && k->codes[i] != 'P' && (PyLong_Check(o) || PyFloat_Check(o) || PyBool_Check(o))) {
       if (pack_number(k->codes[i], o, &p->words[i], i) < 0) goto fail;
       *a = ruda_arg_scalar(&p->words[i], (uint32_t)code_size(k->codes[i]));
@@ -253,8 +273,11 @@ static int do_launch(KernelObject *k, ruda_stream_id s, ruda_launch_desc *l) {
   if (!d) return -1;
   int rc;
   /* Released: a full queue may block here, and other Python threads can
-     pack their own launches meanwhile. */
-  RUDA_PY_NOGIL(rc = ruda_launch(d, s, l));
+     pack their own launches meanwhile. Kept (launch_gil="keep", only with
+     backpressure="error", so the push never waits): many threads then do
+     not hand the GIL over around a push that costs less than the handoff. */
+  if (k->device->keep_gil) rc = ruda_launch(d, s, l);
+  else RUDA_PY_NOGIL(rc = ruda_launch(d, s, l));
   dev_leave(k->device);
   if (rc) {
     ruda_py_raise_last(rc);
@@ -307,6 +330,8 @@ typedef struct {
   vectorcallfunc vectorcall;
   KernelObject *kernel;
   PyObject *keep; /* the argument objects: buffers stay alive */
+  PyObject *held;    /* Buffers adopted from foreign tensors among them */
+  PyObject *foreign; /* those tensors: each call orders after their producers (cuda) */
   ruda_launch_desc desc;
   ruda_arg args[RUDA_MAX_ARGS];
   unsigned char *scalars; /* the bytes of every scalar, copied at prepare */
@@ -321,6 +346,15 @@ static PyObject *launch_vectorcall(PyObject *callable, PyObject *const *args, si
   } else if ((nargs || kwnames) && ruda_py_stream_arg("launch", args, nargs, kwnames, &s) < 0) {
     return NULL;
   }
+  /* A producer may have written its tensor since: order after it again
+     (DLPack's stream handshake; on host its writes are done). */
+  if (self->kernel->device->is_cuda)
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(self->foreign); i++) {
+      PyObject *b = PyObject_CallMethod((PyObject *)self->kernel->device, "asbuffer", "O",
+                                        PyList_GET_ITEM(self->foreign, i));
+      if (!b) return NULL;
+      Py_DECREF(b);
+    }
   if (do_launch(self->kernel, s, &self->desc) < 0) return NULL;
   Py_RETURN_NONE;
 }
@@ -371,7 +405,15 @@ static PyObject *kernel_prepare(KernelObject *self, PyObject *const *args, Py_ss
       at += p.args[i].size;
     }
   }
+  L->held = PyTuple_New(p.nheld);
+  for (int i = 0; L->held && i < p.nheld; i++) PyTuple_SET_ITEM(L->held, i, Py_NewRef(p.held[i]));
+  L->foreign = PyList_New(0);
+  for (uint32_t i = 0; L->foreign && i < n; i++) {
+    PyObject *o = PyTuple_GET_ITEM(L->keep, i);
+    if (is_foreign(self, (Py_ssize_t)i, o) && PyList_Append(L->foreign, o) < 0) Py_CLEAR(L->foreign);
+  }
   packed_release(&p);
+  if (!L->held || !L->foreign) goto fail;
   L->desc.args = L->args;
   L->desc.nargs = n;
   return (PyObject *)L;
@@ -384,6 +426,8 @@ static void launch_dealloc(LaunchObject *self) {
   PyObject_GC_UnTrack(self);
   Py_CLEAR(self->kernel);
   Py_CLEAR(self->keep);
+  Py_CLEAR(self->held);
+  Py_CLEAR(self->foreign);
   free(self->scalars);
   Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -391,6 +435,8 @@ static void launch_dealloc(LaunchObject *self) {
 static int launch_traverse(LaunchObject *self, visitproc visit, void *arg) {
   Py_VISIT(self->kernel);
   Py_VISIT(self->keep);
+  Py_VISIT(self->held);
+  Py_VISIT(self->foreign);
   return 0;
 }
 

@@ -31,12 +31,18 @@ typedef struct {
   atomic_int closed;
   int ordinal;                /* the GPU ordinal asked for (DLPack device id) */
   int is_cuda;
+  int keep_gil;               /* launch_gil="keep": launches do not release the GIL */
   pthread_mutex_t lock;       /* guards futures, py_slots, capturing */
   FutureObject *futures;      /* live ruda futures, waited at close */
   uint64_t py_slots;          /* Python-callable kernel slots this device holds */
   ruda_stream_id capturing[RUDA_PY_MAX_CAPTURES]; /* streams capturing a graph */
   int ncapturing;
+  int capture_reserved;       /* begin_capture calls between their check and append */
+  atomic_long exports;        /* live memoryviews and DLPack tensors of its memory */
 } DeviceObject;
+
+/* device_close_now's answer while exports live (close refuses). */
+#define RUDA_PY_EXPORTED 1
 
 /* A ruda.Stream: an id and the device it was named for (or None). */
 typedef struct {
@@ -56,6 +62,7 @@ typedef struct {
   int ndim;
   int64_t shape[RUDA_MAX_RANK];
   int freed;
+  atomic_long exports;        /* the owner's: DLPack tensors of it or its views */
 } BufferObject;
 
 /* ruda.in_(buf) / ruda.out(buf): a binding with an access mode. */
@@ -132,6 +139,23 @@ static inline void dev_leave(DeviceObject *d) {
   atomic_fetch_sub_explicit(&d->users, 1, memory_order_release);
 }
 
+/* An export of d's memory begins (the caller holds a use, dev_enter, so
+ * a close cannot pass its check in between) or ends (any thread). */
+static inline void ruda_py_export_begin(DeviceObject *d) {
+  atomic_fetch_add_explicit(&d->exports, 1, memory_order_seq_cst);
+}
+static inline void ruda_py_export_end(DeviceObject *d) {
+  atomic_fetch_sub_explicit(&d->exports, 1, memory_order_seq_cst);
+}
+
+/* True on a thread running a Python host kernel (host_kernels.c). */
+int ruda_py_in_host_kernel(void);
+
+/* For a call that waits for workers: -1 with RuntimeError raised when the
+ * calling thread runs a Python host kernel (the wait could be on its own
+ * worker, which would never return), else 0. */
+int ruda_py_refuse_wait(const char *what);
+
 /* None or absent: the calling thread's stream; an int id; a ruda.Stream. */
 int ruda_py_stream(PyObject *o, ruda_stream_id *out);
 
@@ -152,5 +176,6 @@ void ruda_py_host_kernels_release(DeviceObject *d);
 PyObject *ruda_py_buffer_dlpack(BufferObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *ruda_py_buffer_dlpack_device(BufferObject *self, PyObject *unused);
 PyObject *ruda_py_buffer_cai(BufferObject *self, void *closure);
+PyObject *ruda_py_device_adopt(DeviceObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 
 #endif /* RUDA_PY_MODULE_H */

@@ -197,10 +197,16 @@ def test_dlpack_export_waits_for_a_slow_writer(dev):
 
 
 def test_dlpack_export_raises_queued_errors(dev):
+    # The export is ordered on the calling thread's stream and raises what
+    # that stream holds (other streams' errors stay theirs).
     x = dev.buffer(4, "int32")
     dev.kernel("fail").launch(1, 1, (-41,), stream=3)
+    np.from_dlpack(x)
+    dev.kernel("fail").launch(1, 1, (-41,))
     with pytest.raises(ruda.EUNHEALTHY):
         np.from_dlpack(x)
+    with pytest.raises(ruda.EUNHEALTHY):
+        dev.sync(stream=3)
 
 
 def test_all_reduce_over_two_host_devices():
@@ -263,3 +269,26 @@ def test_asyncio_server_example_checks_every_result():
                        timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "all 300 results correct" in r.stdout
+
+
+def test_dlpack_export_does_not_wait_for_other_streams(dev):
+    # A kernel on stream 2 holds its worker until the gate opens (a timer
+    # opens it after 5 s so a device-wide sync cannot hang the test): the
+    # export of a buffer stream 2 never touches must return while it runs,
+    # and still after the buffer's own writer.
+    gate = threading.Event()
+    timer = threading.Timer(5.0, gate.set)
+    timer.start()
+    try:
+        dev.host_kernel("held", lambda ctx, args: 0 if gate.wait(timeout=30) else ruda.ETIMEDOUT.code)
+        other = dev.buffer(4)
+        dev.kernel("held").launch(1, 1, (), stream=2)
+        x = dev.buffer(256, "float32")
+        dev.kernel("fill_f32").launch(1, 256, (x, 7.0, 256), stream=1)
+        a = np.from_dlpack(x)
+        assert not gate.is_set(), "the export waited for the kernel on stream 2"
+        assert (a == 7.0).all()
+        del a, other
+    finally:
+        gate.set()
+        timer.cancel()

@@ -27,6 +27,10 @@
  *     (the fuzzer's timeout) and the data follows the model;
  *   - errors: each flush or sync of a stream hands back exactly the
  *     kernel failures the model counted on it, none lost, none elsewhere;
+ *   - buffers adopted from host memory (ruda_buffer_import) behave as made
+ *     ones; each block is freed by its release callback, so a release
+ *     before the last use is a use after free under ASan, and each is
+ *     released exactly once (counted at the end);
  *   - at the end every live buffer equals the model and close is clean.
  * A violation aborts (the fuzzer reports it with the input).
  *
@@ -61,9 +65,26 @@ typedef struct pending_read {
   uint32_t len;
 } pending_read;
 
+/* Imports' release callbacks, counted (any thread). */
+typedef struct import_rec {
+  void *mem;
+  _Atomic int released;
+} import_rec;
+
+#define MAXIMPORTS 64
+
+static void release_import(void *user, uint64_t addr, uint64_t bytes) {
+  import_rec *r = user;
+  (void)bytes;
+  if ((uint64_t)(uintptr_t)r->mem == addr) free(r->mem); /* a wrong address leaks: the count below fails */
+  atomic_fetch_add(&r->released, 1);
+}
+
 typedef struct fuzz {
   ruda_device *dev;
   uint32_t libs, lib[RUDA_LIBRARY_MAX]; /* libraries registered (ruda_library_register) */
+  import_rec imports[MAXIMPORTS];
+  int nimports;
   model_buf b[NBUF];
   int errors[NSTREAMS]; /* kernel failures queued on each stream */
   pending_read pend[4];
@@ -254,8 +275,20 @@ static void step(fuzz *z) {
     case 0: { /* create (replacing a dead slot) */
       if (b->live) break;
       uint32_t size = 1 + next(z) % MAXB;
-      rc = ruda_buffer_create(z->dev, s, size, &b->h);
-      CHECK(rc == 0, "create %u bytes: %s", size, ruda_err_name(rc));
+      if ((next(z) & 3) == 0 && z->nimports < MAXIMPORTS) { /* adopted host memory instead */
+        import_rec *r = &z->imports[z->nimports++];
+        r->mem = malloc(size);
+        CHECK(r->mem != NULL, "malloc");
+        rc = ruda_buffer_import(z->dev, s, (uint64_t)(uintptr_t)r->mem, size, release_import, r, &b->h);
+        CHECK(rc == 0, "import %u bytes: %s", size, ruda_err_name(rc));
+        /* The same memory again is an overlap, refused. */
+        ruda_handle again;
+        rc = ruda_buffer_import(z->dev, s, (uint64_t)(uintptr_t)r->mem, size, release_import, r, &again);
+        CHECK(rc == RUDA_EINVAL, "a second import of the same memory returned %s", ruda_err_name(rc));
+      } else {
+        rc = ruda_buffer_create(z->dev, s, size, &b->h);
+        CHECK(rc == 0, "create %u bytes: %s", size, ruda_err_name(rc));
+      }
       b->live = b->made = 1;
       b->size = size;
       memset(b->data, 0, sizeof b->data);
@@ -627,6 +660,9 @@ int ruda_fuzz_one(const uint8_t *data, size_t size) {
   CHECK(atomic_load(&standin_destroyed) == atomic_load(&standin_made) && !atomic_load(&standin_wrong),
         "library states: %d made, %d destroyed, %d misused", atomic_load(&standin_made),
         atomic_load(&standin_destroyed), atomic_load(&standin_wrong));
+  for (int i = 0; i < z->nimports; i++)
+    CHECK(atomic_load(&z->imports[i].released) == 1, "import %d released %d times", i,
+          atomic_load(&z->imports[i].released));
   return 0;
 }
 

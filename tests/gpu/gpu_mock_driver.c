@@ -651,6 +651,18 @@ static CUresult m_cuStreamCreate(CUstream *out, unsigned int flags) {
   *out = s;
   return CUDA_SUCCESS;
 }
+/* NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD name one stream made at
+ * first use (a consumer's default stream, as DLPack passes it); the
+ * legacy stream's implicit ordering with other streams is not modelled. */
+static CUstream default_stream;
+static pthread_once_t default_once = PTHREAD_ONCE_INIT;
+static void default_make(void) { m_cuStreamCreate(&default_stream, 0); }
+static CUstream resolve(CUstream s) {
+  if (s != NULL && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD) return s;
+  pthread_once(&default_once, default_make);
+  return default_stream;
+}
+
 static CUresult m_cuStreamDestroy(CUstream s) {
   drain(s);
   pthread_mutex_lock(&s->lock);
@@ -667,7 +679,7 @@ static CUresult m_cuStreamDestroy(CUstream s) {
 }
 static CUresult m_cuStreamSynchronize(CUstream s) {
   NEED_CTX();
-  drain(s);
+  drain(resolve(s));
   return atomic_load(&sticky);
 }
 static CUresult m_cuStreamQuery(CUstream s) {
@@ -700,7 +712,7 @@ static CUresult m_cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
   pthread_mutex_lock(&e->lock);
   o->u.event.gen = e->recorded;
   pthread_mutex_unlock(&e->lock);
-  enqueue(s, o);
+  enqueue(resolve(s), o);
   return CUDA_SUCCESS;
 }
 static CUresult m_cuEventCreate(CUevent *out, unsigned int flags) {
@@ -728,7 +740,7 @@ static CUresult m_cuEventRecord(CUevent e, CUstream s) {
   pthread_mutex_lock(&e->lock);
   o->u.event.gen = ++e->recorded;
   pthread_mutex_unlock(&e->lock);
-  enqueue(s, o);
+  enqueue(resolve(s), o);
   return CUDA_SUCCESS;
 }
 static CUresult m_cuEventQuery(CUevent e) {
@@ -833,6 +845,51 @@ static CUresult m_cuMemFreeHost(void *p) {
   size_t n = remove_range(&pinned, p);
   if (n == 0) return CUDA_ERROR_INVALID_VALUE;
   munmap(p, n);
+  return CUDA_SUCCESS;
+}
+
+/* Memory of another context (ruda_mock_foreign_alloc): what a pointer of
+ * a second device or a user-made context looks like to the attributes. */
+static range *foreign;
+static int foreign_ctx;
+
+EXPORT void *ruda_mock_foreign_alloc(size_t n) {
+  void *m = malloc(n);
+  if (m) add_range(&foreign, m, n);
+  return m;
+}
+
+EXPORT void ruda_mock_foreign_free(void *p) {
+  if (remove_range(&foreign, p)) free(p);
+}
+
+/* The range of list that holds a (its base and size), 0 when none. */
+static int range_of(range **list, uintptr_t a, uintptr_t *base, size_t *size) {
+  pthread_mutex_lock(&pinned_lock);
+  range *r = *list;
+  for (; r; r = r->next)
+    if (a >= r->base && a < r->base + r->size) break;
+  if (r) *base = r->base, *size = r->size;
+  pthread_mutex_unlock(&pinned_lock);
+  return r != NULL;
+}
+
+static CUresult m_cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr p) {
+  uintptr_t base = 0;
+  size_t size = 0;
+  unsigned int type;
+  CUcontext ctx = (CUcontext)&dummy_ctx;
+  if (range_of(&allocs, (uintptr_t)p, &base, &size)) type = CU_MEMORYTYPE_DEVICE;
+  else if (range_of(&foreign, (uintptr_t)p, &base, &size)) type = CU_MEMORYTYPE_DEVICE, ctx = (CUcontext)&foreign_ctx;
+  else if (range_of(&pinned, (uintptr_t)p, &base, &size)) type = CU_MEMORYTYPE_HOST;
+  else return CUDA_ERROR_INVALID_VALUE; /* as the driver says of memory it does not know */
+  switch (attr) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = ctx; break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned int *)data = type; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = (CUdeviceptr)base; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = size; break;
+    default: return CUDA_ERROR_NOT_SUPPORTED;
+  }
   return CUDA_SUCCESS;
 }
 
@@ -1350,7 +1407,7 @@ static CUresult m_cuGetErrorString(CUresult r, const char **s) {
   X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuStreamBeginCapture) X(cuStreamEndCapture)              \
   X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy)          \
   X(cuStreamGetCaptureInfo) X(cuGraphNodeGetType) X(cuGraphMemcpyNodeGetParams)                     \
-  X(cuGraphExecKernelNodeSetParams) X(cuGraphExecMemcpyNodeSetParams)
+  X(cuGraphExecKernelNodeSetParams) X(cuGraphExecMemcpyNodeSetParams) X(cuPointerGetAttribute)
 
 #define MOCK_ENTRY(name) {#name, (void *)(__typeof__(&name))m_##name},
 static const struct {

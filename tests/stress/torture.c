@@ -7,7 +7,10 @@
  * libraries registered at once), half the threads issuing in place,
  * kernels that launch on their own buffer, two graphs every thread
  * replays with patches at once (moved onto its own buffer, or onto shared
- * handles freed under its feet). Every byte read back is
+ * handles freed under its feet), every third chain on host memory adopted
+ * with ruda_buffer_import (freed by its release callback, so an early
+ * release is a use after free; imports and releases counted). Every byte
+ * read back is
  * checked; run under ASan and TSan by tools/test.sh.
  *   torture [-t threads] [-n iterations] [-a 1: automatic request graphs on] */
 #include <pthread.h>
@@ -24,6 +27,14 @@
 static int nthreads = 32, iters = 200, auto_graphs;
 static ruda_device *dev;
 static _Atomic int failures;
+static _Atomic long imported, released;
+
+/* Frees an adopted block: any thread, once its chain's last use is done. */
+static void release_block(void *user, uint64_t addr, uint64_t bytes) {
+  (void)addr, (void)bytes;
+  free(user);
+  atomic_fetch_add(&released, 1);
+}
 static _Atomic(uint64_t) shared_h[16]; /* handles any thread may use or free: slot << 32 | gen */
 /* Recorded once, replayed by every thread with patches: two bumps of a
  * buffer, and a peek of one. */
@@ -149,7 +160,15 @@ static void *worker(void *p) {
     /* A chain on my stream: write (t, i), bump it twice, read it back;
      * the buffer is freed while the read is still queued. */
     ruda_handle x;
-    if (ruda_buffer_create(dev, me, sizeof src, &x) != 0) {
+    void *block = i % 3 == 2 ? malloc(sizeof src) : NULL;
+    if (block != NULL) {
+      if (ruda_buffer_import(dev, me, (uint64_t)(uintptr_t)block, sizeof src, release_block, block, &x) != 0) {
+        FAIL("thread %llu: import", (unsigned long long)t);
+        free(block);
+        continue;
+      }
+      atomic_fetch_add(&imported, 1);
+    } else if (ruda_buffer_create(dev, me, sizeof src, &x) != 0) {
       FAIL("thread %llu: create", (unsigned long long)t);
       continue;
     }
@@ -331,6 +350,8 @@ int main(int argc, char **argv) {
     FAIL("%d library states misused (another worker's, two holders, destroyed twice)", atomic_load(&standin_wrong));
   if (atomic_load(&standin_made) != atomic_load(&standin_destroyed))
     FAIL("library states: %d made, %d destroyed", atomic_load(&standin_made), atomic_load(&standin_destroyed));
+  if (atomic_load(&released) != atomic_load(&imported))
+    FAIL("%ld imports, %ld releases", atomic_load(&imported), atomic_load(&released));
   int f = atomic_load(&failures);
   printf("torture: %d threads x %d iterations, %d library states made and destroyed, %d failures\n", nthreads, iters,
          atomic_load(&standin_made), f);
