@@ -3,6 +3,7 @@
 #define RUDA_ERROR_INTERNAL_H
 
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "ruda/error.h"
@@ -32,6 +33,21 @@ ruda_error *ruda__error_vnew(int code, long backend_code, const char *fmt, va_li
  * (no allocation) and returns code, so call sites read
  * `return ruda__fail(RUDA_EINVAL, "ruda_write: src is NULL");`. */
 int ruda__fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The index of the first of a struct's reserved words that is not zero,
+ * -1 when all are. Callers refuse such a struct with RUDA_EINVAL naming
+ * that word: a later version may give it a meaning (ruda/ruda.h, "Versions
+ * and ABI"). s points at a struct with a `uint64_t reserved[N]` array.
+ * Thread-safe, non-blocking. */
+#define RUDA__RESERVED_SET(s) ruda__reserved_set((s)->reserved, sizeof (s)->reserved / sizeof (s)->reserved[0])
+static inline int ruda__reserved_set(const uint64_t *words, size_t n) {
+  uint64_t any = 0; /* one branch on the launch path, not one per word */
+  for (size_t i = 0; i < n; i++) any |= words[i];
+  if (__builtin_expect(any == 0, 1)) return -1;
+  size_t i = 0;
+  while (words[i] == 0) i++;
+  return (int)i;
+}
 
 /* Like ruda__fail, with a backend result attached. */
 int ruda__fail_backend(int code, long backend_code, const char *fmt, ...)

@@ -105,8 +105,15 @@ void ruda__hmac_final(ruda__hmac *m, uint8_t out[RUDA__SHA256_BYTES]) {
   ruda__sha256_final(&m->outer, out);
 }
 
+/* C lets a compiler stop a plain loop at the first difference once the
+ * OR can no longer go back to 0 (or call memcmp). Here every byte is read
+ * through a volatile pointer and folded into a volatile accumulator: each
+ * of those accesses is behaviour the compiler must keep, all n of them, in
+ * order. The verdict is arithmetic, without a branch on the difference:
+ * d - 1 borrows into bit 8 only when d is 0. */
 int ruda__bytes_equal(const uint8_t *a, const uint8_t *b, size_t n) {
-  uint8_t d = 0;
-  for (size_t i = 0; i < n; i++) d |= (uint8_t)(a[i] ^ b[i]);
-  return d == 0;
+  const volatile uint8_t *va = a, *vb = b;
+  volatile uint8_t d = 0;
+  for (size_t i = 0; i < n; i++) d = (uint8_t)(d | (va[i] ^ vb[i]));
+  return (int)((((uint32_t)d - 1u) >> 8) & 1u);
 }

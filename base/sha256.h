@@ -1,6 +1,7 @@
 /* sha256.h - SHA-256 and HMAC-SHA-256 (FIPS 180-4, RFC 2104), for the
- * rendezvous's peer authentication (src/rendezvous.c). Not constant time
- * in anything but the MAC comparison; no secret-dependent branches.
+ * rendezvous's peer authentication (src/rendezvous.c). Tested against
+ * FIPS 180-2 and RFC 4231 (tests/unit/sha256.c). Not constant time in
+ * anything but the MAC comparison; no secret-dependent branches.
  * Thread-safe (no shared state). */
 #ifndef RUDA_BASE_SHA256_H
 #define RUDA_BASE_SHA256_H
@@ -31,8 +32,10 @@ void ruda__hmac_init(ruda__hmac *m, const uint8_t *key, size_t klen);
 void ruda__hmac_update(ruda__hmac *m, const void *p, size_t n);
 void ruda__hmac_final(ruda__hmac *m, uint8_t out[RUDA__SHA256_BYTES]);
 
-/* 1 when the n bytes are equal; the time does not depend on where they
- * differ. */
+/* 1 when the n bytes are equal, else 0. Reads all n bytes of both
+ * whatever they hold, so the time depends on n only, not on where they
+ * differ (volatile accesses, which no compiler may drop: sha256.c).
+ * Thread-safe, non-blocking. */
 int ruda__bytes_equal(const uint8_t *a, const uint8_t *b, size_t n);
 
 #endif /* RUDA_BASE_SHA256_H */

@@ -73,8 +73,10 @@
 #include "src/api.h"
 #endif
 #define BENCH_NAME "bench_blas"
+#include "bench/bench_args.h"
 #include "bench/bench_check.h"
 #include "bench/bench_clock.h"
+#include "bench/bench_threads.h"
 #include "cublas_dl.h"
 #include "cublaslt_dl.h"
 
@@ -468,7 +470,6 @@ static result run(int row, int threads, size_t n) {
   rc.row = row;
   rc.threads = threads;
   rc.n = n;
-  pthread_barrier_init(&rc.go, NULL, (unsigned)threads + 1);
   void *(*fn)(void *) = ruda_thread;
 #ifdef RUDA_BENCH_CUDA
   void *c = NULL, *pinned = NULL;
@@ -493,18 +494,11 @@ static result run(int row, int threads, size_t n) {
   }
 #endif
   thread_arg a[MAXT];
-  pthread_t t[MAXT];
-  for (int i = 0; i < threads; i++) {
-    a[i] = (thread_arg){.rc = &rc, .index = i, .lat = lat_all + (size_t)i * n};
-    if (pthread_create(&t[i], NULL, fn, &a[i]) != 0) die("pthread_create", RUDA_EINVAL);
-  }
-  pthread_barrier_wait(&rc.go);
-  uint64_t t0 = mono_ns(), end = t0;
-  for (int i = 0; i < threads; i++) {
-    pthread_join(t[i], NULL);
+  for (int i = 0; i < threads; i++) a[i] = (thread_arg){.rc = &rc, .index = i, .lat = lat_all + (size_t)i * n};
+  const uint64_t t0 = bench_threads_run(&rc.go, threads, fn, a, sizeof a[0]);
+  uint64_t end = t0;
+  for (int i = 0; i < threads; i++)
     if (a[i].done_ns > end) end = a[i].done_ns;
-  }
-  pthread_barrier_destroy(&rc.go);
 #ifdef RUDA_BENCH_CUDA
   if (row == ROW_RAW || row == ROW_LT_RAW) {
     CU(ruda__cu.cuMemFree(rc.dw1));
@@ -552,14 +546,12 @@ int main(int argc, char **argv) {
     else if (opt == 'q') quick = 1;
     else if (opt == 's') staged_io = 1;
     else if (opt == 't') {
-      for (char *tok = strtok(optarg, ","); tok && nt < 16; tok = strtok(NULL, ",")) {
-        int v = atoi(tok);
-        if (v < 1 || v > MAXT) {
-          usage();
-          return 2;
-        }
-        ts[nt++] = v;
+      const int k = bench_int_list(optarg, 1, MAXT, ts + nt, 16 - nt); /* each -t adds */
+      if (k < 0) {
+        usage();
+        return 2;
       }
+      nt += k;
     } else if (opt == 'n' && atol(optarg) > 0) nreq = atol(optarg);
     else if (opt == 'w' && atoi(optarg) > 0) workers = (uint32_t)atoi(optarg);
     else {

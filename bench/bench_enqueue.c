@@ -47,6 +47,8 @@
 
 #include "ruda/ruda.h"
 
+#include "bench/bench_args.h"
+
 /* ---- clocks ---- */
 
 static int use_tsc = HAVE_TSC;
@@ -458,13 +460,7 @@ int main(int argc, char **argv) {
   while ((opt = getopt(argc, argv, "p:n:t:r:m:s:q:c:o:bh")) != -1) {
     switch (opt) {
       case 'p': {
-        nprods = 0;
-        for (char *tok = strtok(optarg, ","); tok && nprods < 16; tok = strtok(NULL, ",")) {
-          int v = atoi(tok);
-          if (v < 1 || v > 64) usage(argv[0]);
-          prods[nprods++] = v;
-        }
-        if (nprods == 0) usage(argv[0]);
+        if ((nprods = bench_int_list(optarg, 1, 64, prods, 16)) <= 0) usage(argv[0]);
         break;
       }
       case 'n': n_fixed = strtoull(optarg, NULL, 10); break;

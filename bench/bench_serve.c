@@ -60,8 +60,10 @@
 #include "src/api.h"
 #endif
 #define BENCH_NAME "bench_serve"
+#include "bench/bench_args.h"
 #include "bench/bench_check.h"
 #include "bench/bench_clock.h"
+#include "bench/bench_threads.h"
 
 enum {
   ROWS = 128,
@@ -548,9 +550,7 @@ static result run(ruda_device *dev, const variant *v, int threads, size_t n, int
   rc.v = v;
   rc.threads = threads;
   rc.n = n;
-  pthread_barrier_init(&rc.go, NULL, (unsigned)threads + 1);
   thread_arg a[MAXT];
-  pthread_t t[MAXT];
   void *(*fn)(void *) = ruda_thread;
 #ifdef RUDA_BENCH_CUDA
   void *pinned = NULL;
@@ -580,17 +580,11 @@ static result run(ruda_device *dev, const variant *v, int threads, size_t n, int
     make_weights(dev, 0, &rc.w, &rc.b);
     CHECK(ruda_sync(dev, 0, NULL));
   }
-  for (int i = 0; i < threads; i++) {
-    a[i] = (thread_arg){.rc = &rc, .index = i, .lat = lat_all + (size_t)i * n};
-    if (pthread_create(&t[i], NULL, fn, &a[i]) != 0) die("pthread_create", RUDA_EINVAL);
-  }
-  pthread_barrier_wait(&rc.go);
-  uint64_t t0 = mono_ns(), end = t0;
-  for (int i = 0; i < threads; i++) {
-    pthread_join(t[i], NULL);
+  for (int i = 0; i < threads; i++) a[i] = (thread_arg){.rc = &rc, .index = i, .lat = lat_all + (size_t)i * n};
+  const uint64_t t0 = bench_threads_run(&rc.go, threads, fn, a, sizeof a[0]);
+  uint64_t end = t0;
+  for (int i = 0; i < threads; i++)
     if (a[i].done_ns > end) end = a[i].done_ns;
-  }
-  pthread_barrier_destroy(&rc.go);
   if (!raw && v->shared) {
     CHECK(ruda_buffer_free(dev, 0, rc.w));
     CHECK(ruda_buffer_free(dev, 0, rc.b));
@@ -692,14 +686,12 @@ int main(int argc, char **argv) {
     } else if (opt == 'I') {
       in_place = -1;
     } else if (opt == 't') {
-      for (char *tok = strtok(optarg, ","); tok && nt < 16; tok = strtok(NULL, ",")) {
-        int v = atoi(tok);
-        if (v < 1 || v > MAXT) {
-          usage(stderr);
-          return 2;
-        }
-        ts[nt++] = v;
+      const int k = bench_int_list(optarg, 1, MAXT, ts + nt, 16 - nt); /* each -t adds */
+      if (k < 0) {
+        usage(stderr);
+        return 2;
       }
+      nt += k;
     } else if (opt == 'n' && atol(optarg) > 0) {
       nreq = atol(optarg);
     } else if (opt == 'w' && atoi(optarg) > 0) {

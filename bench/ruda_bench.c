@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <errno.h>
+#include <limits.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -44,6 +45,7 @@
 #include "src/api.h"
 #endif
 #define BENCH_NAME "ruda-bench"
+#include "bench/bench_args.h"
 #include "bench/bench_check.h"
 
 #define MAXT 64
@@ -743,18 +745,6 @@ static void usage(FILE *f) {
           "workers when fewer). -q: a short run. The backend is ruda's default (RUDA_BACKEND).\n");
 }
 
-static int parse_list(const char *s, int *out, int max) {
-  int n = 0;
-  char buf[256];
-  snprintf(buf, sizeof buf, "%s", s);
-  for (char *tok = strtok(buf, ","); tok && n < max; tok = strtok(NULL, ",")) {
-    int v = atoi(tok);
-    if (v < 1) return -1;
-    out[n++] = v;
-  }
-  return n;
-}
-
 int main(int argc, char **argv) {
   const char *json = NULL, *csv = NULL, *plot = NULL, *sub = NULL;
   char json_in_plot[4096];
@@ -773,12 +763,12 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--plot") && v) plot = argv[++i];
     else if (!strcmp(a, "-q")) quick = 1;
     else if (!strcmp(a, "--graph")) serve_graph = 1;
-    else if (!strcmp(a, "-t") && v) nt = parse_list(argv[++i], ts, 16);
-    else if (!strcmp(a, "-s") && v) nss = parse_list(argv[++i], ss, 16);
-    else if (!strcmp(a, "-m") && v) nm = parse_list(argv[++i], mib, 16);
-    else if (!strcmp(a, "-a") && v) na = parse_list(argv[++i], kib, 16);
-    else if (!strcmp(a, "-g") && v) ng = parse_list(argv[++i], gk, 16);
-    else if (!strcmp(a, "-p") && v) np = parse_list(argv[++i], pk, 16);
+    else if (!strcmp(a, "-t") && v) nt = bench_int_list(argv[++i], 1, INT_MAX, ts, 16);
+    else if (!strcmp(a, "-s") && v) nss = bench_int_list(argv[++i], 1, INT_MAX, ss, 16);
+    else if (!strcmp(a, "-m") && v) nm = bench_int_list(argv[++i], 1, INT_MAX, mib, 16);
+    else if (!strcmp(a, "-a") && v) na = bench_int_list(argv[++i], 1, INT_MAX, kib, 16);
+    else if (!strcmp(a, "-g") && v) ng = bench_int_list(argv[++i], 1, INT_MAX, gk, 16);
+    else if (!strcmp(a, "-p") && v) np = bench_int_list(argv[++i], 1, INT_MAX, pk, 16);
     else if (!strcmp(a, "-n") && v) n = atol(argv[++i]);
     else if (!strcmp(a, "-w") && v) workers = atol(argv[++i]);
     else if (!strcmp(a, "-k") && v) k = atol(argv[++i]);

@@ -248,9 +248,9 @@ ruda__page *ruda__arena_take(ruda__memory *mem, uint32_t w, struct ruda__pools *
   return pg;
 }
 
-int ruda__arena_back(ruda__memory *mem, struct ruda__pools *own, ruda__page *pg) {
+int ruda__arena_back(ruda__memory *mem, struct ruda__pools *own, ruda__page *pg, const char *fn) {
   uint64_t addr;
-  int rc = backend_alloc(mem, own, pg->size, pg->size, "ruda_buffer_create", &addr);
+  int rc = backend_alloc(mem, own, pg->size, pg->size, fn, &addr);
   if (rc != 0) return rc;
   ruda__arena *a = &mem->arena;
   atomic_fetch_sub(&a->virtual_bytes, pg->size);

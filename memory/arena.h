@@ -94,9 +94,9 @@ void ruda__arena_put(struct ruda__memory *mem, ruda__page *pg, uint32_t worker);
 /* Frees arena pages whose fences passed; waits up to wait_ns for workers
  * to reach their fences. Returns bytes released. */
 uint64_t ruda__arena_trim(struct ruda__memory *mem, uint64_t keep, uint64_t wait_ns);
-/* Backs a page that has none (dry run), with the out-of-memory retry;
- * the caller updates its pool's figures. */
-int ruda__arena_back(struct ruda__memory *mem, struct ruda__pools *own, ruda__page *pg);
+/* Backs a page that has none (dry run), with the out-of-memory retry,
+ * failures named by fn; the caller updates its pool's figures. */
+int ruda__arena_back(struct ruda__memory *mem, struct ruda__pools *own, ruda__page *pg, const char *fn);
 void ruda__page_discard(struct ruda__memory *mem, ruda__page *pg);
 
 /* Device lifecycle (ruda__memory_init / _destroy): destroy gives every

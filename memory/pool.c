@@ -256,6 +256,31 @@ static void list_unlink(ruda__page **head, ruda__page *pg) {
   pg->in_list = 0;
 }
 
+/* The pool's empty slabs (counted in nempty) and kept exclusive pages
+ * (ncache, cache_bytes): a page goes on or off either list with its
+ * counts. */
+static void empty_push(ruda__pool *pool, ruda__page *pg) {
+  list_push(&pool->empty, pg);
+  pool->nempty++;
+}
+
+static void empty_unlink(ruda__pool *pool, ruda__page *pg) {
+  list_unlink(&pool->empty, pg);
+  pool->nempty--;
+}
+
+static void cache_push(ruda__pool *pool, ruda__page *pg) {
+  list_push(&pool->cache, pg);
+  pool->ncache++;
+  pool->cache_bytes += pg->size;
+}
+
+static void cache_unlink(ruda__pool *pool, ruda__page *pg) {
+  list_unlink(&pool->cache, pg);
+  pool->ncache--;
+  pool->cache_bytes -= pg->size;
+}
+
 /* A page leaves its pool for the arena. */
 static void page_out(ruda__pool *pool, ruda__page *pg) {
   ruda__memory *mem = pool->owner->mem;
@@ -269,15 +294,12 @@ static void page_out(ruda__pool *pool, ruda__page *pg) {
 static void pool_release_unused(ruda__pool *pool) {
   while (pool->empty) {
     ruda__page *pg = pool->empty;
-    list_unlink(&pool->empty, pg);
-    pool->nempty--;
+    empty_unlink(pool, pg);
     page_out(pool, pg);
   }
   while (pool->cache) {
     ruda__page *pg = pool->cache;
-    list_unlink(&pool->cache, pg);
-    pool->ncache--;
-    pool->cache_bytes -= pg->size;
+    cache_unlink(pool, pg);
     page_out(pool, pg);
   }
   for (uint32_t i = 0; i < pool->nclasses; i++) {
@@ -370,14 +392,14 @@ static int slice(ruda__page *pg, ruda__class *c, uint32_t klass) {
 }
 
 /* Non-dry allocations must not land on a page a dry run left unbacked. */
-static int ensure_backed(ruda__pools *p, ruda__page *pg) {
+static int ensure_backed(ruda__pools *p, ruda__page *pg, const char *fn) {
   if (p->dry_depth > 0 || atomic_load_explicit(&pg->base, memory_order_acquire) != 0) return 0;
-  int rc = ruda__arena_back(p->mem, p, pg);
+  int rc = ruda__arena_back(p->mem, p, pg, fn);
   if (rc == 0 && pg->pool) pg->pool->unbacked -= pg->size;
   return rc;
 }
 
-static int alloc_sliced(ruda__pool *pool, uint64_t size, ruda__page **out, uint64_t *addr) {
+static int alloc_sliced(ruda__pool *pool, uint64_t size, const char *fn, ruda__page **out, uint64_t *addr) {
   ruda__pools *p = pool->owner;
   uint32_t k = ruda__class_index(size) - pool->c_lo;
   ruda__class *c = &pool->classes[k];
@@ -388,22 +410,20 @@ static int alloc_sliced(ruda__pool *pool, uint64_t size, ruda__page **out, uint6
     for (ruda__page *e = pool->empty; e != NULL; e = e->next)
       if (e->size >= c->slab && e->size <= 2 * c->slab) {
         pg = e;
-        list_unlink(&pool->empty, e);
-        pool->nempty--;
+        empty_unlink(pool, e);
         break;
       }
-    if (pg == NULL && (pg = page_in(pool, c->slab, size, "ruda_buffer_create", &rc)) == NULL) return rc;
+    if (pg == NULL && (pg = page_in(pool, c->slab, size, fn, &rc)) == NULL) return rc;
     if (slice(pg, c, k) != 0) {
-      list_push(&pool->empty, pg);
-      pool->nempty++;
-      return ruda__fail(RUDA_ENOMEM, "ruda_buffer_create: out of host memory for page metadata");
+      empty_push(pool, pg);
+      return ruda__fail(RUDA_ENOMEM, "%s: out of host memory for page metadata", fn);
     }
     list_push(&c->nonfull, pg);
   }
   /* Counted as used while backing it: the out-of-memory path releases
    * unused pages of this very pool. */
   pg->nused++;
-  rc = ensure_backed(p, pg);
+  rc = ensure_backed(p, pg, fn);
   pg->nused--;
   if (rc != 0) return rc;
   uint32_t idx = pg->nfree ? pg->free_idx[--pg->nfree] : pg->bump++;
@@ -416,7 +436,7 @@ static int alloc_sliced(ruda__pool *pool, uint64_t size, ruda__page **out, uint6
   return 0;
 }
 
-static int alloc_exclusive(ruda__pool *pool, uint64_t size, ruda__page **out, uint64_t *addr) {
+static int alloc_exclusive(ruda__pool *pool, uint64_t size, const char *fn, ruda__page **out, uint64_t *addr) {
   ruda__pools *p = pool->owner;
   uint64_t want = pool->cfg.kind == RUDA_POOL_PERSISTENT ? round_up(size, RUDA__MEM_ALIGN)
                                                          : ruda__exclusive_size(size);
@@ -425,16 +445,12 @@ static int alloc_exclusive(ruda__pool *pool, uint64_t size, ruda__page **out, ui
   for (ruda__page *e = pool->cache; e != NULL; e = e->next)
     if (e->size >= want && e->size - want <= want / 8) {
       pg = e;
-      list_unlink(&pool->cache, e);
-      pool->ncache--;
-      pool->cache_bytes -= e->size;
+      cache_unlink(pool, e);
       break;
     }
-  if (pg == NULL && (pg = page_in(pool, want, size, "ruda_buffer_create", &rc)) == NULL) return rc;
-  if ((rc = ensure_backed(p, pg)) != 0) {
-    list_push(&pool->cache, pg);
-    pool->ncache++;
-    pool->cache_bytes += pg->size;
+  if (pg == NULL && (pg = page_in(pool, want, size, fn, &rc)) == NULL) return rc;
+  if ((rc = ensure_backed(p, pg, fn)) != 0) {
+    cache_push(pool, pg);
     return rc;
   }
   pg->klass = UINT32_MAX;
@@ -461,16 +477,12 @@ static void release(ruda__page *pg, uint64_t addr, uint64_t size, int used) {
       page_out(pool, pg);
       return;
     }
-    list_push(&pool->cache, pg);
-    pool->ncache++;
-    pool->cache_bytes += pg->size;
+    cache_push(pool, pg);
     while (pool->ncache > 1 &&
            (pool->ncache > KEEP_CACHED || pool->cache_bytes > pool->in_use / CACHE_SHARE)) {
       ruda__page *old = pool->cache;
       while (old->next) old = old->next;
-      list_unlink(&pool->cache, old);
-      pool->ncache--;
-      pool->cache_bytes -= old->size;
+      cache_unlink(pool, old);
       page_out(pool, old);
     }
     return;
@@ -488,8 +500,7 @@ static void release(ruda__page *pg, uint64_t addr, uint64_t size, int used) {
   list_unlink(&c->nonfull, pg);
   pg->klass = UINT32_MAX;
   if (pool->nempty < KEEP_EMPTY && !unbacked) {
-    list_push(&pool->empty, pg);
-    pool->nempty++;
+    empty_push(pool, pg);
   } else {
     page_out(pool, pg);
   }
@@ -504,7 +515,7 @@ static ruda__pool *route(ruda__pools *p, uint64_t size) {
 
 /* ---- buffers ---- */
 
-int ruda__memory_alloc(ruda__pools *p, uint64_t size, ruda_handle *out) {
+int ruda__memory_alloc(ruda__pools *p, uint64_t size, const char *fn, ruda_handle *out) {
   ruda__memory *mem = p->mem;
   pthread_mutex_lock(&p->lock);
   if (atomic_load_explicit(&p->incoming, memory_order_relaxed) != NULL) ruda__pools_poll_retired(p);
@@ -514,22 +525,21 @@ int ruda__memory_alloc(ruda__pools *p, uint64_t size, ruda_handle *out) {
     uint64_t max = p->npools ? p->pools[p->npools - 1].cfg.max_alloc : 0;
     pthread_mutex_unlock(&p->lock);
     return ruda__fail(RUDA_EBUFFERTOOBIG,
-                      "ruda_buffer_create: %llu bytes can never fit: the largest pool of %s "
+                      "%s: %llu bytes can never fit: the largest pool of %s "
                       "takes %llu bytes",
-                      (unsigned long long)size, RUDA__SNAME(p->stream_id), (unsigned long long)max);
+                      fn, (unsigned long long)size, RUDA__SNAME(p->stream_id), (unsigned long long)max);
   }
   if (p->nslots == 0) {
     p->nslots = ruda__handles_take(mem->handles, p->slots, RUDA__SLOT_BATCH);
     if (p->nslots == 0) {
       pthread_mutex_unlock(&p->lock);
-      return ruda__fail(RUDA_ENOMEM, "ruda_buffer_create: no handle slot left (host memory or the "
-                                     "limit of live buffers)");
+      return ruda__fail(RUDA_ENOMEM, "%s: no handle slot left (host memory or the limit of live buffers)", fn);
     }
   }
   ruda__page *pg = NULL;
   uint64_t addr = 0;
-  rc = pool->cfg.kind == RUDA_POOL_SLICED ? alloc_sliced(pool, size, &pg, &addr)
-                                          : alloc_exclusive(pool, size, &pg, &addr);
+  rc = pool->cfg.kind == RUDA_POOL_SLICED ? alloc_sliced(pool, size, fn, &pg, &addr)
+                                          : alloc_exclusive(pool, size, fn, &pg, &addr);
   if (rc != 0) {
     pthread_mutex_unlock(&p->lock);
     return rc;
@@ -648,7 +658,7 @@ int ruda__memory_back(ruda__memory *mem, void *page, uint64_t tagged, const char
     ruda__pools *p = pg->pool->owner;
     pthread_mutex_lock(&p->lock);
     int rc = 0;
-    if (atomic_load_explicit(&pg->base, memory_order_relaxed) == 0 && (rc = ruda__arena_back(mem, p, pg)) == 0 &&
+    if (atomic_load_explicit(&pg->base, memory_order_relaxed) == 0 && (rc = ruda__arena_back(mem, p, pg, fn)) == 0 &&
         pg->pool)
       pg->pool->unbacked -= pg->size;
     pthread_mutex_unlock(&p->lock);

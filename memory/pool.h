@@ -89,8 +89,9 @@ struct ruda__pools *ruda__pools_of(ruda__memory *mem, struct ruda__pools *_Atomi
                                    ruda_stream_id id);
 
 /* ruda_buffer_create / ruda_buffer_free, past argument checks: a buffer
- * from pools p; a free of h (its memory goes home, whoever frees it). */
-int ruda__memory_alloc(struct ruda__pools *p, uint64_t size, ruda_handle *out);
+ * from pools p, failures named by fn (the public call); a free of h (its
+ * memory goes home, whoever frees it). */
+int ruda__memory_alloc(struct ruda__pools *p, uint64_t size, const char *fn, ruda_handle *out);
 int ruda__memory_free(ruda__memory *mem, ruda_handle h);
 
 /* Called by the handle table when a freed buffer's last reference drops

@@ -36,36 +36,43 @@ static uint64_t mix(uint64_t h, uint64_t v) {
   return h;
 }
 
+/* What makes two commands replayable by one node of a graph, but for
+ * their arguments (arg_shape): exact words, so equal shapes are the same
+ * shape and the signature hashes what same_shape compares. */
+typedef struct shape {
+  uint64_t w[6];
+} shape;
+
+static shape shape_of(const ruda__cmd *c) {
+  if (c->kind == RUDA__CMD_COPY) return (shape){{c->kind, c->u.copy.size}};
+  const ruda__launch_cmd *l = &c->u.launch;
+  return (shape){{c->kind, (uint64_t)(uintptr_t)l->kernel, (uint64_t)l->grid.x << 32 | l->grid.y,
+                  (uint64_t)l->grid.z << 32 | l->block.x, (uint64_t)l->block.y << 32 | l->block.z,
+                  (uint64_t)l->shared_mem << 32 | l->nargs}};
+}
+
+static uint32_t nargs_of(const ruda__cmd *c) { return c->kind == RUDA__CMD_COPY ? 0 : c->u.launch.nargs; }
+
+static uint64_t arg_shape(const ruda__cmd *c, uint32_t j) {
+  return (uint64_t)c->u.launch.args[j].kind << 32 | c->u.launch.args[j].size;
+}
+
 static uint64_t signature(ruda__cmd *const *run, uint32_t n) {
   uint64_t h = mix(0xcbf29ce484222325ull, n);
   for (uint32_t i = 0; i < n; i++) {
-    const ruda__cmd *c = run[i];
-    h = mix(h, c->kind);
-    if (c->kind == RUDA__CMD_COPY) {
-      h = mix(h, c->u.copy.size);
-      continue;
-    }
-    const ruda__launch_cmd *l = &c->u.launch;
-    h = mix(h, (uint64_t)(uintptr_t)l->kernel);
-    h = mix(h, ((uint64_t)l->grid.x << 32) ^ ((uint64_t)l->grid.y << 16) ^ l->grid.z);
-    h = mix(h, ((uint64_t)l->block.x << 32) ^ ((uint64_t)l->block.y << 16) ^ l->block.z);
-    h = mix(h, ((uint64_t)l->shared_mem << 32) | l->nargs);
-    for (uint32_t j = 0; j < l->nargs; j++) h = mix(h, ((uint64_t)l->args[j].kind << 32) | l->args[j].size);
+    const shape sh = shape_of(run[i]);
+    for (size_t k = 0; k < sizeof sh.w / sizeof sh.w[0]; k++) h = mix(h, sh.w[k]);
+    for (uint32_t j = 0; j < nargs_of(run[i]); j++) h = mix(h, arg_shape(run[i], j));
   }
   return h ? h : 1;
 }
 
 /* Same shape as the template's command t. */
 static int same_shape(const ruda__cmd *c, const ruda__cmd *t) {
-  if (c->kind != t->kind) return 0;
-  if (c->kind == RUDA__CMD_COPY) return c->u.copy.size == t->u.copy.size;
-  const ruda__launch_cmd *a = &c->u.launch, *b = &t->u.launch;
-  if (a->kernel != b->kernel || a->grid.x != b->grid.x || a->grid.y != b->grid.y || a->grid.z != b->grid.z ||
-      a->block.x != b->block.x || a->block.y != b->block.y || a->block.z != b->block.z ||
-      a->shared_mem != b->shared_mem || a->nargs != b->nargs)
-    return 0;
-  for (uint32_t j = 0; j < a->nargs; j++)
-    if (a->args[j].kind != b->args[j].kind || a->args[j].size != b->args[j].size) return 0;
+  const shape a = shape_of(c), b = shape_of(t);
+  if (memcmp(&a, &b, sizeof a) != 0) return 0;
+  for (uint32_t j = 0; j < nargs_of(c); j++)
+    if (arg_shape(c, j) != arg_shape(t, j)) return 0;
   return 1;
 }
 
@@ -100,31 +107,16 @@ static ruda__cmd *template_cmd(const ruda__cmd *c) {
   return t;
 }
 
-static void template_free(struct ruda__sched *sch, ruda_graph *g) {
-  if (g == NULL) return;
-  if (g->exec != NULL && sch->ops->graph_release != NULL) sch->ops->graph_release(sch->bstate, g->exec);
-  for (uint32_t i = 0; i < g->n; i++) ruda__cmd_free(g->cmds[i]);
-  free(g->cmds);
-  pthread_mutex_destroy(&g->exec_lock);
-  pthread_mutex_destroy(&g->issue_lock);
-  free(g);
-}
-
 static ruda_graph *template_new(struct ruda__sched *sch, ruda__cmd *const *run, uint32_t n) {
-  ruda_graph *g = calloc(1, sizeof *g);
+  ruda_graph *g = ruda__graph_new(sch, run[0]->stream->id);
   if (g == NULL) return NULL;
-  g->sch = sch;
-  g->stream = run[0]->stream->id;
-  pthread_mutex_init(&g->exec_lock, NULL);
-  pthread_mutex_init(&g->issue_lock, NULL);
-  atomic_init(&g->refs, 1);
   if ((g->cmds = calloc(n, sizeof *g->cmds)) == NULL) {
-    template_free(sch, g);
+    ruda__graph_free(g, NULL);
     return NULL;
   }
   for (; g->n < n; g->n++)
     if ((g->cmds[g->n] = template_cmd(run[g->n])) == NULL) {
-      template_free(sch, g);
+      ruda__graph_free(g, NULL);
       return NULL;
     }
   return g;
@@ -167,7 +159,7 @@ uint32_t ruda__auto_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n, int 
   const uint64_t sig = signature(run, n);
   entry *e = &w->autog->e[sig % WAYS];
   if (e->sig != sig || e->n != n) { /* first sighting: noted, run one by one */
-    template_free(sch, e->g);
+    ruda__graph_free(e->g, NULL); /* a template pins nothing */
     *e = (entry){sig, n, NULL};
     return 0;
   }
@@ -197,14 +189,14 @@ uint32_t ruda__auto_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n, int 
   ruda_error_free(*err);
   *err = NULL;
   *rc = 0;
-  template_free(sch, e->g);
+  ruda__graph_free(e->g, NULL);
   *e = (entry){0, 0, NULL};
   return 0;
 }
 
 void ruda__auto_free(ruda__worker *w) {
   if (w->autog == NULL) return;
-  for (uint32_t i = 0; i < WAYS; i++) template_free(w->sch, w->autog->e[i].g);
+  for (uint32_t i = 0; i < WAYS; i++) ruda__graph_free(w->autog->e[i].g, NULL);
   free(w->autog);
   w->autog = NULL;
 }

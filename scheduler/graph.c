@@ -69,7 +69,19 @@ int ruda__capture_record(ruda__stream *s, ruda__cmd *cmd) {
   return 0;
 }
 
-static void graph_free(ruda_graph *g, void *wstate) {
+ruda_graph *ruda__graph_new(struct ruda__sched *sch, ruda_stream_id stream) {
+  ruda_graph *g = calloc(1, sizeof *g);
+  if (g == NULL) return NULL;
+  g->sch = sch;
+  g->stream = stream;
+  atomic_init(&g->refs, 1);
+  pthread_mutex_init(&g->exec_lock, NULL);
+  pthread_mutex_init(&g->issue_lock, NULL);
+  return g;
+}
+
+void ruda__graph_free(ruda_graph *g, void *wstate) {
+  if (g == NULL) return;
   struct ruda__sched *sch = g->sch;
   if (g->exec != NULL && sch->ops->graph_release != NULL) sch->ops->graph_release(sch->bstate, g->exec);
   ruda__capture_discard(sch, g->cmds, g->n, wstate);
@@ -84,7 +96,7 @@ static void graph_free(ruda_graph *g, void *wstate) {
 }
 
 void ruda__graph_unref(ruda_graph *g, void *wstate) {
-  if (atomic_fetch_sub_explicit(&g->refs, 1, memory_order_acq_rel) == 1) graph_free(g, wstate);
+  if (atomic_fetch_sub_explicit(&g->refs, 1, memory_order_acq_rel) == 1) ruda__graph_free(g, wstate);
 }
 
 /* A replay in progress: the graph, this replay's patches, and the

@@ -96,6 +96,14 @@ int ruda__graph_run(ruda__worker *w, struct ruda_graph *g, const ruda__graph_fix
                     uint32_t *failed, ruda_error **err);
 /* Worker: runs a RUDA__CMD_GRAPH command. Returns 0 or a code with *err. */
 int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err);
+/* A graph with no commands yet: sch, the stream it is of (for messages),
+ * one reference (its owner's), its locks. NULL without host memory. Any
+ * thread, non-blocking. */
+struct ruda_graph *ruda__graph_new(struct ruda__sched *sch, ruda_stream_id stream);
+/* Frees a graph nobody references (NULL: nothing): the backend's graph,
+ * the commands and their pins, the pin tables, the locks. wstate: the
+ * calling worker's, or NULL on a client. */
+void ruda__graph_free(struct ruda_graph *g, void *wstate);
 /* Drops one reference; the last frees the graph (its pins go). wstate:
  * the calling worker's, or NULL on a client. */
 void ruda__graph_unref(struct ruda_graph *g, void *wstate);

@@ -19,6 +19,12 @@
 #include "scheduler/order.h"
 #include "scheduler/scheduler.h"
 
+/* Drops the n pins of a command (RUDA__PIN_READ flags and all) that was
+ * not submitted. Any client thread; non-blocking. */
+static inline void ruda__unpin_all(struct ruda__sched *sch, const uint32_t *pins, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) ruda__handles_unpin(sch->handles, ruda__pin_slot(pins[i]), NULL);
+}
+
 /* Pins b's buffer and checks the range; on success *addr is the device
  * address of the binding's first byte and *len its size. */
 /* what names the binding in error messages; index >= 0 appends a number

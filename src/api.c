@@ -16,17 +16,14 @@
 
 /* ---- shared helpers ---- */
 
-
-static void unpin_all(ruda_device *dev, const uint32_t *pins, uint32_t n) {
-  for (uint32_t i = 0; i < n; i++) ruda__handles_unpin(&dev->handles, ruda__pin_slot(pins[i]), NULL);
-}
-
 static int mul_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }
 static int add_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_add_overflow(a, b, out); }
 
 /* Checks a copy descriptor against its binding's size and fills l. */
 static int make_layout(const ruda_copy_desc *d, uint64_t binding_len, const char *fn, ruda__layout *l) {
   memset(l, 0, sizeof *l);
+  const int r = RUDA__RESERVED_SET(d);
+  if (r >= 0) return ruda__fail(RUDA_EINVAL, "%s: descriptor reserved[%d] is not zero", fn, r);
   if (d->rank == 0) {
     l->bytes = l->extent = binding_len;
     l->elem_size = 1;
@@ -125,7 +122,7 @@ int ruda_buffer_create(ruda_device *dev, ruda_stream_id stream, uint64_t size, r
   if (s == NULL) return rc;
   ruda__pools *p = ruda__stream_pools(&dev->sched, s);
   if (p == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_buffer_create: out of host memory for pools");
-  return ruda__memory_alloc(p, size, out); /* memory/pool.c */
+  return ruda__memory_alloc(p, size, "ruda_buffer_create", out); /* memory/pool.c */
 }
 
 int ruda_buffer_free(ruda_device *dev, ruda_stream_id stream, ruda_handle h) {
@@ -393,14 +390,14 @@ int ruda_copy(ruda_device *dev, ruda_stream_id stream, ruda_binding dst, ruda_bi
   uint32_t pins[2] = {src.handle.slot | RUDA__PIN_READ, dst.handle.slot};
   if (sl > dl) {
     ruda__order_abandon(&o);
-    unpin_all(dev, pins, 2);
+    ruda__unpin_all(&dev->sched, pins, 2);
     return ruda__fail(RUDA_ERANGE, "ruda_copy: source of %llu bytes does not fit in destination of %llu",
                       (unsigned long long)sl, (unsigned long long)dl);
   }
   ruda__cmd *cmd = ruda__cmd_alloc(sizeof pins);
   if (cmd == NULL) {
     ruda__order_abandon(&o);
-    unpin_all(dev, pins, 2);
+    ruda__unpin_all(&dev->sched, pins, 2);
     return ruda__fail(RUDA_ENOMEM, "ruda_copy: out of host memory");
   }
   cmd->kind = RUDA__CMD_COPY;
@@ -414,12 +411,12 @@ int ruda_copy(ruda_device *dev, ruda_stream_id stream, ruda_binding dst, ruda_bi
     ruda__order_abandon(&o); /* recorded, not pushed: replays order themselves */
     if (rc == 0) return 0;
     ruda__cmd_free(cmd);
-    unpin_all(dev, pins, 2);
+    ruda__unpin_all(&dev->sched, pins, 2);
     return rc;
   }
   if ((rc = ruda__submit(&dev->sched, s, cmd, &o)) != 0) {
     ruda__cmd_free(cmd);
-    unpin_all(dev, pins, 2);
+    ruda__unpin_all(&dev->sched, pins, 2);
   }
   return rc;
 }
@@ -480,6 +477,8 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
     return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": args is NULL with nargs %u", l->kernel, l->nargs);
   if (l->flags & ~(RUDA_LAUNCH_DRY_RUN | RUDA_LAUNCH_INDIRECT))
     return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": unknown flags 0x%x", l->kernel, l->flags);
+  const int r = RUDA__RESERVED_SET(l);
+  if (r >= 0) return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": reserved[%d] is not zero", l->kernel, r);
   if (k == NULL)
     return ruda__fail(RUDA_EKERNEL, "ruda_launch: no kernel named \"%s\" is registered", l->kernel);
   int rc = check_limits(dev, l);
@@ -563,7 +562,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
   }
   if (l->flags & RUDA_LAUNCH_DRY_RUN) { /* validated; nothing to dispatch */
     ruda__order_abandon(&o);
-    unpin_all(dev, cmd->pins, pinned);
+    ruda__unpin_all(&dev->sched, cmd->pins, pinned);
     ruda__cmd_free(cmd);
     return 0;
   }
@@ -586,7 +585,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
   return 0;
 fail:
   ruda__order_abandon(&o);
-  unpin_all(dev, cmd->pins, pinned);
+  ruda__unpin_all(&dev->sched, cmd->pins, pinned);
   ruda__cmd_free(cmd);
   return rc;
 }

@@ -10,10 +10,6 @@
 #include "scheduler/submit.h"
 #include "src/api.h"
 
-static void unpin(ruda_device *dev, const uint32_t *pins, uint32_t n) {
-  for (uint32_t i = 0; i < n; i++) ruda__handles_unpin(&dev->handles, ruda__pin_slot(pins[i]), NULL);
-}
-
 /* Messages name the call: `ruda_call "gemm1": ...`. */
 #define WHO "ruda_call \"%.*s\""
 #define WHO_ARGS(name) RUDA_CALL_NAME_MAX - 1, (name)
@@ -127,7 +123,7 @@ int ruda_call(ruda_device *dev, ruda_stream_id stream, const ruda_call_desc *d) 
   if ((rc = ruda__submit(&dev->sched, s, cmd, &o)) == 0) return 0;
 fail:
   ruda__order_abandon(&o);
-  unpin(dev, cmd->pins, pinned);
+  ruda__unpin_all(&dev->sched, cmd->pins, pinned);
   ruda__cmd_free(cmd);
   return rc;
 }

@@ -8,6 +8,7 @@
 
 #include "base/log.h"
 #include "src/device.h"
+#include "base/parse.h"
 #include "scheduler/graph.h"
 #include "scheduler/trace.h"
 #include "src/api.h"
@@ -15,9 +16,8 @@
 static int env_u32(const char *name, uint32_t *out) {
   const char *v = getenv(name);
   if (v == NULL || *v == '\0') return 0;
-  char *end;
-  unsigned long x = strtoul(v, &end, 10);
-  if (*end != '\0' || x > UINT32_MAX) return -1;
+  uint64_t x;
+  if (ruda__parse_u64(v, UINT32_MAX, &x) != 0) return -1;
   *out = (uint32_t)x;
   return 1;
 }
@@ -93,6 +93,14 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
                       cfg_in->size, sizeof *cfg_in);
   if (cfg_in) cfg = *cfg_in;
   else ruda_config_init(&cfg);
+  /* A nonzero word is a setting this library does not know (the caller's
+   * headers are newer) or garbage: refused, never silently ignored. */
+  const int r = RUDA__RESERVED_SET(&cfg);
+  if (r >= 0)
+    return ruda__fail(RUDA_EINVAL,
+                      "ruda_device_open: cfg->reserved[%d] is 0x%llx, not zero: a setting this ruda %s does not "
+                      "know, or a config not filled by ruda_config_init()",
+                      r, (unsigned long long)cfg.reserved[r], RUDA_VERSION_STRING);
 
   if (cfg.num_streams == 0 || cfg.num_streams > 1024)
     return ruda__fail(RUDA_EINVAL, "ruda_device_open: num_streams %u outside 1..1024", cfg.num_streams);

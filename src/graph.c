@@ -104,12 +104,12 @@ int ruda_graph_end_capture(ruda_device *dev, ruda_stream_id stream, ruda_graph *
   uint32_t n;
   int rc = take(dev, stream, fn, &s, &cmds, &n);
   if (rc != 0) return rc;
-  ruda_graph *g = calloc(1, sizeof *g);
+  ruda_graph *g = ruda__graph_new(&dev->sched, s->id);
   uint32_t npins = 0;
   for (uint32_t i = 0; i < n; i++) npins += cmds[i]->npins;
   uint32_t *slots = npins ? malloc(npins * sizeof *slots) : NULL;
   if (g == NULL || (npins && slots == NULL)) {
-    free(g);
+    ruda__graph_free(g, NULL);
     free(slots);
     ruda__capture_discard(&dev->sched, cmds, n, NULL);
     free(cmds);
@@ -132,10 +132,7 @@ int ruda_graph_end_capture(ruda_device *dev, ruda_stream_id stream, ruda_graph *
   g->pin_slot = npins ? malloc(npins * sizeof *g->pin_slot) : NULL;
   g->slot_uses = u ? calloc(u, sizeof *g->slot_uses) : NULL;
   if (g->pin_base == NULL || (npins && g->pin_slot == NULL) || (u && g->slot_uses == NULL)) {
-    free(g->pin_base);
-    free(g->pin_slot);
-    free(g->slot_uses);
-    free(g);
+    ruda__graph_free(g, NULL); /* its tables; no commands yet */
     free(slots);
     ruda__capture_discard(&dev->sched, cmds, n, NULL);
     free(cmds);
@@ -155,15 +152,10 @@ int ruda_graph_end_capture(ruda_device *dev, ruda_stream_id stream, ruda_graph *
     }
   }
   g->pin_base[n] = k;
-  g->sch = &dev->sched;
   g->cmds = cmds;
   g->n = n;
   g->slots = slots;
   g->nslots = u;
-  g->stream = s->id;
-  atomic_init(&g->refs, 1);
-  pthread_mutex_init(&g->exec_lock, NULL);
-  pthread_mutex_init(&g->issue_lock, NULL);
   pthread_mutex_lock(&dev->sched.graph_lock);
   g->next = dev->sched.graphs;
   if (g->next) g->next->prev = g;

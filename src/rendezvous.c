@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "base/comm_timeout.h"
+#include "base/parse.h"
 #include "base/sha256.h"
 #include "base/sync.h"
 #include "src/device.h"
@@ -741,10 +742,8 @@ static int env_u32(const char *name, uint32_t *out, int required, const char *fn
     return ruda__fail(RUDA_EINVAL, "%s: %s is not set (the launcher sets RANK and WORLD_SIZE; torchrun and "
                       "mpirun-style launchers do)", fn, name);
   }
-  char *end;
-  errno = 0;
-  unsigned long x = strtoul(v, &end, 10);
-  if (errno != 0 || *end != '\0' || x > UINT32_MAX || *v == '-')
+  uint64_t x;
+  if (ruda__parse_u64(v, UINT32_MAX, &x) != 0)
     return ruda__fail(RUDA_EINVAL, "%s: %s=\"%s\" is not a number", fn, name, v);
   *out = (uint32_t)x;
   return 0;
@@ -789,11 +788,10 @@ int ruda_comm_init_env(ruda_device *dev, ruda_comm **out) {
       return ruda__fail(RUDA_EINVAL, "%s: set RUDA_COMM_RENDEZVOUS (file:PATH or tcp:HOST:PORT), or MASTER_ADDR "
                         "and MASTER_PORT", fn);
     /* MASTER_PORT itself may be the launcher's own store: the next one. */
-    char *end;
-    unsigned long p = strtoul(port, &end, 10);
-    if (*end != '\0' || p == 0 || p >= 65535)
+    uint64_t p;
+    if (ruda__parse_u64(port, 65534, &p) != 0 || p == 0)
       return ruda__fail(RUDA_EINVAL, "%s: MASTER_PORT=\"%s\" is not a port", fn, port);
-    snprintf(where, sizeof where, "tcp:%s:%lu", addr, p + 1);
+    snprintf(where, sizeof where, "tcp:%s:%llu", addr, (unsigned long long)p + 1);
   }
   ruda_comm_id id;
   memset(&id, 0, sizeof id);

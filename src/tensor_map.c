@@ -7,6 +7,8 @@ int ruda_tensor_map_encode(ruda_device *dev, ruda_binding b, const ruda_tensor_m
   static const char fn[] = "ruda_tensor_map_encode";
   RUDA__CHECK_DEV(dev, fn);
   if (d == NULL || out == NULL) return ruda__fail(RUDA_EINVAL, "%s: %s is NULL", fn, d ? "out" : "desc");
+  const int r = RUDA__RESERVED_SET(d);
+  if (r >= 0) return ruda__fail(RUDA_EINVAL, "%s: desc reserved[%d] is not zero", fn, r);
   if (dev->ops->tensor_map == NULL)
     return ruda__fail(RUDA_ENOBACKEND, "%s: tensor maps need the cuda backend (device uses %s)", fn,
                       dev->ops->name);

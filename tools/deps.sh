@@ -36,6 +36,13 @@ if [ "${RUDA_MPI:-1}" != 0 ]; then
   apt_install libopenmpi-dev openmpi-bin || echo "note: Open MPI not installed; libruda_mpi is not built"
 fi
 
+# abigail-tools (abidw, abidiff): the ABI stage of tools/test.sh and the
+# abi_abidiff test (tests/abi/abidiff.sh); optional (RUDA_ABIGAIL=0 skips
+# it; without it that stage says skipped).
+if [ "${RUDA_ABIGAIL:-1}" != 0 ]; then
+  apt_install abigail-tools || echo "note: abigail-tools not installed; the abidiff stage of tools/test.sh is skipped"
+fi
+
 # Python: the package in python/ and its tests (tools/python.sh); optional
 # (RUDA_PYTHON=0 skips it; without the packages that stage says skipped).
 if [ "${RUDA_PYTHON:-1}" != 0 ]; then

@@ -2,8 +2,9 @@
 # Builds ruda and runs its tests: under ASan+UBSan (leaks are failures),
 # under TSan (a data race is a failure), a short libFuzzer run of the API
 # against its shadow model (clang), a build with no CUDA headers at all
-# (host backend only, static dependencies), then the normal build with its
-# ctest summary, then the Python package's pytest run (tools/python.sh).
+# (host backend only, static dependencies), then the normal build: its ABI
+# against the last release (abidiff), its ctest summary, then the Python
+# package's pytest run (tools/python.sh).
 # GPU tests report "skipped" where no GPU is usable.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,6 +49,21 @@ build-nocuda/examples/ruda_demo | grep "built without CUDA support" || {
   echo "the demo of the build without CUDA did not say the cuda backend is not built"; exit 1; }
 cmake -S . -B build -DRUDA_WERROR=ON >/dev/null
 cmake --build build -j"$jobs" >/dev/null
+echo "== ABI against the last release (abidiff, tests/abi)"
+# The built library against the series' baseline, then the check itself on
+# planted changes (a struct that grows must fail it). Without abigail-tools
+# both say so and the run goes on.
+set +e
+sh tests/abi/abidiff.sh build/libruda.so
+arc=$?
+set -e
+if [ "$arc" -eq 77 ]; then
+  echo "abidiff stage skipped"
+elif [ "$arc" -ne 0 ]; then
+  echo "the library breaks the ABI of its series (above)"; exit 1
+else
+  RUDA_ABI_JOBS="$jobs" sh tests/abi/abidiff_detects.sh || { echo "the ABI check missed a planted change (above)"; exit 1; }
+fi
 echo "== tests"
 set +e
 ctest --test-dir build --output-on-failure -j"$jobs"

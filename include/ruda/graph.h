@@ -163,21 +163,25 @@ typedef struct ruda_graph_patch {
 /* At most this many patches per replay. */
 #define RUDA_GRAPH_MAX_PATCHES 64
 
-static inline ruda_graph_patch ruda_graph_patch_arg(uint32_t command, uint32_t index, ruda_arg arg) {
+/* What the builders below start from: a patch of `kind` to `command`,
+ * every other field zero. Internal to this header. */
+static inline ruda_graph_patch ruda__graph_patch_new(ruda_graph_patch_kind kind, uint32_t command) {
   ruda_graph_patch p;
   memset(&p, 0, sizeof p);
-  p.kind = RUDA_GRAPH_PATCH_ARG;
+  p.kind = kind;
   p.command = command;
+  return p;
+}
+
+static inline ruda_graph_patch ruda_graph_patch_arg(uint32_t command, uint32_t index, ruda_arg arg) {
+  ruda_graph_patch p = ruda__graph_patch_new(RUDA_GRAPH_PATCH_ARG, command);
   p.index = index;
   p.arg = arg;
   return p;
 }
 
 static inline ruda_graph_patch ruda_graph_patch_grid(uint32_t command, ruda_dim3 grid) {
-  ruda_graph_patch p;
-  memset(&p, 0, sizeof p);
-  p.kind = RUDA_GRAPH_PATCH_GRID;
-  p.command = command;
+  ruda_graph_patch p = ruda__graph_patch_new(RUDA_GRAPH_PATCH_GRID, command);
   p.grid = grid;
   return p;
 }
@@ -185,20 +189,14 @@ static inline ruda_graph_patch ruda_graph_patch_grid(uint32_t command, ruda_dim3
 /* kind: RUDA_GRAPH_PATCH_DST or _SRC, the device side of a copy. */
 static inline ruda_graph_patch ruda_graph_patch_buffer(ruda_graph_patch_kind kind, uint32_t command,
                                                        ruda_binding b) {
-  ruda_graph_patch p;
-  memset(&p, 0, sizeof p);
-  p.kind = kind;
-  p.command = command;
+  ruda_graph_patch p = ruda__graph_patch_new(kind, command);
   p.binding = b;
   return p;
 }
 
 /* kind: RUDA_GRAPH_PATCH_SRC of an upload, _DST of a download. */
 static inline ruda_graph_patch ruda_graph_patch_host(ruda_graph_patch_kind kind, uint32_t command, void *host) {
-  ruda_graph_patch p;
-  memset(&p, 0, sizeof p);
-  p.kind = kind;
-  p.command = command;
+  ruda_graph_patch p = ruda__graph_patch_new(kind, command);
   p.host = host;
   return p;
 }

@@ -24,15 +24,18 @@
  *
  * Versions and ABI
  *  - RUDA_VERSION_* (ruda/version.h) give the headers' version,
- *    ruda_version() that of the library loaded. While the major version is
- *    0, any minor release may change the ABI: the shared library's soname
- *    is libruda.so.0.MINOR, and find_package(ruda 0.MINOR) accepts only
- *    that minor version.
+ *    ruda_version() that of the library loaded. The shared library's
+ *    soname is libruda.so.0.MINOR while the major version is 0, and
+ *    find_package(ruda 0.MINOR) accepts only that minor version. The soname
+ *    changes only when the ABI breaks (abidiff against the last release's
+ *    ABI, tests/abi, says so); additions keep it.
  *  - Structs the caller allocates and hands in, or has the library fill,
  *    are made to grow without breaking callers:
  *    . ruda_config starts with a `size` field that ruda_config_init() sets
  *      to sizeof(ruda_config); ruda_device_open() refuses any other size
- *      with RUDA_EINVAL. Always fill a config with ruda_config_init().
+ *      with RUDA_EINVAL. It ends in reserved words, where later settings
+ *      go with 0 meaning their default; open refuses a nonzero one. Always
+ *      fill a config with ruda_config_init().
  *    . Descriptors and result structs (ruda_copy_desc, ruda_launch_desc,
  *      ruda_call_desc, ruda_pool_config, ruda_tensor_map_desc, ruda_device_props,
  *      ruda_memory_stats, ruda_pool_report, ruda_staging_stats) end in
@@ -40,7 +43,12 @@
  *      meaning without changing the struct's size. Callers must leave them
  *      zero: designated initializers (`{.kernel = "k", ...}`), `= {0}` and
  *      memset do that, as do the ruda_* helpers that build descriptors.
- *      The library zeroes them in the structs it fills.
+ *      The library zeroes them in the structs it fills, and refuses with
+ *      RUDA_EINVAL, naming the word, a struct handed in with one set.
+ *    . A field added within a soname takes reserved words in place: an
+ *      anonymous union of the new field and the reserved array, so every
+ *      other field keeps its offset and 0 still means what it meant
+ *      (abidiff, tests/abi, accepts that and refuses any other change).
  *    . Small value types (ruda_handle, ruda_binding, ruda_dim3, ruda_arg,
  *      ruda_profile_token, ruda_tensor_map) are passed by value and do not
  *      change within a soname.
@@ -139,6 +147,12 @@ typedef struct ruda_config {
                                 more than a replay), not host. Not while
                                 tracing, NVTX, RUDA_WORKER_STATS or
                                 RUDA_LAUNCH_BLOCKING are on. */
+  uint64_t reserved[8];      /* zero: room for later settings, each of which
+                                will mean "the default" when 0, so a config
+                                of these headers opens the same under a
+                                later 0.3.x library; ruda_device_open
+                                refuses a nonzero word (a setting of newer
+                                headers it does not know) */
 } ruda_config;
 
 /* Sets cfg->size and fills cfg with defaults (auto backend, 8 streams,
@@ -150,9 +164,10 @@ RUDA_EXTERN void ruda_config_init(ruda_config *cfg);
 
 /* Opens a device and starts its stream workers. cfg may be NULL (defaults
  * plus environment). Fails with RUDA_ENOBACKEND when the cuda backend was
- * asked for and is unusable, RUDA_EINVAL for out-of-range settings or a
+ * asked for and is unusable, RUDA_EINVAL for out-of-range settings, a
  * cfg->size other than sizeof(ruda_config) (a config not filled by
- * ruda_config_init, or built against another version's headers).
+ * ruda_config_init, or built against another version's headers) or a
+ * reserved word that is not zero (the message names it).
  * Thread-safe; blocks while workers start. */
 RUDA_EXTERN int ruda_device_open(const ruda_config *cfg, ruda_device **out);
 

@@ -203,6 +203,15 @@ static void invalid_values_are_refused(void **state) {
   assert_last_error_contains("log level 5");
   c = base, c.log_level = (ruda_log_level)-1;
   assert_rc(open_with(c), RUDA_EINVAL);
+  /* Reserved words: zero from ruda_config_init, and any other value (a
+   * setting of newer headers) is refused naming the word. */
+  for (size_t i = 0; i < sizeof base.reserved / sizeof base.reserved[0]; i++) assert_int_equal(base.reserved[i], 0);
+  c = base, c.reserved[0] = 1;
+  assert_rc(open_with(c), RUDA_EINVAL);
+  assert_last_error_contains("cfg->reserved[0] is 0x1, not zero");
+  c = base, c.reserved[7] = UINT64_C(1) << 63;
+  assert_rc(open_with(c), RUDA_EINVAL);
+  assert_last_error_contains("cfg->reserved[7] is 0x8000000000000000");
 
   /* The limits themselves are accepted. */
   c = base, c.num_streams = 1, c.queue_bound = 1;

@@ -293,6 +293,17 @@ static void bad_descriptors(void **state) {
   ruda_device *dev = fx->dev;
   char buf[256] = {0};
   ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(fx->buf));
+  /* Reserved words must be zero, for a contiguous descriptor too. */
+  d.reserved[1] = 2;
+  assert_rc(ruda_write(dev, 0, &d, buf, 128), RUDA_EINVAL);
+  assert_last_error_contains("ruda_write: descriptor reserved[1] is not zero");
+  ruda_future *f = NULL;
+  assert_rc(ruda_read(dev, 0, &d, buf, 128, &f), RUDA_EINVAL);
+  assert_last_error_contains("ruda_read: descriptor reserved[1] is not zero");
+  assert_null(f);
+  d.reserved[1] = 0;
+  assert_ok(ruda_write(dev, 0, &d, buf, 128));
+
   d.rank = RUDA_MAX_RANK + 1;
   d.elem_size = 1;
   assert_rc(ruda_write(dev, 0, &d, buf, 1), RUDA_EINVAL);
@@ -351,6 +362,19 @@ static void bad_descriptors(void **state) {
   assert_rc(ruda_write(dev, 0, &d, buf, 68), RUDA_ERANGE);
   d.shape[0] = 16;
   assert_ok(ruda_write(dev, 0, &d, buf, 64));
+}
+
+/* A tensor map descriptor's reserved words are checked before the backend
+ * is asked, so the host backend refuses them as the cuda one does. */
+static void tensor_map_reserved(void **state) {
+  fixture *fx = *state;
+  ruda_tensor_map_desc d = {.rank = 1, .data_type = 7, .shape = {16}, .strides = {1}, .box = {16}};
+  ruda_tensor_map m;
+  d.reserved[2] = 9;
+  assert_rc(ruda_tensor_map_encode(fx->dev, ruda_bind(fx->buf), &d, &m), RUDA_EINVAL);
+  assert_last_error_contains("ruda_tensor_map_encode: desc reserved[2] is not zero");
+  d.reserved[2] = 0;
+  assert_rc(ruda_tensor_map_encode(fx->dev, ruda_bind(fx->buf), &d, &m), RUDA_ENOBACKEND); /* host */
 }
 
 static void copy_ranges(void **state) {
@@ -508,6 +532,11 @@ static void launch_arguments(void **state) {
   assert_last_error_contains("0x80");
   l.flags = 0;
 
+  l.reserved[2] = 1;
+  assert_rc(ruda_launch(dev, 0, &l), RUDA_EINVAL);
+  assert_last_error_contains("ruda_launch \"count\": reserved[2] is not zero");
+  l.reserved[2] = 0;
+
   args[0] = ruda_arg_scalar(NULL, 4);
   assert_rc(ruda_launch(dev, 0, &l), RUDA_EINVAL);
   assert_last_error_contains("NULL data");
@@ -643,6 +672,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(binding_out_of_range, setup, teardown),
       cmocka_unit_test_setup_teardown(length_mismatch, setup, teardown),
       cmocka_unit_test_setup_teardown(bad_descriptors, setup, teardown),
+      cmocka_unit_test_setup_teardown(tensor_map_reserved, setup, teardown),
       cmocka_unit_test_setup_teardown(copy_ranges, setup, teardown),
       cmocka_unit_test_setup_teardown(stale_and_freed_handles, setup, teardown),
       cmocka_unit_test_setup_teardown(unknown_kernel, setup, teardown),
