@@ -28,7 +28,7 @@ static int check_desc(const ruda_call_desc *d, const char *name) {
     return ruda__fail(RUDA_EINVAL, WHO ": data is NULL with data_size %u", WHO_ARGS(name), d->data_size);
   if (d->flags & ~RUDA_CALL_NOT_CAPTURABLE)
     return ruda__fail(RUDA_EINVAL, WHO ": unknown flags 0x%x", WHO_ARGS(name), d->flags);
-  for (int i = 0; i < 3; i++)
+  for (int i = 1; i < 4; i++) /* reserved[0] is library */
     if (d->reserved[i] != 0) return ruda__fail(RUDA_EINVAL, WHO ": reserved[%d] is not zero", WHO_ARGS(name), i);
   for (uint32_t i = 0; i < d->nbuffers; i++) {
     const ruda_arg_kind k = d->buffers[i].kind;

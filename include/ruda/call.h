@@ -155,9 +155,11 @@ typedef struct ruda_call_ctx {
   int capturing;         /* 1 while cu_stream is being captured into a graph */
   char *msg;             /* RUDA_CALL_MSG_MAX bytes, "" on entry: a failing
                             function may write why (NUL-terminated) */
-  void *library;         /* the worker's state of desc->library (what its
+  union {                /* library took reserved[0] (ruda/ruda.h, "Versions and ABI") */
+    void *library;       /* the worker's state of desc->library (what its
                             create made), or NULL without one */
-  uint64_t reserved[3];  /* zero */
+    uint64_t reserved[4]; /* [1..3] zero */
+  };
 } ruda_call_ctx;
 
 /* Buffer i of a call as a pointer. */
@@ -187,10 +189,11 @@ typedef struct ruda_call_desc {
   uint32_t flags;          /* RUDA_CALL_* */
   const void *data;        /* data_size bytes copied at the call, handed to fn */
   uint32_t data_size;      /* at most RUDA_CALL_MAX_DATA */
-  uint64_t library;        /* a ruda_library_register id: ctx->library is
-                              the worker's state of it; 0: none (in what
-                              was reserved[0], so older callers pass 0) */
-  uint64_t reserved[3];    /* zero */
+  union {                  /* library took reserved[0] (ruda/ruda.h, "Versions and ABI") */
+    uint64_t library;      /* a ruda_library_register id: ctx->library is
+                              the worker's state of it; 0: none */
+    uint64_t reserved[4];  /* [1..3] zero */
+  };
 } ruda_call_desc;
 
 /* Enqueues a library call on stream. Checks at the call: fn is set, the

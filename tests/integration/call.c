@@ -12,7 +12,7 @@
  * a caller built before it (all reserved words zero) names no library. */
 #if UINTPTR_MAX == UINT64_MAX
 _Static_assert(sizeof(ruda_call_desc) == 88 && offsetof(ruda_call_desc, library) == 56 &&
-                   offsetof(ruda_call_desc, reserved) == 64,
+                   offsetof(ruda_call_desc, reserved) == 56,
                "ruda_call_desc's layout changed");
 _Static_assert(sizeof(ruda_call_ctx) == 120 && offsetof(ruda_call_ctx, library) == 88,
                "ruda_call_ctx's layout changed");
