@@ -278,6 +278,15 @@ typedef struct ruda__backend_ops {
                     ruda_tensor_map *out);
 } ruda__backend_ops;
 
+/* A device's backend: its table and the state its open made. One per
+ * device, in the scheduler's root (scheduler/sched.h); memory and the
+ * handle table hold a pointer to it, so swapping `ops` (a test's fake
+ * backend) swaps it for every layer. Written at open, read-only after. */
+typedef struct ruda__backend {
+  const ruda__backend_ops *ops;
+  void *state;
+} ruda__backend;
+
 extern const ruda__backend_ops ruda__host_backend;
 /* NULL when built without the CUDA toolkit headers. */
 extern const ruda__backend_ops *const ruda__cuda_backend;

@@ -10,6 +10,9 @@
 #include <stdint.h>
 #include <time.h>
 
+/* What padding keeps two threads' hot words apart. */
+#define RUDA__CACHELINE 64
+
 extern const struct ck_ec_ops ruda__ec_ops;
 /* Many threads increment (producers waking a worker). */
 extern const struct ck_ec_mode ruda__ec_mp;

@@ -69,7 +69,7 @@ enum mode { RUDA_PAIR, RAW_PAIR, RUDA_WINDOW, RAW_WINDOW, ASYNC_PAIR, ASYNC_WIND
  * driver has it. Each thread allocates and frees on a stream of its own. */
 static int have_async(ruda_device *dev) {
 #ifdef RUDA_BENCH_CUDA
-  return strcmp(dev->ops->name, "cuda") == 0 && ruda__cu.cuMemAllocAsync != NULL &&
+  return strcmp(dev->sched.backend.ops->name, "cuda") == 0 && ruda__cu.cuMemAllocAsync != NULL &&
          ruda__cu.cuMemFreeAsync != NULL;
 #else
   (void)dev;
@@ -113,7 +113,7 @@ static int touch_host(const ruda_host_ctx *c, void *const *args) {
 
 static int register_touch(ruda_device *dev) {
 #ifdef RUDA_BENCH_CUDA
-  if (strcmp(dev->ops->name, "cuda") == 0) {
+  if (strcmp(dev->sched.backend.ops->name, "cuda") == 0) {
     int rc = ruda_kernel_source(dev, "touch", "extern \"C\" __global__ void touch(float *x) { (void)x; }\n", NULL);
     if (rc == 0) touch_fn = ((ruda__cu_kernel *)ruda__kernel_find(dev, "touch")->impl)->fn;
     return rc;
@@ -153,7 +153,7 @@ static void record(job *j, uint64_t ns) {
 static void *run_job(void *p) {
   job *j = p;
   ruda_device *dev = j->dev;
-  const ruda__backend_ops *ops = dev->ops;
+  const ruda__backend_ops *ops = dev->sched.backend.ops;
   ruda_stream_id s = j->id;
   unsigned seed = 12345u + j->id;
   ruda_handle h[WINDOW];
@@ -163,7 +163,7 @@ static void *run_job(void *p) {
   CUstream cs = NULL;
   const int raw_stream = use_buffers && j->mode == RAW_WINDOW && strcmp(ops->name, "cuda") == 0;
   if (j->mode == ASYNC_PAIR || j->mode == ASYNC_WINDOW || raw_stream) {
-    j->rc = async_rc(ruda__cu.cuCtxSetCurrent((CUcontext)ops->native_context(dev->bstate)), "cuCtxSetCurrent");
+    j->rc = async_rc(ruda__cu.cuCtxSetCurrent((CUcontext)ops->native_context(dev->sched.backend.state)), "cuCtxSetCurrent");
     if (j->rc == 0) j->rc = async_rc(ruda__cu.cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     if (j->rc == 0 && j->mode == ASYNC_PAIR) {
       CUdeviceptr d;
@@ -190,7 +190,7 @@ static void *run_job(void *p) {
     }
   } else if (j->mode == RAW_WINDOW) {
     for (int i = 0; i < WINDOW && j->rc == 0; i++) {
-      j->rc = ops->mem_alloc(dev->bstate, window_sizes[rand_r(&seed) % 8], &addr[i]);
+      j->rc = ops->mem_alloc(dev->sched.backend.state, window_sizes[rand_r(&seed) % 8], &addr[i]);
       if (j->rc == 0) j->rc = use_raw(cs, addr[i]);
     }
   }
@@ -209,8 +209,8 @@ static void *run_job(void *p) {
         if (rc == 0) rc = ruda_buffer_free(dev, s, h[0]);
         break;
       case RAW_PAIR:
-        rc = ops->mem_alloc(dev->bstate, j->size, &addr[0]);
-        if (rc == 0) ops->mem_free(dev->bstate, addr[0], NULL);
+        rc = ops->mem_alloc(dev->sched.backend.state, j->size, &addr[0]);
+        if (rc == 0) ops->mem_free(dev->sched.backend.state, addr[0], NULL);
         break;
       case RUDA_WINDOW:
         rc = ruda_buffer_free(dev, s, h[head]);
@@ -219,8 +219,8 @@ static void *run_job(void *p) {
         head = (head + 1) % WINDOW;
         break;
       case RAW_WINDOW:
-        ops->mem_free(dev->bstate, addr[head], NULL);
-        rc = ops->mem_alloc(dev->bstate, window_sizes[rand_r(&seed) % 8], &addr[head]);
+        ops->mem_free(dev->sched.backend.state, addr[head], NULL);
+        rc = ops->mem_alloc(dev->sched.backend.state, window_sizes[rand_r(&seed) % 8], &addr[head]);
         used = head;
         head = (head + 1) % WINDOW;
         break;
@@ -269,7 +269,7 @@ static void *run_job(void *p) {
     if (use_buffers) ruda_sync(dev, s, NULL);
   }
   if (j->mode == RAW_WINDOW)
-    for (int i = 0; i < WINDOW; i++) ops->mem_free(dev->bstate, addr[i], NULL);
+    for (int i = 0; i < WINDOW; i++) ops->mem_free(dev->sched.backend.state, addr[i], NULL);
 #ifdef RUDA_BENCH_CUDA
   if (cs != NULL) {
     if (j->mode == ASYNC_WINDOW)
@@ -581,7 +581,7 @@ int main(int argc, char **argv) {
         uint32_t T = thread_counts[ti];
         enum mode rm = si < 4 ? RUDA_PAIR : RUDA_WINDOW, bm = si < 4 ? RAW_PAIR : RAW_WINDOW;
         /* Without a stream of its own the host's raw allocator cannot use its buffers. */
-        const int do_raw = raw && !(use_buffers && strcmp(dev->ops->name, "cuda") != 0);
+        const int do_raw = raw && !(use_buffers && strcmp(dev->sched.backend.ops->name, "cuda") != 0);
         uint64_t size = si < 4 ? sizes[si] : 0;
         result a = run_case(dev, rm, T, size, seconds);
         result b = {0, 0, 0, 0, 0};

@@ -38,6 +38,13 @@ install(TARGETS ruda ruda_static EXPORT rudaTargets
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT rudaTargets NAMESPACE ruda:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ruda)
+# Installed outside the linker's own directories (/usr/local/lib among
+# them: ld.so finds a new library there only after ldconfig), the shared
+# library's consumers get an RPATH to it from `pkg-config --libs`.
+set(RUDA_PC_RPATH "")
+if(NOT CMAKE_INSTALL_FULL_LIBDIR IN_LIST CMAKE_C_IMPLICIT_LINK_DIRECTORIES)
+  set(RUDA_PC_RPATH " -Wl,-rpath,\${libdir}")
+endif()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/ruda.pc.in ${PROJECT_BINARY_DIR}/ruda.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/ruda.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 

@@ -130,7 +130,7 @@ void ruda__page_discard(ruda__memory *mem, ruda__page *pg) {
   uint64_t base = atomic_load_explicit(&pg->base, memory_order_relaxed);
   ruda__arena *a = &mem->arena;
   if (base) {
-    mem->ops->mem_free(mem->bstate, base, NULL);
+    mem->backend->ops->mem_free(mem->backend->state, base, NULL);
     atomic_fetch_sub(&a->backed, pg->size);
     atomic_fetch_add(&a->backend_frees, 1);
   } else {
@@ -144,12 +144,12 @@ static int backend_alloc(ruda__memory *mem, struct ruda__pools *own, uint64_t si
                          const char *fn, uint64_t *addr) {
   ruda__arena *a = &mem->arena;
   atomic_fetch_add(&a->backend_allocs, 1);
-  int rc = mem->ops->mem_alloc(mem->bstate, size, addr);
+  int rc = mem->backend->ops->mem_alloc(mem->backend->state, size, addr);
   if (rc != RUDA_EOUTOFMEMORY) return rc;
   mem->reclaim(mem, own);
   uint64_t released = ruda__arena_trim(mem, 0, OOM_WAIT_NS);
   atomic_fetch_add(&a->backend_allocs, 1);
-  rc = mem->ops->mem_alloc(mem->bstate, size, addr);
+  rc = mem->backend->ops->mem_alloc(mem->backend->state, size, addr);
   if (rc != RUDA_EOUTOFMEMORY) return rc;
   /* Keep the backend's own words and result (CUresult) reachable. */
   char cause[RUDA__MSG_MAX];
@@ -242,7 +242,7 @@ ruda__page *ruda__arena_take(ruda__memory *mem, uint32_t w, struct ruda__pools *
   if (!virtual_ok && (*rc = backend_alloc(mem, own, size, request, fn, &addr)) != 0) return NULL;
   ruda__page *pg = page_new(mem, size, addr);
   if (pg == NULL) {
-    if (addr) mem->ops->mem_free(mem->bstate, addr, NULL);
+    if (addr) mem->backend->ops->mem_free(mem->backend->state, addr, NULL);
     *rc = ruda__fail(RUDA_ENOMEM, "%s: out of host memory for a page descriptor", fn);
   }
   return pg;
@@ -375,7 +375,7 @@ void ruda__arena_destroy(ruda__memory *mem) {
   for (ruda__page *pg = a->all, *next; pg != NULL; pg = next) {
     next = pg->all_next;
     uint64_t base = atomic_load(&pg->base);
-    if (base) mem->ops->mem_free(mem->bstate, base, NULL);
+    if (base) mem->backend->ops->mem_free(mem->backend->state, base, NULL);
     free(pg->free_idx);
     free(pg);
   }

@@ -63,7 +63,7 @@ static void fence_poll(ruda__memory *mem, ruda__wfence *f, uint32_t w) {
 uint64_t ruda__fence_need(ruda__memory *mem, uint32_t w, int executed) {
   ruda__memory *m = mem;
   /* Number 0 has always passed. */
-  if (mem->ops->event_query == NULL && (executed || worker_idle(mem, w))) return 0;
+  if (mem->backend->ops->event_query == NULL && (executed || worker_idle(mem, w))) return 0;
   pthread_mutex_lock(&m->fence_lock);
   ruda__wfence *f = &m->fences[w];
   /* When every use already ran on w, a fence w has not run yet comes

@@ -291,7 +291,7 @@ void ruda__handles_unpin(ruda__handles *h, uint32_t index, void *wstate) {
     s->imp = NULL;
     h->retire_import(h->retire_ctx, imp, atomic_load_explicit(&s->users, memory_order_relaxed));
   } else if (s->raw)
-    h->ops->mem_free(h->bstate, s->addr, wstate);
+    h->backend->ops->mem_free(h->backend->state, s->addr, wstate);
   /* Workers release here; a lock-free push keeps them off the table lock. */
   uint32_t head = atomic_load_explicit(&h->returned, memory_order_relaxed);
   do {
@@ -320,7 +320,7 @@ void ruda__handles_destroy(ruda__handles *h) {
   for (uint32_t i = 0; i < h->nslots; i++) {
     ruda__slot *s = slot_at(h, i);
     uint64_t st = atomic_load(&s->state);
-    if ((st & LIVE) && s->raw && h->ops != NULL) h->ops->mem_free(h->bstate, s->addr, NULL);
+    if ((st & LIVE) && s->raw && h->backend != NULL) h->backend->ops->mem_free(h->backend->state, s->addr, NULL);
   }
   for (uint32_t c = 0; c < RUDA__MAX_CHUNKS; c++) free(atomic_load(&h->chunks[c]));
   pthread_mutex_destroy(&h->lock);

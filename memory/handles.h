@@ -72,8 +72,7 @@ typedef struct ruda__handles {
    * raw buffers, and where a pool buffer's memory goes when its last
    * reference drops (ruda__memory_retire). */
   const struct ruda__progress *progress;
-  const struct ruda__backend_ops *ops;
-  void *bstate;
+  const struct ruda__backend *backend;
   void (*retire)(void *ctx, void *page, uint64_t addr, uint64_t size, uint32_t home, uint64_t users);
   /* An import's last reference (memory/import.h), with the same ctx. */
   void (*retire_import)(void *ctx, void *imp, uint64_t users);

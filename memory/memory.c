@@ -14,8 +14,7 @@
 int ruda__memory_init(ruda__memory *mem, uint32_t nworkers) {
   ruda__memory given = *mem; /* what the device handed down */
   memset(mem, 0, sizeof *mem);
-  mem->ops = given.ops;
-  mem->bstate = given.bstate;
+  mem->backend = given.backend;
   mem->handles = given.handles;
   mem->progress = given.progress;
   mem->nworkers = nworkers;
@@ -29,8 +28,7 @@ int ruda__memory_init(ruda__memory *mem, uint32_t nworkers) {
   if (rc != 0) return rc;
   if (mem->handles != NULL) {
     ruda__handles *h = mem->handles;
-    h->ops = mem->ops;
-    h->bstate = mem->bstate;
+    h->backend = mem->backend;
     h->progress = &mem->progress;
     h->retire = ruda__pools_retire_hook;
     h->retire_import = ruda__import_retire;

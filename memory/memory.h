@@ -33,8 +33,7 @@ struct ruda__pools;
  * what they are handed from the layers around them (the backend below,
  * the scheduler's progress above). Embedded in struct ruda_device. */
 typedef struct ruda__memory {
-  const ruda__backend_ops *ops;
-  void *bstate;
+  const ruda__backend *backend; /* the device's (in the scheduler's root) */
   ruda__handles *handles;
   ruda__progress progress;
   ruda__arena arena;
@@ -61,7 +60,7 @@ typedef struct ruda__memory {
   _Atomic uint32_t nimports;
 } ruda__memory;
 
-/* Device lifecycle (memory/memory.c). init with ops, bstate, handles and
+/* Device lifecycle (memory/memory.c). init with backend, handles and
  * progress set, for nworkers workers: makes the fences, the arena and the
  * pools' shared state, and hands the handle table what it needs of them;
  * destroy after the workers stopped (every page goes back to the

@@ -178,7 +178,7 @@ uint32_t ruda__auto_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n, int 
     atomic_fetch_add_explicit(&w->auto_cmds, n, memory_order_relaxed);
     return n;
   }
-  if (sch->ops->graph_replay == NULL && failed > 0) {
+  if (sch->backend.ops->graph_replay == NULL && failed > 0) {
     /* Run in order up to the failure, which is run[failed - 1]'s own. */
     atomic_fetch_add_explicit(&w->auto_cmds, failed, memory_order_relaxed);
     return failed - 1;

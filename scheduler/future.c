@@ -37,8 +37,8 @@ static int submitted(const void *p) {
 }
 
 static void release_event(struct ruda_future *f) {
-  if (f->completion.event != NULL && f->sch->ops->event_release)
-    f->sch->ops->event_release(f->sch->bstate, f->completion.event);
+  if (f->completion.event != NULL && f->sch->backend.ops->event_release)
+    f->sch->backend.ops->event_release(f->sch->backend.state, f->completion.event);
   f->completion.event = NULL;
 }
 
@@ -58,16 +58,16 @@ void ruda__future_unref(struct ruda_future *f) {
      * the device work is done. This is often a worker (the client freed
      * the future first), which must not block on the device: the backend
      * retires it when its progress() sees the event complete. */
-    const ruda__backend_ops *ops = f->sch->ops;
+    const ruda__backend_ops *ops = f->sch->backend.ops;
     if (f->completion.event != NULL && ops->retire != NULL) {
-      ops->retire(f->sch->bstate, f->completion.event, f->completion.discard, f->completion.arg);
+      ops->retire(f->sch->backend.state, f->completion.event, f->completion.discard, f->completion.arg);
       f->completion.event = NULL; /* the backend's now */
       /* The recording worker may sleep without a timeout (nothing was
        * pending at its last poll): wake it to poll this one. */
       if (f->order_worker != NULL) ck_ec32_inc(&f->order_worker->wake, &ruda__ec_mp);
     } else {
-      if (f->completion.event != NULL) ops->event_wait(f->sch->bstate, f->completion.event, NULL);
-      f->completion.discard(f->sch->bstate, f->completion.arg);
+      if (f->completion.event != NULL) ops->event_wait(f->sch->backend.state, f->completion.event, NULL);
+      f->completion.discard(f->sch->backend.state, f->completion.arg);
     }
   }
   release_event(f);
@@ -83,7 +83,7 @@ int ruda_future_poll(ruda_future *f) {
    * (ruda__future_unref does, once the future is freed), so querying it
    * here stays valid. */
   if (atomic_load_explicit(&f->finished, memory_order_acquire) || f->completion.event == NULL) return 1;
-  int done = f->sch->ops->event_query(f->sch->bstate, f->completion.event);
+  int done = f->sch->backend.ops->event_query(f->sch->backend.state, f->completion.event);
   if (done == 1 && f->order_worker != NULL) ruda__order_completed(f->order_worker, f->order_pos);
   return done;
 }
@@ -109,11 +109,11 @@ int ruda_future_wait(ruda_future *f, ruda_error **err) {
     int rc = f->code;
     ruda_error *e = NULL;
     if (rc == 0 && f->completion.event != NULL) {
-      rc = f->sch->ops->event_wait(f->sch->bstate, f->completion.event, &e);
+      rc = f->sch->backend.ops->event_wait(f->sch->backend.state, f->completion.event, &e);
       if (rc == 0 && f->order_worker != NULL) ruda__order_completed(f->order_worker, f->order_pos);
     }
     if (rc == 0 && f->completion.finish != NULL)
-      f->completion.finish(f->sch->bstate, f->completion.arg);
+      f->completion.finish(f->sch->backend.state, f->completion.arg);
     if (e != NULL) {
       e->stream = f->stream->id;
       ruda__stream_push_error(f->stream, e);

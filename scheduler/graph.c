@@ -83,7 +83,7 @@ ruda_graph *ruda__graph_new(struct ruda__sched *sch, ruda_stream_id stream) {
 void ruda__graph_free(ruda_graph *g, void *wstate) {
   if (g == NULL) return;
   struct ruda__sched *sch = g->sch;
-  if (g->exec != NULL && sch->ops->graph_release != NULL) sch->ops->graph_release(sch->bstate, g->exec);
+  if (g->exec != NULL && sch->backend.ops->graph_release != NULL) sch->backend.ops->graph_release(sch->backend.state, g->exec);
   ruda__capture_discard(sch, g->cmds, g->n, wstate);
   free(g->cmds);
   free(g->slots);
@@ -107,6 +107,7 @@ typedef struct replay_ctx {
   const ruda__graph_fix *fix; /* sorted by command */
   uint32_t nfix;
   uint32_t failed; /* the command that failed, from 1 */
+  int capturing;   /* issued into the backend's graph, not run */
 } replay_ctx;
 
 /* Where r's patches of command i start (nfix when past them all; fix may
@@ -131,7 +132,7 @@ static int patched(const replay_ctx *r, uint32_t i) {
  * patches of it applied in order. */
 static int issue(void *arg, uint32_t i, ruda_error **err) {
   replay_ctx *r = arg;
-  const ruda__backend_ops *ops = r->w->sch->ops;
+  const ruda__backend_ops *ops = r->w->sch->backend.ops;
   void *ws = r->w->wstate;
   const ruda__cmd *cmd = r->g->cmds[i];
   const uint32_t k0 = first_fix(r, i);
@@ -183,7 +184,7 @@ static int issue(void *arg, uint32_t i, ruda_error **err) {
       break;
     }
     case RUDA__CMD_CALL: /* never patched; a backend with graph_replay calls this while capturing */
-      rc = ruda__libcall_run(r->w, cmd, ops->graph_replay != NULL, err);
+      rc = ruda__libcall_run(r->w, cmd, r->capturing, err);
       break;
     default: break;
   }
@@ -206,11 +207,15 @@ static uint32_t changed_list(const ruda_graph *g, const replay_ctx *r, uint32_t 
 
 int ruda__graph_run(ruda__worker *w, ruda_graph *g, const ruda__graph_fix *fix, uint32_t nfix, uint32_t *failed,
                     ruda_error **err) {
-  const ruda__backend_ops *ops = w->sch->ops;
-  replay_ctx r = {w, g, fix, nfix, 0};
+  const ruda__backend_ops *ops = w->sch->backend.ops;
+  /* RUDA_LAUNCH_BLOCKING: one command at a time, each waited for, so a
+   * fault is the recorded command's that caused it. */
+  const int blocking = w->sch->cfg.launch_blocking;
+  replay_ctx r = {w, g, fix, nfix, 0, ops->graph_replay != NULL && !blocking};
   int rc = 0;
-  if (ops->graph_replay == NULL) {
-    for (uint32_t i = 0; i < g->n && rc == 0; i++) rc = issue(&r, i, err);
+  if (!r.capturing) {
+    for (uint32_t i = 0; i < g->n && rc == 0; i++)
+      if ((rc = issue(&r, i, err)) == 0 && blocking && (rc = ruda__wait_device(w, err)) != 0) r.failed = i + 1;
   } else {
     /* Replays of one graph on several workers take turns: the first one
      * captures, and one executable graph is patched and launched by one
@@ -239,7 +244,7 @@ int ruda__graph_run(ruda__worker *w, ruda_graph *g, const ruda__graph_fix *fix, 
 
 int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err) {
   ruda_graph *g = cmd->u.graph.g;
-  replay_ctx r = {w, g, cmd->u.graph.fix, cmd->u.graph.nfix, 0};
+  replay_ctx r = {w, g, cmd->u.graph.fix, cmd->u.graph.nfix, 0, 0};
   int rc = ruda__graph_run(w, g, r.fix, r.nfix, &r.failed, err);
   if (rc != 0 && r.failed && *err != NULL) {
     ruda__cmd *bad = g->cmds[r.failed - 1];
@@ -260,15 +265,10 @@ int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err) {
   return rc;
 }
 
-typedef struct close_arg {
-  struct ruda__sched *sch;
-} close_arg;
-
-static void close_capture(ruda__stream *s, void *arg) {
-  close_arg *a = arg;
+void ruda__capture_close(ruda__stream *s, void *sch) {
   ruda__capture *c = atomic_load(&s->cap);
   if (c == NULL) return;
-  ruda__capture_discard(a->sch, c->cmds, c->n, NULL);
+  ruda__capture_discard(sch, c->cmds, c->n, NULL);
   free(c->cmds);
   c->cmds = NULL;
   c->n = c->cap = 0;
@@ -276,8 +276,6 @@ static void close_capture(ruda__stream *s, void *arg) {
 }
 
 void ruda__graphs_close(struct ruda__sched *sch) {
-  close_arg a = {sch};
-  ruda__streams_each(&sch->streams, close_capture, &a);
   /* The workers stopped: only the owners' references are left. */
   while (sch->graphs != NULL) {
     ruda_graph *g = sch->graphs;

@@ -108,8 +108,11 @@ void ruda__graph_free(struct ruda_graph *g, void *wstate);
  * the calling worker's, or NULL on a client. */
 void ruda__graph_unref(struct ruda_graph *g, void *wstate);
 
-/* Device close, after the workers stopped: discards open recordings and
- * destroys every graph the application did not. */
+/* Device close, after the workers stopped: ruda__capture_close discards
+ * stream s's open recording (sch: the struct ruda__sched, for walking the
+ * stream table with ruda__streams_each), then ruda__graphs_close destroys
+ * every graph the application did not. */
+void ruda__capture_close(ruda__stream *s, void *sch);
 void ruda__graphs_close(struct ruda__sched *sch);
 /* Frees a stream's recording (empty by then). */
 void ruda__capture_free(ruda__capture *c);

@@ -50,7 +50,7 @@ int ruda__inline_claim(ruda__worker *w, const ruda__cmd *cmd, ruda__exec_guard *
    * compare-and-swap below). */
   uint64_t t = atomic_load_explicit(&w->tickets, memory_order_seq_cst);
   if (w->trace != NULL || atomic_load_explicit(&w->done, memory_order_relaxed) != t ||
-      (sch->ops->exec_enter != NULL && sch->ops->exec_enter(sch->bstate, guard) != 0)) {
+      (sch->backend.ops->exec_enter != NULL && sch->backend.ops->exec_enter(sch->backend.state, guard) != 0)) {
     ruda__exec_release(w);
     return 0;
   }
@@ -58,7 +58,7 @@ int ruda__inline_claim(ruda__worker *w, const ruda__cmd *cmd, ruda__exec_guard *
    * then ahead of ours, so ours goes behind it through the queue). */
   if (!atomic_compare_exchange_strong_explicit(&w->tickets, &t, t + 1, memory_order_seq_cst,
                                                memory_order_relaxed)) {
-    if (sch->ops->exec_leave != NULL) sch->ops->exec_leave(sch->bstate, guard);
+    if (sch->backend.ops->exec_leave != NULL) sch->backend.ops->exec_leave(sch->backend.state, guard);
     ruda__exec_release(w);
     return 0;
   }
@@ -74,8 +74,8 @@ void ruda__inline_finish(ruda__worker *w, ruda__cmd *cmd, ruda__exec_guard *guar
    * or here every PROGRESS_EVERY commands run in place (each poll is a
    * driver query per pending event). The worker is not woken for it: it
    * would take exec from the next command issued in place. */
-  if (++w->in_place_runs % PROGRESS_EVERY == 0 && sch->ops->progress != NULL) sch->ops->progress(w->wstate);
-  if (sch->ops->exec_leave != NULL) sch->ops->exec_leave(sch->bstate, guard);
+  if (++w->in_place_runs % PROGRESS_EVERY == 0 && sch->backend.ops->progress != NULL) sch->backend.ops->progress(w->wstate);
+  if (sch->backend.ops->exec_leave != NULL) sch->backend.ops->exec_leave(sch->backend.state, guard);
   ruda__queue_unadmit(w); /* the place the caller's admission took */
   ruda__exec_release(w);
 }

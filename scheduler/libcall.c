@@ -90,14 +90,14 @@ int ruda__library_known(struct ruda__sched *sch, uint32_t id) {
 
 static ruda_call_ctx ctx_of(ruda__worker *w, const ruda__cmd *cmd) {
   struct ruda__sched *sch = w->sch;
-  const ruda__backend_ops *ops = sch->ops;
+  const ruda__backend_ops *ops = sch->backend.ops;
   return (ruda_call_ctx){
       .dev = sch->handle,
       .stream = cmd != NULL ? cmd->stream->id : 0,
       .seq = cmd != NULL ? cmd->seq : 0,
       .worker = w->index,
       .cu_stream = ops->native_stream != NULL ? ops->native_stream(w->wstate) : NULL,
-      .cu_context = ops->native_context != NULL ? ops->native_context(sch->bstate) : NULL,
+      .cu_context = ops->native_context != NULL ? ops->native_context(sch->backend.state) : NULL,
   };
 }
 
@@ -136,7 +136,7 @@ int ruda__libcall_prepare(ruda__worker *w, const ruda__cmd *cmd, ruda_error **er
 
 int ruda__libcall_run(ruda__worker *w, const ruda__cmd *cmd, int capturing, ruda_error **err) {
   struct ruda__sched *sch = w->sch;
-  const ruda__backend_ops *ops = sch->ops;
+  const ruda__backend_ops *ops = sch->backend.ops;
   const ruda__libcall_cmd *c = &cmd->u.call;
   void *lib = NULL;
   if (c->library != 0) {
@@ -154,7 +154,7 @@ int ruda__libcall_run(ruda__worker *w, const ruda__cmd *cmd, int capturing, ruda
       .addr = c->addr,
       .size = c->size,
       .cu_stream = ops->native_stream != NULL ? ops->native_stream(w->wstate) : NULL,
-      .cu_context = ops->native_context != NULL ? ops->native_context(sch->bstate) : NULL,
+      .cu_context = ops->native_context != NULL ? ops->native_context(sch->backend.state) : NULL,
       .data = c->data,
       .data_size = c->data_size,
       .capturing = capturing,

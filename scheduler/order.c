@@ -165,7 +165,7 @@ void ruda__order_abandon(ruda__order *o) {
  * complete do. */
 static int passed(struct ruda__sched *sch, uint32_t a, uint32_t t) {
   ruda__worker *w = &sch->workers[a];
-  uint64_t x = sch->ops->stream_wait == NULL ? atomic_load_explicit(&w->done, memory_order_acquire)
+  uint64_t x = sch->backend.ops->stream_wait == NULL ? atomic_load_explicit(&w->done, memory_order_acquire)
                                              : atomic_load_explicit(&w->completed, memory_order_acquire);
   return ruda__ticket_ge((uint32_t)x, t);
 }
@@ -185,7 +185,7 @@ static void cover(ruda__worker *b, const ruda__dep *d) {
 
 static void dep_unref(struct ruda__sched *sch, ruda__dep *d) {
   if (atomic_fetch_sub_explicit(&d->refs, 1, memory_order_acq_rel) != 1) return;
-  if (d->event != NULL && sch->ops->event_release != NULL) sch->ops->event_release(sch->bstate, d->event);
+  if (d->event != NULL && sch->backend.ops->event_release != NULL) sch->backend.ops->event_release(sch->backend.state, d->event);
   ruda_error_free(d->err);
   free(d);
 }
@@ -306,10 +306,10 @@ void ruda__order_mark(ruda__worker *w, ruda__dep *d) {
   struct ruda__sched *sch = w->sch;
   /* Only a backend that orders streams on the device needs an event: on
    * the others, reaching the MARK means everything before it is done. */
-  if (sch->ops->stream_wait != NULL) {
+  if (sch->backend.ops->stream_wait != NULL) {
     ruda__completion c = {0};
     ruda_error *err = NULL;
-    d->code = sch->ops->record(w->wstate, &c, &err);
+    d->code = sch->backend.ops->record(w->wstate, &c, &err);
     if (d->code == 0) d->event = c.event;
     else d->err = err;
   }
@@ -344,7 +344,7 @@ int ruda__order_wait(ruda__worker *w, ruda__dep **deps, uint32_t n, ruda_error *
                           d->worker, d->err ? d->err->msg : ruda_err_name(r));
     } else if (d->event != NULL) {
       /* Asynchronous: the device stream waits, the worker goes on. */
-      r = sch->ops->stream_wait(w->wstate, d->event, &e);
+      r = sch->backend.ops->stream_wait(w->wstate, d->event, &e);
     }
     if (r != 0 && rc == 0) {
       rc = r;

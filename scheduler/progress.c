@@ -49,7 +49,7 @@ static void fence_free(void *ctx, void *fence) {
  * checks, so a batch taken in between shows. */
 static int idle(void *ctx, uint32_t w) {
   struct ruda__sched *sch = ctx;
-  if (sch->ops->event_query != NULL) return 0;
+  if (sch->backend.ops->event_query != NULL) return 0;
   ruda__worker *wk = &sch->workers[w];
   uint32_t e = atomic_load_explicit(&wk->idle_epoch, memory_order_seq_cst);
   if (!(e & 1) || !cds_wfcq_empty(&wk->head, &wk->tail) ||

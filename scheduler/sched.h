@@ -1,11 +1,12 @@
 /* sched.h - the scheduler's root object: struct ruda__sched, one per
  * device, embedded in struct ruda_device (src/device.h) the way memory's
  * ruda__memory is. It holds what the scheduler owns (workers, the stream
- * table, cross-stream ordering, graphs, tracing, the device fault) and is
- * handed what it uses of the layers around it: copies of the backend and
- * configuration, and pointers to memory's handle table and root. The
- * scheduler never sees struct ruda_device. Fields are written once at
- * open unless marked.
+ * table, cross-stream ordering, graphs, tracing, the device fault) and the
+ * device's state every command reads: its serial, configuration and
+ * backend, which the other layers read from here (memory and the handle
+ * table through a pointer to `backend`). It is handed pointers to
+ * memory's handle table and root. The scheduler never sees struct
+ * ruda_device. Fields are written once at open unless marked.
  */
 #ifndef RUDA_SCHEDULER_SCHED_H
 #define RUDA_SCHEDULER_SCHED_H
@@ -23,32 +24,16 @@
 #include "ruda/ruda.h"
 #include "scheduler/scheduler.h"
 
-/* Public calls in progress on a device, counted by the API layer
- * (src/device.h) in one of RUDA__CALL_SLOTS slots per calling thread (a
- * cache line each, so threads do not share one): ruda_device_close waits
- * until every slot reads zero. Two counters per slot, picked by the
- * device's call phase, so that a grace period (scheduler/stream_exit.c)
- * can wait for the calls that were in progress without waiting for the
- * ones that start meanwhile. */
-#define RUDA__CALL_SLOTS 64
-typedef struct ruda__call_slot {
-  _Atomic unsigned long n[2];
-  char pad[RUDA__CACHELINE - 2 * sizeof(unsigned long)];
-} ruda__call_slot;
-
 typedef struct ruda__sched {
-  uint64_t serial; /* the device's: distinguishes devices in thread-local caches */
+  uint64_t serial; /* distinguishes devices in thread-local caches */
   /* The device's public handle, opaque here: handed to library calls
    * (ruda_call_ctx.dev, scheduler/libcall.c) so their code can issue. */
   ruda_device *handle;
-  ruda_config cfg;
-  const ruda__backend_ops *ops;
-  void *bstate;
+  ruda_config cfg; /* the device's, as open checked it (the one copy) */
+  /* The device's backend (the one copy): memory and the handle table
+   * point here. */
+  ruda__backend backend;
   const _Atomic int *closed; /* the device's: 1 once ruda_device_close began */
-  /* The device's call slots and phase (above): read and flipped by the
-   * stream reaper's grace periods only. */
-  ruda__call_slot *calls;
-  _Atomic unsigned *call_phase;
   ruda__handles *handles;    /* memory's (memory/handles.h) */
   ruda__memory *memory;      /* memory's root (memory/memory.h) */
   ruda__worker *workers;
@@ -99,6 +84,21 @@ void ruda__sched_fault(ruda__sched *sch, ruda_error *err);
 static inline ruda__pools *ruda__stream_pools(ruda__sched *sch, ruda__stream *s) {
   ruda__pools *p = atomic_load_explicit(&s->pools, memory_order_acquire);
   return p != NULL ? p : ruda__pools_of(sch->memory, &s->pools, s->worker->index, s->id);
+}
+
+/* RUDA_LAUNCH_BLOCKING: waits until the device ran what worker w
+ * submitted, so a failure is reported on the command that caused it (a
+ * command's, scheduler/worker.c; a replayed graph's, scheduler/graph.c).
+ * On w's thread, or a client holding its exec; blocks. */
+static inline int ruda__wait_device(ruda__worker *w, ruda_error **err) {
+  const ruda__backend_ops *ops = w->sch->backend.ops;
+  ruda__completion c = {0};
+  int rc = ops->record(w->wstate, &c, err);
+  if (rc == 0 && c.event != NULL) {
+    rc = ops->event_wait(w->sch->backend.state, c.event, err);
+    if (ops->event_release != NULL) ops->event_release(w->sch->backend.state, c.event);
+  }
+  return rc;
 }
 
 /* Memory's view of worker progress (base/progress.h), served by fences on

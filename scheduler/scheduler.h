@@ -17,9 +17,8 @@
 #include <urcu/wfcqueue.h>
 
 #include "base/backend.h"
+#include "scheduler/grace.h"
 #include "ruda/ruda.h"
-
-#define RUDA__CACHELINE 64
 
 typedef struct ruda__worker ruda__worker;
 typedef struct ruda__stream ruda__stream;
@@ -103,6 +102,7 @@ typedef struct ruda__cmd {
        * in the command's trailing bytes (scheduler/graph.h). */
       const struct ruda__graph_fix *fix;
       uint32_t nfix;
+      const char *call; /* the public call that replayed it, for reports */
     } graph;
     ruda__coll coll;
     ruda__libcall_cmd call;
@@ -353,7 +353,8 @@ struct ruda__stream {
   _Atomic uint32_t nerr;
   _Atomic uint64_t lost; /* errors that could not be recorded (no memory) */
   struct ruda__profile *profiles; /* open profiles, owned by src/profile.c, under err_lock */
-  /* A thread's own stream (scheduler/stream_exit.c): its thread's life,
+  /* A thread's own stream (scheduler/stream.c, retired by
+   * scheduler/stream_exit.c): its thread's life,
    * the worker's ticket count seen once the thread had exited (+1; 0: not
    * seen yet), and set once it was retired: drained, its pages given
    * back, no longer listed or found by id. */
@@ -384,7 +385,7 @@ static inline ruda__stream *ruda__stream_alloc(void) {
  * stream leaves its slot (a tombstone, reused by later inserts); a table
  * is rebuilt, larger or smaller, when live streams and tombstones fill
  * half of it. Records and tables a lookup may still hold are freed after
- * a grace period (scheduler/stream_exit.c). */
+ * a grace period (scheduler/grace.h). */
 typedef struct ruda__stream_table {
   struct ruda__stream_slots *_Atomic current;
   struct ruda__stream_slots *retired; /* replaced tables, under lock */
@@ -394,9 +395,9 @@ typedef struct ruda__stream_table {
   _Atomic uint64_t records; /* stream records allocated, pending ones included (for tests) */
   pthread_mutex_t reap_lock;         /* one ruda__streams_reap at a time */
   _Atomic uint32_t thread_creations; /* threads' own streams made, to pace reaping */
-  /* Grace periods, under reap_lock: half-periods completed (read
-   * anywhere), and the retired records waiting for theirs. */
-  _Atomic uint64_t halves;
+  /* Grace periods (advanced under reap_lock), and the retired records
+   * waiting for theirs. */
+  ruda__grace grace;
   struct ruda__stream *pending;
 } ruda__stream_table;
 
@@ -417,11 +418,20 @@ void ruda__stream_private_free(struct ruda__sched *sch, ruda__stream *s, const c
  * reserved id that names no existing stream, RUDA_ENOMEM (both recorded
  * naming fn) in *rc, NULL then. */
 ruda__stream *ruda__stream_for(struct ruda__sched *sch, ruda_stream_id id, const char *fn, int *rc);
-/* Threads' own streams (scheduler/stream_exit.c). life_get: the calling
- * thread's life record with a reference for a new stream (NULL without
- * memory: the stream is then never retired); life_put drops one. */
+/* Threads' own streams. A thread's life record: set exited by its
+ * thread-exit hook, held by the thread and by each of its streams.
+ * life_get (scheduler/stream.c): the calling thread's record with a
+ * reference for a new stream (NULL without memory: the stream is then
+ * never retired); life_put drops one (inline, so that the table's
+ * record free calls nothing above it). Any thread. */
+struct ruda__thread_life {
+  _Atomic int exited;
+  _Atomic uint32_t refs; /* the thread's own, one per stream */
+};
 struct ruda__thread_life *ruda__thread_life_get(void);
-void ruda__thread_life_put(struct ruda__thread_life *life);
+static inline void ruda__thread_life_put(struct ruda__thread_life *life) {
+  if (life != NULL && atomic_fetch_sub_explicit(&life->refs, 1, memory_order_acq_rel) == 1) free(life);
+}
 /* Retires the streams of threads that exited whose work every worker has
  * run and whose errors were drained: gives their pools' pages back and
  * stops listing them. Skips when another reap is running. Any thread;
@@ -439,12 +449,15 @@ void ruda__streams_unpublish(ruda__stream_table *t, ruda__stream *st);
 void ruda__streams_republish(ruda__stream_table *t, ruda__stream *st);
 /* Frees a stream record no lookup, command or future can still reach. */
 void ruda__stream_free(ruda__stream *st);
-/* Frees the replaced tables whose grace period (stamp + 3 half-periods)
- * passed; 1 when some are left. Under reap_lock. */
+/* Frees the replaced tables whose grace period passed; 1 when some are
+ * left. Under reap_lock. */
 int ruda__streams_free_retired(ruda__stream_table *t);
-/* The calling thread's stream cache forgets its own stream and id (its
- * thread-exit hook): a later call on this thread makes a new stream. */
-void ruda__stream_forget_thread(void);
+/* The stream of id in the table, or NULL. Lock-free; any thread. */
+ruda__stream *ruda__streams_find(ruda__stream_table *t, ruda_stream_id id);
+/* Inserts st (its id set) unless the table has a stream of that id:
+ * returns that stream, st once inserted, or NULL without memory (st not
+ * inserted). Takes the table lock; any thread. */
+ruda__stream *ruda__streams_add(ruda__stream_table *t, ruda__stream *st);
 
 /* The current table's slots (for tests and reports). */
 uint64_t ruda__streams_capacity(ruda__stream_table *t);

@@ -1,156 +1,18 @@
-/* stream.c - the stream table and per-stream error queues.
- *
- * Lookups happen on every call, inserts once per new stream id, so the
- * table is an open-addressing hash whose slots are published with release
- * stores and read with acquire loads: readers take no lock. Inserts and
- * removals take the table mutex. A removed stream (a retired thread's,
- * scheduler/stream_exit.c) leaves a tombstone that probes pass over and
- * inserts reuse. When live streams and tombstones pass half the slots, a
- * table sized for the live ones is built and published; the old one is
- * kept until a grace period passed, because a reader may still be probing
- * it (ruda__streams_free_retired).
+/* stream.c - finding and making a device's streams, threads' own
+ * streams, and per-stream error queues.
  *
  * A thread-local cache remembers the last stream a thread used, so the
- * common case - a thread using its own stream - costs one comparison.
+ * common case - a thread using its own stream - costs one comparison; a
+ * miss looks in the table (scheduler/stream_table.c) and makes the stream
+ * when it is new. Making a thread's stream now and then retires those of
+ * threads gone (scheduler/stream_exit.c).
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/tls.h"
 #include "scheduler/sched.h"
-#include "scheduler/graph.h"
 #include "base/log.h"
-
-typedef struct ruda__stream_slots {
-  uint64_t mask;
-  struct ruda__stream_slots *prev_retired;
-  uint64_t grace; /* once replaced: the half-periods completed by then */
-  ruda__stream *_Atomic slot[];
-} ruda__stream_slots;
-
-static ruda__stream_slots *slots_new(uint64_t cap) {
-  ruda__stream_slots *t = calloc(1, sizeof *t + cap * sizeof(ruda__stream *));
-  if (t != NULL) t->mask = cap - 1;
-  return t;
-}
-
-/* A removed stream's slot: probes go on past it. Never dereferenced. */
-static const char tomb_mark;
-#define TOMB ((ruda__stream *)(uintptr_t)&tomb_mark)
-
-static uint64_t mix(uint64_t x) { /* splitmix64 finalizer */
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-void ruda__streams_init(ruda__stream_table *t) {
-  atomic_init(&t->current, slots_new(64));
-  t->retired = NULL;
-  pthread_mutex_init(&t->lock, NULL);
-  atomic_init(&t->count, 0);
-  t->tombs = 0;
-  atomic_init(&t->records, 0);
-  pthread_mutex_init(&t->reap_lock, NULL);
-  atomic_init(&t->thread_creations, 0);
-  atomic_init(&t->halves, 0);
-  t->pending = NULL;
-}
-
-static ruda__stream *find(ruda__stream_slots *s, ruda_stream_id id) {
-  for (uint64_t i = mix(id) & s->mask;; i = (i + 1) & s->mask) {
-    ruda__stream *st = atomic_load_explicit(&s->slot[i], memory_order_acquire);
-    if (st == NULL) return NULL;
-    if (st != TOMB && st->id == id) return st;
-  }
-}
-
-/* Under the lock, st's id absent: the first free slot or tombstone on
- * its probe path. Returns 1 when it took a tombstone. */
-static int place(ruda__stream_slots *s, ruda__stream *st) {
-  uint64_t i = mix(st->id) & s->mask;
-  ruda__stream *o;
-  while ((o = atomic_load_explicit(&s->slot[i], memory_order_relaxed)) != NULL && o != TOMB) i = (i + 1) & s->mask;
-  atomic_store_explicit(&s->slot[i], st, memory_order_release);
-  return o == TOMB;
-}
-
-/* Under the lock: inserts st, rebuilding the table first when live
- * streams, tombstones and st would pass half of it. 0 without memory. */
-static int insert(ruda__stream_table *t, ruda__stream *st) {
-  ruda__stream_slots *cur = atomic_load_explicit(&t->current, memory_order_relaxed);
-  uint64_t n = atomic_load_explicit(&t->count, memory_order_relaxed) + 1;
-  if ((n + t->tombs) * 2 > cur->mask + 1) {
-    /* Sized for a quarter full, so rebuilds stay amortized O(1) per
-     * insert whether the table grows or churns. */
-    uint64_t cap = 64;
-    while (cap < 4 * n) cap *= 2;
-    ruda__stream_slots *fresh = slots_new(cap);
-    if (fresh == NULL) return 0;
-    for (uint64_t i = 0; i <= cur->mask; i++) {
-      ruda__stream *old = atomic_load_explicit(&cur->slot[i], memory_order_relaxed);
-      if (old != NULL && old != TOMB) place(fresh, old);
-    }
-    place(fresh, st);
-    atomic_store_explicit(&t->current, fresh, memory_order_seq_cst);
-    cur->grace = atomic_load_explicit(&t->halves, memory_order_seq_cst);
-    cur->prev_retired = t->retired;
-    t->retired = cur;
-    t->tombs = 0;
-  } else if (place(cur, st)) {
-    t->tombs--;
-  }
-  atomic_store_explicit(&t->count, n, memory_order_relaxed);
-  return 1;
-}
-
-void ruda__streams_unpublish(ruda__stream_table *t, ruda__stream *st) {
-  pthread_mutex_lock(&t->lock);
-  ruda__stream_slots *cur = atomic_load_explicit(&t->current, memory_order_relaxed);
-  uint64_t i = mix(st->id) & cur->mask;
-  while (atomic_load_explicit(&cur->slot[i], memory_order_relaxed) != st) i = (i + 1) & cur->mask;
-  /* seq_cst: ordered before the grace period's reads of the call counters
-   * (scheduler/stream_exit.c). */
-  atomic_store_explicit(&cur->slot[i], TOMB, memory_order_seq_cst);
-  t->tombs++;
-  atomic_store_explicit(&t->count, atomic_load_explicit(&t->count, memory_order_relaxed) - 1, memory_order_relaxed);
-  pthread_mutex_unlock(&t->lock);
-}
-
-void ruda__streams_republish(ruda__stream_table *t, ruda__stream *st) {
-  pthread_mutex_lock(&t->lock);
-  /* Without memory for a bigger table it goes in anyway: a table is never
-   * full (rebuilt at half), so one more stream fits. */
-  if (!insert(t, st)) {
-    ruda__stream_slots *cur = atomic_load_explicit(&t->current, memory_order_relaxed);
-    if (place(cur, st)) t->tombs--;
-    atomic_store_explicit(&t->count, atomic_load_explicit(&t->count, memory_order_relaxed) + 1, memory_order_relaxed);
-  }
-  pthread_mutex_unlock(&t->lock);
-}
-
-int ruda__streams_free_retired(ruda__stream_table *t) {
-  const uint64_t now = atomic_load_explicit(&t->halves, memory_order_relaxed);
-  pthread_mutex_lock(&t->lock);
-  ruda__stream_slots **link = &t->retired;
-  while (*link != NULL) {
-    ruda__stream_slots *r = *link;
-    /* Stamped under the table lock, not reap_lock: a half-period under
-     * way then may have begun before the table was replaced, so the two
-     * after it count. */
-    if (now >= r->grace + 3) {
-      *link = r->prev_retired;
-      free(r);
-    } else {
-      link = &r->prev_retired;
-    }
-  }
-  const int left = t->retired != NULL;
-  pthread_mutex_unlock(&t->lock);
-  return left;
-}
 
 /* This thread's own stream id and the last stream it looked up, read on
  * every call: initial-exec where the build allows it (base/tls.h). */
@@ -173,44 +35,34 @@ ruda_stream_id ruda_stream_current(void) {
 }
 
 static ruda__stream *create(struct ruda__sched *sch, ruda_stream_id id) {
-  ruda__stream_table *t = &sch->streams;
-  pthread_mutex_lock(&t->lock);
-  ruda__stream_slots *cur = atomic_load_explicit(&t->current, memory_order_relaxed);
-  ruda__stream *st = cur ? find(cur, id) : NULL;
-  if (st != NULL || cur == NULL) goto out;
-  st = ruda__stream_alloc();
-  if (st == NULL) goto out;
+  ruda__stream *st = ruda__stream_alloc();
+  if (st == NULL) return NULL;
   st->id = id;
   st->worker = &sch->workers[(id & ~(1ull << 63)) % sch->nworkers];
   pthread_mutex_init(&st->err_lock, NULL);
   /* The calling thread's own stream: retired once the thread exits. */
   if (id == cache.current && id > RUDA_STREAM_EXPLICIT_MAX) st->life = ruda__thread_life_get();
-  if (!insert(t, st)) {
+  ruda__stream *had = ruda__streams_add(&sch->streams, st);
+  if (had != st) { /* another thread made it first, or no memory */
     ruda__thread_life_put(st->life);
     pthread_mutex_destroy(&st->err_lock);
     free(st);
-    st = NULL;
-    goto out;
+    return had;
   }
-  atomic_fetch_add_explicit(&t->records, 1, memory_order_relaxed);
-out:
-  pthread_mutex_unlock(&t->lock);
+  /* Threads that come and go (one per connection) retire the streams of
+   * those gone where streams are made, every sixteenth new thread's: a
+   * lookup never reaps. */
+  if (st->life != NULL &&
+      (atomic_fetch_add_explicit(&sch->streams.thread_creations, 1, memory_order_relaxed) & 15) == 15)
+    ruda__streams_reap(sch);
   return st;
 }
 
 /* The table behind a cache miss, out of line so that the hit path keeps
  * few registers live. */
 static __attribute__((noinline)) ruda__stream *stream_miss(struct ruda__sched *sch, ruda_stream_id id) {
-  ruda__stream_slots *cur = atomic_load_explicit(&sch->streams.current, memory_order_acquire);
-  ruda__stream *st = find(cur, id);
-  if (st == NULL) {
-    st = create(sch, id);
-    /* Threads that come and go (one per connection) retire the streams
-     * of those gone, every sixteenth new thread. */
-    if (st != NULL && st->life != NULL &&
-        (atomic_fetch_add_explicit(&sch->streams.thread_creations, 1, memory_order_relaxed) & 15) == 15)
-      ruda__streams_reap(sch);
-  }
+  ruda__stream *st = ruda__streams_find(&sch->streams, id);
+  if (st == NULL) st = create(sch, id);
   /* Another thread's own stream is never cached: it may be freed once
    * its thread exited and this call returned. */
   if (st != NULL && (st->life == NULL || id == cache.current)) {
@@ -227,104 +79,73 @@ ruda__stream *ruda__stream_get(struct ruda__sched *sch, ruda_stream_id id) {
   return stream_miss(sch, id);
 }
 
-void ruda__streams_each(ruda__stream_table *t, void (*fn)(ruda__stream *, void *), void *arg) {
-  ruda__stream_slots *cur = atomic_load_explicit(&t->current, memory_order_acquire);
-  if (cur == NULL) return;
-  for (uint64_t i = 0; i <= cur->mask; i++) {
-    ruda__stream *st = atomic_load_explicit(&cur->slot[i], memory_order_acquire);
-    if (st != NULL && st != TOMB) fn(st, arg);
-  }
-}
-
-uint64_t ruda__streams_capacity(ruda__stream_table *t) {
-  return atomic_load_explicit(&t->current, memory_order_acquire)->mask + 1;
-}
-
-typedef struct list_arg {
-  ruda_stream_id *ids;
-  size_t cap, n;
-} list_arg;
-
-static void list_one(ruda__stream *st, void *p) {
-  list_arg *a = p;
-  if (atomic_load_explicit(&st->retired, memory_order_acquire)) return;
-  if (a->n < a->cap) a->ids[a->n] = st->id;
-  a->n++;
-}
-
-size_t ruda__streams_list(ruda__stream_table *t, ruda_stream_id *ids, size_t cap) {
-  list_arg a = {ids, ids ? cap : 0, 0};
-  ruda__streams_each(t, list_one, &a);
-  return a.n;
+/* A thread's own stream that exists (ruda_stream_ids lists it) may be
+ * named by its id, from any thread: how errors left on the stream of a
+ * thread that exited are drained. Unknown reserved ids are refused. Out of
+ * line: explicit ids and RUDA_STREAM_CURRENT keep the short path. */
+static __attribute__((noinline)) ruda__stream *stream_by_thread_id(struct ruda__sched *sch, ruda_stream_id id,
+                                                                   const char *fn, int *rc) {
+  ruda__stream *st = ruda__streams_find(&sch->streams, id);
+  if (st != NULL && !atomic_load_explicit(&st->retired, memory_order_acquire)) return st;
+  *rc = ruda__fail(RUDA_EINVAL,
+                   "%s: stream id %llu is reserved (explicit ids are below 2^63; a thread's own stream "
+                   "is named by RUDA_STREAM_CURRENT, or by its id while ruda_stream_ids lists it)",
+                   fn, (unsigned long long)id);
+  return NULL;
 }
 
 ruda__stream *ruda__stream_for(struct ruda__sched *sch, ruda_stream_id id, const char *fn, int *rc) {
-  if (id != RUDA_STREAM_CURRENT && id > RUDA_STREAM_EXPLICIT_MAX) {
-    /* A thread's own stream that exists (ruda_stream_ids lists it) may be
-     * named by its id, from any thread: how errors left on the stream of a
-     * thread that exited are drained. Unknown reserved ids are refused. */
-    ruda__stream *st = find(atomic_load_explicit(&sch->streams.current, memory_order_acquire), id);
-    if (st != NULL && !atomic_load_explicit(&st->retired, memory_order_acquire)) return st;
-    *rc = ruda__fail(RUDA_EINVAL,
-                     "%s: stream id %llu is reserved (explicit ids are below 2^63; a thread's own stream "
-                     "is named by RUDA_STREAM_CURRENT, or by its id while ruda_stream_ids lists it)",
-                     fn, (unsigned long long)id);
-    return NULL;
-  }
+  if (id != RUDA_STREAM_CURRENT && id > RUDA_STREAM_EXPLICIT_MAX) return stream_by_thread_id(sch, id, fn, rc);
   ruda__stream *s = ruda__stream_get(sch, id);
   if (s == NULL) *rc = ruda__fail(RUDA_ENOMEM, "%s: out of host memory creating stream", fn);
   return s;
 }
 
-ruda__stream *ruda__stream_private(ruda_stream_id id, ruda__worker *w) {
-  ruda__stream *s = ruda__stream_alloc();
-  if (s == NULL) return NULL;
-  s->id = id;
-  s->worker = w;
-  pthread_mutex_init(&s->err_lock, NULL);
-  return s;
-}
-
-void ruda__stream_private_free(struct ruda__sched *sch, ruda__stream *s, const char *what) {
-  if (s == NULL) return;
-  for (ruda_error *e = s->err_head; e != NULL; e = e->next)
-    ruda__log(sch->cfg.log_level, RUDA_LOG_WARN, "%s failed: %s", what, e->msg);
-  ruda_error_free(s->err_head);
-  pthread_mutex_destroy(&s->err_lock);
-  free(s);
-}
-
-void ruda__stream_free(ruda__stream *st) {
-  free(st->until);
-  ruda__capture_free(atomic_load(&st->cap));
-  ruda_error_free(st->err_head);
-  ruda__thread_life_put(st->life);
-  pthread_mutex_destroy(&st->err_lock);
-  free(st);
-}
-
-static void free_stream(ruda__stream *st, void *unused) {
-  (void)unused;
-  ruda__stream_free(st);
-}
-
-void ruda__stream_forget_thread(void) {
+/* The calling thread's stream cache forgets its own stream and id (its
+ * thread-exit hook): a later call on this thread makes a new stream. */
+static void forget_thread(void) {
   cache.serial = 0;
   cache.current = 0;
 }
 
-void ruda__streams_destroy(ruda__stream_table *t) {
-  ruda__streams_each(t, free_stream, NULL); /* pending ones too: close unpended them */
-  free(atomic_load(&t->current));
-  for (ruda__stream_slots *r = t->retired; r != NULL;) {
-    ruda__stream_slots *p = r->prev_retired;
-    free(r);
-    r = p;
+/* Threads' life records: a thread-exit hook (a pthread key destructor)
+ * marks the record exited; it touches no device, so it is safe after the
+ * device closed. */
+static pthread_key_t life_key;
+static pthread_once_t life_once = PTHREAD_ONCE_INIT;
+static int life_key_made;
+static __thread struct ruda__thread_life *own_life;
+
+static void thread_exited(void *p) {
+  struct ruda__thread_life *life = p;
+  /* A later destructor of this thread that calls ruda gets a new record
+   * and a new stream (and this hook runs again for it), never this one
+ * once it is freed. */
+  own_life = NULL;
+  /* Nor does it reach the stream it leaves here: its record is freed once
+   * retired. */
+  forget_thread();
+  atomic_store_explicit(&life->exited, 1, memory_order_release);
+  ruda__thread_life_put(life);
+}
+
+static void make_key(void) { life_key_made = pthread_key_create(&life_key, thread_exited) == 0; }
+
+struct ruda__thread_life *ruda__thread_life_get(void) {
+  if (own_life == NULL) {
+    pthread_once(&life_once, make_key);
+    if (!life_key_made) return NULL;
+    struct ruda__thread_life *life = calloc(1, sizeof *life);
+    if (life == NULL) return NULL;
+    atomic_init(&life->refs, 1);
+    if (pthread_setspecific(life_key, life) != 0) {
+      free(life);
+      return NULL;
+    }
+    own_life = life;
   }
-  pthread_mutex_destroy(&t->lock);
-  pthread_mutex_destroy(&t->reap_lock);
-  /* Invalidate this thread's cache; other threads compare the serial. */
-  cache.serial = 0;
+  atomic_fetch_add_explicit(&own_life->refs, 1, memory_order_relaxed);
+  return own_life;
 }
 
 void ruda__stream_push_error(ruda__stream *s, ruda_error *err) {

@@ -4,80 +4,29 @@
  * left on it are drained by id, and its commands may still be queued. But
  * a server that runs a thread per connection must not keep each exited
  * thread's pages, nor list its stream for ever. So each such stream holds
- * a reference to its thread's life record, which a thread-exit hook (a
- * pthread key destructor) marks exited; the hook touches no device, so it
- * is safe after the device closed. Reaping then happens on the device's
- * side, when new threads' streams are made and in ruda_stream_ids: a
+ * a reference to its thread's life record, which a thread-exit hook
+ * (scheduler/stream.c) marks exited. Reaping then happens on the device's
+ * side, where new threads' streams are made and in ruda_stream_ids: a
  * stream whose thread exited, whose worker has run every command pushed
  * before that was seen, with no error waiting, no capture, no open profile
  * and no live buffer, gives its pools' pages back to the arena (where the
  * next thread's stream takes them), hands its empty pools to the next
  * stream that needs some, and is retired: taken out of the stream table.
  *
- * Its record is freed after a grace period, since a call that named the id
- * as it retired may still hold it. Every public call counts itself in one
- * of two counters of its call slot, picked by the device's call phase
- * (scheduler/sched.h). A half-period completes when every slot's counter
- * of the other phase reads zero; the phase then flips, so that new calls
- * count in the other one. Two half-periods after the record left the
- * table both counters of every slot have read zero since, so each call
- * that could have found it has returned (a call counted after such a read
- * finds the table without it: the counter's increment and the removal are
- * sequentially consistent). Nobody blocks: the reaper tries again at its
- * next run. What those calls pushed is then waited for through every
- * worker's tickets, and a record that a racing call made busy again (an
- * error, a capture, a future, a page) goes back into the table instead.
+ * Its record is freed after a grace period (scheduler/grace.h), since a
+ * call that named the id as it retired may still hold it. Nobody blocks:
+ * the reaper tries again at its next run. What those calls pushed is then
+ * waited for through every worker's tickets, and a record that a racing
+ * call made busy again (an error, a capture, a future, a page) goes back
+ * into the table instead.
+ *
+ * Calls only the stream table (scheduler/stream_table.c), the grace
+ * periods and memory's pools: never stream.c, which calls it.
  */
 #include <stdlib.h>
 
 #include "memory/pool.h"
 #include "scheduler/sched.h"
-
-struct ruda__thread_life {
-  _Atomic int exited;
-  _Atomic uint32_t refs; /* the thread's own, one per stream */
-};
-
-static pthread_key_t life_key;
-static pthread_once_t life_once = PTHREAD_ONCE_INIT;
-static int life_key_made;
-static __thread struct ruda__thread_life *own_life;
-
-static void thread_exited(void *p) {
-  struct ruda__thread_life *life = p;
-  /* A later destructor of this thread that calls ruda gets a new record
-   * and a new stream (and this hook runs again for it), never this one
- * once it is freed. */
-  own_life = NULL;
-  /* Nor does it reach the stream it leaves here: its record is freed once
-   * retired. */
-  ruda__stream_forget_thread();
-  atomic_store_explicit(&life->exited, 1, memory_order_release);
-  ruda__thread_life_put(life);
-}
-
-static void make_key(void) { life_key_made = pthread_key_create(&life_key, thread_exited) == 0; }
-
-struct ruda__thread_life *ruda__thread_life_get(void) {
-  if (own_life == NULL) {
-    pthread_once(&life_once, make_key);
-    if (!life_key_made) return NULL;
-    struct ruda__thread_life *life = calloc(1, sizeof *life);
-    if (life == NULL) return NULL;
-    atomic_init(&life->refs, 1);
-    if (pthread_setspecific(life_key, life) != 0) {
-      free(life);
-      return NULL;
-    }
-    own_life = life;
-  }
-  atomic_fetch_add_explicit(&own_life->refs, 1, memory_order_relaxed);
-  return own_life;
-}
-
-void ruda__thread_life_put(struct ruda__thread_life *life) {
-  if (life != NULL && atomic_fetch_sub_explicit(&life->refs, 1, memory_order_acq_rel) == 1) free(life);
-}
 
 /* The stream is idle and holds nothing a client could still want. Under
  * reap_lock, once the worker ran everything up to exit_ticket. */
@@ -123,22 +72,9 @@ static void reap_one(ruda__stream *st, void *arg) {
   if (!worker_past(st) || !quiet(st) || !give_back(sch, st)) return;
   atomic_store_explicit(&st->retired, 1, memory_order_release);
   ruda__streams_unpublish(&sch->streams, st);
-  st->grace = atomic_load_explicit(&sch->streams.halves, memory_order_relaxed);
+  st->grace = ruda__grace_stamp(&sch->streams.grace, 1); /* under reap_lock */
   st->pending_next = sch->streams.pending;
   sch->streams.pending = st;
-}
-
-/* One half-period, if every slot's counter of the phase calls left reads
- * zero: flips the phase. The removals before it are ordered before these
- * reads (seq_cst). */
-static int half_period(struct ruda__sched *sch) {
-  atomic_thread_fence(memory_order_seq_cst);
-  const unsigned ph = atomic_load_explicit(sch->call_phase, memory_order_seq_cst) & 1;
-  for (unsigned i = 0; i < RUDA__CALL_SLOTS; i++)
-    if (atomic_load_explicit(&sch->calls[i].n[ph ^ 1], memory_order_seq_cst) != 0) return 0;
-  atomic_store_explicit(sch->call_phase, ph ^ 1, memory_order_seq_cst);
-  atomic_fetch_add_explicit(&sch->streams.halves, 1, memory_order_seq_cst);
-  return 1;
 }
 
 /* Every worker ran what was pushed to it once st's grace period passed:
@@ -159,10 +95,9 @@ static int workers_past(struct ruda__sched *sch, ruda__stream *st) {
  * quiet; puts back those a racing call made busy. */
 static void settle(struct ruda__sched *sch) {
   ruda__stream_table *t = &sch->streams;
-  const uint64_t now = atomic_load_explicit(&t->halves, memory_order_relaxed);
   for (ruda__stream **link = &t->pending; *link != NULL;) {
     ruda__stream *st = *link;
-    if (now < st->grace + 2 || !workers_past(sch, st)) {
+    if (!ruda__grace_passed(&t->grace, st->grace) || !workers_past(sch, st)) {
       link = &st->pending_next;
       continue;
     }
@@ -185,10 +120,7 @@ void ruda__streams_reap(struct ruda__sched *sch) {
   if (pthread_mutex_trylock(&t->reap_lock) != 0) return;
   ruda__streams_each(t, reap_one, sch);
   const int tables = ruda__streams_free_retired(t);
-  /* Two tries: the caller's own call counts in one phase, so one reap
-   * usually completes one half-period; the next reap the other. */
-  for (int i = 0; i < 2 && (t->pending != NULL || tables) && half_period(sch); i++) {
-  }
+  if (t->pending != NULL || tables) ruda__grace_advance(&t->grace);
   settle(sch);
   ruda__streams_free_retired(t);
   pthread_mutex_unlock(&t->reap_lock);

@@ -9,6 +9,7 @@
 #ifndef RUDA_SCHEDULER_SUBMIT_H
 #define RUDA_SCHEDULER_SUBMIT_H
 
+#include <pthread.h>
 #include <stdio.h>
 
 #include "base/error.h"
@@ -77,21 +78,16 @@ static inline int ruda__pin_binding(struct ruda__sched *sch, ruda__stream *s, ru
 /* RUDA_LAUNCH_BLOCKING: remembers the caller's stack in cmd (submit.c). */
 void ruda__origin_capture(ruda__cmd *cmd);
 
-/* Pushes cmd on s's worker, after whatever other streams' work o says it
- * must follow, and records its buffer uses (under their issue locks:
- * order.h). */
-static inline __attribute__((always_inline)) int ruda__submit(struct ruda__sched *sch, ruda__stream *s, ruda__cmd *cmd,
-                                                        ruda__order *o) {
-  cmd->stream = s;
-  cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
-  if (__builtin_expect(sch->cfg.launch_blocking, 0)) ruda__origin_capture(cmd);
-  if (__builtin_expect(atomic_load_explicit(&sch->tracing, memory_order_relaxed), 0))
-    cmd->enq_ns = ruda__now_ns(); /* tracing: the submit time */
-  if (cmd->kind == RUDA__CMD_LAUNCH) { /* the backend names it in fault reports */
-    cmd->u.launch.stream = s->id;
-    cmd->u.launch.seq = cmd->seq;
-  }
-  ruda__worker *w = s->worker;
+/* Gives up n orders in reverse of their lock order (abandon unlocks). */
+static inline __attribute__((always_inline)) void ruda__orders_abandon(ruda__order *o, uint32_t n) {
+  for (uint32_t i = n; i-- > 0;) ruda__order_abandon(&o[i]);
+}
+
+/* Whether cmd may run in place by its stream's setting
+ * (ruda_stream_set_in_place; RUDA__IN_PLACE_AUTO: when it looks like a
+ * request loop). Counts the command towards the loop's window. */
+static inline __attribute__((always_inline)) int ruda__stream_in_place(struct ruda__sched *sch, ruda__stream *s,
+                                                                       const ruda__cmd *cmd) {
   const int mode = atomic_load_explicit(&s->in_place, memory_order_relaxed);
   int in_place = mode == RUDA__IN_PLACE_ON;
   if (mode == RUDA__IN_PLACE_AUTO && sch->auto_in_place) {
@@ -103,7 +99,37 @@ static inline __attribute__((always_inline)) int ruda__submit(struct ruda__sched
     in_place = n < RUDA__IN_PLACE_RUN &&
                atomic_load_explicit(&s->unwaited, memory_order_relaxed) == (cmd->future != NULL);
   }
-  if (o->nuse == 0) { /* no buffers, nothing to order */
+  return in_place;
+}
+
+/* Pushes cmd on s's worker, after whatever other streams' work its orders
+ * say it must follow, and records its buffer uses (under their issue
+ * locks: order.h). Every command a client builds passes here: it is
+ * numbered, stamped for RUDA_TRACE, given its origin under
+ * RUDA_LAUNCH_BLOCKING. A command whose uses do not fit one ruda__order
+ * (a graph replay: its buffers in groups, then the graph's own record)
+ * gives n orders, noted in one key order, locked, prepared and published
+ * together. issue: a mutex the caller locked before noting the uses (at
+ * least one), unlocked here once the command is published or given up,
+ * and before it runs in place (NULL: none). in_place: the command may run
+ * on this thread when its worker is idle (scheduler/inline.c); -1: as its
+ * stream's setting says (ruda__stream_in_place). On failure the
+ * orders are abandoned and cmd is still the caller's. */
+static inline __attribute__((always_inline)) int ruda__submit_orders(struct ruda__sched *sch, ruda__stream *s,
+                                                                     ruda__cmd *cmd, ruda__order *o, uint32_t n,
+                                                                     pthread_mutex_t *issue, int in_place) {
+  cmd->stream = s;
+  cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
+  if (__builtin_expect(sch->cfg.launch_blocking, 0)) ruda__origin_capture(cmd);
+  if (__builtin_expect(atomic_load_explicit(&sch->tracing, memory_order_relaxed), 0))
+    cmd->enq_ns = ruda__now_ns(); /* tracing: the submit time */
+  if (cmd->kind == RUDA__CMD_LAUNCH) { /* the backend names it in fault reports */
+    cmd->u.launch.stream = s->id;
+    cmd->u.launch.seq = cmd->seq;
+  }
+  ruda__worker *w = s->worker;
+  if (in_place < 0) in_place = ruda__stream_in_place(sch, s, cmd);
+  if (n == 1 && o->nuse == 0) { /* no buffers, nothing to order (issue is NULL: see above) */
     if (__builtin_expect(!in_place, 1)) return ruda__queue_push(w, cmd);
     int rc = ruda__queue_admit(w, s->id);
     if (rc == 0 && !ruda__inline_run(w, cmd)) ruda__queue_push_admitted(w, cmd);
@@ -114,24 +140,37 @@ static inline __attribute__((always_inline)) int ruda__submit(struct ruda__sched
    * MARK or WAIT. */
   int rc = ruda__queue_admit(w, s->id);
   if (rc != 0) {
-    ruda__order_abandon(o);
+    ruda__orders_abandon(o, n);
+    if (issue != NULL) pthread_mutex_unlock(issue);
     return rc;
   }
-  ruda__order_lock(o, w);
-  if (__builtin_expect(ruda__order_needed(o), 0) && (rc = ruda__order_prepare(sch, o, s, cmd->seq)) != 0) {
-    ruda__queue_unadmit(w);
-    ruda__order_abandon(o);
-    return rc;
-  }
+  for (uint32_t i = 0; i < n; i++) ruda__order_lock(&o[i], w);
+  for (uint32_t i = 0; i < n; i++)
+    if (__builtin_expect(ruda__order_needed(&o[i]), 0) && (rc = ruda__order_prepare(sch, &o[i], s, cmd->seq)) != 0) {
+      ruda__queue_unadmit(w); /* WAITs already pushed only order this stream more */
+      ruda__orders_abandon(o, n);
+      if (issue != NULL) pthread_mutex_unlock(issue);
+      return rc;
+    }
   /* In place: the ticket is claimed where the push would be, before the
    * publish; the command runs after the issue locks are released, so a
-   * host kernel may issue commands on its own buffers (inline.c). */
+   * host kernel may issue commands on its own buffers or replay its own
+   * graph (inline.c). A WAIT just pushed runs first either way: in place
+   * needs the worker to have run everything queued. */
   ruda__exec_guard guard;
   const int claimed = __builtin_expect(in_place, 0) && ruda__inline_claim(w, cmd, &guard);
   if (!claimed) ruda__queue_push_admitted(w, cmd);
-  ruda__order_publish(o, w);
-  if (claimed) ruda__inline_finish(w, cmd, &guard);
+  for (uint32_t i = 0; i < n; i++) ruda__order_publish(&o[i], w);
+  if (issue != NULL) pthread_mutex_unlock(issue);
+  if (claimed) ruda__inline_finish(w, cmd, &guard); /* no lock of ruda's held: cmd is freed */
   return 0;
+}
+
+/* ruda__submit_orders for a command whose buffers fit one order, run in
+ * place as its stream's setting says (ruda__stream_in_place). */
+static inline __attribute__((always_inline)) int ruda__submit(struct ruda__sched *sch, ruda__stream *s, ruda__cmd *cmd,
+                                                        ruda__order *o) {
+  return ruda__submit_orders(sch, s, cmd, o, 1, NULL, -1);
 }
 
 /* Pushes a control command (flush, sync, profile stamp) of kind on s,

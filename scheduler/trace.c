@@ -116,7 +116,7 @@ static int device_work(int kind) {
 /* A timing event on w's device stream now, or NULL (no timing events on
  * this backend, or the record failed: the span is then host-only). */
 static void *stamp(ruda__worker *w) {
-  const ruda__backend_ops *ops = w->sch->ops;
+  const ruda__backend_ops *ops = w->sch->backend.ops;
   ruda__completion c = {0};
   ruda_error *err = NULL;
   if (ops->stamp == NULL || ops->elapsed == NULL || ops->stamp(w->wstate, &c, &err) != 0) {
@@ -131,8 +131,8 @@ static void start_device_clock(ruda__worker *w, ruda__trace *t) {
   if (t->zero == NULL) return;
   /* Blocks this worker once, while tracing: the zero's completion is
    * what ties device time to the host clock (within a wake-up). */
-  if (w->sch->ops->event_wait(w->sch->bstate, t->zero, NULL) != 0) {
-    w->sch->ops->event_release(w->sch->bstate, t->zero);
+  if (w->sch->backend.ops->event_wait(w->sch->backend.state, t->zero, NULL) != 0) {
+    w->sch->backend.ops->event_release(w->sch->backend.state, t->zero);
     t->zero = NULL;
     return;
   }
@@ -165,7 +165,7 @@ void ruda__trace_begin(ruda__worker *w, const ruda__cmd *cmd) {
   memcpy(r->name, name, len);
   r->name[len] = '\0';
   r->ev0 = r->ev1 = NULL;
-  if (t->device && device_work(cmd->kind) && t->ntimed < RUDA__TRACE_DEVICE_MAX && w->sch->ops->stamp != NULL) {
+  if (t->device && device_work(cmd->kind) && t->ntimed < RUDA__TRACE_DEVICE_MAX && w->sch->backend.ops->stamp != NULL) {
     if (t->zero == NULL && t->ntimed == 0) start_device_clock(w, t);
     t->ntimed++;
     if (t->zero != NULL) r->ev0 = stamp(w);
@@ -195,15 +195,15 @@ static void sample_memory(ruda__worker *w, ruda__trace *t, uint64_t now) {
  * for every command would cost the worker more than the command). Stops
  * at the first record still running: the stream finishes in order. */
 static void harvest(ruda__worker *w, ruda__trace *t) {
-  const ruda__backend_ops *ops = w->sch->ops;
+  const ruda__backend_ops *ops = w->sch->backend.ops;
   for (; t->harvest < t->n; t->harvest++) {
     trace_rec *r = &t->recs[t->harvest];
-    if (r->ev1 != NULL && ops->event_query(w->sch->bstate, r->ev1) == 0) break;
-    if (r->ev0 != NULL && r->ev1 != NULL && ops->elapsed(w->sch->bstate, t->zero, r->ev0, &r->dev0) == 0 &&
-        ops->elapsed(w->sch->bstate, t->zero, r->ev1, &r->dev1) == 0)
+    if (r->ev1 != NULL && ops->event_query(w->sch->backend.state, r->ev1) == 0) break;
+    if (r->ev0 != NULL && r->ev1 != NULL && ops->elapsed(w->sch->backend.state, t->zero, r->ev0, &r->dev0) == 0 &&
+        ops->elapsed(w->sch->backend.state, t->zero, r->ev1, &r->dev1) == 0)
       r->harvested = 1;
-    if (r->ev0 != NULL) ops->event_release(w->sch->bstate, r->ev0);
-    if (r->ev1 != NULL) ops->event_release(w->sch->bstate, r->ev1);
+    if (r->ev0 != NULL) ops->event_release(w->sch->backend.state, r->ev0);
+    if (r->ev1 != NULL) ops->event_release(w->sch->backend.state, r->ev1);
     r->ev0 = r->ev1 = NULL;
   }
 }
@@ -233,8 +233,8 @@ static int device_span(struct ruda__sched *sch, const ruda__trace *t, const trac
   if (r->harvested) { /* against this worker's zero, own_ms after t's */
     a = r->dev0 + own_ms;
     b = r->dev1 + own_ms;
-  } else if (r->ev0 == NULL || r->ev1 == NULL || sch->ops->elapsed(sch->bstate, t->zero, r->ev0, &a) != 0 ||
-             sch->ops->elapsed(sch->bstate, t->zero, r->ev1, &b) != 0) {
+  } else if (r->ev0 == NULL || r->ev1 == NULL || sch->backend.ops->elapsed(sch->backend.state, t->zero, r->ev0, &a) != 0 ||
+             sch->backend.ops->elapsed(sch->backend.state, t->zero, r->ev1, &b) != 0) {
     return 0;
   }
   const double zero_us = t->zero_ns >= sch->trace_start_ns ? (double)(t->zero_ns - sch->trace_start_ns) / 1000.0 : 0;
@@ -270,7 +270,7 @@ static int write_file(struct ruda__sched *sch) {
               "device\"}},\n",
               i, i);
   }
-  if (sch->ops->stamp != NULL)
+  if (sch->backend.ops->stamp != NULL)
     fputs("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"ruda workers (host)\"}},\n"
           "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":2,\"args\":{\"name\":\"device\"}},\n",
           f);
@@ -285,7 +285,7 @@ static int write_file(struct ruda__sched *sch) {
     dropped += t->dropped;
     /* Harvested spans count from this worker's own zero. */
     double own_ms = 0;
-    if (ref != NULL && t->zero != NULL && t != ref && sch->ops->elapsed(sch->bstate, ref->zero, t->zero, &own_ms) != 0)
+    if (ref != NULL && t->zero != NULL && t != ref && sch->backend.ops->elapsed(sch->backend.state, ref->zero, t->zero, &own_ms) != 0)
       own_ms = 0;
     for (uint32_t k = 0; k < t->n; k++) {
       const trace_rec *r = &t->recs[k];
@@ -333,12 +333,12 @@ static void free_traces(struct ruda__sched *sch) {
   for (uint32_t i = 0; sch->traces != NULL && i < sch->nworkers; i++) {
     ruda__trace *t = sch->traces[i];
     if (t == NULL) continue;
-    if (sch->ops->event_release != NULL) {
+    if (sch->backend.ops->event_release != NULL) {
       for (uint32_t k = 0; k < t->n; k++) {
-        if (t->recs[k].ev0 != NULL) sch->ops->event_release(sch->bstate, t->recs[k].ev0);
-        if (t->recs[k].ev1 != NULL) sch->ops->event_release(sch->bstate, t->recs[k].ev1);
+        if (t->recs[k].ev0 != NULL) sch->backend.ops->event_release(sch->backend.state, t->recs[k].ev0);
+        if (t->recs[k].ev1 != NULL) sch->backend.ops->event_release(sch->backend.state, t->recs[k].ev1);
       }
-      if (t->zero != NULL) sch->ops->event_release(sch->bstate, t->zero);
+      if (t->zero != NULL) sch->backend.ops->event_release(sch->backend.state, t->zero);
     }
     free(t->recs);
     free(t->samples);

@@ -45,7 +45,10 @@ static void report(ruda__worker *w, ruda__cmd *cmd, int code, ruda_error *err) {
     const char *what = cmd->kind == RUDA__CMD_LAUNCH ? cmd->u.launch.kernel->name
                        : cmd->kind == RUDA__CMD_CALL ? cmd->u.call.name
                                                      : "";
-    snprintf(ctx, sizeof ctx, "ruda_%s%s%.64s%s (%s, command #%llu): %.380s", cmd_name(cmd->kind),
+    /* A replay is named by the call that issued it (ruda_graph_run_with...). */
+    const int replay = cmd->kind == RUDA__CMD_GRAPH;
+    snprintf(ctx, sizeof ctx, "%s%s%s%.64s%s (%s, command #%llu): %.380s", replay ? "" : "ruda_",
+             replay ? cmd->u.graph.call : cmd_name(cmd->kind),
              *what ? " \"" : "", what, *what ? "\"" : "", RUDA__SNAME(s->id),
              (unsigned long long)cmd->seq, err->msg);
     memcpy(err->msg, ctx, sizeof err->msg);
@@ -59,24 +62,11 @@ static void report(ruda__worker *w, ruda__cmd *cmd, int code, ruda_error *err) {
   ruda__stream_push_error(s, err);
 }
 
-/* RUDA_LAUNCH_BLOCKING: waits until the device ran what this worker
- * submitted, so a failure is reported on the command that caused it. */
-static int wait_for_device(ruda__worker *w, ruda_error **err) {
-  const ruda__backend_ops *ops = w->sch->ops;
-  ruda__completion c = {0};
-  int rc = ops->record(w->wstate, &c, err);
-  if (rc == 0 && c.event != NULL) {
-    rc = ops->event_wait(w->sch->bstate, c.event, err);
-    if (ops->event_release != NULL) ops->event_release(w->sch->bstate, c.event);
-  }
-  return rc;
-}
-
 static int finish(ruda__worker *w, ruda__cmd *cmd, int rc, ruda_error *err);
 
 int ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
   struct ruda__sched *sch = w->sch;
-  const ruda__backend_ops *ops = sch->ops;
+  const ruda__backend_ops *ops = sch->backend.ops;
   ruda_error *err = NULL;
   int rc = 0;
   switch (cmd->kind) {
@@ -137,7 +127,7 @@ static int finish(ruda__worker *w, ruda__cmd *cmd, int rc, ruda_error *err) {
   if (__builtin_expect(sch->cfg.launch_blocking, 0) && rc == 0 && cmd->kind != RUDA__CMD_MARK &&
       cmd->kind != RUDA__CMD_WAIT && cmd->kind != RUDA__CMD_STOP && cmd->kind != RUDA__CMD_FENCE &&
       cmd->kind != RUDA__CMD_TRACE)
-    rc = wait_for_device(w, &err);
+    rc = ruda__wait_device(w, &err);
   if (rc != 0) report(w, cmd, rc, err);
   for (uint32_t i = 0; i < cmd->npins; i++)
     ruda__handles_unpin(sch->handles, ruda__pin_slot(cmd->pins[i]), w->wstate);
@@ -240,7 +230,7 @@ static void *worker_main(void *arg) {
     if (r == CDS_WFCQ_RET_SRC_EMPTY) {
       atomic_fetch_add_explicit(&w->idle_epoch, 1, memory_order_seq_cst); /* odd: idle */
       const uint64_t idle_start = ruda__now_ns(), spin = (uint64_t)sch->cfg.spin_us * 1000;
-      const int retiring = sch->ops->progress != NULL && sch->ops->progress(w->wstate);
+      const int retiring = sch->backend.ops->progress != NULL && sch->backend.ops->progress(w->wstate);
       ruda__exec_release(w);
       /* Poll before sleeping while work has been coming back within the
        * spin time (a client waiting on a result is about to send the next
@@ -312,7 +302,7 @@ static void *worker_main(void *arg) {
       else execute_observed(w, cmd, stats, nvtx);
       ruda__cmd_free(cmd);
     }
-    if (sch->ops->progress != NULL) sch->ops->progress(w->wstate);
+    if (sch->backend.ops->progress != NULL) sch->backend.ops->progress(w->wstate);
     retire(w, &unretired);
     /* Kept after STOP: no client runs anything in place on a stopped
      * worker's state. */
@@ -322,7 +312,7 @@ static void *worker_main(void *arg) {
   /* Every command of this worker ran (close's FENCE and STOP came last):
    * the libraries' states go now, on this thread, with the stream alive. */
   ruda__libcall_worker_end(w);
-  if (sch->ops->worker_stop) sch->ops->worker_stop(sch->bstate, w->wstate);
+  if (sch->backend.ops->worker_stop) sch->backend.ops->worker_stop(sch->backend.state, w->wstate);
   return NULL;
 }
 
@@ -339,8 +329,8 @@ static void *worker_boot(void *p) {
   start_arg a = *(start_arg *)p;
   free(p);
   ruda__worker *w = a.w;
-  w->start_code = w->sch->ops->worker_start
-                      ? w->sch->ops->worker_start(w->sch->bstate, w->index, &w->wstate)
+  w->start_code = w->sch->backend.ops->worker_start
+                      ? w->sch->backend.ops->worker_start(w->sch->backend.state, w->index, &w->wstate)
                       : 0;
   pthread_mutex_lock(a.lock);
   (*a.pending)--;

@@ -78,7 +78,7 @@ static int record_io(ruda_device *dev, ruda__stream *s, ruda__order *o, int kind
   if (!l->contiguous)
     return ruda__fail(RUDA_EINVAL, "%s: %s is capturing, and a recorded copy must be contiguous", fn,
                       RUDA__SNAME(s->id));
-  if (dev->ops->stage_owns == NULL || !dev->ops->stage_owns(dev->bstate, host, (size_t)l->bytes))
+  if (dev->sched.backend.ops->stage_owns == NULL || !dev->sched.backend.ops->stage_owns(dev->sched.backend.state, host, (size_t)l->bytes))
     return ruda__fail(RUDA_EINVAL,
                       "%s: %s is capturing, and a recorded copy needs its %s (%llu bytes at %p) inside one block "
                       "from ruda_staging_alloc (page-locked), which the graph reads or fills at each replay",
@@ -151,7 +151,7 @@ int ruda_buffer_import(ruda_device *dev, ruda_stream_id stream, uint64_t addr, u
   int rc = 0;
   ruda__stream *s = ruda__stream_for(&dev->sched, stream, fn, &rc);
   if (s == NULL) return rc;
-  if (dev->ops->mem_check != NULL && (rc = dev->ops->mem_check(dev->bstate, addr, bytes, fn)) != 0) return rc;
+  if (dev->sched.backend.ops->mem_check != NULL && (rc = dev->sched.backend.ops->mem_check(dev->sched.backend.state, addr, bytes, fn)) != 0) return rc;
   ruda__import_poll(&dev->memory);
   return ruda__import_add(&dev->memory, addr, bytes, release, user, out); /* memory/import.c */
 }
@@ -167,8 +167,8 @@ int ruda_buffer_size(ruda_device *dev, ruda_handle h, uint64_t *size) {
 /* A backend may refuse strided layouts it cannot copy (cuda: innermost
  * stride 1, at most three dims after merging); refuse them at the call. */
 static int check_layout(ruda_device *dev, const ruda__layout *l, const char *fn) {
-  if (l->contiguous || dev->ops->layout_check == NULL) return 0;
-  return dev->ops->layout_check(dev->bstate, l, fn);
+  if (l->contiguous || dev->sched.backend.ops->layout_check == NULL) return 0;
+  return dev->sched.backend.ops->layout_check(dev->sched.backend.state, l, fn);
 }
 
 /* Contiguous writes larger than this go in pieces of this size, staged in
@@ -198,7 +198,7 @@ static int write_piece(void *arg, size_t i) {
     return ruda__fail(RUDA_ENOTFOUND, "ruda_write: buffer {slot %u, gen %u} was freed during the write",
                       j->h.slot, j->h.gen);
   ruda__cmd *cmd = ruda__cmd_alloc(sizeof(uint32_t));
-  void *staged = cmd ? dev->ops->stage_alloc(dev->bstate, n) : NULL;
+  void *staged = cmd ? dev->sched.backend.ops->stage_alloc(dev->sched.backend.state, n) : NULL;
   if (staged == NULL) {
     ruda__cmd_free(cmd);
     ruda__handles_unpin(&dev->handles, j->h.slot, NULL);
@@ -275,7 +275,7 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
   }
   ruda__cmd *cmd = ruda__cmd_alloc(sizeof(uint32_t));
   void *staged = user_staged;
-  if (cmd != NULL && staged == NULL) staged = dev->ops->stage_alloc(dev->bstate, len);
+  if (cmd != NULL && staged == NULL) staged = dev->sched.backend.ops->stage_alloc(dev->sched.backend.state, len);
   if (cmd == NULL || staged == NULL) {
     ruda__cmd_free(cmd);
     rc = ruda__fail(RUDA_ENOMEM, "%s: no staging memory for %zu bytes", fn, len);
@@ -290,7 +290,7 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
   cmd->u.write.staged = staged;
   cmd->u.write.layout = l;
   if ((rc = ruda__submit(&dev->sched, s, cmd, &o)) != 0) {
-    if (user_staged == NULL) dev->ops->stage_free(dev->bstate, staged);
+    if (user_staged == NULL) dev->sched.backend.ops->stage_free(dev->sched.backend.state, staged);
     ruda__cmd_free(cmd);
     goto unpin;
   }
@@ -482,7 +482,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
   if (k == NULL)
     return ruda__fail(RUDA_EKERNEL, "ruda_launch: no kernel named \"%s\" is registered", l->kernel);
   int rc = check_limits(dev, l);
-  if (rc == 0 && dev->ops->launch_check != NULL) rc = dev->ops->launch_check(dev->bstate, k, l);
+  if (rc == 0 && dev->sched.backend.ops->launch_check != NULL) rc = dev->sched.backend.ops->launch_check(dev->sched.backend.state, k, l);
   if (rc != 0) return rc;
   int rc2 = 0;
   ruda__stream *s = ruda__stream_for(&dev->sched, stream, fn, &rc2);

@@ -57,8 +57,8 @@ static void comm_free(ruda_comm *c) {
   for (uint32_t r = 0; c->devs != NULL && r < c->nlocal; r++) {
     ruda_device *dev = c->devs[r];
     if (dev == NULL) continue;
-    if (c->ranks != NULL && c->ranks[r] != NULL && dev->ops->comm_destroy != NULL)
-      dev->ops->comm_destroy(dev->bstate, c->ranks[r]);
+    if (c->ranks != NULL && c->ranks[r] != NULL && dev->sched.backend.ops->comm_destroy != NULL)
+      dev->sched.backend.ops->comm_destroy(dev->sched.backend.state, c->ranks[r]);
     if (c->streams != NULL) ruda__stream_private_free(&dev->sched, c->streams[r], "collective, never reported,");
     if (c->live) atomic_fetch_sub(&dev->comms, 1);
   }
@@ -77,9 +77,9 @@ int ruda_comm_init(ruda_device *const *devices, uint32_t n, ruda_comm **out) {
   if (trc != 0) return trc;
   for (uint32_t r = 0; r < n; r++) {
     RUDA__CHECK_DEV(devices[r], fn);
-    if (devices[r]->ops != devices[0]->ops)
+    if (devices[r]->sched.backend.ops != devices[0]->sched.backend.ops)
       return ruda__fail(RUDA_EINVAL, "%s: rank %u is on the %s backend, rank 0 on %s", fn, r,
-                        devices[r]->ops->name, devices[0]->ops->name);
+                        devices[r]->sched.backend.ops->name, devices[0]->sched.backend.ops->name);
     for (uint32_t q = 0; q < r; q++)
       if (devices[q] == devices[r]) return ruda__fail(RUDA_EINVAL, "%s: ranks %u and %u are one device", fn, q, r);
   }
@@ -98,10 +98,10 @@ int ruda_comm_init(ruda_device *const *devices, uint32_t n, ruda_comm **out) {
     c->streams[r] = collective_stream(dev, id);
     if (c->streams[r] == NULL) goto nomem;
   }
-  const ruda__backend_ops *ops = devices[0]->ops;
+  const ruda__backend_ops *ops = devices[0]->sched.backend.ops;
   void **states = calloc(n, sizeof *states);
   if (states == NULL) goto nomem;
-  for (uint32_t r = 0; r < n; r++) states[r] = devices[r]->bstate;
+  for (uint32_t r = 0; r < n; r++) states[r] = devices[r]->sched.backend.state;
   rc = ops->comm_init(states, n, c->ranks);
   free(states);
   if (rc != 0) {
@@ -124,7 +124,7 @@ int ruda_comm_unique_id(ruda_device *dev, ruda_comm_id *id) {
   RUDA__CHECK_DEV(dev, fn);
   if (id == NULL) return ruda__fail(RUDA_EINVAL, "%s: id is NULL", fn);
   memset(id, 0, sizeof *id);
-  return dev->ops->comm_id != NULL ? dev->ops->comm_id(dev->bstate, id) : 0;
+  return dev->sched.backend.ops->comm_id != NULL ? dev->sched.backend.ops->comm_id(dev->sched.backend.state, id) : 0;
 }
 
 int ruda_comm_init_rank(ruda_device *dev, uint32_t nranks, uint32_t rank, const ruda_comm_id *id,
@@ -139,9 +139,9 @@ int ruda_comm_init_rank(ruda_device *dev, uint32_t nranks, uint32_t rank, const 
   if (trc != 0) return trc;
   if (transport != NULL && (transport->all_reduce == NULL || transport->send == NULL || transport->recv == NULL))
     return ruda__fail(RUDA_EINVAL, "%s: the transport lacks all_reduce, send or recv", fn);
-  if (dev->ops->comm_init_rank == NULL)
+  if (dev->sched.backend.ops->comm_init_rank == NULL)
     return ruda__fail(RUDA_ENOBACKEND, "%s: the %s backend has no communicators across processes", fn,
-                      dev->ops->name);
+                      dev->sched.backend.ops->name);
   ruda_comm *c = calloc(1, sizeof *c);
   if (c == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
   c->n = nranks;
@@ -155,7 +155,7 @@ int ruda_comm_init_rank(ruda_device *dev, uint32_t nranks, uint32_t rank, const 
   c->devs[0] = dev;
   c->streams[0] = collective_stream(dev, cid);
   if (c->streams[0] == NULL) goto nomem;
-  int rc = dev->ops->comm_init_rank(dev->bstate, nranks, rank, id, transport, &c->ranks[0]);
+  int rc = dev->sched.backend.ops->comm_init_rank(dev->sched.backend.state, nranks, rank, id, transport, &c->ranks[0]);
   if (rc != 0) {
     c->ranks[0] = NULL;
     comm_free(c);

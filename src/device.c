@@ -118,18 +118,20 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
 
   ruda_device *dev = calloc(1, sizeof *dev);
   if (dev == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
-  dev->cfg = cfg;
-  dev->serial = atomic_fetch_add(&device_serial, 1);
+  /* The scheduler's root owns what every command reads: the serial, the
+   * config and (below) the backend. */
+  dev->sched.serial = atomic_fetch_add(&device_serial, 1);
+  dev->sched.cfg = cfg;
 
   /* Backend choice: cuda when asked; auto tries cuda, then host. */
-  const ruda__backend_env env = {&dev->cfg, &dev->sched, env_fault, env_faulted};
+  const ruda__backend_env env = {&dev->sched.cfg, &dev->sched, env_fault, env_faulted};
   int rc = RUDA_ENOBACKEND;
   if (cfg.backend != RUDA_BACKEND_HOST) {
     if (ruda__cuda_backend == NULL) {
       rc = ruda__fail(RUDA_ENOBACKEND, "ruda_device_open: this libruda was built without CUDA support");
     } else {
-      dev->ops = ruda__cuda_backend;
-      rc = dev->ops->open(&env, &dev->bstate, &dev->limits);
+      dev->sched.backend.ops = ruda__cuda_backend;
+      rc = dev->sched.backend.ops->open(&env, &dev->sched.backend.state, &dev->limits);
     }
     if (rc != 0 && cfg.backend == RUDA_BACKEND_AUTO) {
       snprintf(dev->fallback, sizeof dev->fallback, "%s", ruda_error_message(ruda_last_error()));
@@ -137,8 +139,8 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
     }
   }
   if (rc != 0 && cfg.backend != RUDA_BACKEND_CUDA) {
-    dev->ops = &ruda__host_backend;
-    rc = dev->ops->open(&env, &dev->bstate, &dev->limits);
+    dev->sched.backend.ops = &ruda__host_backend;
+    rc = dev->sched.backend.ops->open(&env, &dev->sched.backend.state, &dev->limits);
   }
   if (rc != 0) {
     free(dev);
@@ -146,15 +148,12 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   }
 
   ruda__handles_init(&dev->handles);
-  /* The scheduler's root: its copies of what it reads on every command,
-   * and memory's parts it pins and allocates from. */
-  dev->sched.serial = dev->serial;
+  /* The rest of the scheduler's root: memory's parts it pins and
+   * allocates from. */
   dev->sched.handle = dev;
-  dev->sched.cfg = dev->cfg;
-  if (dev->sched.cfg.auto_graphs < 0) dev->sched.cfg.auto_graphs = dev->ops->auto_graphs_pay;
-  dev->sched.auto_in_place = dev->ops->in_place_pays;
-  dev->sched.ops = dev->ops;
-  dev->sched.bstate = dev->bstate;
+  /* Where the config leaves it to the backend (-1). */
+  if (dev->sched.cfg.auto_graphs < 0) dev->sched.cfg.auto_graphs = dev->sched.backend.ops->auto_graphs_pay;
+  dev->sched.auto_in_place = dev->sched.backend.ops->in_place_pays;
   dev->sched.closed = &dev->closed;
   dev->sched.handles = &dev->handles;
   dev->sched.memory = &dev->memory;
@@ -166,16 +165,15 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   dev->sched.workers = aligned_alloc(RUDA__CACHELINE, sizeof(ruda__worker) * dev->sched.nworkers);
   dev->calls = aligned_alloc(RUDA__CACHELINE, sizeof(ruda__call_slot) * RUDA__CALL_SLOTS);
   if (dev->calls != NULL) memset(dev->calls, 0, sizeof(ruda__call_slot) * RUDA__CALL_SLOTS);
-  dev->sched.calls = dev->calls;
-  dev->sched.call_phase = &dev->call_phase;
+  dev->sched.streams.grace.calls = dev->calls;
+  dev->sched.streams.grace.phase = &dev->call_phase;
   if (dev->sched.workers == NULL || dev->calls == NULL || dev->kernels == NULL || atomic_load(&dev->sched.streams.current) == NULL) {
     rc = ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
     goto fail;
   }
   memset(dev->sched.workers, 0, sizeof(ruda__worker) * dev->sched.nworkers);
   if ((rc = ruda__progress_init(&dev->sched)) != 0) goto fail;
-  dev->memory.ops = dev->ops;
-  dev->memory.bstate = dev->bstate;
+  dev->memory.backend = &dev->sched.backend;
   dev->memory.handles = &dev->handles;
   rc = ruda__memory_init(&dev->memory, dev->sched.nworkers);
   if (rc != 0) goto fail;
@@ -183,7 +181,7 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   rc = ruda__workers_start(&dev->sched);
   if (rc != 0) goto fail;
   ruda__log(cfg.log_level, RUDA_LOG_INFO, "device open: backend %s (%s), %u streams, queue bound %u",
-            dev->ops->name, dev->limits.name, dev->sched.nworkers, cfg.queue_bound);
+            dev->sched.backend.ops->name, dev->limits.name, dev->sched.nworkers, cfg.queue_bound);
   *out = dev;
   return 0;
 
@@ -198,7 +196,7 @@ fail:
   ruda__handles_destroy(&dev->handles);
   pthread_mutex_destroy(&dev->sched.graph_lock);
   pthread_mutex_destroy(&dev->sched.trace_lock);
-  dev->ops->close(dev->bstate);
+  dev->sched.backend.ops->close(dev->sched.backend.state);
   free(dev);
   return rc;
 }
@@ -283,6 +281,7 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
   else ruda_error_free(a.head);
 
   /* Graphs hold pins and backend objects: before handles and context. */
+  ruda__streams_each(&dev->sched.streams, ruda__capture_close, &dev->sched);
   ruda__graphs_close(&dev->sched);
   pthread_mutex_destroy(&dev->sched.graph_lock);
   pthread_mutex_destroy(&dev->sched.trace_lock);
@@ -292,7 +291,7 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
   ruda__kernels_destroy(dev);
   ruda__streams_each(&dev->sched.streams, ruda__profiles_free, NULL);
   ruda__streams_destroy(&dev->sched.streams);
-  dev->ops->close(dev->bstate);
+  dev->sched.backend.ops->close(dev->sched.backend.state);
   ruda_error_free(dev->sched.fault);
   free(dev->sched.workers);
   /* A call that started while close ran may have entered its slot after
@@ -305,7 +304,7 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
   return a.unhealthy ? RUDA_EUNHEALTHY : 0;
 }
 
-const char *ruda_device_backend(const ruda_device *dev) { return dev ? dev->ops->name : ""; }
+const char *ruda_device_backend(const ruda_device *dev) { return dev ? dev->sched.backend.ops->name : ""; }
 
 const char *ruda_device_fallback_reason(const ruda_device *dev) {
   return dev != NULL && dev->fallback[0] != '\0' ? dev->fallback : NULL;

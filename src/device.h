@@ -26,16 +26,13 @@
 struct ruda__kernel_table; /* the kernel registry (src/kernels.c) */
 
 struct ruda_device {
-  /* First, so that handing the scheduler its root costs nothing. */
+  /* First, so that handing the scheduler its root costs nothing. It
+   * owns the device's serial, config and backend (scheduler/sched.h). */
   ruda__sched sched;
-  uint64_t serial; /* distinguishes devices in thread-local caches */
-  ruda_config cfg;
-  const ruda__backend_ops *ops;
-  void *bstate;
   ruda__limits limits;
   char fallback[320]; /* why auto chose host over cuda ("" when it did not) */
   _Atomic int closed;
-  ruda__call_slot *calls; /* RUDA__CALL_SLOTS, cache-line aligned (scheduler/sched.h) */
+  ruda__call_slot *calls; /* RUDA__CALL_SLOTS, cache-line aligned (scheduler/grace.h) */
   _Atomic unsigned call_phase; /* which counter of its slot a call counts in */
   ruda__handles handles;
   ruda__memory memory; /* pools, arena, fences (memory/memory.h) */
@@ -57,7 +54,7 @@ static inline _Atomic unsigned long *ruda__call_enter(ruda_device *dev) {
   unsigned id = ruda__call_slot_id;
   if (id == 0) id = ruda__call_slot_assign();
   /* The phase only steers new calls away from the counter a grace period
-   * waits on (scheduler/stream_exit.c); a stale one is safe. */
+   * waits on (scheduler/grace.c); a stale one is safe. */
   const unsigned ph = atomic_load_explicit(&dev->call_phase, memory_order_relaxed) & 1;
   _Atomic unsigned long *n = &dev->calls[(id - 1) % RUDA__CALL_SLOTS].n[ph];
   atomic_fetch_add_explicit(n, 1, memory_order_seq_cst);

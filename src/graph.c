@@ -293,7 +293,7 @@ static int check_patch(ruda_device *dev, const ruda_graph *g, const ruda_graph_p
     return 0;
   }
   uint64_t bytes = c->kind == RUDA__CMD_WRITE ? c->u.write.layout.bytes : c->u.read.layout.bytes;
-  if (p->host == NULL || dev->ops->stage_owns == NULL || !dev->ops->stage_owns(dev->bstate, p->host, (size_t)bytes))
+  if (p->host == NULL || dev->sched.backend.ops->stage_owns == NULL || !dev->sched.backend.ops->stage_owns(dev->sched.backend.state, p->host, (size_t)bytes))
     return ruda__fail(RUDA_EINVAL,
                       "%s: patch %u: the host block of command %u (%s of %llu bytes) must lie inside one block from "
                       "ruda_staging_alloc, and %p does not",
@@ -373,7 +373,6 @@ static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, const 
   ruda__cmd *cmd = ruda__cmd_alloc(np ? bytes_off + scalar_bytes : 0);
   if (cmd == NULL) return ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
   cmd->kind = RUDA__CMD_GRAPH;
-  cmd->stream = s;
   cmd->u.graph.g = g;
   cmd->u.graph.fix = NULL;
   cmd->u.graph.nfix = 0;
@@ -478,10 +477,16 @@ static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, const 
     rc = ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
     goto fail;
   }
-  uint32_t ngiven = 0;
-  int claimed = 0;
-  ruda__exec_guard guard;
-  pthread_mutex_lock(&g->issue_lock);
+  /* The future first: a command that may be queued is the worker's. */
+  if (fut != NULL && (cmd->future = ruda__future_new(&dev->sched, s, 1)) == NULL) {
+    if (uses != few) free(uses);
+    if (o != two) free(o);
+    rc = ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
+    goto fail;
+  }
+  ruda_future *f = cmd->future;
+  cmd->u.graph.call = fn;
+  pthread_mutex_lock(&g->issue_lock); /* ruda__submit_orders unlocks it */
   /* Sorted, so the groups lock in one key order. */
   for (uint32_t gi = 0; gi < ngroups; gi++) {
     ruda__order_init(&o[gi]);
@@ -493,46 +498,17 @@ static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, const 
     if (gi == ngroups - 1) ruda__order_note(&o[gi], g->replays, UINT32_MAX, 0, w, RUDA__USE_WRITE);
   }
   if (uses != few) free(uses);
-  cmd->seq = atomic_fetch_add_explicit(&s->seq, 1, memory_order_relaxed) + 1;
-  if (fut != NULL && (cmd->future = ruda__future_new(&dev->sched, s, 1)) == NULL)
-    rc = ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
-  /* Taken now: once pushed, the command is the worker's and may be gone. */
-  ruda_future *f = cmd->future;
-  if (rc == 0) {
-    atomic_fetch_add_explicit(&g->refs, 1, memory_order_relaxed);
-    if ((rc = ruda__queue_admit(w, s->id)) == 0) {
-      for (uint32_t gi = 0; gi < ngroups; gi++) ruda__order_lock(&o[gi], w);
-      for (uint32_t gi = 0; gi < ngroups && rc == 0; gi++)
-        if (ruda__order_needed(&o[gi])) rc = ruda__order_prepare(&dev->sched, &o[gi], s, cmd->seq);
-      /* In place: the ticket is claimed where a push would be, before the
-       * publish below; the replay runs once every lock here is released, so
-       * its kernels may replay this graph or use its buffers (inline.c). A
-       * WAIT just pushed runs first either way: in place needs the worker
-       * to have run everything queued. */
-      if (rc == 0) {
-        claimed = in_place && ruda__inline_claim(w, cmd, &guard);
-        if (!claimed) ruda__queue_push_admitted(w, cmd);
-      } else {
-        ruda__queue_unadmit(w); /* WAITs already pushed only order this stream more */
-      }
-    }
-    if (rc != 0) atomic_fetch_sub_explicit(&g->refs, 1, memory_order_relaxed);
-  }
-  if (rc == 0) {
-    if (fut != NULL) *fut = f;
-    ngiven = ngroups; /* pushed: no reader bit goes back */
-    for (uint32_t gi = 0; gi < ngroups; gi++) ruda__order_publish(&o[gi], w);
-  }
-  /* Released in reverse lock order (abandon unlocks). */
-  for (uint32_t gi = ngroups; gi-- > ngiven;) ruda__order_abandon(&o[gi]);
-  pthread_mutex_unlock(&g->issue_lock);
+  atomic_fetch_add_explicit(&g->refs, 1, memory_order_relaxed); /* the queued replay's */
+  rc = ruda__submit_orders(&dev->sched, s, cmd, o, ngroups, &g->issue_lock, in_place);
   if (o != two) free(o);
   if (rc == 0) {
+    if (fut != NULL) *fut = f;
     ruda__order_abandon(&po); /* queued: the patches' pins are the command's, settled */
-    if (claimed) ruda__inline_finish(w, cmd, &guard); /* no lock of ruda's held: cmd is freed */
     return 0;
   }
+  atomic_fetch_sub_explicit(&g->refs, 1, memory_order_relaxed);
   free(f);
+  cmd->future = NULL;
 fail:
   ruda__order_abandon(&po);
   for (uint32_t i = 0; i < cmd->npins; i++) ruda__handles_unpin(h, ruda__pin_slot(cmd->pins[i]), NULL);

@@ -114,8 +114,8 @@ static __attribute__((noinline, cold)) ruda__kernel *kcache_miss(ruda_device *de
   ruda__kernel_slots *s = atomic_load_explicit(&dev->kernels->current, memory_order_acquire);
   ruda__kernel_entry *e = lookup(s, name, hash_name(name));
   if (e == NULL) return NULL;
-  kcache_slot *c = &kcache[kcache_index(dev->serial, name)];
-  c->serial = dev->serial;
+  kcache_slot *c = &kcache[kcache_index(dev->sched.serial, name)];
+  c->serial = dev->sched.serial;
   c->name = name;
   c->entry = e;
   return atomic_load_explicit(&e->kernel, memory_order_acquire);
@@ -142,8 +142,8 @@ int ruda_kernel_lookup(ruda_device *dev, const char *name, const ruda_kernel_ref
 }
 
 ruda__kernel *ruda__kernel_find(ruda_device *dev, const char *name) {
-  const kcache_slot *c = &kcache[kcache_index(dev->serial, name)];
-  if (__builtin_expect(c->serial == dev->serial && c->name == name, 1)) {
+  const kcache_slot *c = &kcache[kcache_index(dev->sched.serial, name)];
+  if (__builtin_expect(c->serial == dev->sched.serial && c->name == name, 1)) {
     ruda__kernel_entry *e = c->entry;
     if (__builtin_expect(strcmp(e->name, name) == 0, 1))
       return atomic_load_explicit(&e->kernel, memory_order_acquire);
@@ -157,7 +157,7 @@ static void free_list(char **v) {
 }
 
 static void kernel_free(ruda_device *dev, ruda__kernel *k) {
-  if (dev->ops->kernel_release && k->impl) dev->ops->kernel_release(dev->bstate, k);
+  if (dev->sched.backend.ops->kernel_release && k->impl) dev->sched.backend.ops->kernel_release(dev->sched.backend.state, k);
   free_list(k->options);
   free_list(k->module_names);
   free(k->host_params);
@@ -257,11 +257,11 @@ static int host_register(ruda_device *dev, const char *name, ruda_host_kernel_fn
     return ruda__fail(RUDA_EINVAL, "ruda_host_kernel_register: name is NULL or empty");
   if (fn == NULL)
     return ruda__fail(RUDA_EINVAL, "ruda_host_kernel_register: kernel \"%s\": function is NULL", name);
-  if (!dev->ops->host_kernels)
+  if (!dev->sched.backend.ops->host_kernels)
     return ruda__fail(RUDA_ENOBACKEND,
                       "ruda_host_kernel_register: kernel \"%s\": device uses the %s backend; "
                       "host kernels need backend=host",
-                      name, dev->ops->name);
+                      name, dev->sched.backend.ops->name);
   ruda__kernel *k = calloc(1, sizeof *k);
   char *copy = strdup(name);
   if (k == NULL || copy == NULL) {
@@ -280,7 +280,7 @@ static int host_register(ruda_device *dev, const char *name, ruda_host_kernel_fn
     if (n) memcpy(k->host_params, params, n * sizeof *params);
     k->host_nparams = n;
   }
-  int rc = dev->ops->kernel_prepare ? dev->ops->kernel_prepare(dev->bstate, k) : 0;
+  int rc = dev->sched.backend.ops->kernel_prepare ? dev->sched.backend.ops->kernel_prepare(dev->sched.backend.state, k) : 0;
   if (rc == 0) rc = ruda__kernel_add(dev, k);
   if (rc != 0) kernel_free(dev, k);
   return rc;
@@ -341,7 +341,7 @@ static ruda__kernel *cuda_kernel(const char *name, const char *source, const cha
 }
 
 static int refuse_host(ruda_device *dev, const char *fn) {
-  if (!dev->ops->host_kernels) return 0;
+  if (!dev->sched.backend.ops->host_kernels) return 0;
   return ruda__fail(RUDA_ENOBACKEND,
                     "%s: the host backend cannot run CUDA C; register a C function with ruda_host_kernel_register",
                     fn);
@@ -354,7 +354,7 @@ static int add_all(ruda_device *dev, ruda__kernel **ks, uint32_t n, const char *
   uint32_t i = 0;
   for (; i < n && rc == 0; i++) {
     if (ks[i] == NULL) rc = ruda__fail(RUDA_ENOMEM, "%s: out of host memory", fn);
-    else if (dev->ops->kernel_prepare) rc = dev->ops->kernel_prepare(dev->bstate, ks[i]);
+    else if (dev->sched.backend.ops->kernel_prepare) rc = dev->sched.backend.ops->kernel_prepare(dev->sched.backend.state, ks[i]);
   }
   for (uint32_t j = 0; rc == 0 && j < n; j++) {
     ks[j]->image = NULL; /* only prepare reads it */

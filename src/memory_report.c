@@ -182,7 +182,7 @@ int ruda_memory_summary(ruda_device *dev, FILE *out) {
   if (rc != 0) return rc;
   const ruda__arena *a = &dev->memory.arena;
   char h1[32], h2[32], h3[32], h4[32], h5[32];
-  fprintf(out, "ruda memory summary: %s (%s backend), %u workers\n", dev->limits.name, dev->ops->name,
+  fprintf(out, "ruda memory summary: %s (%s backend), %u workers\n", dev->limits.name, dev->sched.backend.ops->name,
           dev->sched.nworkers);
   fprintf(out, "  device: %llu buffers, %s in use, %s reserved (%.1f%% of it in use), peaks %s in use, %s reserved\n",
           (unsigned long long)d.nallocs, human(d.bytes_in_use, h1, sizeof h1), human(d.bytes_reserved, h2, sizeof h2),

@@ -88,9 +88,9 @@ int ruda_profile_end(ruda_device *dev, ruda_stream_id stream, ruda_profile_token
   int src = ruda_future_wait(p->start, NULL);
   if (wrc == 0 && src == 0) {
     void *e0 = p->start->completion.event, *e1 = end->completion.event;
-    if (e0 != NULL && e1 != NULL && dev->ops->elapsed != NULL) {
+    if (e0 != NULL && e1 != NULL && dev->sched.backend.ops->elapsed != NULL) {
       double ms = 0;
-      if ((rc = dev->ops->elapsed(dev->bstate, e0, e1, &ms)) == 0) *ns = (uint64_t)(ms * 1e6 + 0.5);
+      if ((rc = dev->sched.backend.ops->elapsed(dev->sched.backend.state, e0, e1, &ms)) == 0) *ns = (uint64_t)(ms * 1e6 + 0.5);
     } else {
       *ns = end->stamp_ns - p->start->stamp_ns;
     }

@@ -11,7 +11,7 @@ int ruda_device_get_props(const ruda_device *dev, ruda_device_props *out) {
   memset(out, 0, sizeof *out);
   memcpy(out->name, l->name, sizeof out->name);
   out->name[sizeof out->name - 1] = '\0';
-  out->backend = dev->ops->name;
+  out->backend = dev->sched.backend.ops->name;
   out->cc_major = l->cc_major;
   out->cc_minor = l->cc_minor;
   out->sm_count = l->sm_count;

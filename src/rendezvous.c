@@ -770,11 +770,11 @@ int ruda_comm_init_env(ruda_device *dev, ruda_comm **out) {
   if (out != NULL) *out = NULL;
   RUDA__CHECK_DEV(dev, fn);
   if (out == NULL) return ruda__fail(RUDA_EINVAL, "%s: out is NULL", fn);
-  if (dev->ops->comm_id == NULL)
+  if (dev->sched.backend.ops->comm_id == NULL)
     return ruda__fail(RUDA_ENOBACKEND,
                       "%s: the %s backend reaches ranks in other processes only through a transport: launch with "
                       "mpirun and use ruda_mpi_comm_init (ruda/mpi.h)",
-                      fn, dev->ops->name);
+                      fn, dev->sched.backend.ops->name);
   uint32_t rank, nranks, local;
   int rc = ruda_comm_env(&rank, &nranks, &local);
   if (rc != 0) return rc;

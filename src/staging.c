@@ -13,7 +13,7 @@ int ruda_staging_alloc(ruda_device *dev, size_t size, void **out) {
   if (out == NULL) return ruda__fail(RUDA_EINVAL, "ruda_staging_alloc: out is NULL");
   *out = NULL;
   if (size == 0) return ruda__fail(RUDA_EINVAL, "ruda_staging_alloc: size is 0");
-  void *p = dev->ops->stage_alloc(dev->bstate, size);
+  void *p = dev->sched.backend.ops->stage_alloc(dev->sched.backend.state, size);
   if (p == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_staging_alloc: no staging memory for %zu bytes", size);
   *out = p;
   return 0;
@@ -21,7 +21,7 @@ int ruda_staging_alloc(ruda_device *dev, size_t size, void **out) {
 
 int ruda_staging_free(ruda_device *dev, void *p) {
   RUDA__CHECK_DEV(dev, "ruda_staging_free");
-  if (p != NULL) dev->ops->stage_free(dev->bstate, p);
+  if (p != NULL) dev->sched.backend.ops->stage_free(dev->sched.backend.state, p);
   return 0;
 }
 
@@ -29,23 +29,23 @@ int ruda_staging_usage(ruda_device *dev, ruda_staging_stats *out) {
   RUDA__CHECK_DEV(dev, "ruda_staging_usage");
   if (out == NULL) return ruda__fail(RUDA_EINVAL, "ruda_staging_usage: out is NULL");
   memset(out, 0, sizeof *out);
-  if (dev->ops->stage_usage == NULL)
+  if (dev->sched.backend.ops->stage_usage == NULL)
     return ruda__fail(RUDA_ENOBACKEND, "ruda_staging_usage: the %s backend has no staging arena (it uses malloc)",
-                      dev->ops->name);
-  return dev->ops->stage_usage(dev->bstate, out);
+                      dev->sched.backend.ops->name);
+  return dev->sched.backend.ops->stage_usage(dev->sched.backend.state, out);
 }
 
 int ruda_cuda_stream(ruda_device *dev, ruda_stream_id stream, void **cu_stream) {
   RUDA__CHECK_DEV(dev, "ruda_cuda_stream");
   if (cu_stream == NULL) return ruda__fail(RUDA_EINVAL, "ruda_cuda_stream: cu_stream is NULL");
   *cu_stream = NULL;
-  if (dev->ops->native_stream == NULL)
-    return ruda__fail(RUDA_ENOBACKEND, "ruda_cuda_stream: the %s backend has no CUDA streams", dev->ops->name);
+  if (dev->sched.backend.ops->native_stream == NULL)
+    return ruda__fail(RUDA_ENOBACKEND, "ruda_cuda_stream: the %s backend has no CUDA streams", dev->sched.backend.ops->name);
   if (stream != RUDA_STREAM_CURRENT && stream > RUDA_STREAM_EXPLICIT_MAX)
     return ruda__fail(RUDA_EINVAL, "ruda_cuda_stream: stream id %llu is reserved", (unsigned long long)stream);
   ruda__stream *s = ruda__stream_get(&dev->sched, stream);
   if (s == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_cuda_stream: out of host memory creating stream");
-  *cu_stream = dev->ops->native_stream(s->worker->wstate);
+  *cu_stream = dev->sched.backend.ops->native_stream(s->worker->wstate);
   return 0;
 }
 
@@ -53,9 +53,9 @@ int ruda_cuda_context(ruda_device *dev, void **cu_context) {
   RUDA__CHECK_DEV(dev, "ruda_cuda_context");
   if (cu_context == NULL) return ruda__fail(RUDA_EINVAL, "ruda_cuda_context: cu_context is NULL");
   *cu_context = NULL;
-  if (dev->ops->native_context == NULL)
-    return ruda__fail(RUDA_ENOBACKEND, "ruda_cuda_context: the %s backend has no CUDA context", dev->ops->name);
-  *cu_context = dev->ops->native_context(dev->bstate);
+  if (dev->sched.backend.ops->native_context == NULL)
+    return ruda__fail(RUDA_ENOBACKEND, "ruda_cuda_context: the %s backend has no CUDA context", dev->sched.backend.ops->name);
+  *cu_context = dev->sched.backend.ops->native_context(dev->sched.backend.state);
   return 0;
 }
 

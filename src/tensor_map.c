@@ -9,9 +9,9 @@ int ruda_tensor_map_encode(ruda_device *dev, ruda_binding b, const ruda_tensor_m
   if (d == NULL || out == NULL) return ruda__fail(RUDA_EINVAL, "%s: %s is NULL", fn, d ? "out" : "desc");
   const int r = RUDA__RESERVED_SET(d);
   if (r >= 0) return ruda__fail(RUDA_EINVAL, "%s: desc reserved[%d] is not zero", fn, r);
-  if (dev->ops->tensor_map == NULL)
+  if (dev->sched.backend.ops->tensor_map == NULL)
     return ruda__fail(RUDA_ENOBACKEND, "%s: tensor maps need the cuda backend (device uses %s)", fn,
-                      dev->ops->name);
+                      dev->sched.backend.ops->name);
   uint64_t addr;
   int rc = ruda_binding_device_ptr(dev, b, &addr);
   if (rc != 0) return rc;
@@ -21,5 +21,5 @@ int ruda_tensor_map_encode(ruda_device *dev, ruda_binding b, const ruda_tensor_m
     if ((rc = ruda_buffer_size(dev, b.handle, &total)) != 0) return rc;
     blen = total - b.offset;
   }
-  return dev->ops->tensor_map(dev->bstate, d, addr, blen, out);
+  return dev->sched.backend.ops->tensor_map(dev->sched.backend.state, d, addr, blen, out);
 }

@@ -183,10 +183,49 @@ static inline int test_gate_kernel(const ruda_host_ctx *c, void *const *args) {
   return 0;
 }
 
-/* Waits until *counter reaches at least n; fails after 10 s. */
+/* How many times longer than on an idle machine a test waits for
+ * progress before it calls the lack of it a hang: the sanitizer's slowdown
+ * (1; 4 under ASan; 10 under TSan) times the load per CPU (at least 1),
+ * or RUDA_TEST_PATIENCE when set. Bounds on waits for progress (a count,
+ * a thread asleep, an event) are multiplied by it, so a slow or loaded
+ * machine is never a failure; what a test asserts is progress, not speed.
+ * Computed once per process (the load then), so a bound does not move
+ * while a loop tests it. Thread-safe (an atomic; racing first calls agree
+ * closely enough); does not block. */
+static inline unsigned test_patience(void) {
+  static _Atomic unsigned known;
+  unsigned k = atomic_load(&known);
+  if (k != 0) return k;
+  const char *v = getenv("RUDA_TEST_PATIENCE");
+  if (v != NULL && atoi(v) > 0) {
+    atomic_store(&known, (unsigned)atoi(v));
+    return (unsigned)atoi(v);
+  }
+  unsigned slow = 1;
+#if defined(__SANITIZE_THREAD__)
+  slow = 10;
+#elif defined(__SANITIZE_ADDRESS__)
+  slow = 4;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+  slow = 10;
+#elif __has_feature(address_sanitizer)
+  slow = 4;
+#endif
+#endif
+  double load = 0;
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  if (getloadavg(&load, 1) == 1 && cpus > 0 && load > (double)cpus) slow = (unsigned)(slow * (load / (double)cpus) + 1);
+  atomic_store(&known, slow);
+  return slow;
+}
+
+/* Waits until *counter reaches at least n; fails after 10 s times
+ * test_patience(). */
 static inline void test_wait_count(_Atomic int *counter, int n) {
+  const int limit = 100000 * (int)test_patience();
   for (int i = 0; atomic_load(counter) < n; i++) {
-    if (i == 100000) fail_msg("waited 10 s for a count of %d (it is %d)", n, atomic_load(counter));
+    if (i == limit) fail_msg("waited %d s for a count of %d (it is %d)", limit / 10000, n, atomic_load(counter));
     usleep(100);
   }
 }
@@ -222,10 +261,11 @@ static inline int test_in_futex(pid_t tid) {
 /* Waits until thread tid sleeps in a futex: positive evidence that a
  * call blocked (on a full queue, on close), not merely that it had time
  * to. Call it once the thread is known to have entered the call; fails
- * after 10 s. */
+ * after 10 s times test_patience(). */
 static inline void test_wait_blocked(pid_t tid) {
+  const int limit = 100000 * (int)test_patience();
   for (int i = 0; !test_in_futex(tid); i++) {
-    if (i == 100000) fail_msg("thread %d never blocked in a futex", (int)tid);
+    if (i == limit) fail_msg("thread %d never blocked in a futex", (int)tid);
     usleep(100);
   }
 }

@@ -9,7 +9,9 @@
 # build. A folder with no objects fails (nothing was checked). Last, no
 # declaration climbs: a function a layer's header declares is defined in
 # that layer (a header of scheduler/ declaring what src/ defines would let
-# the scheduler call up without an include pointing up).
+# the scheduler call up without an include pointing up). Inside a folder,
+# the files of each group below call one way too: no circle among them
+# (a file that calls another is above it).
 #   tools/check_calls.sh BUILD/CMakeFiles/ruda_objects.dir SOURCE_ROOT
 # Objects whose source is gone (a stale build folder) are ignored.
 set -euo pipefail
@@ -77,6 +79,38 @@ for o in $objs; do
       bad=1
     fi
   done
+done
+# Files inside a folder that call one way (globs under the object folder):
+# the stream table below the stream lookup and the reaper, graphs and grace
+# periods below the table; memory's assembly over its pools, arena and
+# fences (docs/architecture.md).
+groups=("scheduler/stream*.c.o scheduler/graph.c.o scheduler/grace.c.o"
+        "memory/*.c.o")
+for g in "${groups[@]}"; do
+  declare -A in_group=()
+  members=""
+  for pat in $g; do
+    for o in ./$pat; do
+      [ -f "$o" ] || continue
+      in_group[$o]=1
+      members="$members $o"
+    done
+  done
+  [ -n "$members" ] || { echo "FAIL: no objects for the one-way group '$g'"; bad=1; continue; }
+  edges=""
+  for o in $members; do
+    edges="$edges $o $o" # every member a node, calls or not
+    for s in $(nm -u "$o" | awk '{print $2}'); do
+      d=${def[$s]:-}
+      if [ -n "$d" ] && [ "$d" != "$o" ] && [ -n "${in_group[$d]:-}" ]; then edges="$edges $o $d"; fi
+    done
+  done
+  # tsort names the files of a circle, one per line after the first.
+  if ! loop=$(echo "$edges" | tsort 2>&1 >/dev/null); then
+    echo "circle of calls among ${g}: $(echo "$loop" | sed -n 's/^tsort: \.\///p' | tr '\n' ' ')"
+    bad=1
+  fi
+  unset in_group
 done
 [ $bad -eq 0 ] || { echo "FAIL: calls that run up the layers"; exit 1; }
 echo "layers: every call points down ($(echo "$objs" | wc -l) objects)"

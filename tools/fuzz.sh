@@ -11,6 +11,8 @@ cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DRUDA_ASAN=ON -DRUDA_FUZZ=ON 
   -DCMAKE_BUILD_TYPE=Debug >/dev/null
 cmake --build build-fuzz -j"${FUZZ_JOBS:-$(nproc)}" --target fuzz_api_libfuzzer >/dev/null
 mkdir -p build-fuzz/corpus
-# -timeout: an input running 30 s is a hang (a deadlock), reported with the input.
-exec build-fuzz/tests/fuzz_api_libfuzzer -max_total_time="$secs" -max_len=2048 -timeout=30 -print_final_stats=1 \
+# -timeout: an input running this long is a hang (a deadlock), reported with
+# the input; far above any input's time under ASan on a loaded machine.
+exec build-fuzz/tests/fuzz_api_libfuzzer -max_total_time="$secs" -max_len=2048 -timeout="${FUZZ_INPUT_TIMEOUT:-120}" \
+  -print_final_stats=1 \
   build-fuzz/corpus

@@ -282,14 +282,14 @@ static void concurrent_registrations_compile_once(void **state) {
   for (int i = 0; i < T; i++) pthread_join(t[i], NULL);
   for (int i = 0; i < T; i++) assert_int_equal(a[i].rc, 0);
   uint64_t compiles, disk, mem;
-  ruda__cu_cache_stats(dev->bstate, &compiles, &disk, &mem);
+  ruda__cu_cache_stats(dev->sched.backend.state, &compiles, &disk, &mem);
   assert_int_equal(compiles, 1);
   assert_int_equal(disk, 0);
   assert_int_equal(mem, T - 1);
   /* Different options are a different module. */
   const char *opts[] = {"-DUNUSED=1", NULL};
   assert_ok(ruda_kernel_source(dev, "axpy", SRC_AXPY, opts));
-  ruda__cu_cache_stats(dev->bstate, &compiles, &disk, &mem);
+  ruda__cu_cache_stats(dev->sched.backend.state, &compiles, &disk, &mem);
   assert_int_equal(compiles, 2);
   pthread_barrier_destroy(&go);
   test_close(dev);
@@ -329,7 +329,7 @@ static void disk_cache_warm_start(void **state) {
   double t0 = now_ms();
   assert_ok(ruda_kernel_source(cold, "axpy", SRC_AXPY, NULL));
   double cold_ms = now_ms() - t0;
-  ruda__cu_cache_stats(cold->bstate, &compiles, &disk, &mem);
+  ruda__cu_cache_stats(cold->sched.backend.state, &compiles, &disk, &mem);
   assert_int_equal(compiles, 1);
   assert_int_equal(disk, 0);
   test_close(cold);
@@ -339,7 +339,7 @@ static void disk_cache_warm_start(void **state) {
   t0 = now_ms();
   assert_ok(ruda_kernel_source(warm, "axpy", SRC_AXPY, NULL));
   double warm_ms = now_ms() - t0;
-  ruda__cu_cache_stats(warm->bstate, &compiles, &disk, &mem);
+  ruda__cu_cache_stats(warm->sched.backend.state, &compiles, &disk, &mem);
   assert_int_equal(compiles, 0);
   assert_int_equal(disk, 1);
   fprintf(stderr, "kernel load: NVRTC %.2f ms, disk cache %.3f ms\n", cold_ms, warm_ms);
@@ -366,13 +366,13 @@ static void disk_cache_warm_start(void **state) {
   close(fd);
   ruda_device *again = gpu_open_cfg(1, sub, 0);
   assert_ok(ruda_kernel_source(again, "axpy", SRC_AXPY, NULL));
-  ruda__cu_cache_stats(again->bstate, &compiles, &disk, &mem);
+  ruda__cu_cache_stats(again->sched.backend.state, &compiles, &disk, &mem);
   assert_int_equal(compiles, 1);
   assert_int_equal(disk, 0);
   test_close(again);
   ruda_device *fixed = gpu_open_cfg(1, sub, 0);
   assert_ok(ruda_kernel_source(fixed, "axpy", SRC_AXPY, NULL));
-  ruda__cu_cache_stats(fixed->bstate, &compiles, &disk, &mem);
+  ruda__cu_cache_stats(fixed->sched.backend.state, &compiles, &disk, &mem);
   assert_int_equal(disk, 1);
   test_close(fixed);
   char cmd[700];
@@ -559,10 +559,10 @@ static void module_compiles_once_for_all_its_kernels(void **state) {
   (void)state;
   ruda_device *dev = gpu_open();
   uint64_t seed = gpu_seed(), compiles0, compiles, disk, mem;
-  ruda__cu_cache_stats(dev->bstate, &compiles0, &disk, &mem);
+  ruda__cu_cache_stats(dev->sched.backend.state, &compiles0, &disk, &mem);
   const char *names[] = {"vectorAdd", "ns::axpy<float, 4>", "block_sum", "halves"};
   assert_ok(ruda_module_source(dev, "samples.cu", SRC_CXX, names, 4, NULL));
-  ruda__cu_cache_stats(dev->bstate, &compiles, &disk, &mem);
+  ruda__cu_cache_stats(dev->sched.backend.state, &compiles, &disk, &mem);
   assert_int_equal(compiles - compiles0, 1);
   const int n = 4096 + (int)(gpu_rand(&seed) % 4096);
   float *x = malloc(n * 4), *y = malloc(n * 4), *got = malloc(n * 4);

@@ -445,6 +445,7 @@ static const mock_kernel kernels[] = {
     {"access_meet", 4, {8, 4, 8, 8}, 1024, 0, k_access_meet},
     {"_Z9vectorAddPKfS0_Pfi", 4, {8, 8, 8, 4}, 1024, 0, k_vector_add},
     {"_Z5scaleIfEvPT_S0_i", 3, {8, 4, 4}, 1024, 0, k_scale_f},
+    {"scale", 3, {8, 4, 4}, 1024, 0, k_scale_f}, /* the README's Python snippet */
     {"_ZN2ns4axpyIfLi4EEEvPKT_PS1_S1_i", 4, {8, 8, 4, 4}, 1024, 0, k_ns_axpy4},
     {"_Z9block_sumPKfPfi", 3, {8, 8, 4}, 1024, 0, k_block_sum},
 };

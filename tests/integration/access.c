@@ -29,15 +29,16 @@ static void sync_all(ruda_device *dev, int nstreams) {
 
 /* ---- readers overlap ---- */
 
-/* Every reader arrives, then waits (up to 300 ms) until all `want` have
- * arrived: only readers running at the same time can all meet. */
+/* Every reader arrives, then waits (up to 300 ms times test_patience())
+ * until all `want` have arrived: only readers running at the same time can
+ * all meet. */
 static _Atomic int arrived, met;
 
 static int meet_kernel(const ruda_host_ctx *c, void *const *args) {
   (void)c;
   int want = *(const int *)args[1];
   atomic_fetch_add(&arrived, 1);
-  uint64_t until = now_ns() + 300000000ull;
+  uint64_t until = now_ns() + 300000000ull * test_patience();
   while (atomic_load(&arrived) < want && now_ns() < until) sleep_us(50);
   if (atomic_load(&arrived) >= want) atomic_fetch_add(&met, 1);
   return 0;

@@ -104,7 +104,7 @@ static void error_policy_refuses_past_the_bound(void **state) {
 
   /* Drained, the queue takes commands again; the refused one is retried
    * and the producer's order is intact. */
-  for (int tries = 0; (rc = launch_seq(dev, 0, next, viol, 0, seq)) == RUDA_EQUEUEFULL && tries < 5000; tries++)
+  for (int tries = 0; (rc = launch_seq(dev, 0, next, viol, 0, seq)) == RUDA_EQUEUEFULL && tries < 5000 * (int)test_patience(); tries++)
     sleep_ms(1);
   assert_int_equal(rc, 0);
   assert_ok(ruda_sync(dev, 0, NULL));

@@ -112,7 +112,7 @@ static void close_waits_for_calls_in_progress(void **state) {
    * harmless before); it then waits for the producer. */
   int probe;
   for (int i = 0; (probe = ruda_host_kernel_register(dev, "probe", work_kernel)) == 0; i++) {
-    if (i == 100000) fail_msg("the device never reported itself closed");
+    if (i == 100000 * (int)test_patience()) fail_msg("the device never reported itself closed");
     usleep(100);
   }
   assert_int_equal(probe, RUDA_ECLOSED);

@@ -362,20 +362,27 @@ static int shared_frames(const ruda_error *e, void *const *here, int nhere) {
   return shared;
 }
 
+/* A host device of two workers with RUDA_LAUNCH_BLOCKING on or off and
+ * the kernel "fail". */
+static ruda_device *open_blocking(int blocking) {
+  ruda_config cfg;
+  ruda_config_init(&cfg);
+  cfg.backend = RUDA_BACKEND_HOST;
+  cfg.num_streams = 2;
+  cfg.log_level = RUDA_LOG_ERROR;
+  cfg.launch_blocking = blocking;
+  ruda_device *dev = NULL;
+  assert_ok(ruda_device_open(&cfg, &dev));
+  assert_ok(ruda_host_kernel_register(dev, "fail", fail_kernel));
+  return dev;
+}
+
 /* RUDA_LAUNCH_BLOCKING: a failure's backtrace is the enqueuing call's
  * (it shares the caller's frames); otherwise it is the worker's. */
 static void blocking_mode_keeps_the_enqueue_backtrace(void **state) {
   (void)state;
   for (int blocking = 0; blocking < 2; blocking++) {
-    ruda_config cfg;
-    ruda_config_init(&cfg);
-    cfg.backend = RUDA_BACKEND_HOST;
-    cfg.num_streams = 2;
-    cfg.log_level = RUDA_LOG_ERROR;
-    cfg.launch_blocking = blocking;
-    ruda_device *dev = NULL;
-    assert_ok(ruda_device_open(&cfg, &dev));
-    assert_ok(ruda_host_kernel_register(dev, "fail", fail_kernel));
+    ruda_device *dev = open_blocking(blocking);
     void *here[24];
     int nhere = backtrace(here, 24);
     launch_code(dev, 3, RUDA_ELAUNCH);
@@ -386,6 +393,44 @@ static void blocking_mode_keeps_the_enqueue_backtrace(void **state) {
     if (blocking) assert_true(shared_frames(cause, here, nhere) >= 1);
     else assert_int_equal(shared_frames(cause, here, nhere), 0);
     ruda_error_free(err);
+    test_close(dev);
+  }
+}
+
+/* A replay is submitted like a launch: under RUDA_LAUNCH_BLOCKING the
+ * failure of a recorded command carries the replaying call's backtrace,
+ * and names the call and the command in the graph; failures of patched
+ * replays are named by their call. */
+static void blocking_mode_names_the_replay_and_its_command(void **state) {
+  (void)state;
+  for (int blocking = 0; blocking < 2; blocking++) {
+    ruda_device *dev = open_blocking(blocking);
+    ruda_graph *g = NULL;
+    assert_ok(ruda_graph_begin_capture(dev, 3));
+    launch_code(dev, 3, 0);
+    launch_code(dev, 3, RUDA_ELAUNCH);
+    assert_ok(ruda_graph_end_capture(dev, 3, &g));
+    void *here[24];
+    int nhere = backtrace(here, 24);
+    assert_ok(ruda_graph_replay(dev, 3, g));
+    ruda_error *err = NULL;
+    assert_int_equal(ruda_sync(dev, 3, &err), RUDA_EUNHEALTHY);
+    const ruda_error *cause = ruda_error_cause(err);
+    assert_contains(ruda_error_message(cause), "ruda_graph_replay (stream 3, command #1)");
+    assert_contains(ruda_error_message(cause), "command 2 (launch of fail)");
+    if (blocking) assert_true(shared_frames(cause, here, nhere) >= 1);
+    else assert_int_equal(shared_frames(cause, here, nhere), 0);
+    ruda_error_free(err);
+    /* Patched: the call's own name. */
+    const int ok = 0;
+    ruda_graph_patch p = ruda_graph_patch_arg(0, 0, ruda_arg_scalar(&ok, sizeof ok));
+    ruda_future *f = NULL;
+    assert_ok(ruda_graph_replay_with(dev, 3, g, &p, 1, &f));
+    assert_int_equal(ruda_future_wait(f, &err), RUDA_EUNHEALTHY);
+    ruda_future_free(f);
+    assert_contains(ruda_error_message(ruda_error_cause(err)), "ruda_graph_replay_with (stream 3, command #");
+    ruda_error_free(err);
+    assert_ok(ruda_graph_destroy(dev, g));
     test_close(dev);
   }
 }
@@ -495,6 +540,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(flushes_racing_failures_lose_nothing),
       cmocka_unit_test(exited_threads_errors_drain_by_id),
       cmocka_unit_test(blocking_mode_keeps_the_enqueue_backtrace),
+      cmocka_unit_test(blocking_mode_names_the_replay_and_its_command),
       cmocka_unit_test(device_sync_collects_every_stream),
   };
   return test_main("integration_isolation", tests, sizeof tests / sizeof tests[0], argc, argv);

@@ -20,14 +20,15 @@ static int nap_kernel(const ruda_host_ctx *c, void *const *args) {
 }
 
 /* The three naps of the overlap test meet before napping: each counts
- * itself in and waits (10 s at most, else it fails) for the others, so
- * all three spans are open at once however the workers are scheduled. */
+ * itself in and waits (10 s times test_patience() at most, else it
+ * fails) for the others, so all three spans are open at once however the
+ * workers are scheduled. */
 static _Atomic int naps_in;
 
 static int meeting_nap_kernel(const ruda_host_ctx *c, void *const *args) {
   atomic_fetch_add(&naps_in, 1);
   for (int waited_ms = 0; atomic_load(&naps_in) < 3; waited_ms++) {
-    if (waited_ms == 10000) return RUDA_ETIMEDOUT;
+    if (waited_ms == 10000 * (int)test_patience()) return RUDA_ETIMEDOUT;
     usleep(1000);
   }
   return nap_kernel(c, args);
@@ -39,16 +40,22 @@ static int failing_kernel(const ruda_host_ctx *c, void *const *args) {
   return RUDA_EINVAL;
 }
 
-
-static void trace_file_shows_streams_overlapping(void **state) {
-  (void)state;
-  char path[] = "/tmp/ruda-trace-XXXXXX";
+/* A host device with `streams` workers tracing to a new file at path (a
+ * mkstemp template, filled in). */
+static ruda_device *open_traced(char *path, uint32_t streams) {
   int fd = mkstemp(path);
   assert_true(fd >= 0);
   close(fd);
   setenv("RUDA_TRACE", path, 1);
-  ruda_device *dev = test_open(3, 1024, RUDA_BACKPRESSURE_BLOCK);
+  ruda_device *dev = test_open(streams, 1024, RUDA_BACKPRESSURE_BLOCK);
   unsetenv("RUDA_TRACE");
+  return dev;
+}
+
+static void trace_file_shows_streams_overlapping(void **state) {
+  (void)state;
+  char path[] = "/tmp/ruda-trace-XXXXXX";
+  ruda_device *dev = open_traced(path, 3);
   atomic_store(&naps_in, 0);
   assert_ok(ruda_host_kernel_register(dev, "nap", meeting_nap_kernel));
   assert_ok(ruda_host_kernel_register(dev, "fails", failing_kernel));
@@ -108,6 +115,42 @@ static void trace_file_shows_streams_overlapping(void **state) {
     snprintf(cmd, sizeof cmd, "python3 -c 'import json,sys; json.load(open(sys.argv[1]))' %s", path);
     assert_int_equal(system(cmd), 0);
   }
+  free(s);
+  unlink(path);
+}
+
+/* A replay is submitted like a launch: its span carries the time it sat
+ * queued behind a gate held shut for 30 ms after the replay was issued,
+ * from the stamp its submit took. */
+static void a_replay_has_its_submit_stamp(void **state) {
+  (void)state;
+  char path[] = "/tmp/ruda-trace-XXXXXX";
+  ruda_device *dev = open_traced(path, 1);
+  assert_ok(ruda_host_kernel_register(dev, "gate", test_gate_kernel));
+  assert_ok(ruda_host_kernel_register(dev, "recorded", failing_kernel));
+  ruda_graph *g = NULL;
+  assert_ok(ruda_graph_begin_capture(dev, 0));
+  assert_ok(test_launch(dev, 0, "recorded", NULL, 0));
+  assert_ok(ruda_graph_end_capture(dev, 0, &g));
+  atomic_store(&test_gate_open, 0);
+  atomic_store(&test_gate_entered, 0);
+  assert_ok(test_launch(dev, 0, "gate", NULL, 0));
+  test_wait_count(&test_gate_entered, 1);
+  assert_ok(ruda_graph_replay(dev, 0, g));
+  usleep(30000);
+  atomic_store(&test_gate_open, 1);
+  ruda_error *errs = NULL;
+  assert_rc(ruda_flush(dev, 0, &errs), RUDA_EUNHEALTHY); /* the recorded kernel fails */
+  ruda_error_free(errs);
+  assert_ok(ruda_graph_destroy(dev, g));
+  assert_ok(ruda_device_close(dev, NULL));
+  char *s = test_slurp(path);
+  char *span = strstr(s, "{\"name\":\"graph\"");
+  assert_non_null(span);
+  char *eol = strchr(span, '\n'); /* one event a line: its own fields only */
+  if (eol != NULL) *eol = '\0';
+  assert_non_null(strstr(span, "\"queued_us\":"));
+  assert_true(test_json_number(span, "queued_us") >= 29000.0);
   free(s);
   unlink(path);
 }
@@ -234,6 +277,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(no_trace_without_the_variable),
       cmocka_unit_test(unwritable_path_is_a_warning),
       cmocka_unit_test(start_and_stop_trace_a_window),
+      cmocka_unit_test(a_replay_has_its_submit_stamp),
   };
   return test_main("integration_trace", tests, sizeof tests / sizeof tests[0], argc, argv);
 }

@@ -193,7 +193,11 @@ static void every_allocation_failing_once(void **state) {
   long total = one_pass(1L << 40, 0); /* nothing fails: counts the allocations */
   if (getenv("ALLOC_FAIL_DEBUG")) fprintf(stderr, "allocations in a pass: %ld\n", total);
   assert_true(total > 20);
-  for (long at = 0; at < total + 10; at++) one_pass(at, 0);
+  /* Minutes under ASan: progress on stderr every tenth of the passes. */
+  for (long at = 0; at < total + 10; at++) {
+    if (at % ((total + 10) / 10 + 1) == 0) fprintf(stderr, "failing allocation %ld of %ld\n", at, total + 10);
+    one_pass(at, 0);
+  }
   /* Still usable afterwards. */
   ruda_device *dev = open_host();
   assert_non_null(dev);
@@ -205,7 +209,10 @@ static void allocations_failing_for_good(void **state) {
   long total = one_pass(1L << 40, 0);
   if (getenv("ALLOC_FAIL_DEBUG")) fprintf(stderr, "allocations in a pass: %ld\n", total);
   assert_true(total > 20);
-  for (long at = 0; at < total + 10; at += 3) one_pass(at, 1);
+  for (long at = 0; at < total + 10; at += 3) {
+    if (at % (3 * ((total + 10) / 30 + 1)) == 0) fprintf(stderr, "failing from allocation %ld of %ld on\n", at, total + 10);
+    one_pass(at, 1);
+  }
   ruda_device *dev = open_host();
   assert_non_null(dev);
   test_close(dev);

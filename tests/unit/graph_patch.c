@@ -356,7 +356,7 @@ static void a_failing_patched_command_is_named(void **state) {
   const ruda_error *cause = ruda_error_cause(err); /* err sums up the stream's list */
   assert_non_null(cause);
   assert_contains(ruda_error_message(cause), "command 2 (launch of check, patched)");
-  assert_contains(ruda_error_message(cause), "ruda_graph_replay");
+  assert_contains(ruda_error_message(cause), "ruda_graph_run_with (stream 0, command #");
   assert_null(ruda_error_next(cause));
   /* The same commands one by one fail the same way: one error, its code. */
   ruda_arg bad[2] = {ruda_arg_buffer(ruda_bind(x)), ruda_arg_scalar(&one, 8)};
