@@ -2,7 +2,7 @@
 /* bench_blas.c - cuBLAS through ruda_call beside the raw cuBLAS loop, in
  * one process (issue 22).
  *
- *   bench_blas [-q] [-g] [-s] [-t threads[,threads...]] [-n requests] [-w workers]
+ *   bench_blas [-q] [-g] [-s] [-i|-I] [-t threads[,threads...]] [-n requests] [-w workers]
  *
  * A request: upload X (32 x 1024 fp32, 128 KiB), H = X W1 (cublasSgemm,
  * W1 1024 x 4096), bias + GELU kernel on H, Y = H W2 (cublasSgemm, W2
@@ -25,10 +25,26 @@
  *         takes the stream's CUstream (ruda_cuda_stream) and raw addresses
  *         (ruda_binding_device_ptr) and calls ruda_flush before each of
  *         its two cublasSgemm, on a cublasHandle_t of its own.
+ * The cuBLAS handles of the call row are ruda's per-worker library state
+ * (ruda_library_register): made on each worker before its first call,
+ * destroyed at close.
+ * A second table, the same request with cuBLASLt (examples/
+ * cublaslt_dl.h): H = GELU(X W1 + b1) and Y = H W2 + b2 as two
+ * cublasLtMatmul with fused epilogues (bias+GELU, bias), no kernels:
+ *   lt raw   a CUstream and a cuBLASLt handle and workspace per thread,
+ *            the upload, the two matmuls, the download, cuStreamSynchronize.
+ *   lt call  ruda: ruda_write, two ruda_call (cuBLASLt's handle, workspace
+ *            and plans are the per-worker library state), ruda_read + wait.
  * With -g each request is one graph instead: ruda records the staged
- * upload, both calls, both launches and the download (ruda_graph_run per
- * request), the raw loop captures the same sequence into a CUDA graph
- * (cuGraphLaunch + cuStreamSynchronize); the flush row is skipped.
+ * upload, both calls, both launches (cuBLASLt: the two calls) and the
+ * download (ruda_graph_run per request), the raw loop captures the same
+ * sequence into a CUDA graph (cuGraphLaunch + cuStreamSynchronize); the
+ * flush row is skipped. -s and -g apply to both tables. By default ruda's
+ * streams follow the backend's in-place policy (on cuda a request loop's
+ * commands, calls included, are issued by the client thread while the
+ * worker is idle); -i turns in place on for every stream, -I off (every
+ * command handed to the worker: the hop measured). Without cuBLASLt
+ * the second table says why and is skipped.
  *
  * Each thread runs WARMUP untimed requests first (cuBLAS makes its
  * handles and workspaces there). Latency: from the upload's call to the
@@ -62,12 +78,13 @@
 #include "bench/bench_clock.h"
 #include "bench/bench_threads.h"
 #include "cublas_dl.h"
+#include "cublaslt_dl.h"
 
 enum {
   M = 32, D = 1024, HD = 4096,
   XF = M * D, HF = M * HD, YF = M * D,
   XB = XF * 4, HB = HF * 4, YB = YF * 4,
-  NIN = 8, MAXT = 64, MAXW = 1024, WARMUP = 8, CHECK_EVERY = 25
+  NIN = 8, MAXT = 64, WARMUP = 8, CHECK_EVERY = 25
 };
 
 /* ---- the model and its reference ---- */
@@ -144,13 +161,20 @@ static void blas_check(const char *what, int status) {
 
 /* ---- shared state ---- */
 
-enum { ROW_RAW, ROW_CALL, ROW_FLUSH };
+enum { ROW_RAW, ROW_CALL, ROW_FLUSH, ROW_LT_RAW, ROW_LT_CALL };
+
+static const char *row_name(int row) {
+  static const char *const names[] = {"raw", "call", "flush", "lt raw", "lt call"};
+  return names[row];
+}
 
 static ruda_device *dev;
 static cublas_dl blas;
-static void *worker_handle[MAXW]; /* ruda_call: one per worker, made and used by that worker's calls */
+static cublaslt_dl lt;
+static int have_lt;
+static uint32_t blas_lib, lt_lib; /* ruda_library_register's ids */
 static ruda_handle rw1, rw2, rb1, rb2;
-static int staged_io, use_graphs;
+static int staged_io, use_graphs, in_place = -1; /* -1: the backend's policy */
 
 typedef struct run_ctx {
   int row, threads;
@@ -172,32 +196,34 @@ typedef struct thread_arg {
 
 /* ---- ruda rows ---- */
 
-typedef struct gemm_dims {
-  int m, n, k;
-} gemm_dims;
-
-static int gemm_call(const ruda_call_ctx *c, void *user) {
-  (void)user;
-  gemm_dims g;
-  memcpy(&g, c->data, sizeof g);
-  /* A worker's stream never changes: its handle is bound once. */
-  int st = cublas_dl_gemm_rm_on(&blas, &worker_handle[c->worker], c->cu_stream, g.m, g.n, g.k, ruda_call_ptr(c, 0),
-                                ruda_call_ptr(c, 1), ruda_call_ptr(c, 2));
-  if (st != 0) snprintf(c->msg, RUDA_CALL_MSG_MAX, "cuBLAS status %d", st);
-  return st;
-}
-
-static int destroy_call(const ruda_call_ctx *c, void *user) {
-  (void)user;
-  cublas_dl_release(&blas, &worker_handle[c->worker]);
-  return 0;
-}
-
-static void gemm(ruda_stream_id s, const char *name, ruda_handle x, ruda_handle w, ruda_handle y, gemm_dims g) {
+/* The call rows' libraries: ruda's per-worker state of cuBLAS (a handle
+ * bound to the worker's stream) and of cuBLASLt (a handle, a workspace and
+ * the shapes' plans), from examples/cublas_dl.h and cublaslt_dl.h. */
+static void gemm(ruda_stream_id s, const char *name, ruda_handle x, ruda_handle w, ruda_handle y, cublas_dl_dims g) {
   ruda_arg bufs[3] = {ruda_arg_in(ruda_bind(x)), ruda_arg_in(ruda_bind(w)), ruda_arg_out(ruda_bind(y))};
-  ruda_call_desc d = {.name = name, .fn = gemm_call, .buffers = bufs, .nbuffers = 3, .data = &g,
-                      .data_size = sizeof g};
+  ruda_call_desc d = {.name = name, .fn = cublas_dl_call, .user = &blas, .buffers = bufs, .nbuffers = 3, .data = &g,
+                      .data_size = sizeof g, .library = blas_lib};
   CHECK(ruda_call(dev, s, &d));
+}
+
+static void lt_gemm(ruda_stream_id s, const char *name, ruda_handle x, ruda_handle w, ruda_handle b, ruda_handle y,
+                    cublaslt_dl_dims g) {
+  CHECK(cublaslt_dl_issue(dev, s, name, cublaslt_dl_call, &lt, lt_lib, x, w, b, y, g));
+}
+
+static void bias(ruda_stream_id s, const char *k, ruda_handle v, ruda_handle b, unsigned cols, unsigned n);
+
+/* One request's device work, cuBLAS (with the two kernels) or cuBLASLt. */
+static void request_body(int lt_row, ruda_stream_id s, ruda_handle x, ruda_handle h, ruda_handle y) {
+  if (lt_row) {
+    lt_gemm(s, "lt1", x, rw1, rb1, h, (cublaslt_dl_dims){M, HD, D, CUBLASLT_DL_EPILOGUE_GELU_BIAS});
+    lt_gemm(s, "lt2", h, rw2, rb2, y, (cublaslt_dl_dims){M, D, HD, CUBLASLT_DL_EPILOGUE_BIAS});
+    return;
+  }
+  gemm(s, "gemm1", x, rw1, h, (cublas_dl_dims){M, HD, D});
+  bias(s, "blas_bias_gelu", h, rb1, HD, HF);
+  gemm(s, "gemm2", h, rw2, y, (cublas_dl_dims){M, D, HD});
+  bias(s, "blas_bias", y, rb2, D, YF);
 }
 
 static void bias(ruda_stream_id s, const char *k, ruda_handle v, ruda_handle b, unsigned cols, unsigned n) {
@@ -229,6 +255,7 @@ static void *ruda_thread(void *p) {
   ruda_copy_desc xd = ruda_copy_contiguous(ruda_bind(x)), yd = ruda_copy_contiguous(ruda_bind(y));
   float *out = malloc(YB);
   void *gin = NULL, *gout = NULL;
+  if (in_place >= 0) CHECK(ruda_stream_set_in_place(dev, s, in_place));
   if (staged_io || use_graphs) {
     CHECK(ruda_staging_alloc(dev, XB, &gin));
     CHECK(ruda_staging_alloc(dev, YB, &gout));
@@ -249,20 +276,18 @@ static void *ruda_thread(void *p) {
     CHECK(ruda_binding_device_ptr(dev, ruda_bind(rw1), &pw1));
     CHECK(ruda_binding_device_ptr(dev, ruda_bind(rw2), &pw2));
   }
+  const int lt_row = rc->row == ROW_LT_CALL;
   ruda_graph *g = NULL;
   if (use_graphs) {
-    /* The worker's cuBLAS handle and workspace are made by a call run
-     * before the capture: cublasCreate allocates, which a capture forbids. */
-    gemm(s, "gemm1", x, rw1, h, (gemm_dims){M, HD, D});
-    gemm(s, "gemm2", h, rw2, y, (gemm_dims){M, D, HD});
+    /* The worker's library state is made before the first replay's
+     * capture either way (ruda/call.h); the first GEMMs of these shapes
+     * load their kernels, which a capture would not allow either. */
+    request_body(lt_row, s, x, h, y);
     CHECK(ruda_sync(dev, s, NULL));
     ruda_future *none = NULL;
     CHECK(ruda_graph_begin_capture(dev, s));
     CHECK(ruda_write_staged(dev, s, &xd, gin, XB));
-    gemm(s, "gemm1", x, rw1, h, (gemm_dims){M, HD, D});
-    bias(s, "blas_bias_gelu", h, rb1, HD, HF);
-    gemm(s, "gemm2", h, rw2, y, (gemm_dims){M, D, HD});
-    bias(s, "blas_bias", y, rb2, D, YF);
+    request_body(lt_row, s, x, h, y);
     CHECK(ruda_read(dev, s, &yd, gout, YB, &none));
     CHECK(ruda_graph_end_capture(dev, s, &g));
   }
@@ -296,10 +321,8 @@ static void *ruda_thread(void *p) {
         } else {
           CHECK(ruda_write(dev, s, &xd, in, XB));
         }
-        if (rc->row == ROW_CALL) {
-          gemm(s, "gemm1", x, rw1, h, (gemm_dims){M, HD, D});
-          bias(s, "blas_bias_gelu", h, rb1, HD, HF);
-          gemm(s, "gemm2", h, rw2, y, (gemm_dims){M, D, HD});
+        if (rc->row != ROW_FLUSH) {
+          request_body(lt_row, s, x, h, y);
         } else { /* the flush dance */
           CHECK(ruda_flush(dev, s, NULL));
           blas_check("cublasSgemm", cublas_dl_gemm_rm(&blas, own, M, HD, D, (const float *)(uintptr_t)px,
@@ -308,8 +331,8 @@ static void *ruda_thread(void *p) {
           CHECK(ruda_flush(dev, s, NULL));
           blas_check("cublasSgemm", cublas_dl_gemm_rm(&blas, own, M, D, HD, (const float *)(uintptr_t)ph,
                                                       (const float *)(uintptr_t)pw2, (float *)(uintptr_t)py));
+          bias(s, "blas_bias", y, rb2, D, YF);
         }
-        bias(s, "blas_bias", y, rb2, D, YF);
         ruda_future *f = NULL;
         void *dst = staged_io ? gout : (void *)out;
         CHECK(ruda_read(dev, s, &yd, dst, YB, &f));
@@ -317,7 +340,7 @@ static void *ruda_thread(void *p) {
         res = dst;
       }
       if (phase) a->lat[i] = mono_ns() - t0;
-      if (!phase ? r == 0 : must_check(i)) check_output(rc->row == ROW_CALL ? "call" : "flush", a->index, r, res);
+      if (!phase ? r == 0 : must_check(i)) check_output(row_name(rc->row), a->index, r, res);
     }
   }
   a->done_ns = mono_ns();
@@ -336,11 +359,21 @@ static void *ruda_thread(void *p) {
 /* ---- raw row ---- */
 
 #ifdef RUDA_BENCH_CUDA
-static void raw_request(run_ctx *rc, void *hd, CUstream st, CUdeviceptr x, CUdeviceptr h, CUdeviceptr y,
-                        const void *in, float *out) {
+static void raw_request(run_ctx *rc, void *hd, cublaslt_ctx *lc, CUstream st, CUdeviceptr x, CUdeviceptr h,
+                        CUdeviceptr y, const void *in, float *out) {
   unsigned cols1 = HD, n1 = HF, cols2 = D, n2 = YF;
   void *p1[4] = {&h, &rc->db1, &cols1, &n1}, *p2[4] = {&y, &rc->db2, &cols2, &n2};
   CU(ruda__cu.cuMemcpyHtoDAsync(x, in, XB, st));
+  if (lc != NULL) { /* cuBLASLt: the biases and GELU fused into the matmuls */
+    blas_check("cublasLtMatmul", cublaslt_gemm_rm(lc, st, M, HD, D, (const float *)(uintptr_t)x,
+                                                  (const float *)(uintptr_t)rc->dw1, (const float *)(uintptr_t)rc->db1,
+                                                  (float *)(uintptr_t)h, CUBLASLT_DL_EPILOGUE_GELU_BIAS));
+    blas_check("cublasLtMatmul", cublaslt_gemm_rm(lc, st, M, D, HD, (const float *)(uintptr_t)h,
+                                                  (const float *)(uintptr_t)rc->dw2, (const float *)(uintptr_t)rc->db2,
+                                                  (float *)(uintptr_t)y, CUBLASLT_DL_EPILOGUE_BIAS));
+    CU(ruda__cu.cuMemcpyDtoHAsync(out, y, YB, st));
+    return;
+  }
   blas_check("cublasSgemm", cublas_dl_gemm_rm(&blas, hd, M, HD, D, (const float *)(uintptr_t)x,
                                               (const float *)(uintptr_t)rc->dw1, (float *)(uintptr_t)h));
   CU(ruda__cu.cuLaunchKernel(rc->f_gelu, (HF + 255) / 256, 1, 1, 256, 1, 1, 0, st, p1, NULL));
@@ -357,8 +390,14 @@ static void *raw_thread(void *p) {
   CUstream st;
   CU(ruda__cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
   void *hd = NULL;
-  blas_check("cublasCreate", blas.create(&hd));
-  blas_check("cublasSetStream", blas.set_stream(hd, st));
+  cublaslt_ctx lctx, *lc = NULL;
+  if (rc->row == ROW_LT_RAW) {
+    blas_check("cublasLtCreate", cublaslt_ctx_init(&lctx, &lt));
+    lc = &lctx;
+  } else {
+    blas_check("cublasCreate", blas.create(&hd));
+    blas_check("cublasSetStream", blas.set_stream(hd, st));
+  }
   CUdeviceptr x, h, y;
   CU(ruda__cu.cuMemAlloc(&x, XB));
   CU(ruda__cu.cuMemAlloc(&h, HB));
@@ -369,11 +408,11 @@ static void *raw_thread(void *p) {
   CU(ruda__cu.cuMemHostAlloc(&gin, XB, 0));
   CUgraphExec ge = NULL;
   if (use_graphs) { /* warm the handle first: cuBLAS sets up its workspace outside the capture */
-    raw_request(rc, hd, st, x, h, y, rc->pinned_inputs, out);
+    raw_request(rc, hd, lc, st, x, h, y, rc->pinned_inputs, out);
     CU(ruda__cu.cuStreamSynchronize(st));
     CUgraph graph;
     CU(ruda__cu.cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
-    raw_request(rc, hd, st, x, h, y, gin, out);
+    raw_request(rc, hd, lc, st, x, h, y, gin, out);
     CU(ruda__cu.cuStreamEndCapture(st, &graph));
     CU(ruda__cu.cuGraphInstantiateWithFlags(&ge, graph, 0));
     CU(ruda__cu.cuGraphDestroy(graph));
@@ -391,16 +430,17 @@ static void *raw_thread(void *p) {
         CU(ruda__cu.cuGraphLaunch(ge, st));
       } else {
         t0 = mono_ns();
-        raw_request(rc, hd, st, x, h, y, in, out);
+        raw_request(rc, hd, lc, st, x, h, y, in, out);
       }
       CU(ruda__cu.cuStreamSynchronize(st));
       if (phase) a->lat[i] = mono_ns() - t0;
-      if (!phase ? r == 0 : must_check(i)) check_output("raw", a->index, r, out);
+      if (!phase ? r == 0 : must_check(i)) check_output(row_name(rc->row), a->index, r, out);
     }
   }
   a->done_ns = mono_ns();
   if (ge != NULL) CU(ruda__cu.cuGraphExecDestroy(ge));
-  blas.destroy(hd);
+  if (hd != NULL) blas.destroy(hd);
+  if (lc != NULL) cublaslt_ctx_fini(lc);
   CU(ruda__cu.cuMemFreeHost(out));
   CU(ruda__cu.cuMemFreeHost(gin));
   CU(ruda__cu.cuMemFree(x));
@@ -436,7 +476,7 @@ static result run(int row, int threads, size_t n) {
   CHECK(ruda_cuda_context(dev, &c));
   rc.cuctx = (CUcontext)c;
   CU(ruda__cu.cuCtxSetCurrent(rc.cuctx));
-  if (row == ROW_RAW) {
+  if (row == ROW_RAW || row == ROW_LT_RAW) {
     rc.f_gelu = raw_function("blas_bias_gelu");
     rc.f_bias = raw_function("blas_bias");
     CU(ruda__cu.cuMemHostAlloc(&pinned, (size_t)NIN * XB, 0));
@@ -460,7 +500,7 @@ static result run(int row, int threads, size_t n) {
   for (int i = 0; i < threads; i++)
     if (a[i].done_ns > end) end = a[i].done_ns;
 #ifdef RUDA_BENCH_CUDA
-  if (row == ROW_RAW) {
+  if (row == ROW_RAW || row == ROW_LT_RAW) {
     CU(ruda__cu.cuMemFree(rc.dw1));
     CU(ruda__cu.cuMemFree(rc.dw2));
     CU(ruda__cu.cuMemFree(rc.db1));
@@ -477,10 +517,12 @@ static result run(int row, int threads, size_t n) {
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: bench_blas [-q] [-g] [-s] [-t threads[,threads...]] [-n requests] [-w workers]\n"
+          "usage: bench_blas [-q] [-g] [-s] [-i|-I] [-t threads[,threads...]] [-n requests] [-w workers]\n"
           "  -q  quick: 200 requests per thread\n"
           "  -g  each request one graph (ruda: recorded request, ruda_graph_run; raw: a CUDA graph)\n"
           "  -s  ruda's input and output are page-locked staging blocks, as the raw loop's are\n"
+          "  -i  ruda's streams issue in place (ruda_stream_set_in_place) while their worker is idle\n"
+          "  -I  ruda's streams never issue in place: every command goes to the worker\n"
           "  -t  client thread counts (1..%d; default 1,4,16)\n"
           "  -n  timed requests per thread (default 2000)\n"
           "  -w  ruda workers (default: RUDA_STREAMS, else ruda's default)\n",
@@ -497,8 +539,10 @@ int main(int argc, char **argv) {
   int opt, nt = 0, ts[16], quick = 0;
   long nreq = 0;
   uint32_t workers = 0;
-  while ((opt = getopt(argc, argv, "gqst:n:w:")) != -1) {
+  while ((opt = getopt(argc, argv, "gqsiIt:n:w:")) != -1) {
     if (opt == 'g') use_graphs = 1;
+    else if (opt == 'i') in_place = 1;
+    else if (opt == 'I') in_place = 0;
     else if (opt == 'q') quick = 1;
     else if (opt == 's') staged_io = 1;
     else if (opt == 't') {
@@ -539,7 +583,18 @@ int main(int argc, char **argv) {
     ruda_device_close(dev, NULL);
     return 0;
   }
-  if (ruda_device_num_streams(dev) > MAXW) die("too many workers", RUDA_EINVAL);
+  ruda_library_desc bl = {.name = "cublas", .create = cublas_dl_state_create, .destroy = cublas_dl_state_destroy,
+                          .user = &blas};
+  CHECK(ruda_library_register(dev, &bl, &blas_lib));
+  const char *lt_why = NULL;
+  if (cublaslt_dl_open(&lt) == 0) {
+    ruda_library_desc ll = {.name = "cublasLt", .create = cublaslt_dl_state_create,
+                            .destroy = cublaslt_dl_state_destroy, .user = &lt};
+    CHECK(ruda_library_register(dev, &ll, &lt_lib));
+    have_lt = 1;
+  } else {
+    lt_why = lt.why;
+  }
   CHECK(ruda_module_source(dev, "blas.cu", SRC, (const char *const[]){"blas_bias_gelu", "blas_bias"}, 2, NULL));
   make_model();
   upload(&rw1, w1, (size_t)D * HD * 4);
@@ -557,16 +612,18 @@ int main(int argc, char **argv) {
   time_t now = time(NULL);
   strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S %Z", localtime(&now));
   printf("bench_blas: %s, %u ruda workers, %s; request: upload 32x1024, Sgemm 1024x4096, bias+GELU, Sgemm "
-         "4096x1024, bias, download; %zu timed requests per thread after %d warm-up; %s%s\n",
+         "4096x1024, bias, download; %zu timed requests per thread after %d warm-up; %s%s%s\n",
          props.name, ruda_device_num_streams(dev), date, n, WARMUP,
          use_graphs ? "each request one graph (ruda_graph_run; raw cuGraphLaunch)" : "one request in flight per thread",
-         staged_io && !use_graphs ? "; ruda's I/O page-locked" : "");
-  printf("   %3s | %10s %8s %8s | %10s %8s %8s %7s %7s | %10s %8s %8s %7s\n", "T", "raw req/s", "p50 us", "p99 us",
-         "call req/s", "p50 us", "p99 us", "x raw", "p99 x", "flush r/s", "p50 us", "p99 us", "x raw");
+         staged_io && !use_graphs ? "; ruda's I/O page-locked" : "", in_place == 1   ? "; ruda's streams in place"
+         : in_place == 0 ? "; ruda's streams never in place"
+                         : "");
+  printf("   %3s | %10s %8s %8s | %10s %8s %8s %7s %7s %7s | %10s %8s %8s %7s\n", "T", "raw req/s", "p50 us",
+         "p99 us", "call req/s", "p50 us", "p99 us", "x raw", "p50 x", "p99 x", "flush r/s", "p50 us", "p99 us", "x raw");
   for (int i = 0; i < nt; i++) {
     result raw = run(ROW_RAW, ts[i], n), call = run(ROW_CALL, ts[i], n);
-    printf("   %3d | %10.0f %8.1f %8.1f | %10.0f %8.1f %8.1f %7.3f %7.3f |", ts[i], raw.rps, raw.p50, raw.p99, call.rps,
-           call.p50, call.p99, call.rps / raw.rps, call.p99 / raw.p99);
+    printf("   %3d | %10.0f %8.1f %8.1f | %10.0f %8.1f %8.1f %7.3f %7.3f %7.3f |", ts[i], raw.rps, raw.p50, raw.p99,
+           call.rps, call.p50, call.p99, call.rps / raw.rps, call.p50 / raw.p50, call.p99 / raw.p99);
     if (!use_graphs) {
       result fl = run(ROW_FLUSH, ts[i], n);
       printf(" %10.0f %8.1f %8.1f %7.3f\n", fl.rps, fl.p50, fl.p99, fl.rps / raw.rps);
@@ -575,14 +632,25 @@ int main(int argc, char **argv) {
     }
     fflush(stdout);
   }
+  if (!have_lt) {
+    printf("cuBLASLt (bias+GELU fused): skipped: %s\n", lt_why);
+  } else {
+    printf("cuBLASLt: upload 32x1024, Lt matmul 1024x4096 + bias+GELU epilogue, Lt matmul 4096x1024 + bias "
+           "epilogue, download; %s\n",
+           use_graphs ? "each request one graph" : staged_io ? "ruda's I/O page-locked" : "pageable ruda I/O");
+    printf("   %3s | %10s %8s %8s | %10s %8s %8s %7s %7s %7s\n", "T", "lt raw r/s", "p50 us", "p99 us", "lt call r/s",
+           "p50 us", "p99 us", "x raw", "p50 x", "p99 x");
+    for (int i = 0; i < nt; i++) {
+      result raw = run(ROW_LT_RAW, ts[i], n), call = run(ROW_LT_CALL, ts[i], n);
+      printf("   %3d | %10.0f %8.1f %8.1f | %10.0f %8.1f %8.1f %7.3f %7.3f %7.3f\n", ts[i], raw.rps, raw.p50, raw.p99,
+             call.rps, call.p50, call.p99, call.rps / raw.rps, call.p50 / raw.p50, call.p99 / raw.p99);
+      fflush(stdout);
+    }
+  }
   CHECK(ruda_buffer_free(dev, 0, rw1));
   CHECK(ruda_buffer_free(dev, 0, rw2));
   CHECK(ruda_buffer_free(dev, 0, rb1));
   CHECK(ruda_buffer_free(dev, 0, rb2));
-  for (uint32_t w = 0; w < ruda_device_num_streams(dev); w++) {
-    ruda_call_desc d = {.name = "cublasDestroy", .fn = destroy_call};
-    CHECK(ruda_call(dev, w, &d));
-  }
   ruda_error *errs = NULL;
   if (ruda_device_close(dev, &errs) != 0) {
     ruda_error_print(errs, stderr, 0);

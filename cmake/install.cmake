@@ -66,7 +66,8 @@ endif()
 # The examples, to build against this install (examples/CMakeLists.txt
 # stands alone).
 install(FILES examples/CMakeLists.txt examples/demo.c examples/inference_server.c examples/training_loop.c
-              examples/train_mpi.c examples/mlp_blas.c examples/cublas_dl.h examples/linear_model.h
+              examples/train_mpi.c examples/mlp_blas.c examples/cublas_dl.h examples/mlp_lt.c
+              examples/cublaslt_dl.h examples/mlp_model.h examples/linear_model.h
         DESTINATION ${CMAKE_INSTALL_DATADIR}/ruda/examples)
 
 include(CMakePackageConfigHelpers)

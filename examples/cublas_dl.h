@@ -1,13 +1,16 @@
 /* cublas_dl.h - the few cuBLAS entry points the examples and bench_blas
  * use, loaded at run time (dlopen), so building needs no cuBLAS headers or
  * library. The types are cuBLAS's own ABI: handles are pointers, enums
- * ints, cudaStream_t is a CUstream. */
+ * ints, cudaStream_t is a CUstream. cublasDestroy synchronizes the device:
+ * call it from a ruda library's destroy (ruda/call.h), never in a call. */
 #ifndef RUDA_EXAMPLES_CUBLAS_DL_H
 #define RUDA_EXAMPLES_CUBLAS_DL_H
 
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#include "ruda/ruda.h"
 
 typedef struct cublas_dl {
   void *lib;
@@ -46,21 +49,6 @@ static int cublas_dl_open(cublas_dl *b) {
   return 0;
 }
 
-/* *h, a handle bound to stream, made at the first use (*h NULL) and kept:
- * a caller that keeps one per stream binds each once. 0, or cuBLAS's
- * status (a handle that could not be bound is destroyed, *h NULL). */
-static int cublas_dl_bound_handle(const cublas_dl *b, void **h, void *stream) {
-  int st = 0;
-  if (*h == NULL) {
-    st = b->create(h);
-    if (st == 0 && (st = b->set_stream(*h, stream)) != 0) {
-      b->destroy(*h);
-      *h = NULL;
-    }
-  }
-  return st;
-}
-
 /* Row-major y[m x n] = x[m x k] w[k x n] (all dense) in cuBLAS's column-
  * major terms: y^T = w^T x^T, i.e. no transposes with the operands swapped. */
 static int cublas_dl_gemm_rm(const cublas_dl *b, void *h, int m, int n, int k, const float *x, const float *w,
@@ -69,18 +57,47 @@ static int cublas_dl_gemm_rm(const cublas_dl *b, void *h, int m, int n, int k, c
   return b->sgemm(h, CUBLAS_DL_OP_N, CUBLAS_DL_OP_N, n, m, k, &one, w, n, x, k, &zero, y, n);
 }
 
-/* cublas_dl_gemm_rm on stream with the handle *h kept for it
- * (cublas_dl_bound_handle). 0, or cuBLAS's status. */
-static int cublas_dl_gemm_rm_on(const cublas_dl *b, void **h, void *stream, int m, int n, int k, const float *x,
-                                const float *w, float *y) {
-  int st = cublas_dl_bound_handle(b, h, stream);
-  return st != 0 ? st : cublas_dl_gemm_rm(b, *h, m, n, k, x, w, y);
+/* A handle bound to stream, for one user at a time (a ruda worker: the
+ * create of a library registered with ruda_library_register, whose
+ * worker's stream never changes, so the handle is bound once). 0, or
+ * cuBLAS's status (nothing kept then). */
+static int cublas_dl_bound(const cublas_dl *b, void *stream, void **h) {
+  int st = b->create(h);
+  if (st == 0 && (st = b->set_stream(*h, stream)) != 0) {
+    b->destroy(*h);
+    *h = NULL;
+  }
+  return st;
 }
 
-/* Destroys the handle *h kept by cublas_dl_bound_handle, if any; *h NULL. */
-static void cublas_dl_release(const cublas_dl *b, void **h) {
-  if (*h != NULL) b->destroy(*h);
-  *h = NULL;
+/* ---- as a ruda library (ruda_library_register, ruda/call.h); user: the
+ * loaded cublas_dl ---- */
+
+/* create: the worker's handle, bound to its stream once. */
+static int cublas_dl_state_create(const ruda_call_ctx *c, void *user, void **state) {
+  int st = cublas_dl_bound(user, c->cu_stream, state);
+  if (st != 0) snprintf(c->msg, RUDA_CALL_MSG_MAX, "cublasCreate/cublasSetStream: status %d", st);
+  return st;
+}
+
+/* destroy, at close: cublasDestroy synchronizes, which is allowed there. */
+static void cublas_dl_state_destroy(const ruda_call_ctx *c, void *user, void *state) {
+  (void)c;
+  ((const cublas_dl *)user)->destroy(state);
+}
+
+typedef struct cublas_dl_dims {
+  int m, n, k;
+} cublas_dl_dims;
+
+/* A ruda_call function: cublas_dl_gemm_rm with data's dims, buffers x, w
+ * (ruda_arg_in) and y (ruda_arg_out: beta is 0), the worker's handle. */
+static int cublas_dl_call(const ruda_call_ctx *c, void *user) {
+  const cublas_dl_dims *g = c->data; /* aligned for any type */
+  int st = cublas_dl_gemm_rm(user, c->library, g->m, g->n, g->k, ruda_call_ptr(c, 0), ruda_call_ptr(c, 1),
+                             ruda_call_ptr(c, 2));
+  if (st != 0) snprintf(c->msg, RUDA_CALL_MSG_MAX, "cublasSgemm: status %d", st);
+  return st;
 }
 
 #endif /* RUDA_EXAMPLES_CUBLAS_DL_H */

@@ -229,7 +229,12 @@ int ruda__graph_run(ruda__worker *w, ruda_graph *g, const ruda__graph_fix *fix, 
     uint32_t changed[2 * RUDA_GRAPH_MAX_PATCHES];
     pthread_mutex_lock(&g->exec_lock);
     uint32_t nchanged = g->exec != NULL ? changed_list(g, &r, changed) : 0;
-    rc = ops->graph_replay(w->wstate, &g->exec, g->n, issue, changed, nchanged, &r, err);
+    /* The first replay captures the calls' work: their libraries' states
+     * on this worker are made before, since making one allocates, which
+     * a capture forbids. */
+    for (uint32_t i = 0; g->exec == NULL && i < g->n && rc == 0; i++)
+      if ((rc = ruda__libcall_prepare(w, g->cmds[i], err)) != 0) r.failed = i + 1;
+    if (rc == 0) rc = ops->graph_replay(w->wstate, &g->exec, g->n, issue, changed, nchanged, &r, err);
     /* What the backend's graph holds patched now: this replay's commands
      * (a graph released on failure holds nothing). */
     g->ndirty = 0;

@@ -68,9 +68,6 @@ struct ruda_graph {
   uint32_t dirty[RUDA_GRAPH_MAX_PATCHES];
   uint32_t ndirty;
   ruda_stream_id stream; /* captured on, for messages */
-  /* Holds library calls (ruda/call.h): replays never run in place, where
-   * the replaying client holds issue locks the calls' code may need. */
-  int calls;
   /* A use record of the graph itself (memory/handles.h's words),
    * which every replay writes: replays of one graph are ordered one after
    * another like writes of one buffer, whatever streams issue them. The

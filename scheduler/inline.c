@@ -36,10 +36,6 @@
 
 int ruda__inline_claim(ruda__worker *w, const ruda__cmd *cmd, ruda__exec_guard *guard) {
   struct ruda__sched *sch = w->sch;
-  /* ruda/call.h promises a library call's function runs on its worker's
-   * thread (libraries keep per-thread handles), so calls, and graphs
-   * holding any, go to the worker. */
-  if (cmd->kind == RUDA__CMD_CALL || (cmd->kind == RUDA__CMD_GRAPH && cmd->u.graph.g->calls)) return 0;
   /* Anyone running on the worker (the worker, or another client in place:
    * streams sharing a worker share its device stream) means the command
    * queues behind them; waiting for a turn instead spun clients against

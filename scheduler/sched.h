@@ -65,6 +65,10 @@ typedef struct ruda__sched {
    * ruda_graph_replay_async) and not freed yet (scheduler/future.c):
    * close completes them, and they outlive the device. */
   struct ruda__future_home *futures;
+  /* Libraries registered for ruda_call and each worker's state of them
+   * (scheduler/libcall.c): made at the first registration, freed after
+   * the workers stopped. */
+  _Atomic(struct ruda__libraries *) libs;
   /* Graphs not destroyed yet (scheduler/graph.c), freed at close. */
   pthread_mutex_t graph_lock;
   struct ruda_graph *graphs;

@@ -57,9 +57,10 @@ typedef struct ruda__libcall_cmd {
   ruda_call_fn fn;
   void *user;
   const uint64_t *addr, *size; /* nbuf each */
-  const void *data;            /* data_size bytes, or NULL */
+  const void *data;            /* data_size bytes, or NULL (RUDA_CALL_DATA_ALIGN-aligned) */
   uint32_t nbuf, data_size;
   ruda_stream_id stream; /* ctx->stream: the id, as a recorded call keeps no stream record */
+  uint32_t library;            /* ruda_library_register's id, 0: none */
   char name[RUDA_CALL_NAME_MAX];
 } ruda__libcall_cmd;
 

@@ -314,6 +314,9 @@ static void *worker_main(void *arg) {
     if (!stop) ruda__exec_release(w);
   }
   ruda__auto_free(w);
+  /* Every command of this worker ran (close's FENCE and STOP came last):
+   * the libraries' states go now, on this thread, with the stream alive. */
+  ruda__libcall_worker_end(w);
   if (sch->backend.ops->worker_stop) sch->backend.ops->worker_stop(sch->backend.state, w->wstate);
   return NULL;
 }
@@ -476,6 +479,7 @@ void ruda__workers_stop(struct ruda__sched *sch) {
     ruda__queue_push_unbounded(w, stop);
   }
   for (uint32_t i = 0; i < sch->nworkers; i++) pthread_join(sch->workers[i].thread, NULL);
+  ruda__libraries_free(sch);
   print_stats(sch);
   for (uint32_t i = 0; i < sch->nworkers; i++) ruda__order_worker_fini(sch, &sch->workers[i]);
 }

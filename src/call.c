@@ -1,11 +1,12 @@
 /* call.c - ruda_call (ruda/call.h): the caller's library function as a
  * stream command. Built like a launch (each buffer pinned and ordered by
  * its access mode, recorded while the stream captures); the worker runs
- * it (scheduler/libcall.c). */
+ * it (scheduler/libcall.c). ruda_library_register: the registry there. */
 #include <stdio.h>
 #include <string.h>
 
 #include "scheduler/graph.h"
+#include "scheduler/libcall.h"
 #include "scheduler/submit.h"
 #include "src/api.h"
 
@@ -27,7 +28,7 @@ static int check_desc(const ruda_call_desc *d, const char *name) {
     return ruda__fail(RUDA_EINVAL, WHO ": data is NULL with data_size %u", WHO_ARGS(name), d->data_size);
   if (d->flags & ~RUDA_CALL_NOT_CAPTURABLE)
     return ruda__fail(RUDA_EINVAL, WHO ": unknown flags 0x%x", WHO_ARGS(name), d->flags);
-  for (int i = 0; i < 4; i++)
+  for (int i = 1; i < 4; i++) /* reserved[0] is library */
     if (d->reserved[i] != 0) return ruda__fail(RUDA_EINVAL, WHO ": reserved[%d] is not zero", WHO_ARGS(name), i);
   for (uint32_t i = 0; i < d->nbuffers; i++) {
     const ruda_arg_kind k = d->buffers[i].kind;
@@ -58,6 +59,9 @@ int ruda_call(ruda_device *dev, ruda_stream_id stream, const ruda_call_desc *d) 
   const char *name = d->name != NULL ? d->name : "call";
   int rc = check_desc(d, name);
   if (rc != 0) return rc;
+  if (d->library != 0 && (d->library > RUDA_LIBRARY_MAX || !ruda__library_known(&dev->sched, (uint32_t)d->library)))
+    return ruda__fail(RUDA_EINVAL, WHO ": library %llu is not registered on this device", WHO_ARGS(name),
+                      (unsigned long long)d->library);
   ruda__stream *s = ruda__stream_for(&dev->sched, stream, "ruda_call", &rc);
   if (s == NULL) return named(rc, name);
   const int capturing = atomic_load_explicit(&s->capturing, memory_order_acquire);
@@ -67,14 +71,17 @@ int ruda_call(ruda_device *dev, ruda_stream_id stream, const ruda_call_desc *d) 
                           "was recorded or run (the capture stays open)",
                       WHO_ARGS(name), RUDA__SNAME(s->id));
 
-  /* One allocation: header, pins, addresses, sizes, data. */
+  /* One allocation: header, pins, addresses, sizes, data (its address
+   * rounded up to RUDA_CALL_DATA_ALIGN, the slack allocated). */
   const uint32_t n = d->nbuffers;
   const size_t addr_off = ((size_t)n * sizeof(uint32_t) + 7) & ~(size_t)7;
   const size_t size_off = addr_off + (size_t)n * sizeof(uint64_t);
-  const size_t data_off = size_off + (size_t)n * sizeof(uint64_t);
-  ruda__cmd *cmd = ruda__cmd_alloc(data_off + d->data_size);
+  const size_t data_min = size_off + (size_t)n * sizeof(uint64_t);
+  ruda__cmd *cmd = ruda__cmd_alloc(data_min + (d->data_size ? RUDA_CALL_DATA_ALIGN - 1 + d->data_size : 0));
   if (cmd == NULL) return ruda__fail(RUDA_ENOMEM, WHO ": out of host memory", WHO_ARGS(name));
   unsigned char *extra = ruda__cmd_extra(cmd);
+  const size_t data_off =
+      data_min + ((RUDA_CALL_DATA_ALIGN - ((uintptr_t)(extra + data_min) % RUDA_CALL_DATA_ALIGN)) % RUDA_CALL_DATA_ALIGN);
   cmd->pins = (uint32_t *)extra;
   uint64_t *addr = (uint64_t *)(extra + addr_off), *size = (uint64_t *)(extra + size_off);
   uint32_t pinned = 0;
@@ -100,6 +107,7 @@ int ruda_call(ruda_device *dev, ruda_stream_id stream, const ruda_call_desc *d) 
   c->nbuf = n;
   c->stream = s->id;
   c->data_size = d->data_size;
+  c->library = (uint32_t)d->library;
   c->data = NULL;
   if (d->data_size > 0) {
     memcpy(extra + data_off, d->data, d->data_size);
@@ -119,4 +127,16 @@ fail:
   ruda__unpin_all(&dev->sched, cmd->pins, pinned);
   ruda__cmd_free(cmd);
   return rc;
+}
+
+int ruda_library_register(ruda_device *dev, const ruda_library_desc *d, uint32_t *id) {
+  RUDA__CHECK_DEV(dev, "ruda_library_register");
+  if (d == NULL || id == NULL) return ruda__fail(RUDA_EINVAL, "ruda_library_register: desc or id is NULL");
+  const char *name = d->name != NULL ? d->name : "library";
+  if (d->create == NULL)
+    return ruda__fail(RUDA_EINVAL, "ruda_library_register \"%.*s\": create is NULL", WHO_ARGS(name));
+  for (int i = 0; i < 4; i++)
+    if (d->reserved[i] != 0)
+      return ruda__fail(RUDA_EINVAL, "ruda_library_register \"%.*s\": reserved[%d] is not zero", WHO_ARGS(name), i);
+  return ruda__library_add(&dev->sched, d, id);
 }

@@ -156,7 +156,6 @@ int ruda_graph_end_capture(ruda_device *dev, ruda_stream_id stream, ruda_graph *
   g->n = n;
   g->slots = slots;
   g->nslots = u;
-  for (uint32_t i = 0; i < n && !g->calls; i++) g->calls = cmds[i]->kind == RUDA__CMD_CALL;
   pthread_mutex_lock(&dev->sched.graph_lock);
   g->next = dev->sched.graphs;
   if (g->next) g->next->prev = g;

@@ -8,8 +8,12 @@
 #   commit, and build-gpu, alternated twice, to compare two trees in one run;
 #   serve: bench_serve with pageable and page-locked request buffers and
 #   with each request one graph replay, the PyTorch peer, and bench_gpu's
-#   empty-launch sections beside them; blas: bench_blas, cuBLAS through ruda_call beside
-#   the raw cuBLAS loop, with pageable and page-locked I/O and as graphs;
+#   empty-launch sections beside them; blas: mlp_blas and mlp_lt (cuBLAS,
+#   cuBLASLt with fused epilogues) checked on the GPU, bench_blas: cuBLAS and
+#   cuBLASLt through ruda_call beside the raw loops, with pageable and
+#   page-locked I/O, as graphs against raw CUDA graphs, page-locked with
+#   every command handed to the worker (-s -I), and one traced T=1 run
+#   ($OUT/trace_blas.json, device spans);
 #   graphs: issue 20 in one go: bench_graph_patch on the device, bench_serve's
 #   call-by-call rows with the raw-graph column, -g and -p rows, the
 #   call-by-call rows with automatic request graphs (-a), a traced
@@ -86,6 +90,7 @@ if want tests || want all; then
   run inference_server 60 "$B/examples/inference_server"
   run training_loop 60 "$B/examples/training_loop"
   run mlp_blas 60 "$B/examples/mlp_blas"
+  run mlp_lt 60 "$B/examples/mlp_lt"
   for t in "$B"/tests/gpu_* "$B"/tests/unit_* "$B"/tests/integration_*; do
     [ -x "$t" ] && [ -f "$t" ] || continue
     case "$(basename "$t")" in
@@ -132,9 +137,15 @@ if want python; then
   run bench_python_launch_keep 600 env PYTHONUNBUFFERED=1 "$pv/bin/python" bench/python_launch.py --threads 1,4,16,64 --launch-gil keep --json "$OUT/python_launch_keep.json"
 fi
 if want blas; then
+  run mlp_blas 60 "$B/examples/mlp_blas"
+  run mlp_lt 60 "$B/examples/mlp_lt"
   run bench_blas 400 "$B/bench/bench_blas"
   run bench_blas_staged 400 "$B/bench/bench_blas" -s
   run bench_blas_graphs 400 "$B/bench/bench_blas" -g
+  run bench_blas_no_in_place 400 "$B/bench/bench_blas" -s -I
+  # Where a one-thread request's time goes: worker and device spans.
+  run bench_blas_trace 200 env RUDA_TRACE="$OUT/trace_blas.json" RUDA_TRACE_DEVICE=1 "$B/bench/bench_blas" \
+    -s -t 1 -n 300
 fi
 if want serve; then
   run bench_serve 400 "$B/bench/bench_serve" -n 2048

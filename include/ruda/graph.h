@@ -127,8 +127,7 @@ RUDA_EXTERN int ruda_graph_replay_async(struct ruda_device *dev, ruda_stream_id 
  * and ruda_future_wait in one call, for a request served synchronously
  * (upload, kernels, download, result). Blocking. When stream's worker has
  * nothing queued or running, the calling thread issues the replay itself
- * (unless the graph holds library calls, which run on the worker)
- * instead of handing it to the worker and waiting for the hand-back; it
+ * (library calls included: ruda/call.h) instead of handing it to the worker and waiting for the hand-back; it
  * is then ordered and reported exactly as if the worker had (the context
  * rule of ruda_stream_set_in_place applies). Returns 0, a
  * code of ruda_graph_replay_async (nothing ran, *err NULL), or the code

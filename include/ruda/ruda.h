@@ -253,14 +253,15 @@ RUDA_EXTERN int ruda_stream_name(ruda_stream_id id, char *buf, size_t len);
  * device is traced or observed (RUDA_TRACE, NVTX, RUDA_WORKER_STATS). On
  * cuda the device's context is made current on the calling thread; a
  * thread that had none keeps it after (as the CUDA runtime would bind
- * it), another one is put back. Library calls (ruda_call) always go to
- * the worker: their code may issue on the buffers the caller would still
- * hold locked. on == 0 turns it off for the stream. By default (neither
- * called) the cuda backend runs a stream's command in place while the
- * stream looks like a request loop: no other future of it is outstanding
- * and it was waited on within its last 16 commands; the host backend
- * never does (in place there runs the kernel on the caller). RUDA_EINVAL
- * as any stream call.
+ * it), another one is put back. Library calls (ruda_call) run in place
+ * too, after the caller released what it held to issue them, so their
+ * code may issue on their own buffers (ruda/call.h: ctx->worker, not the
+ * thread, keys per-worker state). on == 0 turns it off for the stream. By
+ * default (neither called) the cuda backend runs a stream's command in
+ * place while the stream looks like a request loop: no other future of it
+ * is outstanding and it was waited on within its last 16 commands; the
+ * host backend never does (in place there runs the kernel on the caller).
+ * RUDA_EINVAL as any stream call.
  * Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_stream_set_in_place(ruda_device *dev, ruda_stream_id stream, int on);
 

@@ -18,7 +18,10 @@
  *     back keep all of the above;
  *   - library calls (ruda_call) order by their buffers' access modes like
  *     kernels, are recorded and replayed by graphs, refuse stale handles,
- *     and a failing one is one error on its stream;
+ *     and a failing one is one error on its stream; calls naming a
+ *     library (ruda_library_register, some registered mid-run, refused
+ *     past RUDA_LIBRARY_MAX) get their own worker's state, each state
+ *     destroyed once at close;
  *   - kernels that issue work themselves (a launch on their own buffer, a
  *     replay of their own graph), in place or on a worker: nothing hangs
  *     (the fuzzer's timeout) and the data follows the model;
@@ -48,6 +51,7 @@
 #include <unistd.h>
 
 #include "ruda/ruda.h"
+#include "standin_lib.h"
 
 #define NSTREAMS 4
 #define NBUF 8
@@ -84,6 +88,7 @@ static void release_import(void *user, uint64_t addr, uint64_t bytes) {
 
 typedef struct fuzz {
   ruda_device *dev;
+  uint32_t libs, lib[RUDA_LIBRARY_MAX]; /* libraries registered (ruda_library_register) */
   import_rec imports[MAXIMPORTS];
   int nimports;
   model_buf b[NBUF];
@@ -146,6 +151,15 @@ static int call_add(const ruda_call_ctx *c, void *user) {
   unsigned char *dst = ruda_call_ptr(c, 1);
   for (uint32_t i = 0; i < v[1]; i++) dst[i] = (unsigned char)(src[i] + v[0]);
   return 0;
+}
+
+/* call_add holding the worker's state of a stand-in library: 55 (an
+ * error the model never expects) when the state is wrong. */
+static int call_add_lib(const ruda_call_ctx *c, void *user) {
+  if (standin_enter(c)) return 55;
+  int rc = call_add(c, user);
+  standin_leave(c);
+  return rc;
 }
 
 /* nest(b, v, len, handle, stream, mode): b += v, then, once per op (the
@@ -458,6 +472,20 @@ static void step(fuzz *z) {
       ruda_arg bufs[2] = {ruda_arg_in(ruda_bind(b->h)), ruda_arg_out(ruda_bind(dst->h))};
       ruda_call_desc cd = {.name = "add", .fn = call_add, .buffers = bufs, .nbuffers = 2, .data = v,
                            .data_size = sizeof v};
+      if (how & 16) { /* with a library's per-worker state; sometimes a library registered now */
+        if ((how & 32) || z->libs == 0) {
+          uint32_t id = 0;
+          int rc = standin_register(z->dev, &id);
+          if (z->libs == RUDA_LIBRARY_MAX) {
+            CHECK(rc == RUDA_EINVAL, "library %u of %d registered", z->libs + 1, RUDA_LIBRARY_MAX);
+          } else {
+            CHECK(rc == 0 && id == z->libs + 1, "register library: %s, id %u", ruda_err_name(rc), id);
+            z->lib[z->libs++] = id;
+          }
+        }
+        cd.fn = call_add_lib;
+        cd.library = z->lib[next(z) % z->libs];
+      }
       if (!b->live) {
         CHECK(ruda_call(z->dev, s, &cd) == RUDA_ENOTFOUND, "a call on a freed buffer was not refused");
         break;
@@ -698,6 +726,7 @@ int ruda_fuzz_one(const uint8_t *data, size_t size) {
   memset(z, 0, sizeof *z);
   z->in = data;
   z->n = size;
+  standin_reset();
   ruda_config cfg;
   ruda_config_init(&cfg);
   cfg.backend = RUDA_BACKEND_HOST;
@@ -743,6 +772,10 @@ int ruda_fuzz_one(const uint8_t *data, size_t size) {
     CHECK(ruda_buffer_free(z->dev, 0, b->h) == 0, "final free");
   }
   CHECK(ruda_device_close(z->dev, NULL) == 0, "close");
+  /* Every state made was destroyed once, by its own worker, at close. */
+  CHECK(atomic_load(&standin_destroyed) == atomic_load(&standin_made) && !atomic_load(&standin_wrong),
+        "library states: %d made, %d destroyed, %d misused", atomic_load(&standin_made),
+        atomic_load(&standin_destroyed), atomic_load(&standin_wrong));
   for (int i = 0; i < z->nimports; i++)
     CHECK(atomic_load(&z->imports[i].released) == 1, "import %d released %d times", i,
           atomic_load(&z->imports[i].released));

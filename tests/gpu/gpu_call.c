@@ -14,6 +14,7 @@ typedef struct seen {
   void *cu_stream, *cu_context, *current;
   uint32_t worker;
   int capturing, calls;
+  char thread[16];
 } seen;
 
 /* Fills buffer 0 with the byte in data, on the call's stream. */
@@ -27,6 +28,7 @@ static int memset_fn(const ruda_call_ctx *c, void *user) {
   s->worker = c->worker;
   s->capturing = c->capturing;
   s->calls++;
+  pthread_getname_np(pthread_self(), s->thread, sizeof s->thread);
   unsigned char v = *(const unsigned char *)c->data;
   CUresult r = ruda__cu.cuMemsetD8Async((CUdeviceptr)c->addr[0], v, c->size[0], (CUstream)c->cu_stream);
   if (r != CUDA_SUCCESS) snprintf(c->msg, RUDA_CALL_MSG_MAX, "cuMemsetD8Async: %d", (int)r);
@@ -152,12 +154,199 @@ static void a_failure_reaches_the_stream(void **state) {
   test_close(dev);
 }
 
+/* ---- the worker's stream is fixed; per-worker library state ---- */
+
+typedef struct lib_seen {
+  pthread_mutex_t lock;
+  int creates, destroys, calls, capturing_creates, bad;
+  void *create_stream, *destroy_stream, *destroy_current;
+  char destroy_thread[16];
+  void *call_stream[64];
+  uint32_t call_worker[64];
+} lib_seen;
+
+static lib_seen lseen = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* A stand-in library: its state is a device buffer (made with cuMemAlloc,
+ * which a capture forbids), freed by destroy. */
+static int dev_create(const ruda_call_ctx *c, void *user, void **state) {
+  (void)user;
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  ruda__cu.cuStreamGetCaptureInfo((CUstream)c->cu_stream, &st, NULL, NULL, NULL, NULL, NULL);
+  CUdeviceptr p = 0;
+  CUresult r = ruda__cu.cuMemAlloc(&p, 4096);
+  pthread_mutex_lock(&lseen.lock);
+  lseen.creates++;
+  lseen.capturing_creates += st != CU_STREAM_CAPTURE_STATUS_NONE || c->capturing;
+  lseen.create_stream = c->cu_stream;
+  pthread_mutex_unlock(&lseen.lock);
+  *state = (void *)(uintptr_t)p;
+  return (int)r;
+}
+
+static void dev_destroy(const ruda_call_ctx *c, void *user, void *state) {
+  (void)user;
+  CUcontext cur = NULL;
+  ruda__cu.cuCtxGetCurrent(&cur);
+  /* Synchronizing is allowed here: the worker's work is done. */
+  CUresult r = ruda__cu.cuStreamSynchronize((CUstream)c->cu_stream);
+  if (r == CUDA_SUCCESS) r = ruda__cu.cuMemFree((CUdeviceptr)(uintptr_t)state);
+  pthread_mutex_lock(&lseen.lock);
+  lseen.destroys++;
+  lseen.bad += r != CUDA_SUCCESS;
+  lseen.destroy_stream = c->cu_stream;
+  lseen.destroy_current = cur;
+  pthread_getname_np(pthread_self(), lseen.destroy_thread, sizeof lseen.destroy_thread);
+  pthread_mutex_unlock(&lseen.lock);
+}
+
+/* Copies buffer 0 into the library's scratch and from there into buffer 1,
+ * on the call's stream; notes the stream it got. */
+static int via_scratch_fn(const ruda_call_ctx *c, void *user) {
+  (void)user;
+  CUstream st = (CUstream)c->cu_stream;
+  CUdeviceptr scratch = (CUdeviceptr)(uintptr_t)c->library;
+  pthread_mutex_lock(&lseen.lock);
+  int i = lseen.calls++;
+  if (i < 64) {
+    lseen.call_stream[i] = c->cu_stream;
+    lseen.call_worker[i] = c->worker;
+  }
+  pthread_mutex_unlock(&lseen.lock);
+  CUresult r = ruda__cu.cuMemcpyDtoDAsync(scratch, (CUdeviceptr)c->addr[0], c->size[0], st);
+  if (r == CUDA_SUCCESS) r = ruda__cu.cuMemcpyDtoDAsync((CUdeviceptr)c->addr[1], scratch, c->size[1], st);
+  return (int)r;
+}
+
+static void the_stream_is_fixed_per_worker_and_the_library_state_lives_with_it(void **state) {
+  (void)state;
+  memset(&lseen.creates, 0, sizeof lseen - offsetof(lib_seen, creates));
+  ruda_device *dev = gpu_open(); /* 4 workers: streams 1, 5 and 9 share worker 1 */
+  ruda_library_desc l = {.name = "scratch", .create = dev_create, .destroy = dev_destroy};
+  uint32_t id = 0;
+  assert_ok(ruda_library_register(dev, &l, &id));
+  ruda_handle x, y;
+  assert_ok(ruda_buffer_create(dev, 1, 1024, &x));
+  assert_ok(ruda_buffer_create(dev, 1, 1024, &y));
+  unsigned char in[1024], got[1024];
+  for (size_t i = 0; i < sizeof in; i++) in[i] = (unsigned char)(i * 7);
+  test_write(dev, 1, ruda_bind(x), in, sizeof in);
+  ruda_arg b[2] = {ruda_arg_in(ruda_bind(x)), ruda_arg_out(ruda_bind(y))};
+  ruda_call_desc d = {.name = "scratch", .fn = via_scratch_fn, .buffers = b, .nbuffers = 2, .library = id};
+  /* The first call on worker 1 comes through a graph's first replay: the
+   * state is made before the capture starts. */
+  assert_ok(ruda_graph_begin_capture(dev, 5));
+  assert_ok(ruda_call(dev, 5, &d));
+  ruda_graph *g = NULL;
+  assert_ok(ruda_graph_end_capture(dev, 5, &g));
+  assert_ok(ruda_graph_replay(dev, 9, g));
+  test_read(dev, 9, ruda_bind(y), got, sizeof got);
+  assert_memory_equal(got, in, sizeof in);
+  for (ruda_stream_id s = 1; s <= 9; s += 4) {
+    memset(got, 0, sizeof got);
+    test_write(dev, s, ruda_bind(y), got, sizeof got);
+    assert_ok(ruda_call(dev, s, &d));
+    test_read(dev, s, ruda_bind(y), got, sizeof got);
+    assert_memory_equal(got, in, sizeof in);
+  }
+  void *stream1 = NULL;
+  assert_ok(ruda_cuda_stream(dev, 1, &stream1));
+  assert_int_equal(lseen.creates, 1); /* one worker, one state */
+  assert_int_equal(lseen.capturing_creates, 0);
+  assert_int_equal(lseen.calls, 4); /* the capture's, then three issued */
+  for (int i = 0; i < lseen.calls; i++) {
+    assert_ptr_equal(lseen.call_stream[i], stream1); /* whichever stream id issued it */
+    assert_int_equal(lseen.call_worker[i], 1);
+  }
+  assert_ptr_equal(lseen.create_stream, stream1);
+  assert_ok(ruda_graph_destroy(dev, g));
+  assert_ok(ruda_buffer_free(dev, 1, x));
+  assert_ok(ruda_buffer_free(dev, 1, y));
+  void *ctx = NULL;
+  assert_ok(ruda_cuda_context(dev, &ctx));
+  assert_int_equal(lseen.destroys, 0);
+  test_close(dev);
+  assert_int_equal(lseen.destroys, 1);
+  assert_int_equal(lseen.bad, 0);
+  assert_ptr_equal(lseen.destroy_stream, stream1); /* still the worker's stream, still alive */
+  assert_ptr_equal(lseen.destroy_current, ctx);
+  assert_string_equal(lseen.destroy_thread, "ruda-w1");
+}
+
+/* Allocates and frees device memory inside the call: allowed (it holds
+ * up the worker's streams meanwhile). */
+static int alloc_fn(const ruda_call_ctx *c, void *user) {
+  (void)user;
+  CUdeviceptr p = 0;
+  CUresult r = ruda__cu.cuMemAlloc(&p, 1 << 20);
+  if (r == CUDA_SUCCESS) r = ruda__cu.cuMemsetD8Async(p, 0x11, 1 << 20, (CUstream)c->cu_stream);
+  if (r == CUDA_SUCCESS) r = ruda__cu.cuMemcpyDtoDAsync((CUdeviceptr)c->addr[0], p, c->size[0], (CUstream)c->cu_stream);
+  if (r == CUDA_SUCCESS) r = ruda__cu.cuMemFree(p);
+  return (int)r;
+}
+
+static void a_call_may_allocate(void **state) {
+  (void)state;
+  ruda_device *dev = gpu_open();
+  ruda_handle x;
+  assert_ok(ruda_buffer_create(dev, 2, 4096, &x));
+  ruda_arg b = ruda_arg_out(ruda_bind(x));
+  ruda_call_desc d = {.name = "alloc", .fn = alloc_fn, .buffers = &b, .nbuffers = 1};
+  assert_ok(ruda_call(dev, 2, &d));
+  unsigned char got[4096];
+  test_read(dev, 2, ruda_bind(x), got, sizeof got);
+  for (size_t i = 0; i < sizeof got; i++) assert_int_equal(got[i], 0x11);
+  assert_ok(ruda_buffer_free(dev, 2, x));
+  test_close(dev);
+}
+
+/* ruda_graph_run on an idle worker issues the replay on the calling
+ * thread, the call's function included: the first replay's capture runs
+ * there, with the device's context current and the worker's stream. */
+static void a_graph_run_issues_its_call_on_the_calling_thread(void **state) {
+  (void)state;
+  ruda_device *dev = gpu_open();
+  ruda_handle x;
+  assert_ok(ruda_buffer_create(dev, 3, 1024, &x));
+  seen s = {0};
+  unsigned char v = 0x6b, got[1024];
+  ruda_arg b = ruda_arg_out(ruda_bind(x));
+  ruda_call_desc d = {.name = "memset", .fn = memset_fn, .user = &s, .buffers = &b, .nbuffers = 1, .data = &v,
+                      .data_size = 1};
+  assert_ok(ruda_graph_begin_capture(dev, 3));
+  assert_ok(ruda_call(dev, 3, &d));
+  ruda_graph *g = NULL;
+  assert_ok(ruda_graph_end_capture(dev, 3, &g));
+  assert_ok(ruda_sync(dev, 3, NULL));
+  pthread_setname_np(pthread_self(), "gpu-call-main");
+  pid_t w3 = test_thread_named("ruda-w3");
+  assert_true(w3 != 0);
+  test_wait_blocked(w3); /* idle: nothing queued, nothing retiring */
+  assert_ok(ruda_graph_run(dev, 3, g, NULL));
+  assert_int_equal(s.calls, 1);
+  assert_int_equal(s.capturing, 1);
+  assert_string_equal(s.thread, "gpu-call-main");
+  void *stream = NULL, *ctx = NULL;
+  assert_ok(ruda_cuda_stream(dev, 3, &stream));
+  assert_ok(ruda_cuda_context(dev, &ctx));
+  assert_ptr_equal(s.cu_stream, stream);
+  assert_ptr_equal(s.current, ctx);
+  test_read(dev, 3, ruda_bind(x), got, sizeof got);
+  for (size_t i = 0; i < sizeof got; i++) assert_int_equal(got[i], 0x6b);
+  assert_ok(ruda_graph_destroy(dev, g));
+  assert_ok(ruda_buffer_free(dev, 3, x));
+  test_close(dev);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(call_gets_the_worker_stream_and_context),
       cmocka_unit_test(call_follows_a_kernel_writing_its_input_on_another_stream),
       cmocka_unit_test(a_captured_call_is_part_of_the_graph),
       cmocka_unit_test(a_failure_reaches_the_stream),
+      cmocka_unit_test(the_stream_is_fixed_per_worker_and_the_library_state_lives_with_it),
+      cmocka_unit_test(a_call_may_allocate),
+      cmocka_unit_test(a_graph_run_issues_its_call_on_the_calling_thread),
   };
   return gpu_main("gpu_call", tests, sizeof tests / sizeof tests[0], argc, argv);
 }

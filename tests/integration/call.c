@@ -3,9 +3,20 @@
  * other streams' writers and readers by access mode, errors, capture and
  * replay, refusal, bad inputs, and user code that calls back into ruda. */
 #include <pthread.h>
+#include <stddef.h>
 #include <time.h>
 
 #include "common.h"
+
+/* ruda_call_desc keeps 0.2's layout: library took reserved[0]'s place, so
+ * a caller built before it (all reserved words zero) names no library. */
+#if UINTPTR_MAX == UINT64_MAX
+_Static_assert(sizeof(ruda_call_desc) == 88 && offsetof(ruda_call_desc, library) == 56 &&
+                   offsetof(ruda_call_desc, reserved) == 56,
+               "ruda_call_desc's layout changed");
+_Static_assert(sizeof(ruda_call_ctx) == 120 && offsetof(ruda_call_ctx, library) == 88,
+               "ruda_call_ctx's layout changed");
+#endif
 
 static uint64_t now_ns(void) {
   struct timespec ts;
@@ -672,6 +683,368 @@ static void worker_stats_count_calls(void **state) {
   assert_int_equal(atomic_load(&never_called), 3);
 }
 
+/* ---- per-worker library state (ruda_library_register) ---- */
+
+/* A stand-in library that logs what ruda makes it do, in order: each
+ * entry says what ran (create, call, kernel, destroy), on which worker,
+ * on which thread, with which state. */
+enum { EV_CREATE = 1, EV_CALL, EV_KERNEL, EV_DESTROY, MAXEV = 256 };
+typedef struct lib_event {
+  int what;
+  uint32_t worker;
+  ruda_stream_id stream;
+  void *state;
+  char thread[16];
+} lib_event;
+typedef struct lib_log {
+  pthread_mutex_t lock;
+  lib_event ev[MAXEV];
+  int n;
+  int fail_creates; /* creates left to fail */
+} lib_log;
+typedef struct lib_state {
+  uint32_t worker; /* whose state */
+  int calls;
+} lib_state;
+
+static lib_log liblog = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void log_event(int what, uint32_t worker, ruda_stream_id stream, void *state) {
+  pthread_mutex_lock(&liblog.lock);
+  if (liblog.n < MAXEV) {
+    lib_event *e = &liblog.ev[liblog.n++];
+    e->what = what;
+    e->worker = worker;
+    e->stream = stream;
+    e->state = state;
+    pthread_getname_np(pthread_self(), e->thread, sizeof e->thread);
+  }
+  pthread_mutex_unlock(&liblog.lock);
+}
+
+static void log_reset(void) {
+  pthread_mutex_lock(&liblog.lock);
+  liblog.n = 0;
+  liblog.fail_creates = 0;
+  pthread_mutex_unlock(&liblog.lock);
+}
+
+static int lib_create(const ruda_call_ctx *c, void *user, void **state) {
+  if (user != &liblog) return 98;
+  pthread_mutex_lock(&liblog.lock);
+  int fail = liblog.fail_creates > 0 ? liblog.fail_creates-- : 0;
+  pthread_mutex_unlock(&liblog.lock);
+  if (fail) {
+    snprintf(c->msg, RUDA_CALL_MSG_MAX, "no handle today");
+    return 7;
+  }
+  lib_state *st = calloc(1, sizeof *st);
+  st->worker = c->worker;
+  *state = st;
+  log_event(EV_CREATE, c->worker, c->stream, st);
+  return 0;
+}
+
+static void lib_destroy(const ruda_call_ctx *c, void *user, void *state) {
+  log_event(EV_DESTROY, user == &liblog ? c->worker : 99, c->stream, state);
+  free(state);
+}
+
+static int lib_call(const ruda_call_ctx *c, void *user) {
+  (void)user;
+  lib_state *st = c->library;
+  if (st == NULL || st->worker != c->worker) return 99; /* another worker's state */
+  st->calls++;
+  log_event(EV_CALL, c->worker, c->stream, st);
+  return 0;
+}
+
+static int log_kernel(const ruda_host_ctx *c, void *const *args) {
+  (void)args;
+  (void)c;
+  log_event(EV_KERNEL, *(const uint32_t *)args[0], 0, NULL);
+  return 0;
+}
+
+static uint32_t register_lib(ruda_device *dev) {
+  ruda_library_desc l = {.name = "standin", .create = lib_create, .destroy = lib_destroy, .user = &liblog};
+  uint32_t id = 0;
+  assert_ok(ruda_library_register(dev, &l, &id));
+  assert_true(id >= 1);
+  return id;
+}
+
+static void a_library_state_is_made_per_worker_and_destroyed_after_its_work(void **state) {
+  (void)state;
+  log_reset();
+  ruda_device *dev = test_open(4, 65536, RUDA_BACKPRESSURE_BLOCK);
+  assert_ok(ruda_host_kernel_register(dev, "log_kernel", log_kernel));
+  const uint32_t id = register_lib(dev);
+  assert_int_equal(liblog.n, 0); /* nothing made at registration */
+  ruda_call_desc d = {.name = "lib", .fn = lib_call, .library = id};
+  /* Streams 0..5 on workers 0..3 (4 and 5 share workers 0 and 1);
+   * worker 3 only runs kernels, so it never makes a state. */
+  for (int round = 0; round < 3; round++)
+    for (ruda_stream_id s = 0; s < 6; s++)
+      if (s % 4 != 3) assert_ok(ruda_call(dev, s, &d));
+  assert_ok(ruda_sync(dev, 0, NULL));
+  /* Then, unsynced, more work on each worker: close must run it all
+   * before any destroy. */
+  for (uint32_t w = 0; w < 4; w++) {
+    if (w != 3) assert_ok(ruda_call(dev, w, &d));
+    uint32_t ww = w;
+    ruda_arg a = ruda_arg_scalar(&ww, sizeof ww);
+    assert_ok(test_launch(dev, w, "log_kernel", &a, 1));
+  }
+  test_close(dev);
+  int creates[4] = {0}, destroys[4] = {0}, calls[4] = {0}, kernels[4] = {0};
+  void *made[4] = {0};
+  for (int i = 0; i < liblog.n; i++) {
+    const lib_event *e = &liblog.ev[i];
+    uint32_t w = e->worker;
+    assert_true(w < 4);
+    char name[16];
+    snprintf(name, sizeof name, "ruda-w%u", w);
+    assert_string_equal(e->thread, name); /* on the worker's thread */
+    switch (e->what) {
+      case EV_CREATE:
+        assert_int_equal(calls[w], 0); /* before its first call */
+        made[w] = e->state;
+        creates[w]++;
+        break;
+      case EV_CALL:
+        assert_int_equal(creates[w], 1);
+        assert_ptr_equal(e->state, made[w]);
+        assert_int_equal(destroys[w], 0);
+        calls[w]++;
+        break;
+      case EV_KERNEL: assert_int_equal(destroys[w], 0); kernels[w]++; break;
+      case EV_DESTROY:
+        assert_ptr_equal(e->state, made[w]);
+        assert_int_equal(e->stream, 0);
+        destroys[w]++;
+        break;
+      default: fail();
+    }
+  }
+  for (uint32_t w = 0; w < 4; w++) {
+    assert_int_equal(kernels[w], 1);
+    assert_int_equal(creates[w], w == 3 ? 0 : 1);
+    assert_int_equal(destroys[w], creates[w]);
+    assert_int_equal(calls[w], w == 3 ? 0 : w < 2 ? 7 : 4); /* 3 rounds x (1 or 2 streams) + 1 */
+  }
+}
+
+static void a_failing_create_fails_the_call_and_is_tried_again(void **state) {
+  (void)state;
+  log_reset();
+  ruda_device *dev = test_open(2, 65536, RUDA_BACKPRESSURE_BLOCK);
+  const uint32_t id = register_lib(dev);
+  liblog.fail_creates = 1;
+  ruda_call_desc d = {.name = "lib", .fn = lib_call, .library = id};
+  assert_ok(ruda_call(dev, 1, &d));
+  ruda_error *err = NULL;
+  assert_int_equal(ruda_sync(dev, 1, &err), RUDA_EUNHEALTHY);
+  const ruda_error *e = ruda_error_cause(err);
+  assert_int_equal(ruda_error_code(e), RUDA_ECALL);
+  assert_int_equal(ruda_error_backend_code(e), 7);
+  assert_contains(ruda_error_message(e), "ruda_call \"lib\"");
+  assert_contains(ruda_error_message(e), "library \"standin\": create returned 7 on worker 1: no handle today");
+  ruda_error_free(err);
+  assert_int_equal(liblog.n, 0); /* the function did not run */
+  assert_ok(ruda_call(dev, 1, &d));
+  assert_ok(ruda_sync(dev, 1, NULL));
+  assert_int_equal(liblog.n, 2);
+  assert_int_equal(liblog.ev[0].what, EV_CREATE);
+  assert_int_equal(liblog.ev[1].what, EV_CALL);
+  test_close(dev);
+  assert_int_equal(liblog.n, 3);
+  assert_int_equal(liblog.ev[2].what, EV_DESTROY);
+}
+
+static int noop_create(const ruda_call_ctx *c, void *user, void **state) {
+  (void)c;
+  (void)user;
+  *state = NULL;
+  return 0;
+}
+
+static void register_refuses_bad_input(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(2, 65536, RUDA_BACKPRESSURE_BLOCK);
+  uint32_t id = 0;
+  ruda_library_desc bad = {.name = "x"};
+  assert_rc(ruda_library_register(dev, &bad, &id), RUDA_EINVAL);
+  assert_last_error_contains("create is NULL");
+  ruda_library_desc r = {.create = noop_create, .reserved = {0, 1}};
+  assert_rc(ruda_library_register(dev, &r, &id), RUDA_EINVAL);
+  assert_last_error_contains("reserved[1] is not zero");
+  assert_rc(ruda_library_register(NULL, &r, &id), RUDA_EINVAL);
+  assert_rc(ruda_library_register(dev, NULL, &id), RUDA_EINVAL);
+  ruda_call_desc d = {.name = "lib", .fn = never_fn, .library = 1};
+  assert_rc(ruda_call(dev, 0, &d), RUDA_EINVAL); /* nothing registered yet */
+  assert_last_error_contains("library 1 is not registered");
+  ruda_library_desc ok = {.create = noop_create}; /* destroy may be NULL */
+  for (uint32_t i = 1; i <= RUDA_LIBRARY_MAX; i++) {
+    assert_ok(ruda_library_register(dev, &ok, &id));
+    assert_int_equal(id, i);
+  }
+  assert_rc(ruda_library_register(dev, &ok, &id), RUDA_EINVAL);
+  assert_last_error_contains("at most 16");
+  atomic_store(&never_called, 0);
+  d.library = RUDA_LIBRARY_MAX;
+  assert_ok(ruda_call(dev, 0, &d));
+  d.library = RUDA_LIBRARY_MAX + 1;
+  assert_rc(ruda_call(dev, 0, &d), RUDA_EINVAL);
+  d.library = (1ull << 32) + 1; /* not cut to 1 */
+  assert_rc(ruda_call(dev, 0, &d), RUDA_EINVAL);
+  assert_last_error_contains("library 4294967297 is not registered");
+  d.library = 0;
+  d.reserved[2] = 1;
+  assert_rc(ruda_call(dev, 0, &d), RUDA_EINVAL);
+  assert_last_error_contains("reserved[2] is not zero");
+  test_close(dev);
+  assert_int_equal(atomic_load(&never_called), 1);
+}
+
+/* ---- where the function runs ---- */
+
+static _Thread_local int is_issuer;
+static _Atomic int inside[4], overlapped, on_worker, on_issuer, elsewhere;
+
+/* Notes where it runs and whether another call held its worker. */
+static int where_fn(const ruda_call_ctx *c, void *user) {
+  (void)user;
+  if (atomic_fetch_add(&inside[c->worker], 1) != 0) atomic_store(&overlapped, 1);
+  char name[16], want[16];
+  pthread_getname_np(pthread_self(), name, sizeof name);
+  snprintf(want, sizeof want, "ruda-w%u", c->worker);
+  if (strcmp(name, want) == 0) atomic_fetch_add(&on_worker, 1);
+  else if (is_issuer) atomic_fetch_add(&on_issuer, 1);
+  else atomic_fetch_add(&elsewhere, 1);
+  for (volatile int i = 0; i < 2000; i++) {
+  }
+  atomic_fetch_sub(&inside[c->worker], 1);
+  return 0;
+}
+
+typedef struct where_arg {
+  ruda_device *dev;
+  ruda_stream_id stream;
+  ruda_graph *g;
+} where_arg;
+
+static void *where_thread(void *p) {
+  where_arg *a = p;
+  is_issuer = 1;
+  ruda_call_desc d = desc_of("where", where_fn, NULL, NULL, 0);
+  for (int i = 0; i < 200; i++) {
+    if (ruda_call(a->dev, a->stream, &d) != 0) atomic_fetch_add(&elsewhere, 1000);
+    if (i % 4 == 0 && ruda_graph_run(a->dev, a->stream, a->g, NULL) != 0) atomic_fetch_add(&elsewhere, 1000);
+  }
+  return NULL;
+}
+
+static void the_function_runs_holding_its_worker_on_the_worker_or_the_issuer(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(2, 65536, RUDA_BACKPRESSURE_BLOCK);
+  atomic_store(&overlapped, 0);
+  atomic_store(&on_worker, 0);
+  atomic_store(&on_issuer, 0);
+  atomic_store(&elsewhere, 0);
+  /* Idle worker, in place: a ruda_graph_run and an in-place call run on
+   * the calling thread. The worker is seen asleep first. */
+  assert_ok(ruda_stream_set_in_place(dev, 0, 1));
+  ruda_call_desc d = desc_of("where", where_fn, NULL, NULL, 0);
+  assert_ok(ruda_graph_begin_capture(dev, 0));
+  assert_ok(ruda_call(dev, 0, &d));
+  ruda_graph *g = NULL;
+  assert_ok(ruda_graph_end_capture(dev, 0, &g));
+  assert_ok(ruda_sync(dev, 0, NULL));
+  pid_t w0 = test_thread_named("ruda-w0");
+  assert_true(w0 != 0);
+  is_issuer = 1;
+  test_wait_blocked(w0);
+  assert_ok(ruda_graph_run(dev, 0, g, NULL));
+  assert_int_equal(atomic_load(&on_issuer), 1);
+  test_wait_blocked(w0);
+  assert_ok(ruda_call(dev, 0, &d));
+  assert_int_equal(atomic_load(&on_issuer), 2);
+  /* A stream not in place: on the worker. */
+  assert_ok(ruda_call(dev, 1, &d));
+  assert_ok(ruda_sync(dev, 1, NULL));
+  assert_int_equal(atomic_load(&on_worker), 1);
+  /* Four threads on streams 0, 2, 4 (in place) and 6 share worker 0:
+   * wherever each call runs, it holds the worker alone. */
+  for (ruda_stream_id s = 2; s <= 4; s += 2) assert_ok(ruda_stream_set_in_place(dev, s, 1));
+  where_arg a[4];
+  pthread_t t[4];
+  for (int i = 0; i < 4; i++) {
+    a[i] = (where_arg){dev, (ruda_stream_id)(2 * i), g};
+    assert_int_equal(pthread_create(&t[i], NULL, where_thread, &a[i]), 0);
+  }
+  for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+  for (int i = 0; i < 4; i++) assert_ok(ruda_sync(dev, (ruda_stream_id)(2 * i), NULL));
+  assert_int_equal(atomic_load(&overlapped), 0);
+  assert_int_equal(atomic_load(&elsewhere), 0);
+  assert_int_equal(atomic_load(&on_worker) + atomic_load(&on_issuer), 3 + 4 * 250);
+  assert_ok(ruda_graph_destroy(dev, g));
+  test_close(dev);
+}
+
+/* ---- ctx->data's alignment ---- */
+
+static _Atomic int misaligned, data_wrong, data_calls;
+
+static int data_fn(const ruda_call_ctx *c, void *user) {
+  (void)user;
+  if ((uintptr_t)c->data % RUDA_CALL_DATA_ALIGN != 0) atomic_store(&misaligned, 1);
+  const unsigned char *b = c->data;
+  for (uint32_t i = 0; i < c->data_size; i++)
+    if (b[i] != (unsigned char)(c->data_size + i)) atomic_store(&data_wrong, 1);
+  atomic_fetch_add(&data_calls, 1);
+  return 0;
+}
+
+static void data_is_aligned_for_any_type(void **state) {
+  (void)state;
+  ruda_device *dev = test_open(2, 65536, RUDA_BACKPRESSURE_BLOCK);
+  ruda_handle x;
+  assert_ok(ruda_buffer_create(dev, 0, 64, &x));
+  ruda_arg bufs[3] = {ruda_arg_in(ruda_bind(x)), ruda_arg_in(ruda_bind(x)), ruda_arg_in(ruda_bind(x))};
+  unsigned char data[48];
+  atomic_store(&misaligned, 0);
+  atomic_store(&data_wrong, 0);
+  atomic_store(&data_calls, 0);
+  int n = 0;
+  /* Every buffer count (the arrays before the data differ) and sizes
+   * around the alignment, issued and recorded. */
+  for (int rec = 0; rec < 2; rec++) {
+    if (rec) assert_ok(ruda_graph_begin_capture(dev, 0));
+    for (uint32_t nb = 0; nb <= 3; nb++)
+      for (uint32_t size = 1; size <= sizeof data; size += 3) {
+        for (uint32_t i = 0; i < size; i++) data[i] = (unsigned char)(size + i);
+        ruda_call_desc d = desc_of("data", data_fn, NULL, bufs, nb);
+        d.data = data;
+        d.data_size = size;
+        assert_ok(ruda_call(dev, 0, &d));
+        n++;
+      }
+    if (rec) {
+      ruda_graph *g = NULL;
+      assert_ok(ruda_graph_end_capture(dev, 0, &g));
+      assert_ok(ruda_graph_run(dev, 0, g, NULL));
+      assert_ok(ruda_graph_destroy(dev, g));
+    }
+  }
+  assert_ok(ruda_sync(dev, 0, NULL));
+  assert_int_equal(atomic_load(&data_calls), n);
+  assert_int_equal(atomic_load(&misaligned), 0);
+  assert_int_equal(atomic_load(&data_wrong), 0);
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  test_close(dev);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(runs_in_stream_order_with_its_buffers),
@@ -687,6 +1060,11 @@ int main(int argc, char **argv) {
       cmocka_unit_test(a_call_not_capturable_is_refused_at_capture),
       cmocka_unit_test(the_function_may_issue_on_its_own_buffers),
       cmocka_unit_test(worker_stats_count_calls),
+      cmocka_unit_test(a_library_state_is_made_per_worker_and_destroyed_after_its_work),
+      cmocka_unit_test(a_failing_create_fails_the_call_and_is_tried_again),
+      cmocka_unit_test(register_refuses_bad_input),
+      cmocka_unit_test(the_function_runs_holding_its_worker_on_the_worker_or_the_issuer),
+      cmocka_unit_test(data_is_aligned_for_any_type),
   };
   return test_main("call", tests, sizeof tests / sizeof tests[0], argc, argv);
 }

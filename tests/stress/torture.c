@@ -3,7 +3,8 @@
  * still queued, handles of other threads freed under their feet, flush
  * and sync storms on other threads' streams, graphs replayed on several
  * streams and destroyed with replays queued, library calls (ruda_call) in
- * place of some of those kernels, half the threads issuing in place,
+ * place of some of those kernels (with per-worker library states of eight
+ * libraries registered at once), half the threads issuing in place,
  * kernels that launch on their own buffer, two graphs every thread
  * replays with patches at once (moved onto its own buffer, or onto shared
  * handles freed under its feet), every third chain on host memory adopted
@@ -23,6 +24,7 @@
 #include <string.h>
 
 #include "ruda/ruda.h"
+#include "standin_lib.h"
 
 #define WORDS 64
 static int nthreads = 32, iters = 200, auto_graphs;
@@ -107,32 +109,45 @@ static void launch_peek(ruda_stream_id s, ruda_handle h, int *rc) {
   *rc = ruda_launch(dev, s, &l);
 }
 
-/* The same two as library calls. */
+/* The same two as library calls, with a library's per-worker state:
+ * each call checks it got its own worker's state and held the worker
+ * alone (in place or not); each state is destroyed once, at close. Eight
+ * libraries, registered by the first eight threads at once. */
+static _Atomic uint32_t lib_ids[8];
+
+static uint32_t lib_pick(uint64_t r) { return atomic_load(&lib_ids[r % 8]); /* 0 until registered: none */ }
+
 static int call_bump_fn(const ruda_call_ctx *c, void *user) {
   (void)user;
+  if (c->library != NULL && standin_enter(c)) return 0;
   uint64_t *x = ruda_call_ptr(c, 0);
   for (int i = 0; i < WORDS; i++) x[i]++;
+  if (c->library != NULL) standin_leave(c);
   return 0;
 }
 
 static int call_peek_fn(const ruda_call_ctx *c, void *user) {
   (void)user;
+  if (c->library != NULL && standin_enter(c)) return 0;
   const uint64_t *x = ruda_call_ptr(c, 0);
   uint64_t s = 0;
   for (int i = 0; i < WORDS; i++) s += x[i];
   atomic_fetch_add_explicit(&peeked, s, memory_order_relaxed);
+  if (c->library != NULL) standin_leave(c);
   return 0;
 }
 
 static void call_bump(ruda_stream_id s, ruda_handle h, int *rc) {
   ruda_arg a = ruda_arg_buffer(ruda_bind(h));
-  ruda_call_desc d = {.name = "bump", .fn = call_bump_fn, .buffers = &a, .nbuffers = 1};
+  ruda_call_desc d = {.name = "bump", .fn = call_bump_fn, .buffers = &a, .nbuffers = 1,
+                      .library = lib_pick(s + (uint64_t)h.gen)};
   *rc = ruda_call(dev, s, &d);
 }
 
 static void call_peek(ruda_stream_id s, ruda_handle h, int *rc) {
   ruda_arg a = ruda_arg_in(ruda_bind(h));
-  ruda_call_desc d = {.name = "peek", .fn = call_peek_fn, .buffers = &a, .nbuffers = 1};
+  ruda_call_desc d = {.name = "peek", .fn = call_peek_fn, .buffers = &a, .nbuffers = 1,
+                      .library = lib_pick(s + (uint64_t)h.slot)};
   *rc = ruda_call(dev, s, &d);
 }
 
@@ -245,6 +260,11 @@ static void *worker(void *p) {
   uint64_t src[WORDS], back[WORDS];
   /* Odd threads issue in place whenever their worker is idle. */
   if (ruda_stream_set_in_place(dev, me, (int)(t & 1)) != 0) FAIL("thread %llu: set_in_place", (unsigned long long)t);
+  if (t < 8) { /* eight registrations at once */
+    uint32_t id = 0;
+    if (standin_register(dev, &id) != 0 || id < 1 || id > 8) FAIL("thread %llu: register", (unsigned long long)t);
+    else atomic_store(&lib_ids[t], id);
+  }
   for (int i = 0; i < iters; i++) {
     /* A chain on my stream: write (t, i), bump it twice, read it back;
      * the buffer is freed while the read is still queued. */
@@ -449,9 +469,14 @@ int main(int argc, char **argv) {
   }
   ruda_error_free(errs);
   if (atomic_load(&nest_failures) != 0) FAIL("%d launches issued by kernels failed", atomic_load(&nest_failures));
+  if (atomic_load(&standin_wrong) != 0)
+    FAIL("%d library states misused (another worker's, two holders, destroyed twice)", atomic_load(&standin_wrong));
+  if (atomic_load(&standin_made) != atomic_load(&standin_destroyed))
+    FAIL("library states: %d made, %d destroyed", atomic_load(&standin_made), atomic_load(&standin_destroyed));
   if (atomic_load(&released) != atomic_load(&imported))
     FAIL("%ld imports, %ld releases", atomic_load(&imported), atomic_load(&released));
   int f = atomic_load(&failures);
-  printf("torture: %d threads x %d iterations, %d failures\n", nthreads, iters, f);
+  printf("torture: %d threads x %d iterations, %d library states made and destroyed, %d failures\n", nthreads, iters,
+         atomic_load(&standin_made), f);
   return f == 0 ? 0 : 1;
 }
