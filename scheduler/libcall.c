@@ -93,7 +93,7 @@ static ruda_call_ctx ctx_of(ruda__worker *w, const ruda__cmd *cmd) {
   const ruda__backend_ops *ops = sch->backend.ops;
   return (ruda_call_ctx){
       .dev = sch->handle,
-      .stream = cmd != NULL ? cmd->stream->id : 0,
+      .stream = cmd != NULL ? cmd->u.call.stream : 0,
       .seq = cmd != NULL ? cmd->seq : 0,
       .worker = w->index,
       .cu_stream = ops->native_stream != NULL ? ops->native_stream(w->wstate) : NULL,
