@@ -6,6 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/ruda-gpu-out}"; mkdir -p "$OUT"
 export RUDA_CACHE_DIR=/tmp/ruda-cache NCCL_NVLS_ENABLE=0
+export LD_LIBRARY_PATH="$PWD/build-gpu:$PWD/build-gpu/tests:${LD_LIBRARY_PATH:-}"
 log="$OUT/diag.log"
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; date -u; } >"$log" 2>&1
 r() { # label cmd...

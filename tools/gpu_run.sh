@@ -98,6 +98,11 @@ if want tests || want all; then
       gpu_fallback|gpu_staging_arena) run "$(basename "$t")" 240 env RUDA_CUDA_DRIVER=/nonexistent/libcuda.so.1 "$t" ;;
       # Its cases hold events pending through the mock driver's hooks.
       gpu_detach) run gpu_detach_mock 60 env RUDA_CUDA_DRIVER="$PWD/$B/tests/libruda_mockcuda.so" "$t" ;;
+      # A real fault poisons the process's context: one case per process.
+      gpu_fault_blocking)
+        for c in $(sed -n 's/^ *cmocka_unit_test(\([a-z0-9_]*\)),$/\1/p' tests/gpu/gpu_fault_blocking.c); do
+          run "gpu_fault_blocking.$c" 60 "$t" "$c"
+        done ;;
       # Every case but the one that needs NVRTC absent, which runs alone below.
       gpu_kernels)
         for c in $(sed -n 's/^ *cmocka_unit_test(\([a-z0-9_]*\)),$/\1/p' tests/gpu/gpu_kernels.c); do
@@ -129,12 +134,17 @@ if want python; then
   # The wheel is built here: RUDA_JEMALLOC_SOURCE=<jemalloc git dir>
   # python3.12 -m pip wheel --no-build-isolation --no-deps -w dist ./python,
   # auditwheel repair into .whl/, carried with the tree.
-  pv="$(mktemp -d)/venv"
-  run python_install 300 sh -c "python3 -m venv --system-site-packages '$pv' && '$pv/bin/python' -m pip install --no-index --no-deps --force-reinstall .whl/ruda-*.whl"
+  # Installed beside the machine's own packages (its pytest, numpy, torch
+  # and CuPy live with its python3, which a venv did not see there).
+  site="$(mktemp -d)/site"
+  run python_install 300 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
+    .whl/ruda-*.whl
   # From the repository root the installed package is imported, not python/ruda.
-  run python_tests 600 env RUDA_EXPECT_JEMALLOC=1 "$pv/bin/python" -m pytest -q -p no:cacheprovider python/tests
-  run bench_python_launch 600 env PYTHONUNBUFFERED=1 "$pv/bin/python" bench/python_launch.py --threads 1,4,16,64 --json "$OUT/python_launch.json"
-  run bench_python_launch_keep 600 env PYTHONUNBUFFERED=1 "$pv/bin/python" bench/python_launch.py --threads 1,4,16,64 --launch-gil keep --json "$OUT/python_launch_keep.json"
+  run python_tests 600 env PYTHONPATH="$site" RUDA_EXPECT_JEMALLOC=1 python3 -m pytest -q -p no:cacheprovider python/tests
+  run bench_python_launch 600 env PYTHONPATH="$site" PYTHONUNBUFFERED=1 python3 bench/python_launch.py --threads 1,4,16,64 \
+    --json "$OUT/python_launch.json"
+  run bench_python_launch_keep 600 env PYTHONPATH="$site" PYTHONUNBUFFERED=1 python3 bench/python_launch.py \
+    --threads 1,4,16,64 --launch-gil keep --json "$OUT/python_launch_keep.json"
 fi
 if want blas; then
   run mlp_blas 60 "$B/examples/mlp_blas"

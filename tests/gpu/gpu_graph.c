@@ -378,6 +378,8 @@ static void auto_graphs_replay_queued_runs(void **state) {
   } else {
     atomic_store(&hold_entered, 0);
     atomic_store(&hold_release, 0);
+    /* On the worker: a call issued in place would hold this thread. */
+    assert_ok(ruda_stream_set_in_place(dev, 0, 0));
     ruda_call_desc c = {.name = "hold", .fn = hold_worker};
     assert_ok(ruda_call(dev, 0, &c));
     assert_ok(ruda_sync_async(dev, 0, &held));
