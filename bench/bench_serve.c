@@ -283,6 +283,7 @@ static int raw_graphs;   /* the raw loop replays a CUDA graph per request (-g, -
 
 static void *ruda_thread(void *p) {
   thread_arg *a = p;
+  pthread_setname_np(pthread_self(), "ruda-client"); /* tools/cu_count.c tells threads apart by name */
   run_ctx *rc = a->rc;
   ruda_device *dev = rc->dev;
   ruda_stream_id s = (ruda_stream_id)a->index;
@@ -427,6 +428,7 @@ static void *ruda_thread(void *p) {
 #ifdef RUDA_BENCH_CUDA
 static void *raw_thread(void *p) {
   thread_arg *a = p;
+  pthread_setname_np(pthread_self(), "raw-client");
   run_ctx *rc = a->rc;
   const int depth = rc->v->depth;
   CU(ruda__cu.cuCtxSetCurrent(rc->cuctx));

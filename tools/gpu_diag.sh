@@ -13,6 +13,28 @@ r() { # label cmd...
   local t0=$SECONDS; echo "==== $1: ${*:2}" >>"$log"; timeout 240 "${@:2}" >>"$log" 2>&1; echo "rc=$? ${SECONDS}s-$t0" >>"$log"
   echo "$1 done $((SECONDS - t0))s"; }
 for m in ${DIAG:-serve}; do case $m in
+probe)
+  # Where a 1-in-flight request's time goes as threads grow: the client's
+  # calls (-b), each thread kind's driver calls and their cost
+  # (tools/cu_count.c), and the scheduler's knobs one at a time.
+  r probe.tools sh -c 'for t in perf strace ltrace gdb valgrind; do printf "%s: %s\n" $t "$(command -v $t || echo none)"; done'
+  r probe.cc cc -O2 -shared -fPIC -o /tmp/cu_count.so tools/cu_count.c -ldl -I/usr/local/cuda/include
+  r probe.b build-gpu/bench/bench_serve -b -s -v 1 -t 1,4,16 -n 2048
+  for t in 1 4 16; do
+    r probe.count$t env RUDA_CUDA_DRIVER=/tmp/cu_count.so build-gpu/bench/bench_serve -s -v 1 -t $t -n 2048
+  done
+  r probe.count4-pageable env RUDA_CUDA_DRIVER=/tmp/cu_count.so build-gpu/bench/bench_serve -v 1 -t 4 -n 2048
+  r probe.spin0 env RUDA_SPIN_US=0 build-gpu/bench/bench_serve -s -v 1 -t 1,4,16 -n 2048
+  r probe.w4 build-gpu/bench/bench_serve -s -w 4 -v 1 -t 1,4,16 -n 2048
+  r probe.w16 build-gpu/bench/bench_serve -s -w 16 -v 1 -t 1,4,16 -n 2048
+  r probe.I build-gpu/bench/bench_serve -s -I -v 1 -t 1,4,16 -n 2048
+  if command -v strace >/dev/null; then
+    r probe.strace strace -f -c -o "$OUT/strace4.txt" build-gpu/bench/bench_serve -s -v 1 -t 4 -n 1024
+  fi
+  if command -v perf >/dev/null; then
+    r probe.perf perf record -g -o /tmp/perf.data build-gpu/bench/bench_serve -s -v 1 -t 4 -n 4096
+    perf report -i /tmp/perf.data --no-children --sort comm,dso,sym --stdio 2>/dev/null | head -150 > "$OUT/perf4.txt"
+  fi ;;
 serve)
   r base.serve build-gpu-base/bench/bench_serve -v 1,3 -n 2048
   r new.serve build-gpu/bench/bench_serve -v 1,3 -n 2048

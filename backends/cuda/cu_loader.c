@@ -22,6 +22,13 @@ typedef struct load_result {
 static load_result cu_result = {PTHREAD_ONCE_INIT, 0, ""};
 static load_result nvrtc_result = {PTHREAD_ONCE_INIT, 0, ""};
 static ruda__cu_status cu_status = RUDA__CU_LOADED; /* written once, under cu_result.once */
+static char cu_tried[256]; /* the driver the one load tried; written under cu_result.once */
+
+/* The driver this process asks for now: $RUDA_CUDA_DRIVER, else the system's. */
+static const char *cu_wanted(void) {
+  const char *env = getenv("RUDA_CUDA_DRIVER");
+  return env && *env ? env : "libcuda.so.1";
+}
 
 static void set_result(load_result *r, int code, const char *fmt, ...) {
   va_list ap;
@@ -32,8 +39,8 @@ static void set_result(load_result *r, int code, const char *fmt, ...) {
 }
 
 static void cu_load_once(void) {
-  const char *env = getenv("RUDA_CUDA_DRIVER");
-  const char *path = env && *env ? env : "libcuda.so.1";
+  const char *path = cu_wanted();
+  snprintf(cu_tried, sizeof cu_tried, "%s", path);
   void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (lib == NULL) {
     const char *why = dlerror();
@@ -106,6 +113,16 @@ static void cu_load_once(void) {
 
 int ruda__cu_load(void) {
   pthread_once(&cu_result.once, cu_load_once);
+  /* A process has one driver: pointers, contexts and streams of one are
+   * garbage to another, so a device asking for a different one is refused
+   * rather than silently given the first. */
+  const char *now = cu_wanted();
+  if (strncmp(now, cu_tried, sizeof cu_tried - 1) != 0)
+    return ruda__fail(RUDA_ENODRIVER,
+                      "the CUDA driver is loaded once per process: this process loaded \"%s\" for "
+                      "its first cuda device, and RUDA_CUDA_DRIVER now asks for \"%s\"; open "
+                      "devices of another driver in another process",
+                      cu_tried, now);
   if (cu_result.code != 0) return ruda__fail(cu_result.code, "%s", cu_result.msg);
   return 0;
 }

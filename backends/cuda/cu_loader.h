@@ -69,7 +69,8 @@ extern ruda__nvrtc_api ruda__nvrtc;
  * process. Returns 0, RUDA_ENODRIVER (no loadable driver, or one older
  * than CUDA 12) or RUDA_ENOBACKEND (driver present, no usable device),
  * with the reason in the thread's last error every time it is called.
- * Thread-safe. */
+ * RUDA_ENODRIVER too when RUDA_CUDA_DRIVER names another driver than the
+ * one this process loaded. Thread-safe. */
 int ruda__cu_load(void);
 
 /* What ruda__cu_load() found, finer than its code: RUDA_ENODRIVER covers

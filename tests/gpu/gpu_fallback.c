@@ -38,6 +38,35 @@ static void cuda_without_driver_is_clear(void **state) {
   assert_last_error_contains(drv);
 }
 
+/* One driver per process: a later device asking for another driver (a
+ * test's stand-in after the real one, or the reverse) is refused, not
+ * handed the first one's contexts. */
+static void another_driver_later_is_refused(void **state) {
+  (void)state;
+#ifndef RUDA_TEST_HAVE_CUDA
+  skip();
+#endif
+  char *drv = strdup(getenv("RUDA_CUDA_DRIVER"));
+  int rc;
+  assert_null(open_backend(RUDA_BACKEND_CUDA, &rc)); /* the process's one load */
+  setenv("RUDA_CUDA_DRIVER", "/nonexistent/other/libcuda.so.1", 1);
+  assert_null(open_backend(RUDA_BACKEND_CUDA, &rc));
+  assert_int_equal(rc, RUDA_ENODRIVER);
+  assert_last_error_contains("loaded once per process");
+  assert_last_error_contains(drv);
+  assert_last_error_contains("/nonexistent/other/libcuda.so.1");
+  /* auto still falls back to host, with that reason. */
+  ruda_device *dev = open_backend(RUDA_BACKEND_AUTO, &rc);
+  assert_int_equal(rc, 0);
+  assert_string_equal(ruda_device_backend(dev), "host");
+  assert_non_null(strstr(ruda_device_fallback_reason(dev), "once per process"));
+  ruda_device_close(dev, NULL);
+  setenv("RUDA_CUDA_DRIVER", drv, 1);
+  assert_null(open_backend(RUDA_BACKEND_CUDA, &rc));
+  assert_last_error_contains("no CUDA driver");
+  free(drv);
+}
+
 static void auto_falls_back_to_host(void **state) {
   (void)state;
   int rc;
@@ -170,6 +199,7 @@ static void staging_and_chunked_writes_on_host(void **state) {
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(cuda_without_driver_is_clear),
+      cmocka_unit_test(another_driver_later_is_refused),
       cmocka_unit_test(auto_falls_back_to_host),
       cmocka_unit_test(props_on_host),
       cmocka_unit_test(block_for_shapes),
