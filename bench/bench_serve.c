@@ -29,7 +29,9 @@
  * warm-up requests.
  *
  * The raw driver baseline (cuda backend only): one CUstream per thread,
- * inputs and outputs page-locked (cuMemHostAlloc), cuMemcpyHtoDAsync, the
+ * each request's input first copied into the slot's page-locked block
+ * (the receive every loop here pays: ruda's -s and the graphs copy too;
+ * -P skips it), outputs page-locked (cuMemHostAlloc), cuMemcpyHtoDAsync, the
  * same 3 kernels (the CUfunctions of the module ruda compiled from the same
  * CUDA source) by cuLaunchKernel, cuMemcpyDtoHAsync, cuStreamSynchronize;
  * with 4 in flight one event per request and cuEventSynchronize on the
@@ -275,6 +277,7 @@ static void make_weights(ruda_device *dev, ruda_stream_id s, ruda_handle *w, rud
 }
 
 static int staged_io; /* -s */
+static int raw_preloaded; /* -P */
 static int in_place;  /* -i: ruda_stream_set_in_place(1) on each client's stream; -I: (0) */
 static int use_graphs; /* -g: each request one graph replay (ruda and raw) */
 static int patch_graphs; /* -p: as -g, but ruda keeps one graph per thread and moves it onto each slot's
@@ -453,7 +456,9 @@ static void *raw_thread(void *p) {
   /* -g: the same request captured once per slot as a CUDA graph. */
   CUgraphExec ge[MAXDEPTH] = {0};
   void *gin = NULL;
+  char *rin = NULL;
   if (raw_graphs) CU(ruda__cu.cuMemHostAlloc(&gin, (size_t)MAXDEPTH * IN_BYTES, 0));
+  else CU(ruda__cu.cuMemHostAlloc((void **)&rin, (size_t)MAXDEPTH * IN_BYTES, 0));
   for (int i = 0; raw_graphs && i < depth; i++) {
     CUgraph graph;
     CU(ruda__cu.cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
@@ -493,8 +498,15 @@ static void *raw_thread(void *p) {
           start[slot] = mono_ns();
           CU(ruda__cu.cuGraphLaunch(ge[slot], st));
         } else {
+          /* The request arrives in the slot's page-locked block, as ruda's
+           * (-s) and the raw graph's do; -P: already there. */
+          const char *src = in + (size_t)input_of(a->index, r) * IN_BYTES;
+          if (!raw_preloaded) {
+            memcpy(rin + (size_t)slot * IN_BYTES, inputs + (size_t)input_of(a->index, r) * IN_FLOATS, IN_BYTES);
+            src = rin + (size_t)slot * IN_BYTES;
+          }
           start[slot] = mono_ns();
-          CU(ruda__cu.cuMemcpyHtoDAsync(x, in + (size_t)input_of(a->index, r) * IN_BYTES, IN_BYTES, st));
+          CU(ruda__cu.cuMemcpyHtoDAsync(x, src, IN_BYTES, st));
           CU(ruda__cu.cuLaunchKernel(rc->f_layer, ROWS, 1, 1, COLS, 1, 1, 0, st, p_layer, NULL));
           CU(ruda__cu.cuLaunchKernel(rc->f_bias, ROWS, 1, 1, COLS, 1, 1, 0, st, p_bias, NULL));
           CU(ruda__cu.cuLaunchKernel(rc->f_softmax, ROWS, 1, 1, COLS, 1, 1, 0, st, p_soft, NULL));
@@ -509,6 +521,7 @@ static void *raw_thread(void *p) {
   CU(ruda__cu.cuStreamSynchronize(st));
   for (int i = 0; raw_graphs && i < depth; i++) CU(ruda__cu.cuGraphExecDestroy(ge[i]));
   if (gin != NULL) CU(ruda__cu.cuMemFreeHost(gin));
+  if (rin != NULL) CU(ruda__cu.cuMemFreeHost(rin));
   for (int i = 0; i < depth; i++) CU(ruda__cu.cuEventDestroy(ev[i]));
   CU(ruda__cu.cuMemFreeHost(out));
   CU(ruda__cu.cuMemFree(x));
@@ -635,11 +648,14 @@ static result run(ruda_device *dev, const variant *v, int threads, size_t n, int
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: bench_serve [-h] [-q] [-a] [-b] [-s] [-g] [-p] [-i|-I] [-t threads[,threads...]] [-n requests] [-w workers] [-v variants]\n"
+          "usage: bench_serve [-h] [-q] [-a] [-b] [-s] [-g] [-p] [-i|-I] [-P] [-t threads[,threads...]] [-n requests] [-w workers] [-v variants]\n"
           "  -h  this help\n"
           "  -q  quick: few requests per thread\n"
           "  -a  automatic request graphs (cfg.auto_graphs; also RUDA_AUTO_GRAPHS=1)\n"
           "  -b  print where a request's client time goes (ruda: each call, the wait; raw: issuing, waiting)\n"
+          "  -P  the raw loop's inputs are preloaded in page-locked memory; default: each request\n"
+          "      is first copied into the slot's page-locked block, as ruda's (-s) and the raw\n"
+          "      graph's are\n"
           "  -s  ruda's requests use page-locked buffers, as the raw driver's do: the input\n"
           "      arrives in a staging block (ruda_write_staged), the output is read into one\n"
           "  -g  each request is one graph replay, in ruda (upload, launches and download\n"
@@ -667,7 +683,7 @@ int main(int argc, char **argv) {
   uint32_t workers = 0;
   int vrun[4] = {1, 1, 1, 1};
   int auto_graphs = 0;
-  while ((opt = getopt(argc, argv, "habgiIpqst:n:w:v:")) != -1) {
+  while ((opt = getopt(argc, argv, "habgiIpPqst:n:w:v:")) != -1) {
     if (opt == 'h') {
       usage(stdout);
       return 0;
@@ -679,6 +695,8 @@ int main(int argc, char **argv) {
       quick = 1;
     } else if (opt == 's') {
       staged_io = 1;
+    } else if (opt == 'P') {
+      raw_preloaded = 1;
     } else if (opt == 'g') {
       use_graphs = 1;
     } else if (opt == 'p') {
