@@ -56,10 +56,9 @@ int ruda__spin_bounded(int (*done)(const void *), const void *arg, uint64_t ns);
 int ruda__spin_slot_take(void);
 void ruda__spin_slot_give(void);
 
-/* Waits until done(arg) without holding a CPU: yields for the first 100 us
- * (asking done at most every 2 us),
- * then sleeps in steps growing to 200 us. For waiters that found no spin
- * slot. Any thread. */
+/* Waits until done(arg) without holding a CPU: yields for the first 100 us,
+ * asking done at most every 2 us, then sleeps in steps growing to 200 us.
+ * For waiters that found no spin slot. Any thread. */
 void ruda__poll_sleep(int (*done)(const void *), const void *arg);
 
 static inline void ruda__cpu_relax(void) {

@@ -458,7 +458,7 @@ static void *raw_thread(void *p) {
   void *gin = NULL;
   char *rin = NULL;
   if (raw_graphs) CU(ruda__cu.cuMemHostAlloc(&gin, (size_t)MAXDEPTH * IN_BYTES, 0));
-  else CU(ruda__cu.cuMemHostAlloc((void **)&rin, (size_t)MAXDEPTH * IN_BYTES, 0));
+  else if (!raw_preloaded) CU(ruda__cu.cuMemHostAlloc((void **)&rin, (size_t)MAXDEPTH * IN_BYTES, 0));
   for (int i = 0; raw_graphs && i < depth; i++) {
     CUgraph graph;
     CU(ruda__cu.cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
@@ -500,11 +500,9 @@ static void *raw_thread(void *p) {
         } else {
           /* The request arrives in the slot's page-locked block, as ruda's
            * (-s) and the raw graph's do; -P: already there. */
-          const char *src = in + (size_t)input_of(a->index, r) * IN_BYTES;
-          if (!raw_preloaded) {
-            memcpy(rin + (size_t)slot * IN_BYTES, inputs + (size_t)input_of(a->index, r) * IN_FLOATS, IN_BYTES);
-            src = rin + (size_t)slot * IN_BYTES;
-          }
+          const size_t k = (size_t)input_of(a->index, r);
+          const void *src = raw_preloaded ? in + k * IN_BYTES
+                                          : memcpy(rin + (size_t)slot * IN_BYTES, inputs + k * IN_FLOATS, IN_BYTES);
           start[slot] = mono_ns();
           CU(ruda__cu.cuMemcpyHtoDAsync(x, src, IN_BYTES, st));
           CU(ruda__cu.cuLaunchKernel(rc->f_layer, ROWS, 1, 1, COLS, 1, 1, 0, st, p_layer, NULL));
