@@ -204,9 +204,11 @@ typedef struct ruda__backend_ops {
   void (*kernel_release)(void *state, ruda__kernel *k);
   /* Optional (NULL: nothing to do / not supported). */
   /* Worker: retires finished device work (returns write staging whose copy
-   * completed). Non-zero while some is still pending: the worker then
-   * sleeps with a short timeout instead of indefinitely. */
-  int (*progress)(void *wstate);
+   * completed). idle 0: between batches, where the backend may defer it
+   * while little is held; idle 1: the worker is about to sleep, so all of
+   * it is looked at now. Non-zero while some is still pending: the worker
+   * then sleeps with a short timeout instead of indefinitely. */
+  int (*progress)(void *wstate, int idle);
   /* Any thread: takes event (which it then releases) and runs fn(state,
    * arg) once the event completed, from the recording worker's progress()
    * (or its worker_stop, which waits for whatever is still pending). For

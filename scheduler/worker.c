@@ -232,7 +232,8 @@ static void *worker_main(void *arg) {
     if (r == CDS_WFCQ_RET_SRC_EMPTY) {
       atomic_fetch_add_explicit(&w->idle_epoch, 1, memory_order_seq_cst); /* odd: idle */
       const uint64_t idle_start = ruda__now_ns(), spin = (uint64_t)sch->cfg.spin_us * 1000;
-      const int retiring = sch->backend.ops->progress != NULL && sch->backend.ops->progress(w->wstate);
+      int (*const progress)(void *, int) = sch->backend.ops->progress;
+      int retiring = progress != NULL && progress(w->wstate, 0);
       ruda__exec_release(w);
       /* Poll before sleeping while work has been coming back within the
        * spin time (a client waiting on a result is about to send the next
@@ -245,8 +246,15 @@ static void *worker_main(void *arg) {
         atomic_fetch_add_explicit(&w->idle_epoch, 1, memory_order_seq_cst);
         continue;
       }
-      /* While device work is still retiring (write staging held until its
-       * copy ran), sleep only briefly so it is returned promptly. */
+      /* Before sleeping, all that is retiring is looked at (the backend
+       * defers it between batches), unless a client is running a command
+       * in place meanwhile. While some is still retiring (write staging
+       * held until its copy ran), sleep only briefly so it is returned
+       * promptly. */
+      if (retiring && ruda__exec_try(w, RUDA__EXEC_WORKER) == 0) {
+        retiring = progress(w->wstate, 1);
+        ruda__exec_release(w);
+      }
       if (retiring) {
         struct timespec dl;
         clock_gettime(CLOCK_MONOTONIC, &dl);
@@ -307,7 +315,7 @@ static void *worker_main(void *arg) {
       else execute_observed(w, cmd, stats, nvtx);
       ruda__cmd_free(cmd);
     }
-    if (sch->backend.ops->progress != NULL) sch->backend.ops->progress(w->wstate);
+    if (sch->backend.ops->progress != NULL) sch->backend.ops->progress(w->wstate, 0);
     retire(w, &unretired);
     /* Kept after STOP: no client runs anything in place on a stopped
      * worker's state. */

@@ -229,7 +229,7 @@ static int cu_stage_usage(void *state, ruda_staging_stats *out) {
   return 0;
 }
 
-void ruda__cu_retire(ruda__cu_worker *w, ruda__cu_event *ev, void *staged) {
+void ruda__cu_retire(ruda__cu_worker *w, ruda__cu_event *ev, void *staged, size_t bytes) {
   pthread_mutex_lock(&w->plock);
   if (w->count == w->cap) {
     uint32_t cap = w->cap ? w->cap * 2 : 64;
@@ -249,8 +249,9 @@ void ruda__cu_retire(ruda__cu_worker *w, ruda__cu_event *ev, void *staged) {
     w->head = 0;
     w->cap = cap;
   }
-  w->pending[(w->head + w->count) % w->cap] = (ruda__cu_pending){ev, staged, ++w->writes};
+  w->pending[(w->head + w->count) % w->cap] = (ruda__cu_pending){ev, staged, bytes, ++w->writes};
   w->count++;
+  w->pending_bytes += bytes;
   pthread_mutex_unlock(&w->plock);
 }
 
@@ -260,6 +261,7 @@ static int pop_oldest(ruda__cu_worker *w, ruda__cu_pending *out) {
   *out = w->pending[w->head];
   w->head = (w->head + 1) % w->cap;
   w->count--;
+  w->pending_bytes -= out->bytes;
   return 1;
 }
 
@@ -344,8 +346,27 @@ static int progress_detached(ruda__cu_worker *w, int wait) {
   return left;
 }
 
-static int cu_progress(void *ws) {
+/* Between batches (idle 0) the worker makes no driver call while little
+ * is held: each query or covering record takes the driver's lock that
+ * every issuing thread needs, and a client's wait returns the writes its
+ * event covers anyway (ruda__cu_retire_upto). It retires when the writes
+ * hold more than LAZY_BYTES or LAZY_WRITES, every LAZY_CALLS calls (a
+ * worker that never idles still returns what dropped futures held), and
+ * always before it sleeps (idle 1). */
+#define LAZY_WRITES 32u
+#define LAZY_BYTES ((size_t)16 << 20)
+#define LAZY_CALLS 64u
+
+static int cu_progress(void *ws, int idle) {
   ruda__cu_worker *w = ws;
+  if (!idle && ++w->between < LAZY_CALLS) {
+    pthread_mutex_lock(&w->plock);
+    const int held = w->count > 0 || w->detached != NULL;
+    const int cheap = w->count <= LAZY_WRITES && w->pending_bytes <= LAZY_BYTES;
+    pthread_mutex_unlock(&w->plock);
+    if (cheap) return held;
+  }
+  w->between = 0;
   int writes = progress_writes(w);
   return progress_detached(w, 0) | writes;
 }
@@ -554,7 +575,7 @@ static void cu_worker_stop(void *state, void *ws) {
   /* Everything this worker submitted must finish before its staging
    * blocks are returned and the stream goes away. */
   ruda__cu.cuStreamSynchronize(w->stream);
-  cu_progress(w);
+  cu_progress(w, 1);
   progress_detached(w, 1); /* none left after the synchronize; be sure */
   free(w->pending);
   ruda__staging_free(w->b->staging, w->indirect);

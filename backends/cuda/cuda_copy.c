@@ -209,7 +209,7 @@ int ruda__cu_write(void *ws, uint64_t dst, const ruda__layout *l, void *staged, 
   }
   /* The block goes back once an event recorded after the copy completed
    * (progress_writes in cuda_backend.c): no event of its own. */
-  ruda__cu_retire(w, NULL, staged);
+  ruda__cu_retire(w, NULL, staged, l->bytes);
   return 0;
 }
 

@@ -79,6 +79,7 @@ typedef struct ruda__cu_backend {
 typedef struct ruda__cu_pending {
   ruda__cu_event *ev; /* NULL: covered by the next entry that has one */
   void *staged;
+  size_t bytes;
   uint64_t n; /* the worker's write number */
 } ruda__cu_pending;
 
@@ -101,6 +102,8 @@ typedef struct ruda__cu_worker {
   ruda__cu_pending *pending;
   uint32_t head, count, cap;
   uint64_t writes; /* writes queued so far */
+  size_t pending_bytes; /* staging the pending writes hold */
+  uint32_t between; /* progress calls between batches since the last full one; worker only */
   /* Dropped futures' events (cu_retire), also under plock: each runs its
    * fn once its event completed. Apart from the writes: any thread adds
    * them, in no stream order, and ruda__cu_retire_upto's write numbers do
@@ -162,7 +165,7 @@ int ruda__cu_worker_fail(ruda__cu_worker *w, CUresult r, ruda_error **err, const
     __attribute__((format(printf, 4, 5)));
 
 /* Worker: keeps a write's staging block until ev shows its copy ran. */
-void ruda__cu_retire(ruda__cu_worker *w, ruda__cu_event *ev, void *staged);
+void ruda__cu_retire(ruda__cu_worker *w, ruda__cu_event *ev, void *staged, size_t bytes);
 /* Any thread: e completed, so every write its worker queued before it did:
  * return their staging now. */
 void ruda__cu_retire_upto(ruda__cu_event *e);
