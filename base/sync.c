@@ -5,10 +5,14 @@
 #include <errno.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "base/parse.h"
 
 static long futex(const uint32_t *addr, int op, uint32_t val, const struct timespec *ts) {
   return syscall(SYS_futex, addr, op, val, ts, NULL, 0);
@@ -66,9 +70,15 @@ static _Atomic uint32_t spin_cap;
 
 int ruda__spin_slot_take(void) {
   uint32_t cap = atomic_load_explicit(&spin_cap, memory_order_relaxed);
-  if (cap == 0) {
+  if (cap == 0) { /* racing first callers compute the same value */
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     cap = n >= 8 ? (uint32_t)(n / 4) : 1;
+    const char *v = getenv("RUDA_SPIN_SLOTS");
+    uint64_t x;
+    if (v != NULL && *v != '\0') {
+      if (ruda__parse_u64(v, 1u << 16, &x) == 0 && x > 0) cap = (uint32_t)x;
+      else fprintf(stderr, "ruda: ignoring malformed RUDA_SPIN_SLOTS (a count from 1)\n");
+    }
     atomic_store_explicit(&spin_cap, cap, memory_order_relaxed);
   }
   if (atomic_fetch_add_explicit(&spinning, 1, memory_order_relaxed) < cap) return 1;

@@ -46,7 +46,8 @@ static inline int ruda__spin(int (*done)(const void *), const void *arg, uint64_
 }
 
 /* ruda__spin, for at most a quarter of the CPUs at once (process-wide,
- * workers and waiting clients together); past that it only checks once.
+ * workers and waiting clients together; RUDA_SPIN_SLOTS, read at the
+ * first call, sets the count); past that it only checks once.
  * Polling pays while a CPU is free to do it; on a busy machine (many
  * request threads) it would take CPUs from the threads being waited for. */
 int ruda__spin_bounded(int (*done)(const void *), const void *arg, uint64_t ns);

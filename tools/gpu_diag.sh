@@ -10,7 +10,7 @@ export LD_LIBRARY_PATH="$PWD/build-gpu:$PWD/build-gpu/tests:${LD_LIBRARY_PATH:-}
 log="$OUT/diag.log"
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; date -u; } >"$log" 2>&1
 r() { # label cmd...
-  local t0=$SECONDS; echo "==== $1: ${*:2}" >>"$log"; timeout 240 "${@:2}" >>"$log" 2>&1; echo "rc=$? ${SECONDS}s-$t0" >>"$log"
+  local t0=$SECONDS; echo "==== $1: ${*:2}" >>"$log"; timeout 240 "${@:2}" >>"$log" 2>&1; echo "rc=$? $((SECONDS - t0))s" >>"$log"
   echo "$1 done $((SECONDS - t0))s"; }
 for m in ${DIAG:-serve}; do case $m in
 probe)
@@ -35,6 +35,21 @@ probe)
     r probe.perf perf record -g -o /tmp/perf.data build-gpu/bench/bench_serve -s -v 1 -t 4 -n 4096
     perf report -i /tmp/perf.data --no-children --sort comm,dso,sym --stdio 2>/dev/null | head -150 > "$OUT/perf4.txt"
   fi ;;
+waits)
+  # One request in flight from many threads: two builds alternated (the
+  # worker's retiring between batches), then the spin slots' count, and
+  # each thread kind's driver calls per request (tools/cu_count.c).
+  for i in 1 2; do
+    r base.serve$i build-gpu-base/bench/bench_serve -v 1,3 -n 2048
+    r new.serve$i build-gpu/bench/bench_serve -v 1,3 -n 2048
+  done
+  for n in 8 16 64; do
+    r new.slots$n env RUDA_SPIN_SLOTS=$n build-gpu/bench/bench_serve -v 1,3 -t 4,16,64 -n 2048
+  done
+  r probe.cc cc -O2 -shared -fPIC -o /tmp/cu_count.so tools/cu_count.c -ldl -I/usr/local/cuda/include
+  for t in 1 4 16; do
+    r new.count$t env RUDA_CUDA_DRIVER=/tmp/cu_count.so build-gpu/bench/bench_serve -v 1 -t $t -n 2048
+  done ;;
 serve)
   r base.serve build-gpu-base/bench/bench_serve -v 1,3 -n 2048
   r new.serve build-gpu/bench/bench_serve -v 1,3 -n 2048
