@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "staging/cache.h"
 
 #define MAX_CHUNKS 4096u
 #define DEFAULT_CHUNK ((size_t)64 << 20)
@@ -41,6 +42,7 @@ struct ruda__staging {
   size_t spare_size;
   _Atomic uint32_t nchunks;
   _Atomic uint64_t pinned, in_use, peak, fb_bytes, fb_count;
+  ruda__block_cache cache; /* freed blocks kept for the next of their size */
   chunk chunks[MAX_CHUNKS];
 };
 
@@ -191,6 +193,8 @@ static bool hook_merge(extent_hooks_t *h, void *addr_a, size_t size_a, void *add
   return !((uintptr_t)addr_b >= c->base && end <= c->base + c->size);
 }
 
+static void cache_release(void *ctx, void *p) { dallocx(p, ((ruda__staging *)ctx)->flags); }
+
 static int arena_set_ssize(unsigned arena, const char *what, ssize_t v) {
   char name[64];
   snprintf(name, sizeof name, "arena.%u.%s", arena, what);
@@ -235,6 +239,7 @@ int ruda__staging_create(const ruda__pinned_ops *ops, size_t chunk_bytes, uint64
   size_t grow_limit = s->chunk;
   mallctl(name, NULL, NULL, &grow_limit, sizeof grow_limit);
   s->flags = MALLOCX_ARENA(s->arena) | MALLOCX_TCACHE_NONE;
+  ruda__block_cache_init(&s->cache, cache_release, s);
   *out = s;
   return 0;
 }
@@ -247,6 +252,7 @@ void ruda__staging_destroy(ruda__staging *s) {
   pthread_mutex_unlock(&s->lock);
   if (s->grower_started) pthread_join(s->grower, NULL);
   if (s->spare != NULL) s->ops.free(s->ops.ctx, s->spare);
+  ruda__block_cache_destroy(&s->cache);
   char name[64];
   snprintf(name, sizeof name, "arena.%u.destroy", s->arena);
   mallctl(name, NULL, NULL, NULL, 0);
@@ -259,9 +265,11 @@ void ruda__staging_destroy(ruda__staging *s) {
 
 void *ruda__staging_alloc(ruda__staging *s, size_t size) {
   if (size == 0) size = 1;
-  void *p = mallocx(size, s->flags);
+  uint64_t u = size <= RUDA__CACHE_MAX_BLOCK ? nallocx(size, s->flags) : 0;
+  void *p = u != 0 ? ruda__block_cache_take(&s->cache, u) : NULL;
+  if (p == NULL) p = mallocx(size, s->flags);
   if (p != NULL && ruda__staging_pinned(s, p)) {
-    uint64_t u = sallocx(p, s->flags);
+    u = sallocx(p, s->flags);
     uint64_t now = atomic_fetch_add_explicit(&s->in_use, u, memory_order_relaxed) + u;
     uint64_t peak = atomic_load_explicit(&s->peak, memory_order_relaxed);
     while (now > peak &&
@@ -284,8 +292,9 @@ void *ruda__staging_alloc(ruda__staging *s, size_t size) {
 void ruda__staging_free(ruda__staging *s, void *p) {
   if (p == NULL) return;
   if (ruda__staging_pinned(s, p)) {
-    atomic_fetch_sub_explicit(&s->in_use, sallocx(p, s->flags), memory_order_relaxed);
-    dallocx(p, s->flags);
+    const size_t u = sallocx(p, s->flags);
+    atomic_fetch_sub_explicit(&s->in_use, u, memory_order_relaxed);
+    ruda__block_cache_put(&s->cache, p, u);
   } else {
     atomic_fetch_sub_explicit(&s->fb_bytes, malloc_usable_size(p), memory_order_relaxed);
     free(p);

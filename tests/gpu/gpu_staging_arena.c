@@ -2,13 +2,15 @@
  * over a stand-in provider (mmap), so it runs anywhere: blocks come from
  * provider chunks, the limit turns into pageable fallbacks, usage figures
  * are exact, concurrent users never share bytes, and destroy returns every
- * chunk. The parallel staging helper is checked here too. */
+ * chunk. Freed small blocks are kept for the next allocation of their size
+ * (staging/cache.c). The parallel staging helper is checked here too. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
 
 #include "common.h"
 #include "staging/staging.h"
+#include "staging/cache.h"
 #include "base/error.h"
 
 typedef struct provider {
@@ -182,6 +184,80 @@ static void concurrent_users_never_share_bytes(void **state) {
   assert_int_equal(atomic_load(&pv.bytes), 0);
 }
 
+
+/* A freed block serves the next allocation of its size class on the same
+ * thread; other sizes and blocks over the cache's limit do not stay; a
+ * stripe full of one size lets its oldest go for another size; usage
+ * figures count a kept block as free. */
+static void freed_blocks_serve_the_next_of_their_size(void **state) {
+  (void)state;
+  provider pv;
+  ruda__staging *s = make(&pv, 4u << 20, 0);
+  void *a = ruda__staging_alloc(s, 65536);
+  assert_true(ruda__staging_pinned(s, a));
+  ruda__staging_free(s, a);
+  ruda_staging_stats st;
+  ruda__staging_usage(s, &st);
+  assert_int_equal(st.in_use_bytes, 0);
+  void *b = ruda__staging_alloc(s, 65536);
+  assert_ptr_equal(b, a);
+  ruda__staging_usage(s, &st);
+  assert_int_equal(st.in_use_bytes, ruda__staging_size(s, b));
+  void *c = ruda__staging_alloc(s, 65536); /* b is held: another block */
+  assert_ptr_not_equal(c, b);
+  memset(b, 1, 65536);
+  memset(c, 2, 65536);
+  assert_int_equal(((unsigned char *)b)[65535], 1);
+  ruda__staging_free(s, c);
+  ruda__staging_free(s, b);
+  /* The newest of a size comes back first. */
+  assert_ptr_equal(ruda__staging_alloc(s, 65536), b);
+  assert_ptr_equal(ruda__staging_alloc(s, 65536), c);
+  ruda__staging_free(s, b);
+  ruda__staging_free(s, c);
+  /* Eight blocks of another size push the 64 KiB ones out of the stripe:
+   * the next 64 KiB block is not one of them kept, but the arena's. */
+  void *small[RUDA__CACHE_SLOTS];
+  for (unsigned i = 0; i < RUDA__CACHE_SLOTS; i++) small[i] = ruda__staging_alloc(s, 1000);
+  for (unsigned i = 0; i < RUDA__CACHE_SLOTS; i++) ruda__staging_free(s, small[i]);
+  for (unsigned i = RUDA__CACHE_SLOTS; i-- > 0;) assert_ptr_equal(ruda__staging_alloc(s, 1000), small[i]);
+  for (unsigned i = 0; i < RUDA__CACHE_SLOTS; i++) ruda__staging_free(s, small[i]);
+  /* A block over the cache's limit goes back to the arena at once. */
+  void *big = ruda__staging_alloc(s, RUDA__CACHE_MAX_BLOCK * 2);
+  ruda__staging_free(s, big);
+  ruda__staging_usage(s, &st);
+  assert_int_equal(st.in_use_bytes, 0);
+  ruda__staging_destroy(s);
+  assert_int_equal(atomic_load(&pv.bytes), 0);
+}
+
+/* Another thread has its own stripe: a block one thread freed is not
+ * handed to the next thread's allocation of the same size while the first
+ * one's stripe keeps it. */
+static void *alloc_64k(void *p) {
+  void *b = ruda__staging_alloc(p, 65536);
+  ruda__staging_free(p, b); /* kept in that thread's stripe */
+  return b;
+}
+
+static void threads_keep_to_their_own_stripe(void **state) {
+  (void)state;
+  provider pv;
+  ruda__staging *s = make(&pv, 4u << 20, 0);
+  void *a = ruda__staging_alloc(s, 65536);
+  ruda__staging_free(s, a); /* kept in this thread's stripe */
+  pthread_t t;
+  void *other = NULL;
+  assert_int_equal(pthread_create(&t, NULL, alloc_64k, s), 0);
+  pthread_join(t, &other);
+  assert_non_null(other);
+  assert_ptr_not_equal(other, a);
+  assert_ptr_equal(ruda__staging_alloc(s, 65536), a);
+  ruda__staging_free(s, a);
+  ruda__staging_destroy(s);
+  assert_int_equal(atomic_load(&pv.bytes), 0);
+}
+
 typedef struct par_arg {
   _Atomic int hits[1000];
   size_t fail_at;
@@ -220,6 +296,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(blocks_come_from_chunks),
       cmocka_unit_test(limit_turns_into_fallbacks),
       cmocka_unit_test(concurrent_users_never_share_bytes),
+      cmocka_unit_test(freed_blocks_serve_the_next_of_their_size),
+      cmocka_unit_test(threads_keep_to_their_own_stripe),
       cmocka_unit_test(parallel_pieces_run_once_each),
   };
   return test_main("gpu_staging_arena", tests, sizeof tests / sizeof tests[0], argc, argv);
