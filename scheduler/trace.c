@@ -14,8 +14,12 @@
 typedef struct trace_rec {
   uint64_t t0, t1;
   uint64_t queued; /* ns from the client's submit to t0; 0: not known */
-  void *ev0, *ev1; /* device timing events around it (cuda), or NULL */
+  /* Device timing events (cuda), or NULL: ev0 before this command, ev1
+   * after the last of the span_cmds device commands it opens (the worker
+   * times its batches, not each command). */
+  void *ev0, *ev1;
   double dev0, dev1; /* once harvested: their ms since this worker's zero */
+  uint32_t span_cmds;
   ruda_stream_id stream; /* RUDA__TRACE_INTERNAL for the device's own commands */
   uint64_t seq, bytes;
   int rc;
@@ -35,6 +39,7 @@ struct ruda__trace {
   uint64_t zero_ns;
   uint32_t ntimed;
   uint32_t harvest; /* first record whose events may still be held */
+  uint32_t open, open_cmds; /* record holding the open span's ev0 + 1 (0: none); its commands */
   int device; /* RUDA_TRACE_DEVICE=1: record device spans */
   /* Memory over time: device memory the arena holds, sampled by this
    * worker at most once a millisecond, after a command. */
@@ -165,13 +170,27 @@ void ruda__trace_begin(ruda__worker *w, const ruda__cmd *cmd) {
   memcpy(r->name, name, len);
   r->name[len] = '\0';
   r->ev0 = r->ev1 = NULL;
-  if (t->device && device_work(cmd->kind) && t->ntimed < RUDA__TRACE_DEVICE_MAX && w->sch->backend.ops->stamp != NULL) {
-    if (t->zero == NULL && t->ntimed == 0) start_device_clock(w, t);
-    t->ntimed++;
-    if (t->zero != NULL) r->ev0 = stamp(w);
+  r->span_cmds = 0;
+  if (t->device && device_work(cmd->kind) && w->sch->backend.ops->stamp != NULL) {
+    if (t->open == 0 && t->ntimed < RUDA__TRACE_DEVICE_MAX) {
+      if (t->zero == NULL && t->ntimed == 0) start_device_clock(w, t);
+      t->ntimed++;
+      if (t->zero != NULL && (r->ev0 = stamp(w)) != NULL) t->open = t->n + 1;
+    }
+    if (t->open != 0) t->open_cmds++;
   }
   r->t0 = ruda__now_ns();
   r->queued = cmd->enq_ns != 0 && r->t0 > cmd->enq_ns ? r->t0 - cmd->enq_ns : 0;
+}
+
+void ruda__trace_begin_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n) {
+  ruda__trace *t = w->trace;
+  ruda__trace_begin(w, run[0]);
+  if (t->n == t->cap) return; /* dropped */
+  trace_rec *r = &t->recs[t->n];
+  snprintf(r->name, sizeof r->name, "auto graph (%u commands)", n);
+  r->kind = RUDA__CMD_GRAPH;
+  if (t->open != 0) t->open_cmds += n - 1;
 }
 
 static void sample_memory(ruda__worker *w, ruda__trace *t, uint64_t now) {
@@ -198,6 +217,7 @@ static void harvest(ruda__worker *w, ruda__trace *t) {
   const ruda__backend_ops *ops = w->sch->backend.ops;
   for (; t->harvest < t->n; t->harvest++) {
     trace_rec *r = &t->recs[t->harvest];
+    if (t->open == t->harvest + 1) break; /* its span is still open */
     if (r->ev1 != NULL && ops->event_query(w->sch->backend.state, r->ev1) == 0) break;
     if (r->ev0 != NULL && r->ev1 != NULL && ops->elapsed(w->sch->backend.state, t->zero, r->ev0, &r->dev0) == 0 &&
         ops->elapsed(w->sch->backend.state, t->zero, r->ev1, &r->dev1) == 0)
@@ -216,9 +236,22 @@ void ruda__trace_end(ruda__worker *w, ruda__trace *t, int rc) {
   r->t1 = ruda__now_ns();
   r->rc = rc;
   r->harvested = 0;
-  if (r->ev0 != NULL) r->ev1 = stamp(w);
+  if (t->open_cmds >= RUDA__TRACE_SPAN_MAX) ruda__trace_batch_end(w, t);
   if (t->zero != NULL && t->n - t->harvest >= HARVEST_EVERY) harvest(w, t);
   sample_memory(w, t, r->t1);
+}
+
+void ruda__trace_batch_end(ruda__worker *w, ruda__trace *t) {
+  if (t == NULL || t->open == 0) return;
+  trace_rec *r = &t->recs[t->open - 1];
+  if ((r->ev1 = stamp(w)) != NULL) {
+    r->span_cmds = t->open_cmds;
+  } else { /* no span: the record keeps no event */
+    w->sch->backend.ops->event_release(w->sch->backend.state, r->ev0);
+    r->ev0 = NULL;
+  }
+  t->open = 0;
+  t->open_cmds = 0;
 }
 
 /* The device span of r in us since the trace's start, from its events,
@@ -301,12 +334,14 @@ static int write_file(struct ruda__sched *sch) {
       fputs("}},\n", f);
       double ts, dur;
       if (ref != NULL && device_span(sch, ref, r, own_ms, &ts, &dur)) {
+        /* A span of several commands is named after its first. */
         fputs("{\"name\":\"", f);
         put_json_string(f, r->name);
+        if (r->span_cmds > 1) fprintf(f, " +%u", r->span_cmds - 1);
         fprintf(f,
                 "\",\"cat\":\"device\",\"ph\":\"X\",\"pid\":2,\"tid\":%u,\"ts\":%.3f,\"dur\":%.3f,"
-                "\"args\":{\"stream\":\"%s\",\"cmd\":%llu,\"kind\":\"%s\"}},\n",
-                i, ts, dur, stream, (unsigned long long)r->seq, kind_name[r->kind]);
+                "\"args\":{\"stream\":\"%s\",\"cmd\":%llu,\"kind\":\"%s\",\"commands\":%u}},\n",
+                i, ts, dur, stream, (unsigned long long)r->seq, kind_name[r->kind], r->span_cmds);
       }
       if (r->rc != 0) {
         fprintf(f, "{\"name\":\"error: %s\",\"cat\":\"error\",\"ph\":\"i\",\"s\":\"t\",\"pid\":1,\"tid\":%u,"

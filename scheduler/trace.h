@@ -12,16 +12,22 @@
  * have stopped. Host spans are the host's monotonic clock: on the host
  * backend a span is the command's execution, on cuda the driver call that
  * issued it. With RUDA_TRACE_DEVICE=1, on a backend with timing events
- * (cuda), each command that puts work on the device also gets a device
- * span, from two timing events recorded
- * around it on the worker's stream (its first RUDA__TRACE_DEVICE_MAX such
- * commands), in a second process "device", one lane per worker's stream:
- * there kernels of different streams are seen overlapping. Device times
- * are tied to the host clock by one event each worker waits for before its
- * first timed command (a few us of skew between lanes). Timing events are
- * dear when several workers record them (docs/benchmarks.md), hence
- * opt-in. A worker keeps its
- * first RUDA__TRACE_MAX commands and counts the rest as dropped.
+ * (cuda), the device work gets spans too, in a second process "device",
+ * one lane per worker's stream, where kernels of different streams are
+ * seen overlapping. Each span is a batch: a timing event before the first
+ * command of what the worker took from its queue at once, and one after
+ * the last (at most RUDA__TRACE_SPAN_MAX commands a span; its name says
+ * how many). An idle worker's batch is one command, so a light load is
+ * timed command by command; under load a few events time dozens of
+ * commands, where an event pair per command would double the driver calls
+ * every issuing thread waits for. A worker keeps its first
+ * RUDA__TRACE_DEVICE_MAX spans. Device times are tied to the host clock
+ * by one event each worker waits for before its first span (a few us of
+ * skew between lanes). An automatic graph run (scheduler/auto_graph.h) is
+ * one record, "auto graph (n commands)". A worker keeps its first
+ * RUDA__TRACE_MAX commands and counts the rest as dropped. While tracing,
+ * clients do not issue commands in place (scheduler/inline.c): every
+ * command is a worker's, so it is in the timeline.
  */
 #ifndef RUDA_SCHEDULER_TRACE_H
 #define RUDA_SCHEDULER_TRACE_H
@@ -32,6 +38,7 @@
 
 #define RUDA__TRACE_MAX (1u << 20)
 #define RUDA__TRACE_DEVICE_MAX (1u << 16)
+#define RUDA__TRACE_SPAN_MAX 32u
 
 typedef struct ruda__trace ruda__trace;
 
@@ -48,6 +55,13 @@ void ruda__trace_begin(ruda__worker *w, const ruda__cmd *cmd);
 /* Worker w only: the command begun last in t finished, rc its result (t:
  * the buffer it began in; a TRACE command changes w->trace). */
 void ruda__trace_end(ruda__worker *w, ruda__trace *t, int rc);
+/* Worker w only (w->trace set): an automatic graph run of n commands
+ * (scheduler/auto_graph.h) is about to run, as one record; ended by
+ * ruda__trace_end. */
+void ruda__trace_begin_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n);
+/* Worker w only: the batch it ran is issued; closes t's open device span
+ * (no-op without one, or with t NULL). */
+void ruda__trace_batch_end(ruda__worker *w, ruda__trace *t);
 /* After the workers stopped: writes the file when `write` (close; not
  * after a failed open), frees the buffers. */
 void ruda__trace_close(struct ruda__sched *sch, int write);

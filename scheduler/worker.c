@@ -151,13 +151,19 @@ static int finish(ruda__worker *w, ruda__cmd *cmd, int rc, ruda_error *err) {
 /* cfg.auto_graphs: a run of one stream's launches and copies, issued as
  * one graph where it is known (auto_graph.h), each command then finished
  * as if it had run alone; what the graph did not issue runs one by one. */
-static void execute_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n) {
-  int rc = 0;
+/* Returns the first failure of the run (already reported on its stream). */
+static int execute_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n) {
+  int rc = 0, first;
   ruda_error *err = NULL;
   uint32_t ok = ruda__auto_run(w, run, n, &rc, &err);
+  first = rc;
   for (uint32_t i = 0; i < ok; i++) finish(w, run[i], 0, NULL);
   if (rc != 0) finish(w, run[ok++], rc, err);
-  for (uint32_t i = ok; i < n; i++) ruda__execute(w, run[i]);
+  for (uint32_t i = ok; i < n; i++) {
+    const int r = ruda__execute(w, run[i]);
+    if (first == 0) first = r;
+  }
+  return first;
 }
 
 #define RETIRE_EVERY 256u
@@ -186,6 +192,7 @@ static void execute_observed(ruda__worker *w, ruda__cmd *cmd, int stats, int nvt
   /* Not the TRACE command itself: its future (a stop) hands the buffer to
    * the client the moment it completes, inside ruda__execute. */
   ruda__trace *t = kind == RUDA__CMD_TRACE ? NULL : w->trace;
+  if (kind == RUDA__CMD_TRACE) ruda__trace_batch_end(w, w->trace); /* a stop takes the buffer */
   if (t != NULL) ruda__trace_begin(w, cmd);
   if (nvtx) ruda__nvtx_begin(cmd);
   int rc = ruda__execute(w, cmd);
@@ -286,7 +293,7 @@ static void *worker_main(void *arg) {
        * every RETIRE_EVERY commands, so a producer blocked on a full queue
        * waits for a slice of a long batch, not all of it. */
       if (cmd->future != NULL || unretired >= RETIRE_EVERY) retire(w, &unretired);
-      if (__builtin_expect(autog, 0) && w->trace == NULL && next != NULL && ruda__auto_eligible(cmd)) {
+      if (__builtin_expect(autog, 0) && next != NULL && ruda__auto_eligible(cmd)) {
         /* The run this command starts: what follows it in the batch. */
         ruda__cmd *run[RUDA__AUTO_MAX];
         uint32_t n = 0;
@@ -305,7 +312,10 @@ static void *worker_main(void *arg) {
         if (n >= 2 && nd != NULL &&
             ruda__auto_wait_point(caa_container_of(nd, ruda__cmd, node), cmd->stream)) {
           unretired += n - 1;
-          execute_run(w, run, n);
+          ruda__trace *t = w->trace;
+          if (t != NULL) ruda__trace_begin_run(w, run, n);
+          const int rc = execute_run(w, run, n);
+          if (t != NULL) ruda__trace_end(w, t, rc);
           for (uint32_t i = 0; i < n; i++) ruda__cmd_free(run[i]);
           next = nd; /* the loop goes on after the run */
           continue;
@@ -315,6 +325,7 @@ static void *worker_main(void *arg) {
       else execute_observed(w, cmd, stats, nvtx);
       ruda__cmd_free(cmd);
     }
+    if (w->trace != NULL) ruda__trace_batch_end(w, w->trace);
     if (sch->backend.ops->progress != NULL) sch->backend.ops->progress(w->wstate, 0);
     retire(w, &unretired);
     /* Kept after STOP: no client runs anything in place on a stopped

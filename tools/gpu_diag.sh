@@ -50,6 +50,17 @@ waits)
   for t in 1 4 16; do
     r new.count$t env RUDA_CUDA_DRIVER=/tmp/cu_count.so build-gpu/bench/bench_serve -v 1 -t $t -n 2048
   done ;;
+cache)
+  # The staging block cache and the lazy retire against build-gpu-base,
+  # alternated, then page-locked, graphs, and where a request's client time
+  # goes.
+  for i in 1 2; do
+    r base.serve$i build-gpu-base/bench/bench_serve -v 1,3 -n 2048
+    r new.serve$i build-gpu/bench/bench_serve -v 1,3 -n 2048
+  done
+  r new.serve-s build-gpu/bench/bench_serve -s -v 1,3 -n 2048
+  r new.serve-g build-gpu/bench/bench_serve -g -v 1,3 -n 2048
+  r new.b build-gpu/bench/bench_serve -b -v 1 -t 1,4 -n 2048 ;;
 serve)
   r base.serve build-gpu-base/bench/bench_serve -v 1,3 -n 2048
   r new.serve build-gpu/bench/bench_serve -v 1,3 -n 2048
