@@ -61,6 +61,19 @@ cache)
   r new.serve-s build-gpu/bench/bench_serve -s -v 1,3 -n 2048
   r new.serve-g build-gpu/bench/bench_serve -g -v 1,3 -n 2048
   r new.b build-gpu/bench/bench_serve -b -v 1 -t 1,4 -n 2048 ;;
+tracing)
+  # What RUDA_TRACE costs at load (4 in flight, T=64), host spans only and
+  # with device spans, alternated with untraced runs; each trace read by
+  # tools/trace_stalls.py; one traced T=64 file comes back.
+  for i in 1 2; do
+    r untraced$i build-gpu/bench/bench_serve -v 3 -t 64 -n 1024
+    r trace_host$i env RUDA_TRACE=/tmp/trace_host.json build-gpu/bench/bench_serve -v 3 -t 64 -n 1024
+    r trace_dev$i env RUDA_TRACE=/tmp/trace_dev.json RUDA_TRACE_DEVICE=1 build-gpu/bench/bench_serve -v 3 -t 64 -n 1024
+  done
+  r trace_dev.stalls python3 tools/trace_stalls.py /tmp/trace_dev.json
+  r trace_dev16 env RUDA_TRACE=/tmp/trace_dev16.json RUDA_TRACE_DEVICE=1 build-gpu/bench/bench_serve -v 1,3 -t 16 -n 1024
+  r untraced16 build-gpu/bench/bench_serve -v 1,3 -t 16 -n 1024
+  xz -T8 -6 -c /tmp/trace_dev.json > "$OUT/trace_dev64.json.xz" ;;
 serve)
   r base.serve build-gpu-base/bench/bench_serve -v 1,3 -n 2048
   r new.serve build-gpu/bench/bench_serve -v 1,3 -n 2048
