@@ -44,7 +44,7 @@ struct ruda__trace {
   /* Memory over time: device memory the arena holds, sampled by this
    * worker at most once a millisecond, after a command. */
   struct {
-    uint64_t t, held;
+    uint64_t t, held, pinned; /* device memory the arena holds; staging page-locked */
   } *samples;
   uint32_t nsamples, samples_cap;
   uint64_t last_sample;
@@ -204,7 +204,11 @@ static void sample_memory(ruda__worker *w, ruda__trace *t, uint64_t now) {
     t->samples = grown;
     t->samples_cap = cap;
   }
+  ruda_staging_stats st = {0};
+  const ruda__backend_ops *ops = w->sch->backend.ops;
+  if (ops->stage_usage != NULL) ops->stage_usage(w->sch->backend.state, &st);
   t->samples[t->nsamples].t = now;
+  t->samples[t->nsamples].pinned = st.pinned_bytes;
   t->samples[t->nsamples++].held = atomic_load_explicit(&w->sch->memory->arena.backed, memory_order_relaxed);
 }
 
@@ -354,8 +358,11 @@ static int write_file(struct ruda__sched *sch) {
   for (uint32_t i = 0; i < sch->nworkers; i++) {
     const ruda__trace *t = sch->traces[i];
     for (uint32_t k = 0; k < t->nsamples; k++)
-      fprintf(f, "{\"name\":\"device memory held\",\"ph\":\"C\",\"pid\":1,\"ts\":%.3f,\"args\":{\"MiB\":%.3f}},\n",
-              us_since(t->samples[k].t, sch->trace_start_ns), (double)t->samples[k].held / 1048576.0);
+      fprintf(f,
+              "{\"name\":\"device memory held\",\"ph\":\"C\",\"pid\":1,\"ts\":%.3f,\"args\":{\"MiB\":%.3f}},\n"
+              "{\"name\":\"staging page-locked\",\"ph\":\"C\",\"pid\":1,\"ts\":%.3f,\"args\":{\"MiB\":%.3f}},\n",
+              us_since(t->samples[k].t, sch->trace_start_ns), (double)t->samples[k].held / 1048576.0,
+              us_since(t->samples[k].t, sch->trace_start_ns), (double)t->samples[k].pinned / 1048576.0);
   }
   /* The last element closes the list without a trailing comma. */
   fprintf(f, "{\"name\":\"dropped\",\"ph\":\"M\",\"pid\":1,\"args\":{\"commands\":%llu}}\n",

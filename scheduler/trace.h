@@ -4,8 +4,9 @@
  * command named after its kernel or kind, with its stream and command
  * number, bytes for copies, the time it waited from the client's call to
  * its worker (queued_us; commands the client submitted), an instant
- * event for each failure, and a counter of the device memory ruda holds
- * (sampled by each worker at most once a millisecond).
+ * event for each failure, and counters of the device memory ruda holds
+ * and of the staging arena's page-locked memory (sampled by each worker
+ * at most once a millisecond).
  *
  * Each worker records into its own buffer (written by that worker only, no
  * locks; it grows by doubling); close writes the file once the workers

@@ -230,13 +230,16 @@ int ruda__staging_create(const ruda__pinned_ops *ops, size_t chunk_bytes, uint64
     return ruda__fail(RUDA_ENOMEM, "staging arena: jemalloc arenas.create failed (error %d)", rc);
   }
   /* Never purge (the hooks could not anyway) and never grow the retained
-   * region by more than a chunk beyond what a request needs, so pinned
-   * memory tracks demand. */
+   * region by more than half a chunk beyond what a request needs, so
+   * pinned memory tracks demand, and each growth (its size, plus the
+   * alignment carve() adds) fits in the spare chunk the grower made
+   * ahead: a whole chunk would not, and every growth would page-lock a
+   * chunk on the allocating thread. */
   arena_set_ssize(s->arena, "dirty_decay_ms", -1);
   arena_set_ssize(s->arena, "muzzy_decay_ms", -1);
   char name[64];
   snprintf(name, sizeof name, "arena.%u.retain_grow_limit", s->arena);
-  size_t grow_limit = s->chunk;
+  size_t grow_limit = s->chunk / 2;
   mallctl(name, NULL, NULL, &grow_limit, sizeof grow_limit);
   s->flags = MALLOCX_ARENA(s->arena) | MALLOCX_TCACHE_NONE;
   ruda__block_cache_init(&s->cache, cache_release, s);

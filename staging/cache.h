@@ -22,8 +22,8 @@
 
 #define RUDA__CACHE_STRIPES 32u
 #define RUDA__CACHE_SLOTS 8u                    /* blocks per stripe */
-#define RUDA__CACHE_MAX_BLOCK ((size_t)512 << 10) /* larger blocks are not kept */
-#define RUDA__CACHE_MAX_BYTES ((size_t)2 << 20)   /* per stripe */
+#define RUDA__CACHE_MAX_BLOCK ((size_t)256 << 10) /* larger blocks are not kept */
+#define RUDA__CACHE_MAX_BYTES ((size_t)512 << 10) /* per stripe: 16 MiB in all */
 
 typedef struct ruda__block_cache {
   void (*release)(void *ctx, void *p); /* frees a block the cache lets go */

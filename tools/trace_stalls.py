@@ -8,9 +8,12 @@ kind, the host span and queue-time percentiles (queued: from the client's
 submit to the worker's start), each worker's busy share, the worker gaps
 longer than --gap-ms, and whether those gaps line up across workers (all
 workers idle at once points at something process-wide: a driver lock, an
-allocation, the CPU scheduler) or not (one worker behind)."""
+allocation, the CPU scheduler) or not (one worker behind); then the
+longest host spans (on cuda: driver calls that blocked) beside the times
+the memory counters grew (device memory, staging page-locked)."""
 import argparse
 import json
+import re
 from collections import defaultdict
 
 
@@ -29,8 +32,8 @@ def main():
     print(f"{len(host)} host spans, {len(dev)} device spans")
     for lane, spans in (("host", host), ("device", dev)):
         by = defaultdict(list)
-        for e in spans:
-            by[e["name"]].append(e["dur"])
+        for e in spans:  # a device span of several commands: "first +n"
+            by[re.sub(r" \+\d+$", "", e["name"])].append(e["dur"])
         for name, d in sorted(by.items()):
             d.sort()
             print(f"  {lane:6} {name:24} n={len(d):6} p50 {pct(d, .5):9.1f} p99 {pct(d, .99):9.1f} "
@@ -66,6 +69,22 @@ def main():
     print(f"  {len(gaps)} long gaps, {shared} of them overlapping gaps of at least half the other workers")
     for s, e, w in gaps[:12]:
         print(f"    worker {w} idle {s / 1000:.2f} .. {e / 1000:.2f} ms")
+
+    # Driver calls that blocked, and what memory grew meanwhile.
+    t0 = min((e["ts"] for e in host), default=0)
+    slow = sorted((e for e in host if e["dur"] > a.gap_ms * 1000), key=lambda e: -e["dur"])
+    print(f"  {len(slow)} host spans longer than {a.gap_ms} ms; the longest:")
+    for e in sorted(slow[:12], key=lambda e: e["ts"]):
+        print(f"    {(e['ts'] - t0) / 1000:9.2f} ms  {e['dur'] / 1000:7.2f} ms  worker {e['tid']}  {e['name']}")
+    for name in ("device memory held", "staging page-locked"):
+        last, grew = None, []
+        for e in sorted((e for e in ev if e.get("ph") == "C" and e.get("name") == name), key=lambda e: e["ts"]):
+            v = e["args"]["MiB"]
+            if last is not None and v > last:
+                grew.append(f"{(e['ts'] - t0) / 1000:.1f} ms: {v:.0f}")
+            last = v
+        if last is not None:
+            print(f"  {name} grew at: {', '.join(grew[:16]) or 'never'} (MiB; {last:.0f} at the end)")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "staging/staging.h"
@@ -15,6 +16,8 @@
 
 typedef struct provider {
   _Atomic int allocs, frees, refuse;
+  _Atomic int allocs_by_test; /* calls made on the thread that made the arena */
+  pthread_t test;
   _Atomic uint64_t bytes;
   struct {
     void *p;
@@ -37,6 +40,7 @@ static void *prov_alloc(void *ctx, size_t n) {
     }
   pthread_mutex_unlock(&pv->lock);
   atomic_fetch_add(&pv->allocs, 1);
+  if (pthread_equal(pthread_self(), pv->test)) atomic_fetch_add(&pv->allocs_by_test, 1);
   atomic_fetch_add(&pv->bytes, n);
   return p;
 }
@@ -57,6 +61,7 @@ static void prov_free(void *ctx, void *p) {
 
 static ruda__staging *make(provider *pv, size_t chunk, uint64_t limit) {
   memset(pv, 0, sizeof *pv);
+  pv->test = pthread_self();
   pthread_mutex_init(&pv->lock, NULL);
   ruda__pinned_ops ops = {prov_alloc, prov_free, pv};
   ruda__staging *s = NULL;
@@ -258,6 +263,34 @@ static void threads_keep_to_their_own_stripe(void **state) {
   assert_int_equal(atomic_load(&pv.bytes), 0);
 }
 
+/* A growing arena takes each chunk after its first from the grower
+ * thread, made ahead, not from the allocating thread (whose provider call
+ * page-locks a chunk under the driver's lock every thread needs): jemalloc
+ * asks for extents that fit the spare chunk. Allocations here come slowly
+ * enough for the grower to keep ahead. */
+static void growth_takes_chunks_made_ahead(void **state) {
+  (void)state;
+  provider pv;
+  ruda__staging *s = make(&pv, 4u << 20, 0);
+  enum { N = 640 }; /* 40 MiB of 64 KiB blocks: ten chunks */
+  void **held = calloc(N, sizeof *held);
+  for (int i = 0; i < N; i++) {
+    held[i] = ruda__staging_alloc(s, 65536);
+    assert_true(ruda__staging_pinned(s, held[i]));
+    if (i % 16 == 15) usleep(10000); /* 1 MiB at a time: the grower keeps up */
+  }
+  assert_true(atomic_load(&pv.allocs) >= 10);
+  /* The first, and one more where a loaded machine kept the grower from
+   * running for a while. */
+  if (atomic_load(&pv.allocs_by_test) > 2)
+    fail_msg("the allocating thread page-locked %d of %d chunks itself (only the first should be)",
+             atomic_load(&pv.allocs_by_test), atomic_load(&pv.allocs));
+  for (int i = 0; i < N; i++) ruda__staging_free(s, held[i]);
+  free(held);
+  ruda__staging_destroy(s);
+  assert_int_equal(atomic_load(&pv.bytes), 0);
+}
+
 typedef struct par_arg {
   _Atomic int hits[1000];
   size_t fail_at;
@@ -298,6 +331,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(concurrent_users_never_share_bytes),
       cmocka_unit_test(freed_blocks_serve_the_next_of_their_size),
       cmocka_unit_test(threads_keep_to_their_own_stripe),
+      cmocka_unit_test(growth_takes_chunks_made_ahead),
       cmocka_unit_test(parallel_pieces_run_once_each),
   };
   return test_main("gpu_staging_arena", tests, sizeof tests / sizeof tests[0], argc, argv);
