@@ -74,6 +74,20 @@ tracing)
   r trace_dev16 env RUDA_TRACE=/tmp/trace_dev16.json RUDA_TRACE_DEVICE=1 build-gpu/bench/bench_serve -v 1,3 -t 16 -n 1024
   r untraced16 build-gpu/bench/bench_serve -v 1,3 -t 16 -n 1024
   xz -T8 -6 -c /tmp/trace_dev.json > "$OUT/trace_dev64.json.xz" ;;
+tails)
+  # The README loop's table twice, the tails of long runs at T=16 and 64
+  # (with the staging arena's first chunk large enough that it never grows:
+  # is growth what stalls?), graphs, and tracing at load with its stalls.
+  for i in 1 2; do r serve$i build-gpu/bench/bench_serve -v 1,3 -n 2048; done
+  r serve-g build-gpu/bench/bench_serve -g -v 1,3 -n 2048
+  r long build-gpu/bench/bench_serve -v 1,3 -t 16,64 -n 8192
+  r long-chunk256 env RUDA_STAGING_CHUNK=256M build-gpu/bench/bench_serve -v 1,3 -t 16,64 -n 8192
+  for i in 1 2; do
+    r untraced$i build-gpu/bench/bench_serve -v 3 -t 64 -n 2048
+    r trace_dev$i env RUDA_TRACE=/tmp/trace_dev.json RUDA_TRACE_DEVICE=1 build-gpu/bench/bench_serve -v 3 -t 64 -n 2048
+  done
+  r trace_dev.stalls python3 tools/trace_stalls.py /tmp/trace_dev.json
+  xz -T8 -6 -c /tmp/trace_dev.json > "$OUT/trace_dev64.json.xz" ;;
 serve)
   r base.serve build-gpu-base/bench/bench_serve -v 1,3 -n 2048
   r new.serve build-gpu/bench/bench_serve -v 1,3 -n 2048
