@@ -50,6 +50,16 @@ if [ "${RUDA_PYTHON:-1}" != 0 ]; then
     echo "note: Python packages not installed; the Python stage of tools/test.sh is skipped"
 fi
 
+# ruda's private jemalloc (tools/jemalloc.sh): built once from jemalloc's
+# release sources into .deps/jemalloc, so libruda.so and the Python
+# package load by dlopen. Where the download fails, Debian's copy serves
+# the C library (not dlopen-able) and the Python package is not built.
+if [ "${RUDA_JEMALLOC_FETCH:-1}" != 0 ]; then
+  apt_install curl bzip2
+  tools/jemalloc.sh fetch ||
+    echo "note: ruda's private jemalloc was not built: libruda links Debian's (libruda.so then cannot be dlopened) and the Python package is not built"
+fi
+
 # The driver's CUDA version as major (0: no driver).
 driver_cuda_major() {
   if command -v nvidia-smi >/dev/null 2>&1; then

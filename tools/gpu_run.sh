@@ -146,7 +146,7 @@ if want python; then
   # first, then the whole suite, whose mock-driver cases load the mock
   # first (its interop cases then skip, saying so).
   run python_interop 300 env PYTHONPATH="$site" python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_interop.py
-  run python_tests 600 env PYTHONPATH="$site" RUDA_EXPECT_JEMALLOC=1 python3 -m pytest -q -rs -p no:cacheprovider python/tests
+  run python_tests 600 env PYTHONPATH="$site" python3 -m pytest -q -rs -p no:cacheprovider python/tests
   run bench_python_launch 600 env PYTHONPATH="$site" PYTHONUNBUFFERED=1 python3 bench/python_launch.py --threads 1,4,16,64 \
     --json "$OUT/python_launch.json"
   run bench_python_launch_keep 600 env PYTHONPATH="$site" PYTHONUNBUFFERED=1 python3 bench/python_launch.py \

@@ -33,6 +33,10 @@ need() { # module, pip name, Debian package
 }
 [ "${1:-}" = --example ] || need pytest pytest python3-pytest
 need numpy numpy python3-numpy
+# The extension stages through ruda's private jemalloc (python/CMakeLists.txt).
+if [ -z "${RUDA_JEMALLOC_SOURCE:-}" ] && [ ! -f .deps/jemalloc/lib/libjemalloc_pic.a ]; then
+  tools/jemalloc.sh fetch || skip "ruda's private jemalloc could not be built (its sources did not download: offline?)"
+fi
 log="$PWD/build-py/build.log"
 if "$vpy" -c "import scikit_build_core" 2>/dev/null ||
    "$vpy" -m pip install -q "scikit-build-core>=0.8" >/dev/null 2>&1; then

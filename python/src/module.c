@@ -243,13 +243,6 @@ PyMODINIT_FUNC PyInit__ruda(void) {
   for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
     if (PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0) goto fail;
   }
-  /* Which allocator stages uploads: libruda's private jemalloc, or the
-     stand-in for builds without jemalloc's sources (python/CMakeLists.txt). */
-#ifdef RUDA_PY_JEMALLOC
-  if (PyModule_AddStringConstant(m, "_staging_allocator", "jemalloc") < 0) goto fail;
-#else
-  if (PyModule_AddStringConstant(m, "_staging_allocator", "staging_alloc.c") < 0) goto fail;
-#endif
   if (PyModule_AddObject(m, "CURRENT", PyLong_FromUnsignedLongLong(RUDA_STREAM_CURRENT)) < 0) goto fail;
   if (PyModule_AddIntConstant(m, "ARG_INOUT", RUDA_ARG_BUFFER) < 0 ||
       PyModule_AddIntConstant(m, "ARG_IN", RUDA_ARG_BUFFER_IN) < 0 ||
