@@ -616,10 +616,16 @@ static result run(ruda_device *dev, const variant *v, int threads, size_t n, int
   if (breakdown) {
     /* Read after every thread joined and every stream synced: exact. */
     const counters after = counters_of(dev);
-    if (!raw)
+    if (!raw) {
       printf("       T=%d ruda: %llu commands run in place by clients; ordering pushed %llu marks, %llu waits\n",
              threads, (unsigned long long)(after.in_place - before.in_place),
              (unsigned long long)(after.marks - before.marks), (unsigned long long)(after.waits - before.waits));
+      ruda_staging_stats st;
+      if (ruda_staging_usage(dev, &st) == 0)
+        printf("       T=%d ruda: staging %.1f MiB page-locked, peak in use %.1f MiB, %llu pageable fallbacks\n",
+               threads, (double)st.pinned_bytes / 1048576.0, (double)st.peak_bytes / 1048576.0,
+               (unsigned long long)st.fallback_count);
+    }
     double ph[4] = {0, 0, 0, 0};
     for (int i = 0; i < threads; i++)
       for (int k = 0; k < 4; k++) ph[k] += (double)a[i].phase_ns[k];

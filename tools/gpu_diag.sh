@@ -88,6 +88,13 @@ tails)
   done
   r trace_dev.stalls python3 tools/trace_stalls.py /tmp/trace_dev.json
   xz -T8 -6 -c /tmp/trace_dev.json > "$OUT/trace_dev64.json.xz" ;;
+growth)
+  # Which call a slow T=16 run waits in, and what staging held, with the
+  # default chunk and with one large enough never to grow.
+  for i in 1 2; do
+    r b16-$i build-gpu/bench/bench_serve -b -v 1,3 -t 16,64 -n 8192
+    r b16-chunk256-$i env RUDA_STAGING_CHUNK=256M build-gpu/bench/bench_serve -b -v 1,3 -t 16,64 -n 8192
+  done ;;
 serve)
   r base.serve build-gpu-base/bench/bench_serve -v 1,3 -n 2048
   r new.serve build-gpu/bench/bench_serve -v 1,3 -n 2048
