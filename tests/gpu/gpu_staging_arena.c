@@ -300,6 +300,9 @@ static int piece(void *p, size_t i) {
   par_arg *a = p;
   atomic_fetch_add(&a->hits[i], 1);
   if (i == a->fail_at) return ruda__fail(RUDA_ENOMEM, "piece %zu failed on purpose", i);
+  /* A piece takes a while, as a copy does: with many helpers and instant
+   * pieces, all of them could start before the failure is seen. */
+  if (a->fail_at != SIZE_MAX) usleep(50);
   return 0;
 }
 
