@@ -133,8 +133,9 @@ if want bench || want all; then
   run bench_blas 400 "$B/bench/bench_blas"
 fi
 if want python; then
-  # The wheel is built here: RUDA_JEMALLOC_SOURCE=<jemalloc git dir>
-  # python3.12 -m pip wheel --no-build-isolation --no-deps -w dist ./python,
+  # The wheel is built here (after tools/deps.sh, which builds ruda's
+  # private jemalloc): python3.12 -m pip wheel --no-build-isolation
+  # --no-deps -w dist ./python -C cmake.define.RUDA_STATIC_DEPS=ON,
   # auditwheel repair into .whl/, carried with the tree.
   # Installed beside the machine's own packages (its pytest, numpy, torch
   # and CuPy live with its python3, which a venv did not see there).
