@@ -614,6 +614,13 @@ static result run(ruda_device *dev, const variant *v, int threads, size_t n, int
 #endif
   size_t cnt = n * (size_t)threads;
   if (breakdown) {
+    /* Fairness: a run's rate is set by its last thread; when some threads
+     * are served much later than the rest, their finish times spread. */
+    uint64_t fin[MAXT];
+    for (int i = 0; i < threads; i++) fin[i] = a[i].done_ns - t0;
+    qsort(fin, (size_t)threads, sizeof fin[0], cmp_u64);
+    printf("       T=%d %s: threads finished after %.1f ms (first), %.1f (median), %.1f (last)\n", threads,
+           raw ? "raw" : "ruda", (double)fin[0] / 1e6, (double)fin[threads / 2] / 1e6, (double)fin[threads - 1] / 1e6);
     /* Read after every thread joined and every stream synced: exact. */
     const counters after = counters_of(dev);
     if (!raw) {
