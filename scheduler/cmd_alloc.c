@@ -249,6 +249,7 @@ ruda__cmd *ruda__cmd_alloc(size_t extra) {
   ruda__cmd *cmd = (ruda__cmd *)(b + 1);
   cmd->node.next = NULL; /* cds_wfcq_node_init, without a call into liburcu */
   cmd->npins = 0;
+  cmd->nowait = 0;
   cmd->pins = NULL;
   cmd->future = NULL;
   cmd->origin = NULL;

@@ -33,13 +33,13 @@ void ruda__queue_push_unbounded(ruda__worker *w, ruda__cmd *cmd) {
   push(w, cmd);
 }
 
-int ruda__queue_admit(ruda__worker *w, ruda_stream_id stream) {
+int ruda__queue_admit_as(ruda__worker *w, ruda_stream_id stream, int nowait) {
   const ruda_config *cfg = &w->sch->cfg;
   for (;;) {
     uint32_t d = atomic_fetch_add_explicit(&w->depth, 1, memory_order_relaxed);
     if (d < cfg->queue_bound) return 0;
     atomic_fetch_sub_explicit(&w->depth, 1, memory_order_relaxed);
-    if (cfg->backpressure == RUDA_BACKPRESSURE_ERROR)
+    if (cfg->backpressure == RUDA_BACKPRESSURE_ERROR || nowait)
       return ruda__fail(RUDA_EQUEUEFULL, "%s: queue of worker %u holds %u commands (bound %u)",
                         RUDA__SNAME(stream), w->index, d, cfg->queue_bound);
     /* Sleep until the worker retires a batch. Reading the count before
@@ -51,6 +51,8 @@ int ruda__queue_admit(ruda__worker *w, ruda_stream_id stream) {
   }
 }
 
+int ruda__queue_admit(ruda__worker *w, ruda_stream_id stream) { return ruda__queue_admit_as(w, stream, 0); }
+
 void ruda__queue_unadmit(ruda__worker *w) {
   atomic_fetch_sub_explicit(&w->depth, 1, memory_order_relaxed);
   ck_ec32_inc(&w->space, &ruda__ec_mp);
@@ -59,7 +61,7 @@ void ruda__queue_unadmit(ruda__worker *w) {
 void ruda__queue_push_admitted(ruda__worker *w, ruda__cmd *cmd) { push(w, cmd); }
 
 int ruda__queue_push(ruda__worker *w, ruda__cmd *cmd) {
-  int rc = ruda__queue_admit(w, cmd->stream->id);
+  int rc = ruda__queue_admit_as(w, cmd->stream->id, cmd->nowait);
   if (rc == 0) push(w, cmd);
   return rc;
 }

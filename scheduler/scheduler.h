@@ -68,6 +68,7 @@ typedef struct ruda__cmd {
   struct cds_wfcq_node node; /* intrusive: the queue allocates nothing */
   uint8_t kind;
   uint8_t npins;
+  uint8_t nowait; /* a full queue refuses it (RUDA_LAUNCH_NOWAIT) instead of waiting */
   ruda__stream *stream;
   uint64_t seq; /* per-stream number, quoted in error messages */
   struct ruda_future *future;
@@ -290,8 +291,9 @@ static inline uint32_t ruda__queue_ticket(ruda__worker *w) {
   return (uint32_t)atomic_load_explicit(&w->tickets, memory_order_seq_cst);
 }
 
-/* Pushes cmd on w's queue, applying the device's backpressure policy.
- * Wait-free unless the queue is full under RUDA_BACKPRESSURE_BLOCK. */
+/* Pushes cmd on w's queue, applying the device's backpressure policy
+ * (cmd->nowait: as RUDA_BACKPRESSURE_ERROR). Wait-free unless the queue
+ * is full under RUDA_BACKPRESSURE_BLOCK. */
 int ruda__queue_push(ruda__worker *w, ruda__cmd *cmd);
 /* Pushes without the bound (close, internal markers). */
 void ruda__queue_push_unbounded(ruda__worker *w, ruda__cmd *cmd);
@@ -300,6 +302,9 @@ void ruda__queue_push_unbounded(ruda__worker *w, ruda__cmd *cmd);
  * ruda__queue_unadmit. A write split into pieces admits once, so it is
  * either refused whole or queued whole. */
 int ruda__queue_admit(ruda__worker *w, ruda_stream_id stream);
+/* The same; nowait: a full queue fails with RUDA_EQUEUEFULL as under
+ * RUDA_BACKPRESSURE_ERROR (RUDA_LAUNCH_NOWAIT). */
+int ruda__queue_admit_as(ruda__worker *w, ruda_stream_id stream, int nowait);
 void ruda__queue_push_admitted(ruda__worker *w, ruda__cmd *cmd);
 void ruda__queue_unadmit(ruda__worker *w);
 

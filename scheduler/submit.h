@@ -131,14 +131,14 @@ static inline __attribute__((always_inline)) int ruda__submit_orders(struct ruda
   if (in_place < 0) in_place = ruda__stream_in_place(sch, s, cmd);
   if (n == 1 && o->nuse == 0) { /* no buffers, nothing to order (issue is NULL: see above) */
     if (__builtin_expect(!in_place, 1)) return ruda__queue_push(w, cmd);
-    int rc = ruda__queue_admit(w, s->id);
+    int rc = ruda__queue_admit_as(w, s->id, cmd->nowait);
     if (rc == 0 && !ruda__inline_run(w, cmd)) ruda__queue_push_admitted(w, cmd);
     return rc;
   }
   /* Admitted first: the wait for room (RUDA_BACKPRESSURE_BLOCK) happens
    * before the issue locks are taken, and a refused command leaves no
    * MARK or WAIT. */
-  int rc = ruda__queue_admit(w, s->id);
+  int rc = ruda__queue_admit_as(w, s->id, cmd->nowait);
   if (rc != 0) {
     ruda__orders_abandon(o, n);
     if (issue != NULL) pthread_mutex_unlock(issue);

@@ -475,7 +475,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
                       RUDA_MAX_ARGS);
   if (l->nargs > 0 && l->args == NULL)
     return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": args is NULL with nargs %u", l->kernel, l->nargs);
-  if (l->flags & ~(RUDA_LAUNCH_DRY_RUN | RUDA_LAUNCH_INDIRECT))
+  if (l->flags & ~(RUDA_LAUNCH_DRY_RUN | RUDA_LAUNCH_INDIRECT | RUDA_LAUNCH_NOWAIT))
     return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": unknown flags 0x%x", l->kernel, l->flags);
   const int r = RUDA__RESERVED_SET(l);
   if (r >= 0) return ruda__fail(RUDA_EINVAL, "ruda_launch \"%s\": reserved[%d] is not zero", l->kernel, r);
@@ -572,7 +572,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
                                      .grid = l->grid,
                                      .block = l->block,
                                      .shared_mem = l->shared_mem,
-                                     .flags = l->flags,
+                                     .flags = l->flags & ~RUDA_LAUNCH_NOWAIT, /* the call's, not the command's */
                                      .nargs = l->nargs,
                                      .indirect_addr = indirect_addr,
                                      .args = kargs};
@@ -581,6 +581,7 @@ int ruda_launch(ruda_device *dev, ruda_stream_id stream, const ruda_launch_desc 
     if (rc == 0) return 0;
     goto fail;
   }
+  cmd->nowait = (l->flags & RUDA_LAUNCH_NOWAIT) != 0;
   if ((rc = ruda__submit(&dev->sched, s, cmd, &o)) != 0) goto fail;
   return 0;
 fail:

@@ -463,6 +463,13 @@ static inline ruda_arg ruda_arg_scalar(const void *data, uint32_t size) {
                                      (the count comes from the device, as with
                                      indirect dispatch elsewhere), while a direct
                                      grid with a zero is refused at the call */
+#define RUDA_LAUNCH_NOWAIT 0x4u   /* a full queue fails the call with
+                                     RUDA_EQUEUEFULL at once (nothing is
+                                     queued) instead of waiting for room,
+                                     whatever cfg.backpressure says: for a
+                                     caller that holds a lock while it
+                                     launches and waits only after letting
+                                     it go (the Python package and its GIL) */
 
 /* A kernel launch. Build it with a designated initializer, so that the
  * fields left out (reserved above all) are zero. */

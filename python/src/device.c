@@ -85,12 +85,12 @@ static int device_init(DeviceObject *self, PyObject *args, PyObject *kw) {
     cfg.cache_dir = PyUnicode_AsUTF8(cache); /* lives with the argument, past the open */
     if (!cfg.cache_dir) return -1;
   }
-  int keep_gil = 0;
+  int keep_gil = RUDA_PY_GIL_AUTO;
   if (gil != Py_None) {
-    static const char *const gils[] = {"release", "keep"};
-    if (enum_arg(gil, "launch_gil", gils, 2, &keep_gil) < 0) return -1;
+    static const char *const gils[] = {"release", "keep", "auto"}; /* in RUDA_PY_GIL_* order */
+    if (enum_arg(gil, "launch_gil", gils, 3, &keep_gil) < 0) return -1;
     /* Kept, a launch must never wait: a full queue then fails instead. */
-    if (keep_gil && cfg.backpressure != RUDA_BACKPRESSURE_ERROR) {
+    if (keep_gil == RUDA_PY_GIL_KEEP && cfg.backpressure != RUDA_BACKPRESSURE_ERROR) {
       PyErr_SetString(PyExc_ValueError, "launch_gil='keep' needs backpressure='error': under 'block' a launch "
                                         "into a full queue would wait with the GIL held");
       return -1;

@@ -272,12 +272,25 @@ static int do_launch(KernelObject *k, ruda_stream_id s, ruda_launch_desc *l) {
   ruda_device *d = dev_enter(k->device);
   if (!d) return -1;
   int rc;
-  /* Released: a full queue may block here, and other Python threads can
-     pack their own launches meanwhile. Kept (launch_gil="keep", only with
-     backpressure="error", so the push never waits): many threads then do
-     not hand the GIL over around a push that costs less than the handoff. */
-  if (k->device->keep_gil) rc = ruda_launch(d, s, l);
-  else RUDA_PY_NOGIL(rc = ruda_launch(d, s, l));
+  /* The GIL kept around a launch that finds room: many threads then do not
+     hand it over around a push that costs less than the handoff. "auto"
+     asks the queue not to wait (RUDA_LAUNCH_NOWAIT) and, when it is full,
+     hands the GIL over and launches again, waiting for room as the
+     device's backpressure says, while other threads run. "keep" is for
+     backpressure="error", where a launch never waits; "release" hands the
+     GIL over every time. */
+  const int gil = k->device->keep_gil;
+  if (gil == RUDA_PY_GIL_AUTO) {
+    const uint32_t flags = l->flags;
+    l->flags |= RUDA_LAUNCH_NOWAIT;
+    rc = ruda_launch(d, s, l);
+    l->flags = flags;
+    if (rc == RUDA_EQUEUEFULL) RUDA_PY_NOGIL(rc = ruda_launch(d, s, l));
+  } else if (gil == RUDA_PY_GIL_KEEP) {
+    rc = ruda_launch(d, s, l);
+  } else {
+    RUDA_PY_NOGIL(rc = ruda_launch(d, s, l));
+  }
   dev_leave(k->device);
   if (rc) {
     ruda_py_raise_last(rc);

@@ -17,6 +17,12 @@
 
 #include <ruda/ruda.h>
 
+/* Device(launch_gil=...): "auto" (the default) keeps the GIL around a
+ * launch that finds room in its queue and hands it over only to wait for
+ * room; "release" always hands it over; "keep" never does (with
+ * backpressure="error" only, so a launch never waits). */
+enum { RUDA_PY_GIL_RELEASE = 0, RUDA_PY_GIL_KEEP = 1, RUDA_PY_GIL_AUTO = 2 };
+
 typedef struct FutureObject FutureObject;
 
 #define RUDA_PY_MAX_CAPTURES 64
@@ -31,7 +37,7 @@ typedef struct {
   atomic_int closed;
   int ordinal;                /* the GPU ordinal asked for (DLPack device id) */
   int is_cuda;
-  int keep_gil;               /* launch_gil="keep": launches do not release the GIL */
+  int keep_gil;               /* RUDA_PY_GIL_*: how a launch treats the GIL (launch.c, do_launch) */
   pthread_mutex_t lock;       /* guards futures, py_slots, capturing */
   FutureObject *futures;      /* live ruda futures, waited at close */
   uint64_t py_slots;          /* Python-callable kernel slots this device holds */

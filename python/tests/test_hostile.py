@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -174,3 +175,29 @@ def test_launch_gil_keep_only_where_a_push_never_waits():
     gate.set()
     d.sync(stream=1)
     d.close()
+
+
+def test_launch_gil_auto_waits_for_room_without_holding_the_gil():
+    # The default ("auto") keeps the GIL only while a launch finds room:
+    # behind a gate that needs the GIL to open, a launch into the full queue
+    # hands it over and waits, so the gate's Python code runs, every launch
+    # is queued and runs once. Holding the GIL there would deadlock.
+    d = ruda.Device(backend="host", streams=2, queue_bound=4)
+    d.load_host_kernels(KERNELS, SIGNATURES)
+    gate = threading.Event()
+    d.host_kernel("py_gate", lambda ctx, args: 0 if gate.wait(timeout=30) else ruda.ETIMEDOUT.code)
+    ran = []
+    d.host_kernel("py_count", lambda ctx, args: ran.append(1) or 0)
+    d.kernel("py_gate").launch(1, 1, (), stream=1)
+    opener = threading.Timer(0.2, gate.set)
+    opener.start()
+    t0 = time.monotonic()
+    for _ in range(16):  # past the bound: these wait for room, with the GIL handed over
+        d.kernel("py_count").launch(1, 1, (), stream=1)
+    d.sync(stream=1)
+    assert time.monotonic() - t0 >= 0.15  # they waited for the gate
+    assert len(ran) == 16
+    opener.join()
+    d.close()
+    with pytest.raises(ValueError, match="launch_gil"):
+        ruda.Device(backend="host", launch_gil="sometimes")

@@ -177,6 +177,58 @@ static void block_policy_waits_and_loses_nothing(void **state) {
   test_close(dev);
 }
 
+/* RUDA_LAUNCH_NOWAIT under the block policy: a full queue refuses that
+ * launch at once (RUDA_EQUEUEFULL, nothing queued, the stream unharmed),
+ * while a launch without the flag still waits for room; the refused
+ * launch never runs and every accepted one runs once, in order. */
+static void nowait_launch_is_refused_by_a_full_queue(void **state) {
+  (void)state;
+  enum { BOUND = 4 };
+  ruda_device *dev = open_bounded(BOUND, RUDA_BACKPRESSURE_BLOCK);
+  ruda_handle next, viol;
+  uint64_t zeros[4] = {0};
+  assert_ok(ruda_buffer_create(dev, 0, sizeof zeros, &next));
+  assert_ok(ruda_buffer_create(dev, 0, sizeof zeros[0], &viol));
+  test_write(dev, 0, ruda_bind(next), zeros, sizeof zeros);
+  test_write(dev, 0, ruda_bind(viol), zeros, sizeof zeros[0]);
+  assert_ok(ruda_sync(dev, 0, NULL));
+  assert_ok(test_launch(dev, 0, "gate", NULL, 0));
+  while (!atomic_load(&gate_entered)) sleep_ms(1);
+  /* Behind the gate: fill the queue with NOWAIT launches until one is
+   * refused; it must be refused within BOUND of them. */
+  uint64_t seq = 0;
+  int rc = 0;
+  for (int i = 0; i < BOUND + 2 && rc == 0; i++) {
+    uint32_t p = 0;
+    ruda_arg a[4] = {ruda_arg_scalar(&p, sizeof p), ruda_arg_scalar(&seq, sizeof seq),
+                     ruda_arg_buffer(ruda_bind(next)), ruda_arg_buffer(ruda_bind(viol))};
+    ruda_launch_desc l = {.kernel = "seq", .grid = {1, 1, 1}, .block = {1, 1, 1}, .args = a, .nargs = 4,
+                          .flags = RUDA_LAUNCH_NOWAIT};
+    if ((rc = ruda_launch(dev, 0, &l)) == 0) seq++;
+  }
+  assert_rc(rc, RUDA_EQUEUEFULL);
+  assert_last_error_contains("bound 4");
+  assert_true(seq >= 1 && seq <= BOUND);
+  assert_int_equal(atomic_load(&incs), 0);
+  /* Without the flag the same launch waits until the gate opens. */
+  atomic_store(&gate_open, 1);
+  assert_ok(launch_seq(dev, 0, next, viol, 0, seq));
+  seq++;
+  assert_ok(ruda_sync(dev, 0, NULL));
+  assert_int_equal(atomic_load(&incs), (int)seq);
+  uint64_t nexts[4], v;
+  test_read(dev, 0, ruda_bind(next), nexts, sizeof nexts);
+  test_read(dev, 0, ruda_bind(viol), &v, sizeof v);
+  assert_int_equal(nexts[0], seq);
+  assert_int_equal(v, 0);
+  /* An unknown flag beside it is still refused. */
+  ruda_launch_desc bad = {.kernel = "gate", .grid = {1, 1, 1}, .block = {1, 1, 1}, .flags = RUDA_LAUNCH_NOWAIT | 0x80u};
+  assert_rc(ruda_launch(dev, 0, &bad), RUDA_EINVAL);
+  assert_ok(ruda_buffer_free(dev, 0, next));
+  assert_ok(ruda_buffer_free(dev, 0, viol));
+  test_close(dev);
+}
+
 static void frees_are_never_refused(void **state) {
   (void)state;
   /* The handle dies at the call; refusing its release would leak it. */
@@ -198,6 +250,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(error_policy_refuses_past_the_bound),
       cmocka_unit_test(block_policy_waits_and_loses_nothing),
+      cmocka_unit_test(nowait_launch_is_refused_by_a_full_queue),
       cmocka_unit_test(frees_are_never_refused),
   };
   return test_main("integration_backpressure", tests, sizeof tests / sizeof tests[0], argc, argv);
