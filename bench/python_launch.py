@@ -16,12 +16,13 @@ host backend the kernels are C functions (ruda/_test_kernels.so); say so
 when quoting the figures. Usage:
 
     python bench/python_launch.py [--n 100000] [--threads 1,4,16,64] [--json out.json]
-                                  [--launch-gil keep]
+                                  [--launch-gil auto|release|keep]
 
---launch-gil keep opens ruda's device with launch_gil="keep" (launches do
-not release the GIL; backpressure="error" and a large queue bound, so a
-push never waits): whether the GIL handoff around a ~200 ns push is what
-16 and 64 threads lose their rate to.
+--launch-gil opens ruda's device with that launch_gil: "auto" (the
+package's default: the GIL kept while the queue has room), "release" (the
+GIL handed over around every launch), "keep" (never; backpressure="error"
+and a large queue bound, so a push never waits): whether the GIL handoff
+around a ~200 ns push is what 16 and 64 threads lose their rate to.
 """
 import argparse
 import json
@@ -96,11 +97,11 @@ def threads_rate(make_launcher, nthreads, per_thread, sync):
 class RudaSide:
     name = "ruda"
 
-    def __init__(self, launch_gil="release"):
+    def __init__(self, launch_gil="auto"):
         if launch_gil == "keep":
             self.dev = ruda.Device(launch_gil="keep", backpressure="error", queue_bound=1 << 22)
         else:
-            self.dev = ruda.Device()
+            self.dev = ruda.Device(launch_gil=launch_gil)
         if self.dev.backend == "cuda":
             self.dev.module_source(CUDA_SOURCE, ["empty", "bench_axpy"])
         else:
@@ -222,7 +223,7 @@ def main(argv=None):
     ap.add_argument("--per-thread", type=int, default=20000)
     ap.add_argument("--serve", type=int, default=5000, help="requests of the serving loop")
     ap.add_argument("--json")
-    ap.add_argument("--launch-gil", choices=["release", "keep"], default="release")
+    ap.add_argument("--launch-gil", choices=["auto", "release", "keep"], default="auto")
     a = ap.parse_args(argv)
     r = RudaSide(a.launch_gil)
     sides = [r] + peers(r.backend)
