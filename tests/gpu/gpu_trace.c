@@ -18,17 +18,27 @@
 #define MEET_TIMEOUT 20000000000LL
 
 
-static void device_spans_of_two_streams_overlap(void **state) {
-  (void)state;
-  char path[] = "/tmp/ruda-gpu-trace-XXXXXX";
+/* A cuda device tracing into a fresh file at path (its template
+ * "/tmp/ruda-gpu-trace-XXXXXX"), with device spans; auto_graphs "0" turns
+ * automatic graphs off for it, NULL leaves the default. */
+static ruda_device *open_traced(char *path, const char *auto_graphs) {
   int fd = mkstemp(path);
   assert_true(fd >= 0);
   close(fd);
   setenv("RUDA_TRACE", path, 1);
   setenv("RUDA_TRACE_DEVICE", "1", 1);
+  if (auto_graphs != NULL) setenv("RUDA_AUTO_GRAPHS", auto_graphs, 1);
   ruda_device *dev = gpu_open();
   unsetenv("RUDA_TRACE");
   unsetenv("RUDA_TRACE_DEVICE");
+  unsetenv("RUDA_AUTO_GRAPHS");
+  return dev;
+}
+
+static void device_spans_of_two_streams_overlap(void **state) {
+  (void)state;
+  char path[] = "/tmp/ruda-gpu-trace-XXXXXX";
+  ruda_device *dev = open_traced(path, NULL);
   assert_ok(ruda_kernel_source(dev, "access_meet", SRC_ACCESS, NULL));
   int zero = 0, want = 2;
   long long timeout = MEET_TIMEOUT;
@@ -91,16 +101,7 @@ static void device_spans_of_two_streams_overlap(void **state) {
 static void device_spans_cover_every_command_once(void **state) {
   (void)state;
   char path[] = "/tmp/ruda-gpu-trace-XXXXXX";
-  int fd = mkstemp(path);
-  assert_true(fd >= 0);
-  close(fd);
-  setenv("RUDA_TRACE", path, 1);
-  setenv("RUDA_TRACE_DEVICE", "1", 1);
-  setenv("RUDA_AUTO_GRAPHS", "0", 1); /* each command its own record */
-  ruda_device *dev = gpu_open();
-  unsetenv("RUDA_TRACE");
-  unsetenv("RUDA_TRACE_DEVICE");
-  unsetenv("RUDA_AUTO_GRAPHS");
+  ruda_device *dev = open_traced(path, "0"); /* each command its own record */
   assert_ok(ruda_kernel_source(dev, "step", SRC_STEP, NULL));
   enum { N = 256, STEPS = 100 };
   unsigned host[N] = {0};

@@ -59,17 +59,23 @@ static int launch_seq(ruda_device *dev, ruda_stream_id s, ruda_handle next, ruda
   return test_launch(dev, s, "seq", a, 4);
 }
 
+/* next (u64 per producer, zeroed) and viol (one u64, zeroed), written and
+ * synced on stream 0 before the queue is filled. */
+static void make_counters(ruda_device *dev, ruda_handle *next, ruda_handle *viol) {
+  uint64_t zeros[4] = {0};
+  assert_ok(ruda_buffer_create(dev, 0, sizeof zeros, next));
+  assert_ok(ruda_buffer_create(dev, 0, sizeof zeros[0], viol));
+  test_write(dev, 0, ruda_bind(*next), zeros, sizeof zeros);
+  test_write(dev, 0, ruda_bind(*viol), zeros, sizeof zeros[0]);
+  assert_ok(ruda_sync(dev, 0, NULL));
+}
+
 static void error_policy_refuses_past_the_bound(void **state) {
   (void)state;
   enum { BOUND = 8 };
   ruda_device *dev = open_bounded(BOUND, RUDA_BACKPRESSURE_ERROR);
   ruda_handle next, viol;
-  uint64_t zeros[4] = {0};
-  assert_ok(ruda_buffer_create(dev, 0, sizeof zeros, &next));
-  assert_ok(ruda_buffer_create(dev, 0, sizeof zeros[0], &viol));
-  test_write(dev, 0, ruda_bind(next), zeros, sizeof zeros);
-  test_write(dev, 0, ruda_bind(viol), zeros, sizeof zeros[0]);
-  assert_ok(ruda_sync(dev, 0, NULL));
+  make_counters(dev, &next, &viol);
   /* The sync's batch may still be retiring; wait until the queue takes a
    * command, which the gate then holds. */
   int rc;
@@ -86,6 +92,7 @@ static void error_policy_refuses_past_the_bound(void **state) {
   snprintf(msg, sizeof msg, "bound %d", BOUND);
   assert_last_error_contains(msg);
   assert_last_error_contains("stream 0");
+  const uint64_t zeros[1] = {0};
   ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(viol));
   assert_rc(ruda_write(dev, 0, &d, zeros, 8), RUDA_EQUEUEFULL);
   ruda_future *f = NULL;
@@ -141,12 +148,7 @@ static void block_policy_waits_and_loses_nothing(void **state) {
   enum { BOUND = 4, P = 4, COUNT = 3000 };
   ruda_device *dev = open_bounded(BOUND, RUDA_BACKPRESSURE_BLOCK);
   ruda_handle next, viol;
-  uint64_t zeros[P] = {0};
-  assert_ok(ruda_buffer_create(dev, 0, sizeof zeros, &next));
-  assert_ok(ruda_buffer_create(dev, 0, sizeof zeros[0], &viol));
-  test_write(dev, 0, ruda_bind(next), zeros, sizeof zeros);
-  test_write(dev, 0, ruda_bind(viol), zeros, sizeof zeros[0]);
-  assert_ok(ruda_sync(dev, 0, NULL));
+  make_counters(dev, &next, &viol);
   assert_ok(test_launch(dev, 0, "gate", NULL, 0));
 
   producer p[P];
@@ -186,12 +188,7 @@ static void nowait_launch_is_refused_by_a_full_queue(void **state) {
   enum { BOUND = 4 };
   ruda_device *dev = open_bounded(BOUND, RUDA_BACKPRESSURE_BLOCK);
   ruda_handle next, viol;
-  uint64_t zeros[4] = {0};
-  assert_ok(ruda_buffer_create(dev, 0, sizeof zeros, &next));
-  assert_ok(ruda_buffer_create(dev, 0, sizeof zeros[0], &viol));
-  test_write(dev, 0, ruda_bind(next), zeros, sizeof zeros);
-  test_write(dev, 0, ruda_bind(viol), zeros, sizeof zeros[0]);
-  assert_ok(ruda_sync(dev, 0, NULL));
+  make_counters(dev, &next, &viol);
   assert_ok(test_launch(dev, 0, "gate", NULL, 0));
   while (!atomic_load(&gate_entered)) sleep_ms(1);
   /* Behind the gate: fill the queue with NOWAIT launches until one is
