@@ -263,10 +263,13 @@ static void *capture_then_exit(void *p) {
   return NULL;
 }
 
-/* By name, or by reference (ruda_kernel_lookup): the same outcome. */
+/* By name, or by reference (ruda_kernel_lookup), waiting for room or not
+ * (RUDA_LAUNCH_NOWAIT; the fuzzer's queues never fill): the same outcome. */
 static uint32_t launch(fuzz *z, ruda_stream_id s, const char *k, ruda_arg *a, uint32_t n) {
   ruda_launch_desc l = {.kernel = k, .grid = {1, 1, 1}, .block = {1, 1, 1}, .args = a, .nargs = n};
-  if (next(z) & 1) {
+  const uint8_t how = next(z);
+  if (how & 2) l.flags |= RUDA_LAUNCH_NOWAIT;
+  if (how & 1) {
     int rc = ruda_kernel_lookup(z->dev, k, &l.ref);
     if (rc != 0) return (uint32_t)rc;
     l.kernel = NULL;
