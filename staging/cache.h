@@ -29,7 +29,7 @@ typedef struct ruda__block_cache {
   void (*release)(void *ctx, void *p); /* frees a block the cache lets go */
   void *ctx;
   struct ruda__cache_stripe {
-    pthread_mutex_t lock;
+    _Alignas(64) pthread_mutex_t lock; /* a cache line of its own: threads of two stripes do not meet */
     unsigned n;
     size_t bytes;
     struct {
