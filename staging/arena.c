@@ -204,8 +204,10 @@ static int arena_set_ssize(unsigned arena, const char *what, ssize_t v) {
 int ruda__staging_create(const ruda__pinned_ops *ops, size_t chunk_bytes, uint64_t limit,
                          ruda__staging **out) {
   *out = NULL;
-  ruda__staging *s = calloc(1, sizeof *s);
+  /* Aligned as its block cache's stripes are (a cache line each). */
+  ruda__staging *s = aligned_alloc(_Alignof(ruda__staging), round_up(sizeof *s, _Alignof(ruda__staging)));
   if (s == NULL) return ruda__fail(RUDA_ENOMEM, "staging arena: out of host memory");
+  memset(s, 0, sizeof *s);
   s->hooks = (extent_hooks_t){.alloc = hook_alloc,
                               .dalloc = hook_dalloc,
                               .destroy = hook_destroy,
