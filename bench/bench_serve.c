@@ -546,12 +546,18 @@ static uint64_t *lat_all;
 
 /* -b: ruda's own counters, read before and after a run. */
 typedef struct counters {
-  uint64_t marks, waits, in_place;
+  uint64_t marks, waits, in_place, auto_cmds, auto_templates, auto_replaced;
 } counters;
 
 static counters counters_of(ruda_device *dev) {
-  counters c = {atomic_load(&dev->sched.order.marks), atomic_load(&dev->sched.order.waits), 0};
-  for (uint32_t i = 0; i < dev->sched.nworkers; i++) c.in_place += dev->sched.workers[i].in_place_runs;
+  counters c = {atomic_load(&dev->sched.order.marks), atomic_load(&dev->sched.order.waits), 0, 0, 0, 0};
+  for (uint32_t i = 0; i < dev->sched.nworkers; i++) {
+    const ruda__worker *w = &dev->sched.workers[i];
+    c.in_place += w->in_place_runs;
+    c.auto_cmds += atomic_load(&w->auto_cmds);
+    c.auto_templates += atomic_load(&w->auto_templates);
+    c.auto_replaced += atomic_load(&w->auto_replaced);
+  }
   return c;
 }
 
@@ -627,6 +633,11 @@ static result run(ruda_device *dev, const variant *v, int threads, size_t n, int
       printf("       T=%d ruda: %llu commands run in place by clients; ordering pushed %llu marks, %llu waits\n",
              threads, (unsigned long long)(after.in_place - before.in_place),
              (unsigned long long)(after.marks - before.marks), (unsigned long long)(after.waits - before.waits));
+      printf("       T=%d ruda: automatic graphs: %llu commands replayed, %llu templates made, %llu noted shapes "
+             "replaced\n",
+             threads, (unsigned long long)(after.auto_cmds - before.auto_cmds),
+             (unsigned long long)(after.auto_templates - before.auto_templates),
+             (unsigned long long)(after.auto_replaced - before.auto_replaced));
       ruda_staging_stats st;
       if (ruda_staging_usage(dev, &st) == 0)
         printf("       T=%d ruda: staging %.1f MiB page-locked, peak in use %.1f MiB, %llu pageable fallbacks\n",

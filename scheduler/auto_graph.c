@@ -159,6 +159,7 @@ uint32_t ruda__auto_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n, int 
   const uint64_t sig = signature(run, n);
   entry *e = &w->autog->e[sig % WAYS];
   if (e->sig != sig || e->n != n) { /* first sighting: noted, run one by one */
+    if (e->sig != 0) atomic_fetch_add_explicit(&w->auto_replaced, 1, memory_order_relaxed);
     ruda__graph_free(e->g, NULL); /* a template pins nothing */
     *e = (entry){sig, n, NULL};
     return 0;
@@ -167,6 +168,7 @@ uint32_t ruda__auto_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n, int 
   uint32_t nf = 0;
   if (e->g == NULL) {
     if ((e->g = template_new(sch, run, n)) == NULL) return 0;
+    atomic_fetch_add_explicit(&w->auto_templates, 1, memory_order_relaxed);
   } else {
     for (uint32_t i = 0; i < n; i++)
       if (!same_shape(run[i], e->g->cmds[i])) return 0; /* another shape under this signature */

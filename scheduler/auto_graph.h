@@ -9,9 +9,9 @@
  * memory, argument kinds and scalar sizes, copy sizes. What differs from
  * the recorded run (buffer addresses, scalar bytes) is patched in
  * (scheduler/graph.c's fixes, the executable graph's node updates on
- * cuda). Worker only; off while commands are observed (RUDA_TRACE, NVTX,
+ * cuda). Worker only; off while commands are observed (NVTX,
  * RUDA_WORKER_STATS) or RUDA_LAUNCH_BLOCKING is on, so those still see
- * each command. */
+ * each command; RUDA_TRACE records a replayed run as one command. */
 #ifndef RUDA_AUTO_GRAPH_H
 #define RUDA_AUTO_GRAPH_H
 

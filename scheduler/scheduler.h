@@ -265,9 +265,12 @@ struct ruda__worker {
   _Atomic uint32_t exec;
   uint32_t in_place_runs; /* commands clients ran in place; under exec */
   /* cfg.auto_graphs: the runs this worker recorded (scheduler/auto_graph.c;
-   * worker only), and how many commands went as part of one. */
+   * worker only), how many commands went as part of one, how many
+   * templates it made and how many noted shapes a new one replaced (its
+   * cache is small and direct-mapped: shapes that take turns there are
+   * never replayed). */
   struct ruda__auto *autog;
-  _Atomic uint64_t auto_cmds;
+  _Atomic uint64_t auto_cmds, auto_templates, auto_replaced;
   /* Set at start: commands are observed (RUDA_WORKER_STATS, NVTX), so they
    * all run on the worker thread, where those are kept. */
   int observed;

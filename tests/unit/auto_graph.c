@@ -249,6 +249,11 @@ static void runs_at_the_length_limit(void **state) {
     }
   }
   assert_true(auto_cmds(dev) > 0);
+  /* Replays come from templates, one per shape (three lengths here), each
+   * made at a shape's second sighting. */
+  uint64_t templates = 0;
+  for (uint32_t i = 0; i < dev->sched.nworkers; i++) templates += atomic_load(&dev->sched.workers[i].auto_templates);
+  assert_true(templates >= 1 && templates <= 3);
   assert_ok(ruda_buffer_free(dev, 0, x));
   test_close(dev);
 }
