@@ -31,7 +31,8 @@
  * The raw driver baseline (cuda backend only): one CUstream per thread,
  * each request's input first copied into the slot's page-locked block
  * (the receive every loop here pays: ruda's -s and the graphs copy too;
- * -P skips it), outputs page-locked (cuMemHostAlloc), cuMemcpyHtoDAsync, the
+ * -P skips it; timed inside the latency as ruda_write's copy is, outside
+ * with -s as ruda's is there), outputs page-locked (cuMemHostAlloc), cuMemcpyHtoDAsync, the
  * same 3 kernels (the CUfunctions of the module ruda compiled from the same
  * CUDA source) by cuLaunchKernel, cuMemcpyDtoHAsync, cuStreamSynchronize;
  * with 4 in flight one event per request and cuEventSynchronize on the
@@ -499,11 +500,14 @@ static void *raw_thread(void *p) {
           CU(ruda__cu.cuGraphLaunch(ge[slot], st));
         } else {
           /* The request arrives in the slot's page-locked block, as ruda's
-           * (-s) and the raw graph's do; -P: already there. */
+           * (-s) and the raw graph's do; -P: already there. The copy is
+           * timed as ruda's is: inside the latency where ruda's loop copies
+           * in ruda_write (pageable, the default), outside with -s. */
           const size_t k = (size_t)input_of(a->index, r);
+          if (!staged_io) start[slot] = mono_ns();
           const void *src = raw_preloaded ? in + k * IN_BYTES
                                           : memcpy(rin + (size_t)slot * IN_BYTES, inputs + k * IN_FLOATS, IN_BYTES);
-          start[slot] = mono_ns();
+          if (staged_io) start[slot] = mono_ns();
           CU(ruda__cu.cuMemcpyHtoDAsync(x, src, IN_BYTES, st));
           CU(ruda__cu.cuLaunchKernel(rc->f_layer, ROWS, 1, 1, COLS, 1, 1, 0, st, p_layer, NULL));
           CU(ruda__cu.cuLaunchKernel(rc->f_bias, ROWS, 1, 1, COLS, 1, 1, 0, st, p_bias, NULL));
