@@ -13,7 +13,8 @@
  * captured on the own streams of threads that exit at once and replayed
  * after the reaper freed those streams, a request graph every thread
  * replays with its own staging blocks patched in and frees them while the
- * replay is queued. Every byte read back is checked; run under ASan and
+ * replay is queued, launches that must not wait for room (RUDA_LAUNCH_NOWAIT)
+ * retried waiting when refused. Every byte read back is checked; run under ASan and
  * TSan by tools/test.sh.
  *   torture [-t threads] [-n iterations] [-a 1: automatic request graphs on] */
 #include <pthread.h>
@@ -95,11 +96,19 @@ static uint64_t rng(uint64_t *s) {
   return *s;
 }
 
-/* By name on odd streams, by reference (ruda_kernel_lookup) on even ones. */
+/* By name on odd streams, by reference (ruda_kernel_lookup) on even ones;
+ * on every other pair of streams first with RUDA_LAUNCH_NOWAIT, then,
+ * refused by a full queue, again waiting for room (as Python's
+ * launch_gil="auto" does). */
 static void launch_bump(ruda_stream_id s, ruda_handle h, int *rc) {
   ruda_arg a = ruda_arg_buffer(ruda_bind(h));
   ruda_launch_desc l = {.kernel = "bump", .grid = {1, 1, 1}, .block = {1, 1, 1}, .args = &a, .nargs = 1};
   if ((s & 1) == 0 && (*rc = ruda_kernel_lookup(dev, "bump", &l.ref)) != 0) return;
+  if (s & 2) {
+    l.flags = RUDA_LAUNCH_NOWAIT;
+    if ((*rc = ruda_launch(dev, s, &l)) != RUDA_EQUEUEFULL) return;
+    l.flags = 0;
+  }
   *rc = ruda_launch(dev, s, &l);
 }
 
