@@ -12,6 +12,13 @@ log="$OUT/diag.log"
 r() { # label cmd...
   local t0=$SECONDS; echo "==== $1: ${*:2}" >>"$log"; timeout 240 "${@:2}" >>"$log" 2>&1; echo "rc=$? $((SECONDS - t0))s" >>"$log"
   echo "$1 done $((SECONDS - t0))s"; }
+# The README loop's table from build-gpu-base and build-gpu, alternated twice.
+ab_serve() {
+  for i in 1 2; do
+    r base.serve$i build-gpu-base/bench/bench_serve -v 1,3 -n 2048
+    r new.serve$i build-gpu/bench/bench_serve -v 1,3 -n 2048
+  done
+}
 for m in ${DIAG:-serve}; do case $m in
 probe)
   # Where a 1-in-flight request's time goes as threads grow: the client's
@@ -39,10 +46,7 @@ waits)
   # One request in flight from many threads: two builds alternated (the
   # worker's retiring between batches), then the spin slots' count, and
   # each thread kind's driver calls per request (tools/cu_count.c).
-  for i in 1 2; do
-    r base.serve$i build-gpu-base/bench/bench_serve -v 1,3 -n 2048
-    r new.serve$i build-gpu/bench/bench_serve -v 1,3 -n 2048
-  done
+  ab_serve
   for n in 8 16 64; do
     r new.slots$n env RUDA_SPIN_SLOTS=$n build-gpu/bench/bench_serve -v 1,3 -t 4,16,64 -n 2048
   done
@@ -54,10 +58,7 @@ cache)
   # The staging block cache and the lazy retire against build-gpu-base,
   # alternated, then page-locked, graphs, and where a request's client time
   # goes.
-  for i in 1 2; do
-    r base.serve$i build-gpu-base/bench/bench_serve -v 1,3 -n 2048
-    r new.serve$i build-gpu/bench/bench_serve -v 1,3 -n 2048
-  done
+  ab_serve
   r new.serve-s build-gpu/bench/bench_serve -s -v 1,3 -n 2048
   r new.serve-g build-gpu/bench/bench_serve -g -v 1,3 -n 2048
   r new.b build-gpu/bench/bench_serve -b -v 1 -t 1,4 -n 2048 ;;
