@@ -153,10 +153,10 @@ static int finish(ruda__worker *w, ruda__cmd *cmd, int rc, ruda_error *err) {
  * as if it had run alone; what the graph did not issue runs one by one. */
 /* Returns the first failure of the run (already reported on its stream). */
 static int execute_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n) {
-  int rc = 0, first;
+  int rc = 0;
   ruda_error *err = NULL;
   uint32_t ok = ruda__auto_run(w, run, n, &rc, &err);
-  first = rc;
+  int first = rc;
   for (uint32_t i = 0; i < ok; i++) finish(w, run[i], 0, NULL);
   if (rc != 0) finish(w, run[ok++], rc, err);
   for (uint32_t i = ok; i < n; i++) {

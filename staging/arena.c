@@ -271,10 +271,9 @@ void ruda__staging_destroy(ruda__staging *s) {
 void *ruda__staging_alloc(ruda__staging *s, size_t size) {
   if (size == 0) size = 1;
   uint64_t u = size <= RUDA__CACHE_MAX_BLOCK ? nallocx(size, s->flags) : 0;
-  void *p = u != 0 ? ruda__block_cache_take(&s->cache, u) : NULL;
-  if (p == NULL) p = mallocx(size, s->flags);
+  void *p = u != 0 ? ruda__block_cache_take(&s->cache, u) : NULL; /* u: its size */
+  if (p == NULL && (p = mallocx(size, s->flags)) != NULL) u = sallocx(p, s->flags);
   if (p != NULL && ruda__staging_pinned(s, p)) {
-    u = sallocx(p, s->flags);
     uint64_t now = atomic_fetch_add_explicit(&s->in_use, u, memory_order_relaxed) + u;
     uint64_t peak = atomic_load_explicit(&s->peak, memory_order_relaxed);
     while (now > peak &&
