@@ -2,8 +2,13 @@
  * launches and copies, replayed as one graph with what changed patched in
  * (auto_graph.h has the rules).
  *
- * A small direct-mapped cache per worker, by a signature of the run's
- * shape. The first sighting of a shape only notes it (the run goes one by
+ * A small fully associative cache per worker, by a signature of the run's
+ * shape: signatures hash kernel addresses, so in a direct-mapped cache
+ * whether two shapes of one workload collide would change from process to
+ * process. When a new shape needs a way, an empty one goes first, then the
+ * least recently used shape that has no template yet, then the least
+ * recently used template: shapes seen once do not push out the ones that
+ * replay. The first sighting of a shape only notes it (the run goes one by
  * one); the second records a template, a copy of that run's commands
  * without pins, and replays it; later ones are compared with the template
  * field by field (a signature clash replays nothing) and replay it with
@@ -22,13 +27,34 @@
 
 typedef struct entry {
   uint64_t sig; /* 0: empty */
+  uint64_t used; /* the cache's clock at the last sighting */
   uint32_t n;
   ruda_graph *g; /* the template, NULL until the second sighting */
 } entry;
 
 struct ruda__auto {
   entry e[WAYS];
+  uint64_t clock;
 };
+
+/* The way of (sig, n), or NULL. */
+static entry *find(struct ruda__auto *a, uint64_t sig, uint32_t n) {
+  for (uint32_t i = 0; i < WAYS; i++)
+    if (a->e[i].sig == sig && a->e[i].n == n) return &a->e[i];
+  return NULL;
+}
+
+/* The way a new shape takes (see the top of the file). */
+static entry *victim(struct ruda__auto *a) {
+  entry *noted = NULL, *any = NULL;
+  for (uint32_t i = 0; i < WAYS; i++) {
+    entry *e = &a->e[i];
+    if (e->sig == 0) return e;
+    if (e->g == NULL && (noted == NULL || e->used < noted->used)) noted = e;
+    if (any == NULL || e->used < any->used) any = e;
+  }
+  return noted != NULL ? noted : any;
+}
 
 /* FNV-1a over the fields that make two runs replayable by one graph. */
 static uint64_t mix(uint64_t h, uint64_t v) {
@@ -157,13 +183,16 @@ uint32_t ruda__auto_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n, int 
   *err = NULL;
   if (w->autog == NULL && (w->autog = calloc(1, sizeof *w->autog)) == NULL) return 0;
   const uint64_t sig = signature(run, n);
-  entry *e = &w->autog->e[sig % WAYS];
-  if (e->sig != sig || e->n != n) { /* first sighting: noted, run one by one */
+  const uint64_t now = ++w->autog->clock;
+  entry *e = find(w->autog, sig, n);
+  if (e == NULL) { /* first sighting: noted, run one by one */
+    e = victim(w->autog);
     if (e->sig != 0) atomic_fetch_add_explicit(&w->auto_replaced, 1, memory_order_relaxed);
     ruda__graph_free(e->g, NULL); /* a template pins nothing */
-    *e = (entry){sig, n, NULL};
+    *e = (entry){sig, now, n, NULL};
     return 0;
   }
+  e->used = now;
   ruda__graph_fix fix[RUDA_GRAPH_MAX_PATCHES];
   uint32_t nf = 0;
   if (e->g == NULL) {
@@ -192,7 +221,7 @@ uint32_t ruda__auto_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n, int 
   *err = NULL;
   *rc = 0;
   ruda__graph_free(e->g, NULL);
-  *e = (entry){0, 0, NULL};
+  *e = (entry){0, 0, 0, NULL};
   return 0;
 }
 
