@@ -2,7 +2,7 @@
 /* bench_blas.c - cuBLAS through ruda_call beside the raw cuBLAS loop, in
  * one process (issue 22).
  *
- *   bench_blas [-q] [-g] [-s] [-i|-I] [-t threads[,threads...]] [-n requests] [-w workers]
+ *   bench_blas [-q] [-g] [-s] [-P] [-i|-I] [-t threads[,threads...]] [-n requests] [-w workers]
  *
  * A request: upload X (32 x 1024 fp32, 128 KiB), H = X W1 (cublasSgemm,
  * W1 1024 x 4096), bias + GELU kernel on H, Y = H W2 (cublasSgemm, W2
@@ -15,7 +15,11 @@
  *         from page-locked memory, the 2 GEMMs and 2 kernels
  *         (cuLaunchKernel of the CUfunctions ruda compiled from the same
  *         source), cuMemcpyDtoHAsync into page-locked memory,
- *         cuStreamSynchronize.
+ *         cuStreamSynchronize. Each request is first received (copied,
+ *         untimed) into the thread's page-locked input block, as a server
+ *         receives it and as ruda's -s and graph loops do; -P uploads
+ *         preloaded page-locked inputs instead (the method before
+ *         2026-12-03).
  *   call  ruda: ruda_write, ruda_call (cublasSgemm on the worker's
  *         CUstream, one cublasHandle_t per worker), ruda_launch,
  *         ruda_call, ruda_launch, ruda_read + ruda_future_wait. With -s
@@ -175,6 +179,7 @@ static int have_lt;
 static uint32_t blas_lib, lt_lib; /* ruda_library_register's ids */
 static ruda_handle rw1, rw2, rb1, rb2;
 static int staged_io, use_graphs, in_place = -1; /* -1: the backend's policy */
+static int raw_preloaded; /* -P: the raw loop uploads preloaded inputs, receiving none */
 
 typedef struct run_ctx {
   int row, threads;
@@ -428,9 +433,13 @@ static void *raw_thread(void *p) {
         memcpy(gin, in, XB);
         t0 = mono_ns();
         CU(ruda__cu.cuGraphLaunch(ge, st));
-      } else {
+      } else if (raw_preloaded) {
         t0 = mono_ns();
         raw_request(rc, hd, lc, st, x, h, y, in, out);
+      } else { /* the request arrives in its page-locked block, as ruda's -s input does */
+        memcpy(gin, in, XB);
+        t0 = mono_ns();
+        raw_request(rc, hd, lc, st, x, h, y, gin, out);
       }
       CU(ruda__cu.cuStreamSynchronize(st));
       if (phase) a->lat[i] = mono_ns() - t0;
@@ -517,10 +526,11 @@ static result run(int row, int threads, size_t n) {
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: bench_blas [-q] [-g] [-s] [-i|-I] [-t threads[,threads...]] [-n requests] [-w workers]\n"
+          "usage: bench_blas [-q] [-g] [-s] [-P] [-i|-I] [-t threads[,threads...]] [-n requests] [-w workers]\n"
           "  -q  quick: 200 requests per thread\n"
           "  -g  each request one graph (ruda: recorded request, ruda_graph_run; raw: a CUDA graph)\n"
           "  -s  ruda's input and output are page-locked staging blocks, as the raw loop's are\n"
+          "  -P  the raw loop uploads preloaded page-locked inputs (receives no request)\n"
           "  -i  ruda's streams issue in place (ruda_stream_set_in_place) while their worker is idle\n"
           "  -I  ruda's streams never issue in place: every command goes to the worker\n"
           "  -t  client thread counts (1..%d; default 1,4,16)\n"
@@ -539,12 +549,13 @@ int main(int argc, char **argv) {
   int opt, nt = 0, ts[16], quick = 0;
   long nreq = 0;
   uint32_t workers = 0;
-  while ((opt = getopt(argc, argv, "gqsiIt:n:w:")) != -1) {
+  while ((opt = getopt(argc, argv, "gqsPiIt:n:w:")) != -1) {
     if (opt == 'g') use_graphs = 1;
     else if (opt == 'i') in_place = 1;
     else if (opt == 'I') in_place = 0;
     else if (opt == 'q') quick = 1;
     else if (opt == 's') staged_io = 1;
+    else if (opt == 'P') raw_preloaded = 1;
     else if (opt == 't') {
       const int k = bench_int_list(optarg, 1, MAXT, ts + nt, 16 - nt); /* each -t adds */
       if (k < 0) {

@@ -96,6 +96,31 @@ growth)
     r b16-$i build-gpu/bench/bench_serve -b -v 1,3 -t 16,64 -n 8192
     r b16-chunk256-$i env RUDA_STAGING_CHUNK=256M build-gpu/bench/bench_serve -b -v 1,3 -t 16,64 -n 8192
   done ;;
+workers)
+  # Library calls and the README loop at the default 8 workers and at 16
+  # (a CUstream per client at T=16), the raw loops receiving each request.
+  r workers.blas build-gpu/bench/bench_blas -n 1000
+  r workers.blas-w16 build-gpu/bench/bench_blas -w 16 -n 1000
+  r workers.blas-s build-gpu/bench/bench_blas -s -n 1000
+  r workers.blas-s-w16 build-gpu/bench/bench_blas -s -w 16 -n 1000
+  r workers.blas-P build-gpu/bench/bench_blas -P -n 1000
+  r workers.serve build-gpu/bench/bench_serve -v 1,3 -n 2048
+  r workers.serve-w16 build-gpu/bench/bench_serve -w 16 -v 1,3 -n 2048 ;;
+slow)
+  # The slow mode of T=16 with 1 in flight: the finish spread and the
+  # automatic-graph counters of several long processes, then the driver
+  # calls (cuGraphInstantiate among them) of one.
+  for i in 1 2 3; do r slow.b$i build-gpu/bench/bench_serve -b -v 1,3 -t 16,64 -n 8192; done
+  r slow.cc cc -O2 -shared -fPIC -o /tmp/cu_count.so tools/cu_count.c -ldl -I/usr/local/cuda/include
+  r slow.count env RUDA_CUDA_DRIVER=/tmp/cu_count.so build-gpu/bench/bench_serve -v 1 -t 16 -n 8192 ;;
+launch)
+  # The C library's own launch rate beside Python's, in one lease.
+  site="$(mktemp -d)/site"
+  r launch.install python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .whl/ruda-*.whl
+  r launch.c build-gpu/bench/bench_gpu -s 2 -w 8 "$OUT/launch_c.csv"
+  r launch.py env PYTHONPATH="$site" PYTHONUNBUFFERED=1 python3 bench/python_launch.py --threads 1,4,16,64 \
+    --json "$OUT/launch_py.json"
+  r launch.c2 build-gpu/bench/bench_gpu -s 2 -w 8 "$OUT/launch_c2.csv" ;;
 serve)
   r base.serve build-gpu-base/bench/bench_serve -v 1,3 -n 2048
   r new.serve build-gpu/bench/bench_serve -v 1,3 -n 2048
