@@ -96,6 +96,33 @@ growth)
     r b16-$i build-gpu/bench/bench_serve -b -v 1,3 -t 16,64 -n 8192
     r b16-chunk256-$i env RUDA_STAGING_CHUNK=256M build-gpu/bench/bench_serve -b -v 1,3 -t 16,64 -n 8192
   done ;;
+fuzz)
+  # A libFuzzer campaign on this machine's CPUs (issue 28): the target
+  # built elsewhere with clang (tools/fuzz.sh's flags and
+  # -DRUDA_STATIC_DEPS=ON into build-fuzz-gpu) and carried; one job per CPU
+  # on one shared corpus, FUZZ_SECS each. Prints the summed inputs.
+  F=build-fuzz-gpu/tests/fuzz_api_libfuzzer; n=$(nproc); d=/tmp/fuzz; rm -rf $d; mkdir -p $d/corpus
+  [ -d fuzz-seed ] && cp fuzz-seed/* $d/corpus/ 2>/dev/null
+  (cd $d && timeout $(( ${FUZZ_SECS:-540} + 40 )) "$OLDPWD/$F" -jobs=$n -workers=$n -max_total_time=${FUZZ_SECS:-540} \
+    -max_len=2048 -timeout=120 -print_final_stats=1 corpus >launcher.log 2>&1; echo "launcher rc=$?" >>launcher.log)
+  { cat $d/launcher.log | tail -5
+    grep -h "stat::number_of_executed_units" $d/fuzz-*.log | awk '{s+=$2} END {print "inputs, all jobs:", s}'
+    grep -h "DONE\|ERROR\|SUMMARY\|deadly\|crash-\|timeout-" $d/fuzz-*.log | head -40; } >"$OUT/fuzz-summary.txt" 2>&1
+  tar -C $d -cJf "$OUT/fuzz-logs.tar.xz" launcher.log $(cd $d && ls fuzz-*.log) corpus $(cd $d && ls crash-* timeout-* oom-* 2>/dev/null)
+  cat "$OUT/fuzz-summary.txt" ;;
+recheck)
+  # After the shape-cache fix: the slow-mode processes again, 8 workers
+  # against 16 alternated (README loop, library calls, launches).
+  for i in 1 2 3; do r recheck.b$i build-gpu/bench/bench_serve -b -v 1,3 -t 16,64 -n 8192; done
+  for i in 1 2; do
+    r recheck.serve$i build-gpu/bench/bench_serve -v 1,3 -n 2048
+    r recheck.serve-w16.$i build-gpu/bench/bench_serve -w 16 -v 1,3 -n 2048
+  done
+  r recheck.blas build-gpu/bench/bench_blas -n 1000
+  r recheck.blas-w16 build-gpu/bench/bench_blas -w 16 -n 1000
+  r recheck.blas-s build-gpu/bench/bench_blas -s -n 1000
+  r recheck.blas-s-w16 build-gpu/bench/bench_blas -s -w 16 -n 1000
+  r recheck.gpu build-gpu/bench/bench_gpu -q -s 2,5 -w 8,16 "$OUT/recheck_gpu.csv" ;;
 workers)
   # Library calls and the README loop at the default 8 workers and at 16
   # (a CUstream per client at T=16), the raw loops receiving each request.
