@@ -14,11 +14,12 @@
 #   page-locked I/O, as graphs against raw CUDA graphs, page-locked with
 #   every command handed to the worker (-s -I), and one traced T=1 run
 #   ($OUT/trace_blas.json, device spans);
-#   graphs: issue 20 in one go: bench_graph_patch on the device, bench_serve's
-#   call-by-call rows with the raw-graph column, -g and -p rows, the
-#   call-by-call rows with automatic request graphs (-a), a traced
-#   4-in-flight run for the tails' timeline, bench_gpu sections 2 and 5 at
-#   4, 8, 16 and 64 workers; python: issue 33, the wheel carried as .whl/
+#   graphs: issue 30's figures in one go: bench_graph_patch on the device,
+#   the README loop's default rows (1 and 4 in flight) beside the raw loop
+#   and a raw graph, twice, with the automatic graphs' counters, and with
+#   them off; -g and -p rows; T=64 traced with device spans alternated with
+#   untraced, and trace_stalls.py; bench_gpu sections 2 and 5 at 8, 4 and
+#   16 workers; python: issue 33, the wheel carried as .whl/
 #   installed with no build, its pytest suite with torch and CuPy, and
 #   bench/python_launch.py at 1/4/16/64 threads with the GIL released and
 #   kept)
@@ -173,24 +174,32 @@ if want serve; then
   run bench_gpu_launch 300 "$B/bench/bench_gpu" -q -s 1,2 "$OUT/bench_gpu_launch.csv"
 fi
 if want graphs; then
-  # Item 2: a patched replay beside a new capture + instantiate, on the device.
+  # Issue 30's done-when in one go, each figure beside its baseline in the
+  # same process. Patched replays beside a new capture + instantiate.
   run bench_graph_patch 120 env RUDA_BACKEND=cuda "$B/bench/bench_graph_patch" -n 2000
   run bench_graph_patch_k16 120 env RUDA_BACKEND=cuda "$B/bench/bench_graph_patch" -n 1000 -k 16
-  # Item 1's targets: call-by-call rows beside the raw loop and a raw graph
-  # per request; graph rows (a graph per slot, and one graph moved by patches).
-  run bench_serve_calls 500 "$B/bench/bench_serve" -n 2048
-  run bench_serve_graphs 400 "$B/bench/bench_serve" -g -n 2048
-  run bench_serve_patched 400 "$B/bench/bench_serve" -p -n 2048
-  # Item 1 itself: the call-by-call rows with automatic request graphs on.
-  run bench_serve_auto 500 "$B/bench/bench_serve" -a -n 2048
-  run bench_serve_auto_staged 500 "$B/bench/bench_serve" -a -s -n 2048
-  # Item 3: the tails with 4 in flight, and a timeline of one run to find
-  # the outliers (RUDA_TRACE with device spans; scripts: tools/trace_svg.py).
-  run bench_serve_tails 300 "$B/bench/bench_serve" -b -v 3,4 -t 16,64 -n 2048
-  run bench_trace_tails 200 env RUDA_TRACE="$OUT/trace_tails.json" RUDA_TRACE_DEVICE=1 "$B/bench/bench_serve" \
-    -v 3 -t 64 -n 128
-  # Item 4: sustained launch rates (sections 2 and 5) by worker count.
-  run bench_gpu_workers 500 "$B/bench/bench_gpu" -s 2,5 -w 4,8,16,64 "$OUT/bench_gpu_workers.csv"
+  # The README loop, default configuration, 1 and 4 in flight, beside the
+  # raw loop and a raw graph per request (rates, p50, p99.9), twice; the
+  # -b run prints the automatic graphs' counters (templates, replaced).
+  run bench_serve_calls 300 "$B/bench/bench_serve" -v 1,3 -n 2048
+  run bench_serve_calls_2 300 "$B/bench/bench_serve" -v 1,3 -n 2048
+  run bench_serve_counters 300 "$B/bench/bench_serve" -b -v 1,3 -t 16,64 -n 8192
+  # What the default automatic graphs give: the same rows with them off.
+  run bench_serve_auto_off 300 env RUDA_AUTO_GRAPHS=0 "$B/bench/bench_serve" -v 1,3 -n 2048
+  # Graph replays (a graph per slot) and one graph moved by patches.
+  run bench_serve_graphs 300 "$B/bench/bench_serve" -g -v 1,3 -n 2048
+  run bench_serve_patched 300 "$B/bench/bench_serve" -p -v 1,3 -n 2048
+  # Tracing with device spans at T=64, 4 in flight, alternated with the
+  # untraced run; the traced run's blocked driver calls.
+  for round in 1 2; do
+    run "bench_serve_untraced_t64_$round" 200 "$B/bench/bench_serve" -v 3 -t 64 -n 512
+    run "bench_serve_traced_t64_$round" 200 env RUDA_TRACE="/tmp/ruda-trace-t64.json" RUDA_TRACE_DEVICE=1 \
+      "$B/bench/bench_serve" -v 3 -t 64 -n 512
+  done
+  run trace_stalls_t64 60 python3 tools/trace_stalls.py /tmp/ruda-trace-t64.json
+  # Sustained launches, empty and with one buffer argument (sections 2 and
+  # 5), at the default 8 workers and at 4 and 16.
+  run bench_gpu_workers 500 "$B/bench/bench_gpu" -s 2,5 -w 8,4,16 "$OUT/bench_gpu_workers.csv"
 fi
 if want trace; then
   # RUDA_TRACE with device spans: the test, a serving trace to draw, and
