@@ -218,6 +218,27 @@ static void the_environment_turns_it_on(void **state) {
   unsetenv("RUDA_AUTO_GRAPHS");
 }
 
+/* One request queued whole behind a nap on stream 1 (which shares worker 0,
+ * so the worker takes the run in one batch): x zeroed, len launches of
+ * addk with k = i + add, a read; the bytes read are checked. No gate: a
+ * gate's flag would order the pushes for TSan. */
+static void queued_request(ruda_device *dev, ruda_handle x, uint32_t len, uint64_t add) {
+  uint64_t want[N] = {0};
+  test_write(dev, 0, ruda_bind(x), want, sizeof want);
+  assert_ok(test_launch(dev, 1, "nap", NULL, 0));
+  for (uint32_t i = 0; i < len; i++) {
+    addk(dev, 0, x, i + add);
+    for (int j = 0; j < N; j++) want[j] = want[j] * 3 + i + add;
+  }
+  ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(x));
+  uint64_t got[N];
+  ruda_future *f;
+  assert_ok(ruda_read(dev, 0, &d, got, sizeof got, &f));
+  assert_ok(ruda_future_wait(f, NULL));
+  ruda_future_free(f);
+  for (int j = 0; j < N; j++) assert_int_equal(got[j], want[j]);
+}
+
 /* Runs of 15, 16 and 17 launches, each ended by a read: a run stops at
  * RUDA__AUTO_MAX commands, and the command after it (the 17th, a launch or
  * the read) is looked at like the others, after the client that pushed it
@@ -229,24 +250,7 @@ static void runs_at_the_length_limit(void **state) {
   ruda_handle x;
   assert_ok(ruda_buffer_create(dev, 0, N * sizeof(uint64_t), &x));
   for (uint32_t len = RUDA__AUTO_MAX - 1; len <= RUDA__AUTO_MAX + 1; len++) {
-    for (int round = 0; round < 4; round++) {
-      uint64_t want[N] = {0};
-      test_write(dev, 0, ruda_bind(x), want, sizeof want);
-      /* Stream 1 shares worker 0: it sleeps while the run queues behind
-       * it (no gate: a gate's flag would order the pushes for TSan). */
-      assert_ok(test_launch(dev, 1, "nap", NULL, 0));
-      for (uint32_t i = 0; i < len; i++) {
-        addk(dev, 0, x, i + (uint64_t)round);
-        for (int j = 0; j < N; j++) want[j] = want[j] * 3 + i + (uint64_t)round;
-      }
-      ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(x));
-      uint64_t got[N];
-      ruda_future *f;
-      assert_ok(ruda_read(dev, 0, &d, got, sizeof got, &f));
-      assert_ok(ruda_future_wait(f, NULL));
-      ruda_future_free(f);
-      for (int j = 0; j < N; j++) assert_int_equal(got[j], want[j]);
-    }
+    for (int round = 0; round < 4; round++) queued_request(dev, x, len, (uint64_t)round);
   }
   assert_true(auto_cmds(dev) > 0);
   /* Replays come from templates, one per shape (three lengths here), each
@@ -275,22 +279,7 @@ static void shapes_taking_turns_keep_their_templates(void **state) {
   ruda_handle x;
   assert_ok(ruda_buffer_create(dev, 0, N * sizeof(uint64_t), &x));
   for (int round = 0; round < 5; round++) {
-    for (uint32_t len = 2; len <= 8; len++) {
-      uint64_t want[N] = {0};
-      test_write(dev, 0, ruda_bind(x), want, sizeof want);
-      assert_ok(test_launch(dev, 1, "nap", NULL, 0)); /* the run queues whole behind it */
-      for (uint32_t i = 0; i < len; i++) {
-        addk(dev, 0, x, i);
-        for (int j = 0; j < N; j++) want[j] = want[j] * 3 + i;
-      }
-      ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(x));
-      uint64_t got[N];
-      ruda_future *f;
-      assert_ok(ruda_read(dev, 0, &d, got, sizeof got, &f));
-      assert_ok(ruda_future_wait(f, NULL));
-      ruda_future_free(f);
-      for (int j = 0; j < N; j++) assert_int_equal(got[j], want[j]);
-    }
+    for (uint32_t len = 2; len <= 8; len++) queued_request(dev, x, len, 0);
   }
   const uint64_t templates = worker_sum(dev, offsetof(ruda__worker, auto_templates));
   const uint64_t replaced = worker_sum(dev, offsetof(ruda__worker, auto_replaced));
