@@ -20,6 +20,10 @@
  *         receives it and as ruda's -s and graph loops do; -P uploads
  *         preloaded page-locked inputs instead (the method before
  *         2026-12-03).
+ *   raw pg  the raw loop with the memory ruda's pageable rows get: the
+ *         upload from the caller's pageable input, the download into a
+ *         malloc'd output (the driver stages both); run beside the
+ *         pageable rows (no -s, no -g), in both tables.
  *   call  ruda: ruda_write, ruda_call (cublasSgemm on the worker's
  *         CUstream, one cublasHandle_t per worker), ruda_launch,
  *         ruda_call, ruda_launch, ruda_read + ruda_future_wait. With -s
@@ -190,6 +194,7 @@ typedef struct run_ctx {
   CUfunction f_gelu, f_bias;
   CUdeviceptr dw1, dw2, db1, db2;
   const char *pinned_inputs;
+  int pageable; /* raw pg: pageable input and output */
 #endif
 } run_ctx;
 
@@ -411,6 +416,7 @@ static void *raw_thread(void *p) {
   void *gin;
   CU(ruda__cu.cuMemHostAlloc((void **)&out, YB, 0));
   CU(ruda__cu.cuMemHostAlloc(&gin, XB, 0));
+  float *out_pg = rc->pageable ? malloc(YB) : NULL;
   CUgraphExec ge = NULL;
   if (use_graphs) { /* warm the handle first: cuBLAS sets up its workspace outside the capture */
     raw_request(rc, hd, lc, st, x, h, y, rc->pinned_inputs, out);
@@ -429,10 +435,15 @@ static void *raw_thread(void *p) {
       const size_t r = first + i;
       const char *in = rc->pinned_inputs + (size_t)input_of(a->index, r) * XB;
       uint64_t t0;
+      float *res = out;
       if (use_graphs) {
         memcpy(gin, in, XB);
         t0 = mono_ns();
         CU(ruda__cu.cuGraphLaunch(ge, st));
+      } else if (rc->pageable) { /* ruda's pageable rows' memory */
+        res = out_pg;
+        t0 = mono_ns();
+        raw_request(rc, hd, lc, st, x, h, y, inputs + (size_t)input_of(a->index, r) * XF, out_pg);
       } else if (raw_preloaded) {
         t0 = mono_ns();
         raw_request(rc, hd, lc, st, x, h, y, in, out);
@@ -443,13 +454,14 @@ static void *raw_thread(void *p) {
       }
       CU(ruda__cu.cuStreamSynchronize(st));
       if (phase) a->lat[i] = mono_ns() - t0;
-      if (!phase ? r == 0 : must_check(i)) check_output(row_name(rc->row), a->index, r, out);
+      if (!phase ? r == 0 : must_check(i)) check_output(row_name(rc->row), a->index, r, res);
     }
   }
   a->done_ns = mono_ns();
   if (ge != NULL) CU(ruda__cu.cuGraphExecDestroy(ge));
   if (hd != NULL) blas.destroy(hd);
   if (lc != NULL) cublaslt_ctx_fini(lc);
+  free(out_pg);
   CU(ruda__cu.cuMemFreeHost(out));
   CU(ruda__cu.cuMemFreeHost(gin));
   CU(ruda__cu.cuMemFree(x));
@@ -473,10 +485,16 @@ typedef struct result {
 
 static uint64_t *lat_all;
 
-static result run(int row, int threads, size_t n) {
+/* pageable: a raw row with pageable I/O (raw pg). */
+static result run_as(int row, int pageable, int threads, size_t n) {
   run_ctx rc;
   memset(&rc, 0, sizeof rc);
   rc.row = row;
+#ifdef RUDA_BENCH_CUDA
+  rc.pageable = pageable;
+#else
+  (void)pageable;
+#endif
   rc.threads = threads;
   rc.n = n;
   void *(*fn)(void *) = ruda_thread;
@@ -523,6 +541,8 @@ static result run(int row, int threads, size_t n) {
               lat_all[(size_t)(0.99 * (double)(cnt - 1))] / 1e3};
   return r;
 }
+
+static result run(int row, int threads, size_t n) { return run_as(row, 0, threads, n); }
 
 static void usage(void) {
   fprintf(stderr,
@@ -629,18 +649,29 @@ int main(int argc, char **argv) {
          staged_io && !use_graphs ? "; ruda's I/O page-locked" : "", in_place == 1   ? "; ruda's streams in place"
          : in_place == 0 ? "; ruda's streams never in place"
                          : "");
-  printf("   %3s | %10s %8s %8s | %10s %8s %8s %7s %7s %7s | %10s %8s %8s %7s\n", "T", "raw req/s", "p50 us",
+  /* Pageable ruda rows are also set beside the raw loop on the same
+   * pageable memory (raw pg). */
+  const int pg = !staged_io && !use_graphs;
+  printf("   %3s | %10s %8s %8s | %10s %8s %8s %7s %7s %7s | %10s %8s %8s %7s", "T", "raw req/s", "p50 us",
          "p99 us", "call req/s", "p50 us", "p99 us", "x raw", "p50 x", "p99 x", "flush r/s", "p50 us", "p99 us", "x raw");
+  if (pg) printf(" | %10s %8s %8s %7s %7s %7s", "raw pg r/s", "p50 us", "p99 us", "x pg", "p50 x", "p99 x");
+  printf("\n");
   for (int i = 0; i < nt; i++) {
     result raw = run(ROW_RAW, ts[i], n), call = run(ROW_CALL, ts[i], n);
     printf("   %3d | %10.0f %8.1f %8.1f | %10.0f %8.1f %8.1f %7.3f %7.3f %7.3f |", ts[i], raw.rps, raw.p50, raw.p99,
            call.rps, call.p50, call.p99, call.rps / raw.rps, call.p50 / raw.p50, call.p99 / raw.p99);
     if (!use_graphs) {
       result fl = run(ROW_FLUSH, ts[i], n);
-      printf(" %10.0f %8.1f %8.1f %7.3f\n", fl.rps, fl.p50, fl.p99, fl.rps / raw.rps);
+      printf(" %10.0f %8.1f %8.1f %7.3f", fl.rps, fl.p50, fl.p99, fl.rps / raw.rps);
     } else {
-      printf(" %10s\n", "-");
+      printf(" %10s", "-");
     }
+    if (pg) {
+      result rp = run_as(ROW_RAW, 1, ts[i], n);
+      printf(" | %10.0f %8.1f %8.1f %7.3f %7.3f %7.3f", rp.rps, rp.p50, rp.p99, call.rps / rp.rps, call.p50 / rp.p50,
+             call.p99 / rp.p99);
+    }
+    printf("\n");
     fflush(stdout);
   }
   if (!have_lt) {
@@ -649,12 +680,20 @@ int main(int argc, char **argv) {
     printf("cuBLASLt: upload 32x1024, Lt matmul 1024x4096 + bias+GELU epilogue, Lt matmul 4096x1024 + bias "
            "epilogue, download; %s\n",
            use_graphs ? "each request one graph" : staged_io ? "ruda's I/O page-locked" : "pageable ruda I/O");
-    printf("   %3s | %10s %8s %8s | %10s %8s %8s %7s %7s %7s\n", "T", "lt raw r/s", "p50 us", "p99 us", "lt call r/s",
+    printf("   %3s | %10s %8s %8s | %10s %8s %8s %7s %7s %7s", "T", "lt raw r/s", "p50 us", "p99 us", "lt call r/s",
            "p50 us", "p99 us", "x raw", "p50 x", "p99 x");
+    if (pg) printf(" | %10s %8s %8s %7s %7s %7s", "lt raw pg", "p50 us", "p99 us", "x pg", "p50 x", "p99 x");
+    printf("\n");
     for (int i = 0; i < nt; i++) {
       result raw = run(ROW_LT_RAW, ts[i], n), call = run(ROW_LT_CALL, ts[i], n);
-      printf("   %3d | %10.0f %8.1f %8.1f | %10.0f %8.1f %8.1f %7.3f %7.3f %7.3f\n", ts[i], raw.rps, raw.p50, raw.p99,
+      printf("   %3d | %10.0f %8.1f %8.1f | %10.0f %8.1f %8.1f %7.3f %7.3f %7.3f", ts[i], raw.rps, raw.p50, raw.p99,
              call.rps, call.p50, call.p99, call.rps / raw.rps, call.p50 / raw.p50, call.p99 / raw.p99);
+      if (pg) {
+        result rp = run_as(ROW_LT_RAW, 1, ts[i], n);
+        printf(" | %10.0f %8.1f %8.1f %7.3f %7.3f %7.3f", rp.rps, rp.p50, rp.p99, call.rps / rp.rps,
+               call.p50 / rp.p50, call.p99 / rp.p99);
+      }
+      printf("\n");
       fflush(stdout);
     }
   }

@@ -19,6 +19,18 @@
  * The update's cost is patched - run; a new graph's, new - run. Every
  * result is checked (the download holds what the kernels computed). The
  * kernel is axpy, which the mock driver also runs. Host backend unless RUDA_BACKEND=cuda (then the device's).
+ *
+ * On cuda the driver's own floor follows, in the same process: the same
+ * request as a raw CUDA graph built node by node (a copy node, k kernel
+ * nodes, a copy node, on a CUstream of its own, ruda's compiled axpy),
+ * moved between the same kind of sets B and C in three ways:
+ *   plain    cuGraphLaunch + cuStreamSynchronize, as built
+ *   setters  cuGraphExec{Kernel,Memcpy}NodeSetParams on every node, then
+ *            launch + sync (what ruda does for the nodes a patch changes)
+ *   update   the template's nodes set (cuGraph{Kernel,Memcpy}NodeSetParams)
+ *            and cuGraphExecUpdate on the whole graph, then launch + sync
+ * with each update's own time and its cost per node. ruda's patched/plain
+ * beside the driver's setters/plain says how much of the update is ruda.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +38,11 @@
 #include <unistd.h>
 
 #include "ruda/ruda.h"
+#ifdef RUDA_BENCH_CUDA
+#include "backends/cuda/cu_loader.h"
+#include "backends/cuda/cuda_internal.h"
+#include "src/api.h"
+#endif
 #define BENCH_NAME "bench_graph_patch"
 #include "bench/bench_check.h"
 #include "bench/bench_clock.h"
@@ -95,6 +112,137 @@ static int same(const float *a, const float *b) {
     if (a[i] != b[i]) return 0;
   return 1;
 }
+
+#ifdef RUDA_BENCH_CUDA
+/* One raw set: device x and y, page-locked in and out. */
+typedef struct raw_set {
+  CUdeviceptr x, y;
+  float *in, *out;
+  void *params[4];
+  float model[NF];
+} raw_set;
+
+static CUDA_MEMCPY3D raw_copy(int up, const raw_set *t) {
+  CUDA_MEMCPY3D c;
+  memset(&c, 0, sizeof c);
+  c.WidthInBytes = BYTES;
+  c.Height = c.Depth = 1;
+  if (up) {
+    c.srcMemoryType = CU_MEMORYTYPE_HOST, c.srcHost = t->in;
+    c.dstMemoryType = CU_MEMORYTYPE_DEVICE, c.dstDevice = t->x;
+  } else {
+    c.srcMemoryType = CU_MEMORYTYPE_DEVICE, c.srcDevice = t->y;
+    c.dstMemoryType = CU_MEMORYTYPE_HOST, c.dstHost = t->out;
+  }
+  return c;
+}
+
+static CUDA_KERNEL_NODE_PARAMS raw_kernel(CUfunction f, raw_set *t) {
+  CUDA_KERNEL_NODE_PARAMS k;
+  memset(&k, 0, sizeof k);
+  k.func = f;
+  k.gridDimX = NF / 256, k.gridDimY = k.gridDimZ = 1;
+  k.blockDimX = 256, k.blockDimY = k.blockDimZ = 1;
+  t->params[0] = (void *)&n_elems, t->params[1] = (void *)&half, t->params[2] = &t->x, t->params[3] = &t->y;
+  k.kernelParams = t->params;
+  return k;
+}
+
+/* The driver's floor (see the header): medians in us of plain, setters,
+ * update (each with launch + sync), and of the setters and the update
+ * alone. Returns the results that did not match the model. */
+static long raw_floor(ruda_device *dev, long iters, double us[5]) {
+  void *c = NULL;
+  CHECK(ruda_cuda_context(dev, &c));
+  CUcontext ctx = (CUcontext)c;
+  CU(ruda__cu.cuCtxSetCurrent(ctx));
+  if (ruda__cu.cuGraphCreate == NULL || ruda__cu.cuGraphExecUpdate == NULL || ruda__cu.cuGraphAddKernelNode == NULL) {
+    printf("  driver floor: skipped, the driver lacks cuGraphCreate/cuGraphExecUpdate\n");
+    return 0;
+  }
+  CUfunction f = ((ruda__cu_kernel *)ruda__kernel_find(dev, "axpy")->impl)->fn;
+  CUstream st;
+  CU(ruda__cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+  raw_set r[3];
+  static const float zero[NF];
+  for (int i = 0; i < 3; i++) {
+    CU(ruda__cu.cuMemAlloc(&r[i].x, BYTES));
+    CU(ruda__cu.cuMemAlloc(&r[i].y, BYTES));
+    CU(ruda__cu.cuMemcpyHtoD(r[i].y, zero, BYTES));
+    CU(ruda__cu.cuMemHostAlloc((void **)&r[i].in, BYTES, 0));
+    CU(ruda__cu.cuMemHostAlloc((void **)&r[i].out, BYTES, 0));
+    for (int j = 0; j < NF; j++) r[i].in[j] = (float)((j + 5 * i) % 11);
+    memset(r[i].model, 0, sizeof r[i].model);
+  }
+  /* The template: upload -> k kernels -> download, a chain. */
+  CUgraph graph;
+  CUgraphNode nodes[MAXK + 2];
+  const int nn = kernels + 2;
+  CU(ruda__cu.cuGraphCreate(&graph, 0));
+  CUDA_MEMCPY3D up = raw_copy(1, &r[0]), down = raw_copy(0, &r[0]);
+  CU(ruda__cu.cuGraphAddMemcpyNode(&nodes[0], graph, NULL, 0, &up, ctx));
+  for (int k = 0; k < kernels; k++) {
+    CUDA_KERNEL_NODE_PARAMS kp = raw_kernel(f, &r[0]);
+    CU(ruda__cu.cuGraphAddKernelNode(&nodes[k + 1], graph, &nodes[k], 1, &kp));
+  }
+  CU(ruda__cu.cuGraphAddMemcpyNode(&nodes[nn - 1], graph, &nodes[nn - 2], 1, &down, ctx));
+  CUgraphExec exec;
+  CU(ruda__cu.cuGraphInstantiateWithFlags(&exec, graph, 0));
+  uint64_t *t_all[5];
+  for (int i = 0; i < 5; i++) t_all[i] = malloc((size_t)iters * sizeof(uint64_t));
+  long bad = 0;
+  const long skip = 8;
+  for (int phase = 0; phase < 3; phase++) {
+    for (long it = 0; it < iters + skip; it++) {
+      raw_set *t = &r[phase == 0 ? 0 : 1 + (int)(it % 2)];
+      const uint64_t t0 = mono_ns();
+      if (phase == 1) {
+        CUDA_MEMCPY3D cu = raw_copy(1, t), cd = raw_copy(0, t);
+        CU(ruda__cu.cuGraphExecMemcpyNodeSetParams(exec, nodes[0], &cu, ctx));
+        for (int k = 0; k < kernels; k++) {
+          CUDA_KERNEL_NODE_PARAMS kp = raw_kernel(f, t);
+          CU(ruda__cu.cuGraphExecKernelNodeSetParams(exec, nodes[k + 1], &kp));
+        }
+        CU(ruda__cu.cuGraphExecMemcpyNodeSetParams(exec, nodes[nn - 1], &cd, ctx));
+      } else if (phase == 2) {
+        CUDA_MEMCPY3D cu = raw_copy(1, t), cd = raw_copy(0, t);
+        CU(ruda__cu.cuGraphMemcpyNodeSetParams(nodes[0], &cu));
+        for (int k = 0; k < kernels; k++) {
+          CUDA_KERNEL_NODE_PARAMS kp = raw_kernel(f, t);
+          CU(ruda__cu.cuGraphKernelNodeSetParams(nodes[k + 1], &kp));
+        }
+        CU(ruda__cu.cuGraphMemcpyNodeSetParams(nodes[nn - 1], &cd));
+        CUgraphExecUpdateResultInfo info;
+        CU(ruda__cu.cuGraphExecUpdate(exec, graph, &info));
+      }
+      const uint64_t t1 = mono_ns();
+      CU(ruda__cu.cuGraphLaunch(exec, st));
+      CU(ruda__cu.cuStreamSynchronize(st));
+      const uint64_t t2 = mono_ns();
+      model(t->model, t->in);
+      bad += !same(t->out, t->model);
+      if (it >= skip) {
+        t_all[phase][it - skip] = t2 - t0;
+        if (phase > 0) t_all[2 + phase][it - skip] = t1 - t0;
+      }
+    }
+  }
+  for (int i = 0; i < 5; i++) {
+    us[i] = median_us(t_all[i], (size_t)iters);
+    free(t_all[i]);
+  }
+  CU(ruda__cu.cuGraphExecDestroy(exec));
+  CU(ruda__cu.cuGraphDestroy(graph));
+  CU(ruda__cu.cuStreamDestroy(st));
+  for (int i = 0; i < 3; i++) {
+    CU(ruda__cu.cuMemFree(r[i].x));
+    CU(ruda__cu.cuMemFree(r[i].y));
+    CU(ruda__cu.cuMemFreeHost(r[i].in));
+    CU(ruda__cu.cuMemFreeHost(r[i].out));
+  }
+  return bad;
+}
+#endif
 
 int main(int argc, char **argv) {
   long iters = 2000;
@@ -187,6 +335,24 @@ int main(int argc, char **argv) {
     printf("  a new graph costs %.1fx the update\n", (fresh - run) / (patched - run));
   else
     printf("  the update is below the timer's resolution beside a run\n");
+#ifdef RUDA_BENCH_CUDA
+  if (cuda) {
+    double us[5] = {0};
+    const long rbad = raw_floor(dev, iters, us);
+    bad += rbad;
+    if (us[0] > 0) {
+      const int nn = kernels + 2;
+      printf("  driver floor, a raw graph of the same %d nodes on its own CUstream (medians of %ld):\n", nn, iters);
+      printf("    cuGraphLaunch + sync, as built                   %9.2f us\n", us[0]);
+      printf("    per-node cuGraphExec*SetParams, then launch      %9.2f us  (setters: %.2f us, %.2f us a node)\n",
+             us[1], us[3], us[3] / nn);
+      printf("    template set + cuGraphExecUpdate, then launch    %9.2f us  (update: %.2f us, %.2f us a node)\n",
+             us[2], us[4], us[4] / nn);
+      printf("  patched / plain: ruda %.2f; driver, setters %.2f, whole-graph update %.2f (%ld raw mismatches)\n",
+             patched / run, us[1] / us[0], us[2] / us[0], rbad);
+    }
+  }
+#endif
   printf("  results checked every iteration: %ld mismatches\n", bad);
   CHECK(ruda_graph_destroy(dev, g));
   CHECK(ruda_sync(dev, 0, NULL));

@@ -172,6 +172,38 @@ trace)
   r new.trace.stalls python3 tools/trace_stalls.py /tmp/trace_dev.json
   xz -T4 -3 -c /tmp/trace_host.json > "$OUT/trace_host.json.xz"
   r base.untraced build-gpu-base/bench/bench_serve -v 3 -t 64 -n 512 ;;
+patch)
+  # Patched replays beside the driver's floor (a raw graph's setters and
+  # cuGraphExecUpdate), k = 3 and 16, twice.
+  for i in 1 2; do
+    r patch$i env RUDA_BACKEND=cuda build-gpu/bench/bench_graph_patch -n 2000
+    r patch$i.k16 env RUDA_BACKEND=cuda build-gpu/bench/bench_graph_patch -n 1000 -k 16
+  done ;;
+conn)
+  # Why more workers lose the README loop at T=16: the device's hardware
+  # queues (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default), in place, or the
+  # automatic graphs.
+  for w in 8 16; do
+    r conn.w$w.c32 env CUDA_DEVICE_MAX_CONNECTIONS=32 build-gpu/bench/bench_serve -v 1 -t 16 -w $w -n 4096
+    r conn.w$w build-gpu/bench/bench_serve -v 1 -t 16 -w $w -n 4096
+    r conn.w$w.I build-gpu/bench/bench_serve -I -v 1 -t 16 -w $w -n 4096
+    r conn.w$w.noauto env RUDA_AUTO_GRAPHS=0 build-gpu/bench/bench_serve -v 1 -t 16 -w $w -n 4096
+  done
+  r conn.blas.w8.c32 env CUDA_DEVICE_MAX_CONNECTIONS=32 build-gpu/bench/bench_blas -s -t 16 -w 8 -n 1000
+  r conn.blas.w16.c32 env CUDA_DEVICE_MAX_CONNECTIONS=32 build-gpu/bench/bench_blas -s -t 16 -w 16 -n 1000 ;;
+lanes)
+  # Is the T=16 loss of two streams per worker the shared CUstream, and
+  # do more workers lose by their threads' spinning? 8/16/32 workers,
+  # with and without the workers' spin, README loop and bench_blas.
+  for w in 8 16 32; do
+    r lanes.serve.w$w build-gpu/bench/bench_serve -v 1,3 -t 16,64 -w $w -n 2048
+    r lanes.serve.w$w.spin0 env RUDA_SPIN_US=0 build-gpu/bench/bench_serve -v 1,3 -t 16,64 -w $w -n 2048
+    r lanes.blas.w$w build-gpu/bench/bench_blas -s -t 4,16 -w $w -n 1000
+    r lanes.blas.w$w.spin0 env RUDA_SPIN_US=0 build-gpu/bench/bench_blas -s -t 4,16 -w $w -n 1000
+  done
+  r lanes.blas.pageable build-gpu/bench/bench_blas -t 1 -n 2000
+  r lanes.blas.pageable.trace env RUDA_TRACE=/tmp/trace_pg.json RUDA_TRACE_DEVICE=1 build-gpu/bench/bench_blas -t 1 -n 300
+  xz -T4 -3 -c /tmp/trace_pg.json > "$OUT/trace_pageable.json.xz" ;;
 final)
   # The defaults' final table: call-by-call, page-locked, graph, patched rows.
   r final.serve build-gpu/bench/bench_serve -v 1,3 -n 2048

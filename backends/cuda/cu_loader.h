@@ -37,7 +37,8 @@
   X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuModuleGetFunctionCount)              \
   X(cuModuleEnumerateFunctions) X(cuFuncGetName) X(cuStreamGetCaptureInfo) X(cuGraphNodeGetType)       \
   X(cuGraphMemcpyNodeGetParams) X(cuGraphExecKernelNodeSetParams) X(cuGraphExecMemcpyNodeSetParams)   \
-  X(cuPointerGetAttribute)
+  X(cuPointerGetAttribute) X(cuGraphCreate) X(cuGraphAddKernelNode) X(cuGraphAddMemcpyNode)           \
+  X(cuGraphKernelNodeSetParams) X(cuGraphMemcpyNodeSetParams) X(cuGraphExecUpdate)
 
 #define RUDA__NVRTC_FUNCS(X)                                                                       \
   X(nvrtcVersion) X(nvrtcGetErrorString) X(nvrtcCreateProgram) X(nvrtcDestroyProgram)              \
