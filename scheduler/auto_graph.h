@@ -9,7 +9,9 @@
  * memory, argument kinds and scalar sizes, copy sizes. What differs from
  * the recorded run (buffer addresses, scalar bytes) is patched in
  * (scheduler/graph.c's fixes, the executable graph's node updates on
- * cuda). Worker only; off while commands are observed (NVTX,
+ * cuda). The runs come from the worker's batches, and from requests a
+ * client issued in place, held until their wait point (inline.c). Exec
+ * holder only (the worker thread, or a client in place); off while commands are observed (NVTX,
  * RUDA_WORKER_STATS) or RUDA_LAUNCH_BLOCKING is on, so those still see
  * each command; RUDA_TRACE records a replayed run as one command. */
 #ifndef RUDA_AUTO_GRAPH_H
@@ -18,9 +20,6 @@
 #include <stdint.h>
 
 #include "scheduler/scheduler.h"
-
-/* Commands in one run, at most. */
-#define RUDA__AUTO_MAX 16u
 
 /* Whether cmd may be part of a run (a launch or a copy with nothing the
  * worker must do beside issuing it). */
@@ -36,7 +35,7 @@ static inline int ruda__auto_wait_point(const ruda__cmd *cmd, const ruda__stream
          (cmd->kind == RUDA__CMD_READ || cmd->kind == RUDA__CMD_SYNC || cmd->kind == RUDA__CMD_FENCE);
 }
 
-/* Worker: issues run[0..n) (one stream's, n >= 2) as one graph when the
+/* Exec holder: issues run[0..n) (one stream's, n >= 2) as one graph when the
  * run is known. Returns how many of its first commands were issued
  * without a failure; when *rc is non-zero, run[that count] failed too,
  * with *err (issued: report and finish it). The caller runs the rest one

@@ -25,12 +25,29 @@
  * issue commands on the buffers its own command uses, or replay its own
  * graph, as it may on the worker thread: no lock of ruda's is held.
  *
+ * A request issued in place is held for its wait point when automatic
+ * graphs are on (cfg.auto_graphs): a launch or copy is claimed as above,
+ * but parked in the worker's `held` list instead of issued, and its
+ * stream's read, sync or flush issues the whole run with itself as one
+ * automatic graph (auto_graph.h), on the calling thread: one driver
+ * launch for the request's kernels, where the worker's batches already
+ * got one. Whoever takes exec next (the worker thread for a queued
+ * command, another stream's client) issues a held run first, since its
+ * tickets come first; the worker thread, told by `holding`, also issues
+ * one its stream left held for 100-200 us (a launch not followed by a
+ * wait), and such a stream is not held again for a while
+ * (ruda__held_flush). Nothing is held on a stream of another shape than a
+ * request's: only launches and copies of one stream, at most
+ * RUDA__AUTO_MAX, and none while that stream's last runs missed.
+ *
  * Thread-safe; never blocks on the device (the backend's calls return once
  * the work is submitted). The caller pays the driver calls the worker
  * would have made.
  */
 #include "scheduler/sched.h"
+#include "scheduler/auto_graph.h"
 #include "scheduler/graph.h"
+#include "base/sync.h"
 
 #define PROGRESS_EVERY 16u
 
@@ -44,12 +61,14 @@ int ruda__inline_claim(ruda__worker *w, const ruda__cmd *cmd, ruda__exec_guard *
       ruda__exec_try(w, RUDA__EXEC_CLIENT) != 0)
     return 0;
   *guard = (ruda__exec_guard){0};
-  /* Holding exec: nothing runs on the worker, so `done` is stable; equal
-   * to the tickets, nothing pushed is left to run (a push counts its
-   * ticket before it links the command, and one racing with us fails the
-   * compare-and-swap below). */
+  /* Holding exec: nothing runs on the worker, so `done` is stable; with
+   * the held commands, equal to the tickets, nothing pushed is left to
+   * run (a push counts its ticket before it links the command, and one
+   * racing with us fails the compare-and-swap below). */
   uint64_t t = atomic_load_explicit(&w->tickets, memory_order_seq_cst);
-  if (w->trace != NULL || atomic_load_explicit(&w->done, memory_order_relaxed) != t ||
+  if (w->trace != NULL ||
+      atomic_load_explicit(&w->done, memory_order_relaxed) + atomic_load_explicit(&w->nheld, memory_order_relaxed) !=
+          t ||
       (sch->backend.ops->exec_enter != NULL && sch->backend.ops->exec_enter(sch->backend.state, guard) != 0)) {
     ruda__exec_release(w);
     return 0;
@@ -65,8 +84,41 @@ int ruda__inline_claim(ruda__worker *w, const ruda__cmd *cmd, ruda__exec_guard *
   return 1;
 }
 
+/* Holding exec: parks cmd in w's held run when it may wait for its
+ * stream's wait point (see the top); 1 when held. */
+static int hold(ruda__worker *w, ruda__cmd *cmd) {
+  const uint32_t n = atomic_load_explicit(&w->nheld, memory_order_relaxed);
+  if (!w->sch->cfg.auto_graphs || !ruda__auto_eligible(cmd) || n == RUDA__AUTO_MAX ||
+      (n > 0 && w->held[0]->stream != cmd->stream))
+    return 0;
+  if (n == 0 && cmd->stream->hold_miss != 0) { /* a run of it missed: issued at once for a while */
+    cmd->stream->hold_miss--;
+    return 0;
+  }
+  if (n == 0) w->held_run++;
+  w->held[n] = cmd;
+  atomic_store_explicit(&w->nheld, n + 1, memory_order_relaxed);
+  return 1;
+}
+
 void ruda__inline_finish(ruda__worker *w, ruda__cmd *cmd, ruda__exec_guard *guard) {
   struct ruda__sched *sch = w->sch;
+  if (hold(w, cmd)) {
+    /* Its admission stays taken until the run is issued. */
+    if (sch->backend.ops->exec_leave != NULL) sch->backend.ops->exec_leave(sch->backend.state, guard);
+    ruda__exec_release(w);
+    /* The worker thread watches held runs (sleeping with a deadline)
+     * once told; it stops after a quiet spell, under exec, so a hold
+     * after that sees 0 here. */
+    if (!atomic_load_explicit(&w->holding, memory_order_seq_cst)) {
+      atomic_store_explicit(&w->holding, 1, memory_order_seq_cst);
+      ck_ec32_inc(&w->wake, &ruda__ec_mp);
+    }
+    return;
+  }
+  /* A held run goes first (its tickets do); with cmd when cmd is its
+   * stream's wait point. */
+  if (atomic_load_explicit(&w->nheld, memory_order_relaxed) > 0) ruda__held_flush(w, cmd);
   ruda__execute(w, cmd); /* reports a failure on the stream, completes the future */
   ruda__cmd_free(cmd);
   /* What commands left retiring (write staging whose copy ran) goes back

@@ -43,9 +43,9 @@ static void fence_free(void *ctx, void *fence) {
 }
 
 /* On a backend without events (the host), work is complete once its
- * worker ran it, so a worker seen asleep with an empty queue and nobody
- * running a command in its place (inline.c) has passed everything pushed
- * before: no fence is needed. The epoch is read on both sides of those
+ * worker ran it, so a worker seen asleep with an empty queue, nobody
+ * running a command in its place and no command held for a wait point
+ * (inline.c) has passed everything pushed before: no fence is needed. The epoch is read on both sides of those
  * checks, so a batch taken in between shows. */
 static int idle(void *ctx, uint32_t w) {
   struct ruda__sched *sch = ctx;
@@ -53,7 +53,8 @@ static int idle(void *ctx, uint32_t w) {
   ruda__worker *wk = &sch->workers[w];
   uint32_t e = atomic_load_explicit(&wk->idle_epoch, memory_order_seq_cst);
   if (!(e & 1) || !cds_wfcq_empty(&wk->head, &wk->tail) ||
-      atomic_load_explicit(&wk->exec, memory_order_seq_cst) != 0)
+      atomic_load_explicit(&wk->exec, memory_order_seq_cst) != 0 ||
+      atomic_load_explicit(&wk->nheld, memory_order_seq_cst) != 0) /* claimed, not yet run (inline.c) */
     return 0;
   return atomic_load_explicit(&wk->idle_epoch, memory_order_seq_cst) == e;
 }

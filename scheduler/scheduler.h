@@ -192,6 +192,10 @@ void ruda__future_unref(struct ruda_future *f);
 /* Ways of the per-worker cache of marks already waited for (order.c). */
 #define RUDA__COVER_WAYS 8u
 
+/* Commands in one automatic graph's run, at most (auto_graph.h), and so
+ * commands a worker holds for one (inline.c). */
+#define RUDA__AUTO_MAX 16u
+
 /* A worker's fields and who may touch them. "exec holder" is whoever holds
  * `exec` (the worker side of base/backend.h: the worker thread, or a client
  * running one command in place).
@@ -202,15 +206,18 @@ void ruda__future_unref(struct ruda_future *f);
  *   wake / space                   pushers / worker         worker / pushers (event counts)
  *   index, own_bit, thread, sch,   open (before the worker  anyone
  *     observed, reserve_*           starts)
- *   wstate, in_place_runs          exec holder              exec holder
+ *   wstate, in_place_runs,         exec holder              exec holder
+ *     held, held_run
+ *   nheld                          exec holder (atomic)     exec holder; scheduler/progress.c
+ *   holding                        clients, worker thread   worker thread (atomic)
  *   done                           exec holder (atomic)     anyone
  *   exec                           compare-and-swap         anyone
  *   completed                      any waiter (atomic max)  anyone
  *   covered                        pushers of WAITs         pushers (atomic, lossy)
  *   mark_lock, last_mark           clients, under mark_lock
  *   last_idle_ns, stats, trace,    worker thread only       worker; stats and traces
- *     idle_epoch (written)                                  after it stopped; idle_epoch
- *                                                           by scheduler/progress.c
+ *     idle_epoch (written),                                 after it stopped; idle_epoch
+ *     held_seen_*                                           by scheduler/progress.c
  */
 struct ruda__worker {
   /* Producer side, on its own cache line. */
@@ -264,11 +271,24 @@ struct ruda__worker {
    * `done`. */
   _Atomic uint32_t exec;
   uint32_t in_place_runs; /* commands clients ran in place; under exec */
+  /* A request issued in place, held for its wait point (inline.c): one
+   * stream's launches and copies, claimed (tickets taken, not yet run) and
+   * not issued until that stream's read, sync or flush issues them with it
+   * as one automatic graph, or anyone else taking exec issues them first
+   * (ruda__held_flush). held_run counts the runs begun; `holding` is 1
+   * while the worker thread watches for runs held too long (it then sleeps
+   * with a deadline). */
+  ruda__cmd *held[RUDA__AUTO_MAX];
+  _Atomic uint32_t nheld;
+  uint32_t held_run;
+  _Atomic uint32_t holding;
+  uint32_t held_seen_run;   /* worker thread: the run it last saw held, */
+  uint64_t held_seen_ns;    /* since when, */
+  uint64_t held_active_ns;  /* and when a run was last seen held */
   /* cfg.auto_graphs: the runs this worker recorded (scheduler/auto_graph.c;
-   * worker only), how many commands went as part of one, how many
+   * exec holder), how many commands went as part of one, how many
    * templates it made and how many noted shapes a new one replaced (its
-   * cache is small and direct-mapped: shapes that take turns there are
-   * never replayed). */
+   * cache holds a few shapes: more that take turns are never replayed). */
   struct ruda__auto *autog;
   _Atomic uint64_t auto_cmds, auto_templates, auto_replaced;
   /* Set at start: commands are observed (RUDA_WORKER_STATS, NVTX), so they
@@ -334,6 +354,14 @@ static inline uint32_t ruda__exec_try(ruda__worker *w, uint32_t who) {
 }
 static inline void ruda__exec_release(ruda__worker *w) { atomic_store_explicit(&w->exec, 0, memory_order_release); }
 
+/* Exec holder: issues the commands held for a wait point (inline.c), in
+ * order, before anything after them. next: what the holder runs next
+ * (NULL: nothing, the worker found the run held too long); when it is the
+ * held stream's wait point the run goes as one automatic graph. Each
+ * held command is finished (errors reported), freed and its admission
+ * given back. */
+void ruda__held_flush(ruda__worker *w, const ruda__cmd *next);
+
 /* Client, its admission for cmd taken: runs cmd on the calling thread
  * when w has nothing queued or running (scheduler/inline.c), so the
  * command skips the hand-over to the worker and back. 1 when it ran (cmd is then freed; its result is
@@ -375,6 +403,10 @@ struct ruda__stream {
   _Atomic int in_place;
   _Atomic uint32_t unwaited;   /* futures on it not yet waited or freed */
   _Atomic uint32_t since_wait; /* commands issued since its last wait */
+  /* Set when a run held for its wait point (inline.c) had to be issued
+   * without it; while non-zero, each launch or copy issued in place
+   * counts it down instead of being held. Exec holders only. */
+  uint32_t hold_miss;
   struct ruda__capture *_Atomic cap;
   /* Error queue: workers push, drains take. */
   pthread_mutex_t err_lock;

@@ -168,6 +168,17 @@ static int execute_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n) {
 
 #define RETIRE_EVERY 256u
 
+/* Held runs (scheduler/inline.c): a run the worker finds held this long
+ * (between one and two of its checks) is issued without its wait point;
+ * the worker checks at this interval while runs were held within the
+ * last HOLD_WATCH_NS, and sleeps without a deadline otherwise. A stream
+ * whose run was issued without its wait point (so, or for another
+ * stream's command) has its next HOLD_PENALTY launches and copies issued
+ * at once. */
+#define HOLD_NS (100u * 1000u)
+#define HOLD_WATCH_NS (20ull * 1000u * 1000u)
+#define HOLD_PENALTY 64u
+
 /* Gives n executed commands' places back to the bound and wakes blocked
  * producers. The increment is unconditional: a producer that saw the queue
  * full and is about to sleep then finds the count changed (ck_ec only
@@ -177,6 +188,46 @@ static void retire(ruda__worker *w, uint32_t *n) {
   atomic_fetch_sub_explicit(&w->depth, *n, memory_order_relaxed);
   *n = 0;
   ck_ec32_inc(&w->space, &ruda__ec_mp);
+}
+
+void ruda__held_flush(ruda__worker *w, const ruda__cmd *next) {
+  uint32_t n = atomic_load_explicit(&w->nheld, memory_order_relaxed);
+  if (n == 0) return;
+  ruda__stream *s = w->held[0]->stream;
+  const int own_wait = next != NULL && ruda__auto_wait_point(next, s);
+  if (n >= 2 && own_wait) {
+    ruda__trace *t = w->trace;
+    if (t != NULL) ruda__trace_begin_run(w, w->held, n);
+    const int rc = execute_run(w, w->held, n);
+    if (t != NULL) ruda__trace_end(w, t, rc);
+  } else {
+    for (uint32_t i = 0; i < n; i++) ruda__execute(w, w->held[i]);
+  }
+  /* Issued for another stream's command or for waiting too long: a miss.
+   * Broken by the stream's own next command (a write, a call): a request
+   * of another shape, no miss. */
+  if (next == NULL || next->stream != s) s->hold_miss = HOLD_PENALTY;
+  for (uint32_t i = 0; i < n; i++) ruda__cmd_free(w->held[i]);
+  atomic_store_explicit(&w->nheld, 0, memory_order_release);
+  retire(w, &n); /* the places their admissions took */
+}
+
+/* Worker thread, holding exec with nothing queued: issues a held run
+ * that waited past HOLD_NS for its wait point; clears `holding` once no
+ * run was held for HOLD_WATCH_NS. */
+static void held_check(ruda__worker *w, uint64_t now) {
+  if (atomic_load_explicit(&w->nheld, memory_order_relaxed) > 0) {
+    w->held_active_ns = now;
+    if (w->held_run != w->held_seen_run) {
+      w->held_seen_run = w->held_run;
+      w->held_seen_ns = now;
+    } else if (now - w->held_seen_ns >= HOLD_NS) {
+      ruda__held_flush(w, NULL);
+    }
+  } else if (atomic_load_explicit(&w->holding, memory_order_relaxed) && now - w->held_active_ns >= HOLD_WATCH_NS) {
+    /* Under exec: a client holding after this sees 0 and wakes us. */
+    atomic_store_explicit(&w->holding, 0, memory_order_seq_cst);
+  }
 }
 
 static int queue_nonempty(const void *p) {
@@ -221,6 +272,7 @@ static void *worker_main(void *arg) {
   const int autog = sch->cfg.auto_graphs && !sch->cfg.launch_blocking && !stats && !nvtx;
 
   int stop = 0;
+  uint64_t idle_since = 0; /* when the worker last ran out of work (0: busy) */
   while (!stop) {
     struct cds_wfcq_head batch_head;
     struct cds_wfcq_tail batch_tail;
@@ -237,10 +289,14 @@ static void *worker_main(void *arg) {
     enum cds_wfcq_ret r =
         __cds_wfcq_splice_nonblocking(&batch_head, &batch_tail, &w->head, &w->tail);
     if (r == CDS_WFCQ_RET_SRC_EMPTY) {
+      const uint64_t now = ruda__now_ns(), spin = (uint64_t)sch->cfg.spin_us * 1000;
+      held_check(w, now); /* before the epoch turns odd: it may run commands */
       atomic_fetch_add_explicit(&w->idle_epoch, 1, memory_order_seq_cst); /* odd: idle */
-      const uint64_t idle_start = ruda__now_ns(), spin = (uint64_t)sch->cfg.spin_us * 1000;
+      if (idle_since == 0) idle_since = now;
+      const uint64_t idle_start = idle_since;
       int (*const progress)(void *, int) = sch->backend.ops->progress;
       int retiring = progress != NULL && progress(w->wstate, 0);
+      const int watching = atomic_load_explicit(&w->holding, memory_order_relaxed) != 0;
       ruda__exec_release(w);
       /* Poll before sleeping while work has been coming back within the
        * spin time (a client waiting on a result is about to send the next
@@ -248,8 +304,9 @@ static void *worker_main(void *arg) {
        * and the command no wake-up latency. A worker left idle longer
        * sleeps at once next time. */
       if (spin != 0 && w->last_idle_ns <= spin && ruda__spin_bounded(queue_nonempty, w, spin)) {
-        w->last_idle_ns = ruda__now_ns() - idle_start;
-        w->stats.poll_ns += w->last_idle_ns;
+        const uint64_t t = ruda__now_ns();
+        w->last_idle_ns = t - idle_start;
+        w->stats.poll_ns += t - now;
         atomic_fetch_add_explicit(&w->idle_epoch, 1, memory_order_seq_cst);
         continue;
       }
@@ -262,17 +319,18 @@ static void *worker_main(void *arg) {
         retiring = progress(w->wstate, 1);
         ruda__exec_release(w);
       }
-      if (retiring) {
+      if (retiring || watching) { /* both look again after HOLD_NS */
         struct timespec dl;
         clock_gettime(CLOCK_MONOTONIC, &dl);
-        dl.tv_nsec += 100 * 1000;
+        dl.tv_nsec += HOLD_NS;
         if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
         ck_ec32_wait(&w->wake, &ruda__ec_mp, seen, &dl);
       } else {
         ck_ec32_wait(&w->wake, &ruda__ec_mp, seen, NULL);
       }
-      w->last_idle_ns = ruda__now_ns() - idle_start;
-      w->stats.sleep_ns += w->last_idle_ns;
+      const uint64_t t = ruda__now_ns();
+      w->last_idle_ns = t - idle_start; /* the whole idle spell, its looks at held runs included */
+      w->stats.sleep_ns += t - now;
       atomic_fetch_add_explicit(&w->idle_epoch, 1, memory_order_seq_cst);
       continue;
     }
@@ -280,6 +338,14 @@ static void *worker_main(void *arg) {
       ruda__exec_release(w);
       ruda__cpu_relax();
       continue;
+    }
+    idle_since = 0;
+    /* A run held for its wait point goes first: it took its tickets
+     * before anything queued. */
+    if (atomic_load_explicit(&w->nheld, memory_order_relaxed) > 0) {
+      struct cds_wfcq_node *first = __cds_wfcq_first_blocking(&batch_head, &batch_tail);
+      RUDA__TSAN_ACQUIRE(first);
+      ruda__held_flush(w, caa_container_of(first, ruda__cmd, node));
     }
     uint32_t unretired = 0;
     struct cds_wfcq_node *node, *next;

@@ -191,6 +191,35 @@ conn)
   done
   r conn.blas.w8.c32 env CUDA_DEVICE_MAX_CONNECTIONS=32 build-gpu/bench/bench_blas -s -t 16 -w 8 -n 1000
   r conn.blas.w16.c32 env CUDA_DEVICE_MAX_CONNECTIONS=32 build-gpu/bench/bench_blas -s -t 16 -w 16 -n 1000 ;;
+pg)
+  # Pageable I/O beside the raw loop on the same pageable memory; how
+  # evenly threads are served with 8 and 16 workers at T=16.
+  r pg.blas build-gpu/bench/bench_blas -t 1,4,16 -n 1000
+  r pg.blas.w16 build-gpu/bench/bench_blas -t 1,4,16 -w 16 -n 1000
+  r pg.fair.w8 build-gpu/bench/bench_serve -b -v 1 -t 4,16 -w 8 -n 4096
+  r pg.fair.w16 build-gpu/bench/bench_serve -b -v 1 -t 4,16 -w 16 -n 4096 ;;
+held)
+  # Requests issued in place held for their wait point (one graph each):
+  # the README loop's rows twice, counters, 16 workers; bench_blas; the
+  # sustained launch sections.
+  r held.serve1 build-gpu/bench/bench_serve -v 1,3 -n 2048
+  r held.serve2 build-gpu/bench/bench_serve -v 1,3 -n 2048
+  r held.b build-gpu/bench/bench_serve -b -v 1 -t 1,4,16 -n 2048
+  r held.serve.w16 build-gpu/bench/bench_serve -v 1,3 -t 4,16,64 -w 16 -n 2048
+  r held.blas.s build-gpu/bench/bench_blas -s -n 1000
+  r held.blas build-gpu/bench/bench_blas -n 1000
+  r held.blas.w16 build-gpu/bench/bench_blas -s -t 16 -w 16 -n 1000
+  r held.gpu build-gpu/bench/bench_gpu -q -s 2,5 "$OUT/held_gpu.csv" ;;
+held2)
+  # 8 and 16 workers alternated, twice: the README loop, bench_blas -s,
+  # sustained launches.
+  for i in 1 2; do
+    for w in 8 16; do
+      r held2.serve.w$w.$i build-gpu/bench/bench_serve -v 1,3 -w $w -n 2048
+      r held2.blas.w$w.$i build-gpu/bench/bench_blas -s -w $w -n 1000
+    done
+  done
+  r held2.gpu.w8 build-gpu/bench/bench_gpu -q -s 2,5 -w 8,16 "$OUT/held2_gpu.csv" ;;
 lanes)
   # Is the T=16 loss of two streams per worker the shared CUstream, and
   # do more workers lose by their threads' spinning? 8/16/32 workers,
