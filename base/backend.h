@@ -155,6 +155,13 @@ typedef struct ruda__backend_ops {
    * commands may run in place by default; not where running in place is
    * running the kernel (host). */
   unsigned in_place_pays : 1;
+  /* hold_with_peers: a request issued in place is held for its wait point
+   * (scheduler/inline.c) only while other workers issue too. One thread
+   * alone gets its kernels started sooner by launching them as they come
+   * than by one graph at the wait; under several threads the driver's
+   * launch path is contended and one graph launch beats several (cuda).
+   * Without it (host) runs are held whenever automatic graphs are on. */
+  unsigned hold_with_peers : 1;
   /* Opens the backend; fills *limits. Failure: ruda__fail(). */
   int (*open)(const ruda__backend_env *env, void **state, ruda__limits *limits);
   void (*close)(void *state);

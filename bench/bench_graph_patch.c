@@ -29,6 +29,9 @@
  *            launch + sync (what ruda does for the nodes a patch changes)
  *   update   the template's nodes set (cuGraph{Kernel,Memcpy}NodeSetParams)
  *            and cuGraphExecUpdate on the whole graph, then launch + sync
+ *   captured the setters on the same request captured from a stream (as
+ *            ruda makes its graphs: cuStreamBeginCapture, the driver
+ *            calls, each node read back with cuStreamGetCaptureInfo)
  * with each update's own time and its cost per node. ruda's patched/plain
  * beside the driver's setters/plain says how much of the update is ruda.
  */
@@ -149,9 +152,10 @@ static CUDA_KERNEL_NODE_PARAMS raw_kernel(CUfunction f, raw_set *t) {
 }
 
 /* The driver's floor (see the header): medians in us of plain, setters,
- * update (each with launch + sync), and of the setters and the update
- * alone. Returns the results that did not match the model. */
-static long raw_floor(ruda_device *dev, long iters, double us[5]) {
+ * update, captured setters (each with launch + sync), then of the setters,
+ * the update and the captured setters alone. Returns the results that did
+ * not match the model. */
+static long raw_floor(ruda_device *dev, long iters, double us[7]) {
   void *c = NULL;
   CHECK(ruda_cuda_context(dev, &c));
   CUcontext ctx = (CUcontext)c;
@@ -175,8 +179,8 @@ static long raw_floor(ruda_device *dev, long iters, double us[5]) {
     memset(r[i].model, 0, sizeof r[i].model);
   }
   /* The template: upload -> k kernels -> download, a chain. */
-  CUgraph graph;
-  CUgraphNode nodes[MAXK + 2];
+  CUgraph graph, cgraph;
+  CUgraphNode nodes[MAXK + 2], cnodes[MAXK + 2];
   const int nn = kernels + 2;
   CU(ruda__cu.cuGraphCreate(&graph, 0));
   CUDA_MEMCPY3D up = raw_copy(1, &r[0]), down = raw_copy(0, &r[0]);
@@ -186,13 +190,40 @@ static long raw_floor(ruda_device *dev, long iters, double us[5]) {
     CU(ruda__cu.cuGraphAddKernelNode(&nodes[k + 1], graph, &nodes[k], 1, &kp));
   }
   CU(ruda__cu.cuGraphAddMemcpyNode(&nodes[nn - 1], graph, &nodes[nn - 2], 1, &down, ctx));
-  CUgraphExec exec;
+  CUgraphExec exec, cexec;
   CU(ruda__cu.cuGraphInstantiateWithFlags(&exec, graph, 0));
-  uint64_t *t_all[5];
-  for (int i = 0; i < 5; i++) t_all[i] = malloc((size_t)iters * sizeof(uint64_t));
+  /* The same request captured from a stream, each node read back. */
+  CU(ruda__cu.cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  for (int i = 0; i < nn; i++) {
+    if (i == 0) {
+      CU(ruda__cu.cuMemcpyHtoDAsync(r[0].x, r[0].in, BYTES, st));
+    } else if (i == nn - 1) {
+      CU(ruda__cu.cuMemcpyDtoHAsync(r[0].out, r[0].y, BYTES, st));
+    } else {
+      CUDA_KERNEL_NODE_PARAMS kp = raw_kernel(f, &r[0]);
+      CU(ruda__cu.cuLaunchKernel(f, kp.gridDimX, 1, 1, kp.blockDimX, 1, 1, 0, st, kp.kernelParams, NULL));
+    }
+    CUstreamCaptureStatus cs;
+    const CUgraphNode *deps = NULL;
+    size_t ndeps = 0;
+    CU(ruda__cu.cuStreamGetCaptureInfo(st, &cs, NULL, NULL, &deps, NULL, &ndeps));
+    if (ndeps != 1) {
+      fprintf(stderr, "bench_graph_patch: a captured node was not read back\n");
+      exit(1);
+    }
+    cnodes[i] = deps[0];
+  }
+  CU(ruda__cu.cuStreamEndCapture(st, &cgraph));
+  CU(ruda__cu.cuGraphInstantiateWithFlags(&cexec, cgraph, 0));
+  /* A captured copy node keeps its memory types: read them back. */
+  CUDA_MEMCPY3D cup, cdown;
+  CU(ruda__cu.cuGraphMemcpyNodeGetParams(cnodes[0], &cup));
+  CU(ruda__cu.cuGraphMemcpyNodeGetParams(cnodes[nn - 1], &cdown));
+  uint64_t *t_all[7];
+  for (int i = 0; i < 7; i++) t_all[i] = malloc((size_t)iters * sizeof(uint64_t));
   long bad = 0;
   const long skip = 8;
-  for (int phase = 0; phase < 3; phase++) {
+  for (int phase = 0; phase < 4; phase++) {
     for (long it = 0; it < iters + skip; it++) {
       raw_set *t = &r[phase == 0 ? 0 : 1 + (int)(it % 2)];
       const uint64_t t0 = mono_ns();
@@ -214,25 +245,37 @@ static long raw_floor(ruda_device *dev, long iters, double us[5]) {
         CU(ruda__cu.cuGraphMemcpyNodeSetParams(nodes[nn - 1], &cd));
         CUgraphExecUpdateResultInfo info;
         CU(ruda__cu.cuGraphExecUpdate(exec, graph, &info));
+      } else if (phase == 3) {
+        CUDA_MEMCPY3D cu = cup, cd = cdown;
+        cu.srcHost = t->in, cu.dstDevice = t->x;
+        cd.srcDevice = t->y, cd.dstHost = t->out;
+        CU(ruda__cu.cuGraphExecMemcpyNodeSetParams(cexec, cnodes[0], &cu, ctx));
+        for (int k = 0; k < kernels; k++) {
+          CUDA_KERNEL_NODE_PARAMS kp = raw_kernel(f, t);
+          CU(ruda__cu.cuGraphExecKernelNodeSetParams(cexec, cnodes[k + 1], &kp));
+        }
+        CU(ruda__cu.cuGraphExecMemcpyNodeSetParams(cexec, cnodes[nn - 1], &cd, ctx));
       }
       const uint64_t t1 = mono_ns();
-      CU(ruda__cu.cuGraphLaunch(exec, st));
+      CU(ruda__cu.cuGraphLaunch(phase == 3 ? cexec : exec, st));
       CU(ruda__cu.cuStreamSynchronize(st));
       const uint64_t t2 = mono_ns();
       model(t->model, t->in);
       bad += !same(t->out, t->model);
       if (it >= skip) {
         t_all[phase][it - skip] = t2 - t0;
-        if (phase > 0) t_all[2 + phase][it - skip] = t1 - t0;
+        if (phase > 0) t_all[3 + phase][it - skip] = t1 - t0;
       }
     }
   }
-  for (int i = 0; i < 5; i++) {
+  for (int i = 0; i < 7; i++) {
     us[i] = median_us(t_all[i], (size_t)iters);
     free(t_all[i]);
   }
   CU(ruda__cu.cuGraphExecDestroy(exec));
   CU(ruda__cu.cuGraphDestroy(graph));
+  CU(ruda__cu.cuGraphExecDestroy(cexec));
+  CU(ruda__cu.cuGraphDestroy(cgraph));
   CU(ruda__cu.cuStreamDestroy(st));
   for (int i = 0; i < 3; i++) {
     CU(ruda__cu.cuMemFree(r[i].x));
@@ -337,7 +380,7 @@ int main(int argc, char **argv) {
     printf("  the update is below the timer's resolution beside a run\n");
 #ifdef RUDA_BENCH_CUDA
   if (cuda) {
-    double us[5] = {0};
+    double us[7] = {0};
     const long rbad = raw_floor(dev, iters, us);
     bad += rbad;
     if (us[0] > 0) {
@@ -345,9 +388,11 @@ int main(int argc, char **argv) {
       printf("  driver floor, a raw graph of the same %d nodes on its own CUstream (medians of %ld):\n", nn, iters);
       printf("    cuGraphLaunch + sync, as built                   %9.2f us\n", us[0]);
       printf("    per-node cuGraphExec*SetParams, then launch      %9.2f us  (setters: %.2f us, %.2f us a node)\n",
-             us[1], us[3], us[3] / nn);
+             us[1], us[4], us[4] / nn);
       printf("    template set + cuGraphExecUpdate, then launch    %9.2f us  (update: %.2f us, %.2f us a node)\n",
-             us[2], us[4], us[4] / nn);
+             us[2], us[5], us[5] / nn);
+      printf("    the setters on a captured graph, then launch     %9.2f us  (setters: %.2f us, %.2f us a node)\n",
+             us[3], us[6], us[6] / nn);
       printf("  patched / plain: ruda %.2f; driver, setters %.2f, whole-graph update %.2f (%ld raw mismatches)\n",
              patched / run, us[1] / us[0], us[2] / us[0], rbad);
     }

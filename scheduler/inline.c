@@ -38,7 +38,10 @@
  * wait), and such a stream is not held again for a while
  * (ruda__held_flush). Nothing is held on a stream of another shape than a
  * request's: only launches and copies of one stream, at most
- * RUDA__AUTO_MAX, and none while that stream's last runs missed.
+ * RUDA__AUTO_MAX, and none while that stream's last runs missed. On cuda
+ * (hold_with_peers) a run is begun only while another worker issued in
+ * the last 200 us: one thread alone starts its kernels sooner by
+ * launching them as they come.
  *
  * Thread-safe; never blocks on the device (the backend's calls return once
  * the work is submitted). The caller pays the driver calls the worker
@@ -81,7 +84,23 @@ int ruda__inline_claim(ruda__worker *w, const ruda__cmd *cmd, ruda__exec_guard *
     ruda__exec_release(w);
     return 0;
   }
+  if (sch->backend.ops->hold_with_peers) atomic_store_explicit(&w->issue_ns, ruda__now_ns(), memory_order_relaxed);
   return 1;
+}
+
+/* Other workers issued within this long: the driver is shared (see the
+ * top), so a request's launches are held to go as one graph. */
+#define PEERS_NS (200u * 1000u)
+
+/* Whether a worker other than w took its exec to issue within PEERS_NS. */
+static int peers_issuing(const ruda__worker *w) {
+  const struct ruda__sched *sch = w->sch;
+  const uint64_t now = ruda__now_ns();
+  for (uint32_t i = 0; i < sch->nworkers; i++) {
+    const ruda__worker *o = &sch->workers[i];
+    if (o != w && now - atomic_load_explicit(&o->issue_ns, memory_order_relaxed) < PEERS_NS) return 1;
+  }
+  return 0;
 }
 
 /* Holding exec: parks cmd in w's held run when it may wait for its
@@ -95,6 +114,7 @@ static int hold(ruda__worker *w, ruda__cmd *cmd) {
     cmd->stream->hold_miss--;
     return 0;
   }
+  if (n == 0 && w->sch->backend.ops->hold_with_peers && !peers_issuing(w)) return 0;
   if (n == 0) w->held_run++;
   w->held[n] = cmd;
   atomic_store_explicit(&w->nheld, n + 1, memory_order_relaxed);

@@ -210,6 +210,7 @@ void ruda__future_unref(struct ruda_future *f);
  *     held, held_run
  *   nheld                          exec holder (atomic)     exec holder; scheduler/progress.c
  *   holding                        clients, worker thread   worker thread (atomic)
+ *   issue_ns                       exec takers (atomic)     clients in place
  *   done                           exec holder (atomic)     anyone
  *   exec                           compare-and-swap         anyone
  *   completed                      any waiter (atomic max)  anyone
@@ -279,6 +280,7 @@ struct ruda__worker {
    * while the worker thread watches for runs held too long (it then sleeps
    * with a deadline). */
   ruda__cmd *held[RUDA__AUTO_MAX];
+  _Atomic uint64_t issue_ns; /* when this worker's exec was last taken to issue (peers, inline.c) */
   _Atomic uint32_t nheld;
   uint32_t held_run;
   _Atomic uint32_t holding;

@@ -340,6 +340,7 @@ static void *worker_main(void *arg) {
       continue;
     }
     idle_since = 0;
+    if (sch->backend.ops->hold_with_peers) atomic_store_explicit(&w->issue_ns, ruda__now_ns(), memory_order_relaxed);
     /* A run held for its wait point goes first: it took its tickets
      * before anything queued. */
     if (atomic_load_explicit(&w->nheld, memory_order_relaxed) > 0) {

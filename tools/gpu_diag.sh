@@ -220,6 +220,28 @@ held2)
     done
   done
   r held2.gpu.w8 build-gpu/bench/bench_gpu -q -s 2,5 -w 8,16 "$OUT/held2_gpu.csv" ;;
+ab2)
+  # Held runs A/B: build-gpu-base (before) and build-gpu alternated twice,
+  # README loop and bench_blas -s at the default workers; then the patch
+  # floor with the captured-graph setters.
+  for i in 1 2; do
+    r base.serve$i build-gpu-base/bench/bench_serve -v 1,3 -n 2048
+    r new.serve$i build-gpu/bench/bench_serve -v 1,3 -n 2048
+  done
+  r base.blas build-gpu-base/bench/bench_blas -s -n 1000
+  r new.blas build-gpu/bench/bench_blas -s -n 1000
+  r base.gpu build-gpu-base/bench/bench_gpu -q -s 2,5 "$OUT/base_gpu.csv"
+  r new.gpu build-gpu/bench/bench_gpu -q -s 2,5 "$OUT/new_gpu.csv"
+  r patch env RUDA_BACKEND=cuda build-gpu/bench/bench_graph_patch -n 2000
+  r patch.k16 env RUDA_BACKEND=cuda build-gpu/bench/bench_graph_patch -n 1000 -k 16 ;;
+ab3)
+  # Held runs only beside peers: build-gpu-base and build-gpu alternated
+  # twice, the README loop at 1, 4, 16 and 64 threads; counters.
+  for i in 1 2; do
+    r base.serve$i build-gpu-base/bench/bench_serve -v 1,3 -n 2048
+    r new.serve$i build-gpu/bench/bench_serve -v 1,3 -n 2048
+  done
+  r new.b build-gpu/bench/bench_serve -b -v 1 -t 1,4,16 -n 2048 ;;
 lanes)
   # Is the T=16 loss of two streams per worker the shared CUstream, and
   # do more workers lose by their threads' spinning? 8/16/32 workers,

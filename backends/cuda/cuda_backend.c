@@ -847,6 +847,7 @@ static const ruda__backend_ops cuda_ops = {
     .name = "cuda",
     .auto_graphs_pay = 1,
     .in_place_pays = 1,
+    .hold_with_peers = 1,
     .open = cu_open,
     .close = cu_close,
     .worker_start = cu_worker_start,

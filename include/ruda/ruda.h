@@ -141,7 +141,10 @@ typedef struct ruda_config {
                                 row, of a shape it saw before, issues them as
                                 one graph with what changed patched in
                                 (docs/graphs.md); same results, ordering and
-                                errors as one by one. 1 on, 0 off; -1 (the
+                                errors as one by one. A stream's launches and
+                                copies issued in place are held until its next
+                                read, sync or flush and go with it the same
+                                way (ruda_stream_set_in_place). 1 on, 0 off; -1 (the
                                 default) on where graphs pay: the cuda
                                 backend (a driver launch per command costs
                                 more than a replay), not host. Not while
@@ -253,7 +256,15 @@ RUDA_EXTERN int ruda_stream_name(ruda_stream_id id, char *buf, size_t len);
  * device is traced or observed (RUDA_TRACE, NVTX, RUDA_WORKER_STATS). On
  * cuda the device's context is made current on the calling thread; a
  * thread that had none keeps it after (as the CUDA runtime would bind
- * it), another one is put back. Library calls (ruda_call) run in place
+ * it), another one is put back. With automatic graphs on
+ * (cfg.auto_graphs, the default on cuda) a launch or copy in place is
+ * held rather than issued (on cuda while other threads issue too): the
+ * stream's next read, sync or flush issues
+ * the run with itself, as one graph once its shape repeats, so a request
+ * costs one driver launch for its kernels; anything else issued on the
+ * worker first issues it before itself, and the worker issues a run no
+ * wait follows within about 0.1-0.2 ms (that stream's launches then go
+ * at once for a while). Library calls (ruda_call) run in place
  * too, after the caller released what it held to issue them, so their
  * code may issue on their own buffers (ruda/call.h: ctx->worker, not the
  * thread, keys per-worker state). on == 0 turns it off for the stream. By
