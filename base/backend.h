@@ -189,6 +189,11 @@ typedef struct ruda__backend_ops {
    * ruda_write_staged and ruda_read (graph_replay captures them). */
   int (*upload)(void *wstate, uint64_t dst, const void *src, uint64_t size, ruda_error **err);
   int (*download)(void *wstate, void *dst, uint64_t src, uint64_t size, ruda_error **err);
+  /* Worker: a write's staged block whose copy was issued by upload (a
+   * write replayed in an automatic graph, scheduler/auto_graph.c) goes
+   * back as write's own would: once the copy ran (cuda: after a later
+   * event completed; host: now). */
+  void (*stage_retire)(void *wstate, void *staged, uint64_t bytes);
   /* Any thread: 1 when [p, p + size) lies in staging memory the device
    * can copy to and from asynchronously (blocks of ruda_staging_alloc). */
   int (*stage_owns)(void *state, const void *p, size_t size);

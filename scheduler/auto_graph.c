@@ -71,13 +71,14 @@ typedef struct shape {
 
 static shape shape_of(const ruda__cmd *c) {
   if (c->kind == RUDA__CMD_COPY) return (shape){{c->kind, c->u.copy.size}};
+  if (c->kind == RUDA__CMD_WRITE) return (shape){{c->kind, c->u.write.layout.bytes}};
   const ruda__launch_cmd *l = &c->u.launch;
   return (shape){{c->kind, (uint64_t)(uintptr_t)l->kernel, (uint64_t)l->grid.x << 32 | l->grid.y,
                   (uint64_t)l->grid.z << 32 | l->block.x, (uint64_t)l->block.y << 32 | l->block.z,
                   (uint64_t)l->shared_mem << 32 | l->nargs}};
 }
 
-static uint32_t nargs_of(const ruda__cmd *c) { return c->kind == RUDA__CMD_COPY ? 0 : c->u.launch.nargs; }
+static uint32_t nargs_of(const ruda__cmd *c) { return c->kind == RUDA__CMD_LAUNCH ? c->u.launch.nargs : 0; }
 
 static uint64_t arg_shape(const ruda__cmd *c, uint32_t j) {
   return (uint64_t)c->u.launch.args[j].kind << 32 | c->u.launch.args[j].size;
@@ -154,6 +155,17 @@ static uint32_t fixes(const ruda_graph *g, ruda__cmd *const *run, uint32_t n, ru
   uint32_t nf = 0;
   for (uint32_t i = 0; i < n; i++) {
     const ruda__cmd *c = run[i], *t = g->cmds[i];
+    if (c->kind == RUDA__CMD_WRITE) { /* a new staged block each time, as a rule */
+      if (c->u.write.staged != t->u.write.staged) {
+        if (nf == RUDA_GRAPH_MAX_PATCHES) return UINT32_MAX;
+        fix[nf++] = (ruda__graph_fix){.cmd = i, .kind = RUDA_GRAPH_PATCH_SRC, .host = c->u.write.staged};
+      }
+      if (c->u.write.dst != t->u.write.dst) {
+        if (nf == RUDA_GRAPH_MAX_PATCHES) return UINT32_MAX;
+        fix[nf++] = (ruda__graph_fix){.cmd = i, .kind = RUDA_GRAPH_PATCH_DST, .addr = c->u.write.dst};
+      }
+      continue;
+    }
     if (c->kind == RUDA__CMD_COPY) {
       if (c->u.copy.src != t->u.copy.src) {
         if (nf == RUDA_GRAPH_MAX_PATCHES) return UINT32_MAX;

@@ -148,7 +148,7 @@ static int finish(ruda__worker *w, ruda__cmd *cmd, int rc, ruda_error *err) {
   return rc;
 }
 
-/* cfg.auto_graphs: a run of one stream's launches and copies, issued as
+/* cfg.auto_graphs: a run of one stream's launches, copies and writes, issued as
  * one graph where it is known (auto_graph.h), each command then finished
  * as if it had run alone; what the graph did not issue runs one by one. */
 /* Returns the first failure of the run (already reported on its stream). */
@@ -157,6 +157,12 @@ static int execute_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n) {
   ruda_error *err = NULL;
   uint32_t ok = ruda__auto_run(w, run, n, &rc, &err);
   int first = rc;
+  const uint32_t issued = ok + (rc != 0); /* the failed one was issued too */
+  /* What a write does with its staged block after its copy, the graph's
+   * uploads did not: they read the block when the graph runs. */
+  void (*const retire_stage)(void *, void *, uint64_t) = w->sch->backend.ops->stage_retire;
+  for (uint32_t i = 0; i < issued; i++)
+    if (run[i]->kind == RUDA__CMD_WRITE) retire_stage(w->wstate, run[i]->u.write.staged, run[i]->u.write.layout.bytes);
   for (uint32_t i = 0; i < ok; i++) finish(w, run[i], 0, NULL);
   if (rc != 0) finish(w, run[ok++], rc, err);
   for (uint32_t i = ok; i < n; i++) {

@@ -242,6 +242,16 @@ ab3)
     r new.serve$i build-gpu/bench/bench_serve -v 1,3 -n 2048
   done
   r new.b build-gpu/bench/bench_serve -b -v 1 -t 1,4,16 -n 2048 ;;
+ab4)
+  # Writes in held runs: build-gpu-base (before holding) and build-gpu
+  # alternated twice, the README loop; counters; the graph tests.
+  for i in 1 2; do
+    r base.serve$i build-gpu-base/bench/bench_serve -v 1,3 -n 2048
+    r new.serve$i build-gpu/bench/bench_serve -v 1,3 -n 2048
+  done
+  r new.b build-gpu/bench/bench_serve -b -v 1 -t 1,4,16 -n 2048
+  r new.blas build-gpu/bench/bench_blas -n 1000
+  r gpu_graph build-gpu/tests/gpu_graph ;;
 lanes)
   # Is the T=16 loss of two streams per worker the shared CUstream, and
   # do more workers lose by their threads' spinning? 8/16/32 workers,

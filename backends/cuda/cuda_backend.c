@@ -863,6 +863,7 @@ static const ruda__backend_ops cuda_ops = {
     .copy = ruda__cu_copy,
     .upload = ruda__cu_upload,
     .download = ruda__cu_download,
+    .stage_retire = ruda__cu_stage_retire,
     .stage_owns = ruda__cu_stage_owns,
     .launch = ruda__cu_launch,
     .call_begin = ruda__cu_call_begin,

@@ -296,12 +296,24 @@ int ruda__cu_read(void *ws, void *dst, uint64_t src, const ruda__layout *l, ruda
 
 int ruda__cu_upload(void *ws, uint64_t dst, const void *src, uint64_t size, ruda_error **err) {
   ruda__cu_worker *w = ws;
+  /* A graph's copy node reads its host side when the graph runs, by DMA:
+   * only page-locked staging qualifies (a write staged in a pageable
+   * fallback block fails its graph here, which then goes one by one). */
+  if ((w->patch != NULL || w->capturing) && !ruda__cu_stage_owns(w->b, src, size)) {
+    *err = ruda__error_new(RUDA_EINVAL, 0, "a graph's upload of %llu bytes needs page-locked staging memory",
+                           (unsigned long long)size);
+    return RUDA_EINVAL;
+  }
   if (w->patch != NULL) return ruda__cu_graph_set_copy(w, (uintptr_t)dst, (uintptr_t)src, err);
   CUresult r = ruda__cu.cuMemcpyHtoDAsync((CUdeviceptr)dst, src, size, w->stream);
   if (r != CUDA_SUCCESS)
     return ruda__cu_worker_fail(w, r, err, "upload of %llu bytes to 0x%llx", (unsigned long long)size,
                                 (unsigned long long)dst);
   return 0;
+}
+
+void ruda__cu_stage_retire(void *ws, void *staged, uint64_t bytes) {
+  ruda__cu_retire(ws, NULL, staged, bytes);
 }
 
 int ruda__cu_download(void *ws, void *dst, uint64_t src, uint64_t size, ruda_error **err) {

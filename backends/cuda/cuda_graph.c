@@ -71,6 +71,7 @@ static int capture(ruda__cu_worker *w, ruda__cu_graph **out, uint32_t n,
   cg->patchable = ruda__cu.cuStreamGetCaptureInfo != NULL && ruda__cu.cuGraphNodeGetType != NULL &&
                   ruda__cu.cuGraphExecKernelNodeSetParams != NULL &&
                   ruda__cu.cuGraphExecMemcpyNodeSetParams != NULL && ruda__cu.cuGraphMemcpyNodeGetParams != NULL;
+  w->capturing = 1;
   for (uint32_t i = 0; i < n && rc == 0; i++) {
     rc = issue(ctx, i, err);
     if (rc == 0 && cg->patchable) {
@@ -78,6 +79,7 @@ static int capture(ruda__cu_worker *w, ruda__cu_graph **out, uint32_t n,
       prev = cg->nodes[i];
     }
   }
+  w->capturing = 0;
   /* Ended whatever happened, or the stream stays in capture mode. */
   r = ruda__cu.cuStreamEndCapture(w->stream, &cg->graph);
   if (rc == 0 && r != CUDA_SUCCESS) rc = ruda__cu_worker_fail(w, r, err, "cuStreamEndCapture");

@@ -120,6 +120,7 @@ typedef struct ruda__cu_worker {
    * graph: launch, copy, upload and download then update that node
    * (ruda__cu_graph_set_kernel, _set_copy) instead of issuing work. */
   const struct ruda__cu_patch *patch;
+  int capturing; /* ruda__cu_graph_replay is capturing the worker's stream */
 } ruda__cu_worker;
 
 typedef struct ruda__cu_patch {
@@ -178,6 +179,7 @@ int ruda__cu_read(void *ws, void *dst, uint64_t src, const ruda__layout *l, ruda
 int ruda__cu_copy(void *ws, uint64_t dst, uint64_t src, uint64_t size, ruda_error **err);
 /* Graph-recorded copies to and from caller-owned staging blocks (backend.h). */
 int ruda__cu_upload(void *ws, uint64_t dst, const void *src, uint64_t size, ruda_error **err);
+void ruda__cu_stage_retire(void *ws, void *staged, uint64_t bytes);
 int ruda__cu_download(void *ws, void *dst, uint64_t src, uint64_t size, ruda_error **err);
 int ruda__cu_stage_owns(void *state, const void *p, size_t size);
 

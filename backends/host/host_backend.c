@@ -162,6 +162,11 @@ static int host_upload(void *ws, uint64_t dst, const void *src, uint64_t size, r
   return 0;
 }
 
+static void host_stage_retire(void *ws, void *staged, uint64_t bytes) {
+  (void)bytes;
+  host_stage_free(ws, staged); /* the upload copied it already */
+}
+
 static int host_download(void *ws, void *dst, uint64_t src, uint64_t size, ruda_error **err) {
   (void)ws;
   (void)err;
@@ -307,6 +312,7 @@ const ruda__backend_ops ruda__host_backend = {
     .read = host_read,
     .copy = host_copy,
     .upload = host_upload,
+    .stage_retire = host_stage_retire,
     .download = host_download,
     .stage_owns = host_stage_owns,
     .launch = host_launch,

@@ -61,8 +61,9 @@ static void addk(ruda_device *dev, ruda_stream_id s, ruda_handle x, uint64_t k) 
 }
 
 /* One script, the same on both devices: behind a gate on the worker,
- * requests on rotating buffer sets (addk x, addk x, copy y <- x, addk y,
- * check y, then a read of y), a failing check now and then, a stream
+ * requests on rotating buffer sets (every other one writes x first; addk
+ * x, addk x, copy y <- x, addk y, check y, then a read of y), a failing
+ * check now and then, a stream
  * that writes a buffer the others then use. Returns every byte read and
  * every error message, in order, into out (NUL-separated), the bytes
  * and the messages apart. */
@@ -108,6 +109,11 @@ static void script(int on, trail *t, uint64_t *replayed) {
     for (int r = 0; r < 8; r++) {
       const int j = (int)(rand_r(&seed) % 3);
       const ruda_stream_id s = (r % 3 == 2) ? 2 : 0;
+      if (r % 2 == 0) { /* a write in the run: its staged block moves by a fix */
+        uint64_t in[N];
+        for (int i = 0; i < N; i++) in[i] = (uint64_t)(round * 100 + r + i);
+        test_write(dev, s, ruda_bind(x[j]), in, sizeof in);
+      }
       addk(dev, s, x[j], (uint64_t)rand_r(&seed) % 50);
       addk(dev, s, x[j], 7);
       assert_ok(ruda_copy(dev, s, ruda_bind(y[j]), ruda_bind(x[j])));
