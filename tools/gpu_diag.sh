@@ -252,6 +252,14 @@ ab4)
   r new.b build-gpu/bench/bench_serve -b -v 1 -t 1,4,16 -n 2048
   r new.blas build-gpu/bench/bench_blas -n 1000
   r gpu_graph build-gpu/tests/gpu_graph ;;
+abg)
+  # Graph replays (-g, -p) before and after held runs, alternated twice.
+  for i in 1 2; do
+    r base.g$i build-gpu-base/bench/bench_serve -g -v 1 -n 2048
+    r new.g$i build-gpu/bench/bench_serve -g -v 1 -n 2048
+    r base.p$i build-gpu-base/bench/bench_serve -p -v 1 -n 2048
+    r new.p$i build-gpu/bench/bench_serve -p -v 1 -n 2048
+  done ;;
 lanes)
   # Is the T=16 loss of two streams per worker the shared CUstream, and
   # do more workers lose by their threads' spinning? 8/16/32 workers,
