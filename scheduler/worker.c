@@ -201,6 +201,11 @@ void ruda__held_flush(ruda__worker *w, const ruda__cmd *next) {
   if (n == 0) return;
   ruda__stream *s = w->held[0]->stream;
   const int own_wait = next != NULL && ruda__auto_wait_point(next, s);
+  /* Issued for another stream's command or for waiting too long: a miss.
+   * Broken by the stream's own next command (a write, a call): a request
+   * of another shape, no miss. Noted first: once its commands ran, an
+   * exited thread's stream may be retired. */
+  if (next == NULL || next->stream != s) s->hold_miss = HOLD_PENALTY;
   if (n >= 2 && own_wait) {
     ruda__trace *t = w->trace;
     if (t != NULL) ruda__trace_begin_run(w, w->held, n);
@@ -209,10 +214,6 @@ void ruda__held_flush(ruda__worker *w, const ruda__cmd *next) {
   } else {
     for (uint32_t i = 0; i < n; i++) ruda__execute(w, w->held[i]);
   }
-  /* Issued for another stream's command or for waiting too long: a miss.
-   * Broken by the stream's own next command (a write, a call): a request
-   * of another shape, no miss. */
-  if (next == NULL || next->stream != s) s->hold_miss = HOLD_PENALTY;
   for (uint32_t i = 0; i < n; i++) ruda__cmd_free(w->held[i]);
   atomic_store_explicit(&w->nheld, 0, memory_order_release);
   retire(w, &n); /* the places their admissions took */
