@@ -4,8 +4,11 @@
  * batch it took, several launches, copies and contiguous writes of one
  * stream in a row (a run: no other stream's command, no cross-stream wait
  * or mark between them) ending at a wait point of that stream (a read,
- * sync or flush) replays the run as one backend graph once it has seen
- * the same run twice: same kernels, grids, blocks, shared memory,
+ * sync or flush), and not starting right after a launch or copy of that
+ * stream (the tail of a request a batch boundary split: a shape of its
+ * own, whose capture would cost as much as a whole request's),
+ * replays the run as one backend graph once it has seen the same run
+ * twice: same kernels, grids, blocks, shared memory,
  * argument kinds and scalar sizes, copy and write sizes. What differs
  * from the recorded run (buffer addresses, scalar bytes, a write's staged
  * block) is patched in (scheduler/graph.c's fixes, the executable graph's

@@ -114,6 +114,7 @@ static int hold(ruda__worker *w, ruda__cmd *cmd) {
     cmd->stream->hold_miss--;
     return 0;
   }
+  if (n == 0 && cmd->stream->mid_request) return 0; /* not a request's start */
   if (n == 0 && w->sch->backend.ops->hold_with_peers && !peers_issuing(w)) return 0;
   if (n == 0) w->held_run++;
   w->held[n] = cmd;

@@ -409,6 +409,10 @@ struct ruda__stream {
    * without it; while non-zero, each launch or copy issued in place
    * counts it down instead of being held. Exec holders only. */
   uint32_t hold_miss;
+  /* The stream's last command run was a launch or a copy: a run that
+   * starts now is the tail of a request a batch split, which automatic
+   * graphs leave alone (auto_graph.h). Exec holders only. */
+  uint32_t mid_request;
   struct ruda__capture *_Atomic cap;
   /* Error queue: workers push, drains take. */
   pthread_mutex_t err_lock;

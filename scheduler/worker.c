@@ -133,6 +133,8 @@ static int finish(ruda__worker *w, ruda__cmd *cmd, int rc, ruda_error *err) {
   if (rc != 0) report(w, cmd, rc, err);
   for (uint32_t i = 0; i < cmd->npins; i++)
     ruda__handles_unpin(sch->handles, ruda__pin_slot(cmd->pins[i]), w->wstate);
+  /* Before `done` moves: once it did, an exited thread's stream may go. */
+  if (cmd->stream != NULL) cmd->stream->mid_request = cmd->kind == RUDA__CMD_LAUNCH || cmd->kind == RUDA__CMD_COPY;
   /* Counted run before its future completes, so a caller back from a
    * sync or read sees this worker past the command (scheduler/order.c). */
   uint64_t pos = atomic_load_explicit(&w->done, memory_order_relaxed) + 1;
@@ -367,7 +369,7 @@ static void *worker_main(void *arg) {
        * every RETIRE_EVERY commands, so a producer blocked on a full queue
        * waits for a slice of a long batch, not all of it. */
       if (cmd->future != NULL || unretired >= RETIRE_EVERY) retire(w, &unretired);
-      if (__builtin_expect(autog, 0) && next != NULL && ruda__auto_eligible(cmd)) {
+      if (__builtin_expect(autog, 0) && next != NULL && ruda__auto_eligible(cmd) && !cmd->stream->mid_request) {
         /* The run this command starts: what follows it in the batch. */
         ruda__cmd *run[RUDA__AUTO_MAX];
         uint32_t n = 0;

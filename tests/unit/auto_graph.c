@@ -297,12 +297,58 @@ static void shapes_taking_turns_keep_their_templates(void **state) {
   test_close(dev);
 }
 
+
+/* The tail of a request a batch boundary split (its first launch run
+ * alone, the rest queued behind a gate) is no run: it never makes a
+ * template (its capture would cost what a whole request's does, for a
+ * shape that seldom comes back). The same request queued whole replays. */
+static void split_requests_make_no_templates(void **state) {
+  (void)state;
+  ruda_device *dev = open_auto(1, 1);
+  ruda__worker *w = &dev->sched.workers[0];
+  ruda_handle x;
+  assert_ok(ruda_buffer_create(dev, 0, N * sizeof(uint64_t), &x));
+  uint64_t want[N] = {0};
+  test_write(dev, 0, ruda_bind(x), want, sizeof want);
+  assert_ok(ruda_sync(dev, 0, NULL));
+  for (int r = 0; r < 6; r++) {
+    addk(dev, 0, x, 1); /* run alone: the worker is idle */
+    for (int i = 0; atomic_load(&w->done) != atomic_load(&w->tickets); i++) {
+      assert_true(i < 5000000);
+      sched_yield();
+    }
+    atomic_store(&test_gate_open, 0);
+    atomic_store(&test_gate_entered, 0);
+    assert_ok(test_launch(dev, 1, "gate", NULL, 0)); /* stream 1 shares worker 0 */
+    test_wait_count(&test_gate_entered, 1);
+    addk(dev, 0, x, 2);
+    addk(dev, 0, x, 3);
+    ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(x));
+    uint64_t got[N];
+    ruda_future *f;
+    assert_ok(ruda_read(dev, 0, &d, got, sizeof got, &f));
+    atomic_store(&test_gate_open, 1);
+    assert_ok(ruda_future_wait(f, NULL));
+    ruda_future_free(f);
+    for (int j = 0; j < N; j++) want[j] = ((want[j] * 3 + 1) * 3 + 2) * 3 + 3;
+    for (int j = 0; j < N; j++) assert_int_equal(got[j], want[j]);
+  }
+  assert_int_equal(worker_sum(dev, offsetof(ruda__worker, auto_templates)), 0);
+  assert_int_equal(auto_cmds(dev), 0);
+  /* Whole, behind a nap: replayed from the second sighting on. */
+  for (int r = 0; r < 4; r++) queued_request(dev, x, 3, 0);
+  assert_true(auto_cmds(dev) > 0);
+  assert_ok(ruda_buffer_free(dev, 0, x));
+  test_close(dev);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(same_results_errors_and_order_as_one_by_one),
     cmocka_unit_test(observed_or_blocking_workers_keep_each_command),
     cmocka_unit_test(the_environment_turns_it_on),
     cmocka_unit_test(runs_at_the_length_limit),
     cmocka_unit_test(shapes_taking_turns_keep_their_templates),
+    cmocka_unit_test(split_requests_make_no_templates),
 };
 
 TEST_MAIN("auto_graph", tests)
