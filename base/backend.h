@@ -271,6 +271,13 @@ typedef struct ruda__backend_ops {
                       const uint32_t *changed, uint32_t nchanged, void *ctx, ruda_error **err);
   /* Any thread: frees what graph_replay kept. */
   void (*graph_release)(void *state, void *exec);
+  /* Optional, on a thread of its own with a wstate of its own (from
+   * worker_start): captures and instantiates what graph_replay would, the
+   * same issue calls on that wstate, into *exec, launching nothing. The
+   * graph is then replayed on any worker by graph_replay (scheduler/
+   * builder.c: automatic graphs' templates made off the workers' path). */
+  int (*graph_build)(void *wstate, void **exec, uint32_t n, int (*issue)(void *ctx, uint32_t i, ruda_error **err),
+                     void *ctx, ruda_error **err);
   /* Profiling. Worker: records in c an event that keeps time (NULL op: the
    * worker's clock when it ran the command is the time). Any thread, both
    * events complete: the device time between them in ms. */

@@ -10,7 +10,10 @@
  * recently used template: shapes seen once do not push out the ones that
  * replay. The first sighting of a shape only notes it (the run goes one by
  * one); the second records a template, a copy of that run's commands
- * without pins, and replays it; later ones are compared with the template
+ * without pins, and replays it (where the backend builds graphs apart,
+ * graph_build, the device's builder captures and instantiates it while
+ * the run goes one by one, and replays wait until it is READY:
+ * scheduler/builder.h); later ones are compared with the template
  * field by field (a signature clash replays nothing) and replay it with
  * fixes for each buffer address and scalar that differs. The template's
  * own addresses are never used for work: every replay patches each
@@ -20,6 +23,7 @@
 #include <string.h>
 
 #include "scheduler/auto_graph.h"
+#include "scheduler/builder.h"
 #include "scheduler/sched.h"
 #include "scheduler/graph.h"
 
@@ -54,6 +58,13 @@ static entry *victim(struct ruda__auto *a) {
     if (any == NULL || e->used < any->used) any = e;
   }
   return noted != NULL ? noted : any;
+}
+
+/* Empties way e; its template goes with the last reference (the builder
+ * may hold one). */
+static void forget(entry *e) {
+  if (e->g != NULL) ruda__graph_unref(e->g, NULL); /* a template pins nothing */
+  *e = (entry){0, 0, 0, NULL};
 }
 
 /* FNV-1a over the fields that make two runs replayable by one graph. */
@@ -200,7 +211,7 @@ uint32_t ruda__auto_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n, int 
   if (e == NULL) { /* first sighting: noted, run one by one */
     e = victim(w->autog);
     if (e->sig != 0) atomic_fetch_add_explicit(&w->auto_replaced, 1, memory_order_relaxed);
-    ruda__graph_free(e->g, NULL); /* a template pins nothing */
+    forget(e);
     *e = (entry){sig, now, n, NULL};
     return 0;
   }
@@ -210,7 +221,19 @@ uint32_t ruda__auto_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n, int 
   if (e->g == NULL) {
     if ((e->g = template_new(sch, run, n)) == NULL) return 0;
     atomic_fetch_add_explicit(&w->auto_templates, 1, memory_order_relaxed);
+    /* Where the backend builds graphs apart, the builder captures and
+     * instantiates it (builder.h); this run goes one by one. */
+    if (sch->backend.ops->graph_build != NULL) {
+      if (ruda__builder_submit(sch, e->g) != 0) forget(e);
+      return 0;
+    }
   } else {
+    const int b = atomic_load_explicit(&e->g->build, memory_order_acquire);
+    if (b == RUDA__BUILD_QUEUED) return 0; /* not built yet: one by one */
+    if (b == RUDA__BUILD_FAILED) {
+      forget(e);
+      return 0;
+    }
     for (uint32_t i = 0; i < n; i++)
       if (!same_shape(run[i], e->g->cmds[i])) return 0; /* another shape under this signature */
     if ((nf = fixes(e->g, run, n, fix)) == UINT32_MAX) return 0;
@@ -232,14 +255,13 @@ uint32_t ruda__auto_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n, int 
   ruda_error_free(*err);
   *err = NULL;
   *rc = 0;
-  ruda__graph_free(e->g, NULL);
-  *e = (entry){0, 0, 0, NULL};
+  forget(e);
   return 0;
 }
 
 void ruda__auto_free(ruda__worker *w) {
   if (w->autog == NULL) return;
-  for (uint32_t i = 0; i < WAYS; i++) ruda__graph_free(w->autog->e[i].g, NULL);
+  for (uint32_t i = 0; i < WAYS; i++) forget(&w->autog->e[i]);
   free(w->autog);
   w->autog = NULL;
 }

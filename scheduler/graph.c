@@ -107,7 +107,9 @@ void ruda__graph_unref(ruda_graph *g, void *wstate) {
 /* A replay in progress: the graph, this replay's patches, and the
  * command that failed. */
 typedef struct replay_ctx {
-  ruda__worker *w;
+  const ruda__backend_ops *ops;
+  void *ws;        /* the state issuing: a worker's, or the builder's */
+  ruda__worker *w; /* the worker, NULL on the builder (which has no calls) */
   ruda_graph *g;
   const ruda__graph_fix *fix; /* sorted by command */
   uint32_t nfix;
@@ -137,8 +139,8 @@ static int patched(const replay_ctx *r, uint32_t i) {
  * patches of it applied in order. */
 static int issue(void *arg, uint32_t i, ruda_error **err) {
   replay_ctx *r = arg;
-  const ruda__backend_ops *ops = r->w->sch->backend.ops;
-  void *ws = r->w->wstate;
+  const ruda__backend_ops *ops = r->ops;
+  void *ws = r->ws;
   const ruda__cmd *cmd = r->g->cmds[i];
   const uint32_t k0 = first_fix(r, i);
   uint32_t k1 = k0; /* the patches of command i: fix[k0..k1) */
@@ -189,6 +191,11 @@ static int issue(void *arg, uint32_t i, ruda_error **err) {
       break;
     }
     case RUDA__CMD_CALL: /* never patched; a backend with graph_replay calls this while capturing */
+      if (r->w == NULL) { /* templates hold no calls: never on the builder */
+        *err = ruda__error_new(RUDA_EINVAL, 0, "a library call in an automatic graph");
+        rc = RUDA_EINVAL;
+        break;
+      }
       rc = ruda__libcall_run(r->w, cmd, r->capturing, err);
       break;
     default: break;
@@ -216,7 +223,8 @@ int ruda__graph_run(ruda__worker *w, ruda_graph *g, const ruda__graph_fix *fix, 
   /* RUDA_LAUNCH_BLOCKING: one command at a time, each waited for, so a
    * fault is the recorded command's that caused it. */
   const int blocking = w->sch->cfg.launch_blocking;
-  replay_ctx r = {w, g, fix, nfix, 0, ops->graph_replay != NULL && !blocking};
+  replay_ctx r = {.ops = ops, .ws = w->wstate, .w = w, .g = g, .fix = fix, .nfix = nfix,
+                  .capturing = ops->graph_replay != NULL && !blocking};
   int rc = 0;
   if (!r.capturing) {
     for (uint32_t i = 0; i < g->n && rc == 0; i++)
@@ -249,7 +257,7 @@ int ruda__graph_run(ruda__worker *w, ruda_graph *g, const ruda__graph_fix *fix, 
 
 int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err) {
   ruda_graph *g = cmd->u.graph.g;
-  replay_ctx r = {w, g, cmd->u.graph.fix, cmd->u.graph.nfix, 0, 0};
+  replay_ctx r = {.w = w, .g = g, .fix = cmd->u.graph.fix, .nfix = cmd->u.graph.nfix};
   int rc = ruda__graph_run(w, g, r.fix, r.nfix, &r.failed, err);
   if (rc != 0 && r.failed && *err != NULL) {
     ruda__cmd *bad = g->cmds[r.failed - 1];
@@ -267,6 +275,15 @@ int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err) {
              (*err)->msg);
     memcpy((*err)->msg, msg, sizeof msg);
   }
+  return rc;
+}
+
+int ruda__graph_build(struct ruda__sched *sch, void *ws, ruda_graph *g, ruda_error **err) {
+  const ruda__backend_ops *ops = sch->backend.ops;
+  replay_ctx r = {.ops = ops, .ws = ws, .g = g, .capturing = 1};
+  pthread_mutex_lock(&g->exec_lock);
+  const int rc = g->exec != NULL ? 0 : ops->graph_build(ws, &g->exec, g->n, issue, &r, err);
+  pthread_mutex_unlock(&g->exec_lock);
   return rc;
 }
 

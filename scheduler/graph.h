@@ -75,7 +75,19 @@ struct ruda_graph {
    * threads replaying at once still see each other. */
   _Atomic uint64_t replays[RUDA__USE_WORDS];
   pthread_mutex_t issue_lock;
+  /* An automatic graph's template on a backend with graph_build: made by
+   * the device's builder (scheduler/builder.c), RUDA__BUILD_*; replayed
+   * only once READY. build_next: the builder's queue, under its lock. */
+  _Atomic int build;
+  struct ruda_graph *build_next;
 };
+
+enum { RUDA__BUILD_NONE = 0, RUDA__BUILD_QUEUED, RUDA__BUILD_READY, RUDA__BUILD_FAILED };
+
+/* The builder: makes g's backend graph with the backend's graph_build on
+ * ws (the builder's own worker state), unless it has one. Takes
+ * g->exec_lock. */
+int ruda__graph_build(struct ruda__sched *sch, void *ws, ruda_graph *g, ruda_error **err);
 
 /* The stream's recording, made at first use (NULL without memory). */
 ruda__capture *ruda__capture_get(ruda__stream *s);

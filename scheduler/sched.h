@@ -72,6 +72,11 @@ typedef struct ruda__sched {
   /* Graphs not destroyed yet (scheduler/graph.c), freed at close. */
   pthread_mutex_t graph_lock;
   struct ruda_graph *graphs;
+  /* The graph builder (scheduler/builder.h), made at its first template
+   * under builder_lock; auto_built counts the graphs it made. */
+  pthread_mutex_t builder_lock;
+  struct ruda__builder *builder;
+  _Atomic uint64_t auto_built;
 } ruda__sched;
 
 /* Marks the device faulted by err (first one wins; err is consumed), so

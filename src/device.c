@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "src/device.h"
 #include "base/parse.h"
+#include "scheduler/builder.h"
 #include "scheduler/graph.h"
 #include "scheduler/trace.h"
 #include "src/api.h"
@@ -162,6 +163,7 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   dev->sched.memory = &dev->memory;
   ruda__streams_init(&dev->sched.streams);
   pthread_mutex_init(&dev->sched.graph_lock, NULL);
+  pthread_mutex_init(&dev->sched.builder_lock, NULL);
   pthread_mutex_init(&dev->sched.trace_lock, NULL);
   dev->kernels = ruda__kernels_new();
   dev->sched.nworkers = cfg.num_streams;
@@ -201,6 +203,7 @@ fail:
   ruda__handles_destroy(&dev->handles);
   ruda__stage_holds_destroy(&dev->holds);
   pthread_mutex_destroy(&dev->sched.graph_lock);
+  pthread_mutex_destroy(&dev->sched.builder_lock);
   pthread_mutex_destroy(&dev->sched.trace_lock);
   dev->sched.backend.ops->close(dev->sched.backend.state);
   free(dev);
@@ -285,6 +288,7 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
   calls_wait(dev);
   ruda__test_point(RUDA__HOOK_CLOSE_WAITED, dev);
   ruda__workers_stop(&dev->sched);
+  ruda__builder_stop(&dev->sched); /* the workers let go of their templates */
   ruda__futures_close(&dev->sched);
   ruda__trace_close(&dev->sched, 1);
 
@@ -299,6 +303,7 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
   ruda__graphs_close(&dev->sched);
   ruda__stage_holds_destroy(&dev->holds); /* every replay ran; the blocks go with the backend */
   pthread_mutex_destroy(&dev->sched.graph_lock);
+  pthread_mutex_destroy(&dev->sched.builder_lock);
   pthread_mutex_destroy(&dev->sched.trace_lock);
   ruda__handles_destroy(&dev->handles);
   ruda__memory_destroy(&dev->memory);

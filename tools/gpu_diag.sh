@@ -260,6 +260,31 @@ abg)
     r base.p$i build-gpu-base/bench/bench_serve -p -v 1 -n 2048
     r new.p$i build-gpu/bench/bench_serve -p -v 1 -n 2048
   done ;;
+startup)
+  # Start-up tails at T=64, 4 in flight (512 requests a thread), three
+  # times, beside the base build; a traced run read by trace_stalls.py;
+  # the README rows once.
+  for i in 1 2 3; do
+    r base.t64.$i build-gpu-base/bench/bench_serve -v 3 -t 64 -n 512
+    r new.t64.$i build-gpu/bench/bench_serve -v 3 -t 64 -n 512
+  done
+  r new.trace env RUDA_TRACE=/tmp/trace_su.json RUDA_TRACE_DEVICE=1 build-gpu/bench/bench_serve -v 3 -t 64 -n 512
+  r new.trace.stalls python3 tools/trace_stalls.py /tmp/trace_su.json
+  r new.serve build-gpu/bench/bench_serve -v 1,3 -n 2048 ;;
+t64)
+  # 4 in flight at T=64 (no request in place): base and new alternated
+  # three times, 2048 requests a thread.
+  for i in 1 2 3; do
+    r base.t64.$i build-gpu-base/bench/bench_serve -v 3 -t 16,64 -n 2048
+    r new.t64.$i build-gpu/bench/bench_serve -v 3 -t 16,64 -n 2048
+  done ;;
+tails-ab)
+  # Tails with 1 and 4 in flight at T=16 and 64, base and new alternated
+  # twice, 2048 requests a thread.
+  for i in 1 2; do
+    r base.tails.$i build-gpu-base/bench/bench_serve -v 1,3 -t 16,64 -n 2048
+    r new.tails.$i build-gpu/bench/bench_serve -v 1,3 -t 16,64 -n 2048
+  done ;;
 lanes)
   # Is the T=16 loss of two streams per worker the shared CUstream, and
   # do more workers lose by their threads' spinning? 8/16/32 workers,

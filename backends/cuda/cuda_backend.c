@@ -887,6 +887,7 @@ static const ruda__backend_ops cuda_ops = {
     .stage_usage = cu_stage_usage,
     .graph_replay = ruda__cu_graph_replay,
     .graph_release = ruda__cu_graph_release,
+    .graph_build = ruda__cu_graph_build,
     .stamp = cu_stamp,
     .elapsed = cu_elapsed,
     .comm_init = ruda__cu_comm_init,

@@ -107,6 +107,20 @@ static int capture(ruda__cu_worker *w, ruda__cu_graph **out, uint32_t n,
   return 0;
 }
 
+int ruda__cu_graph_build(void *ws, void **exec, uint32_t n, int (*issue)(void *ctx, uint32_t i, ruda_error **err),
+                         void *ctx, ruda_error **err) {
+  ruda__cu_worker *w = ws;
+  if (ruda__cu.cuStreamBeginCapture == NULL || ruda__cu.cuGraphInstantiateWithFlags == NULL) {
+    *err = ruda__error_new(RUDA_ENOBACKEND, 0, "this CUDA driver (%d) has no graph API", ruda__cu.driver_version);
+    return RUDA_ENOBACKEND;
+  }
+  if (*exec != NULL) return 0;
+  ruda__cu_graph *cg = NULL;
+  int rc = capture(w, &cg, n, issue, ctx, err);
+  if (rc == 0) *exec = cg;
+  return rc;
+}
+
 int ruda__cu_graph_replay(void *ws, void **exec, uint32_t n, int (*issue)(void *ctx, uint32_t i, ruda_error **err),
                           const uint32_t *changed, uint32_t nchanged, void *ctx, ruda_error **err) {
   ruda__cu_worker *w = ws;

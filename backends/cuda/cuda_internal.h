@@ -120,7 +120,7 @@ typedef struct ruda__cu_worker {
    * graph: launch, copy, upload and download then update that node
    * (ruda__cu_graph_set_kernel, _set_copy) instead of issuing work. */
   const struct ruda__cu_patch *patch;
-  int capturing; /* ruda__cu_graph_replay is capturing the worker's stream */
+  int capturing; /* ruda__cu_graph_replay or _build is capturing the stream */
 } ruda__cu_worker;
 
 typedef struct ruda__cu_patch {
@@ -195,6 +195,8 @@ int ruda__cu_launch_check(void *state, const ruda__kernel *k, const ruda_launch_
 int ruda__cu_graph_replay(void *ws, void **exec, uint32_t n, int (*issue)(void *ctx, uint32_t i, ruda_error **err),
                           const uint32_t *changed, uint32_t nchanged, void *ctx, ruda_error **err);
 void ruda__cu_graph_release(void *state, void *exec);
+int ruda__cu_graph_build(void *ws, void **exec, uint32_t n, int (*issue)(void *ctx, uint32_t i, ruda_error **err),
+                         void *ctx, ruda_error **err);
 int ruda__cu_graph_set_kernel(ruda__cu_worker *w, CUfunction fn, ruda_dim3 g, ruda_dim3 b, uint32_t shared,
                               void **params, ruda_error **err);
 int ruda__cu_graph_set_copy(ruda__cu_worker *w, uintptr_t dst, uintptr_t src, ruda_error **err);
