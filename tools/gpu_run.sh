@@ -18,8 +18,8 @@
 #   the README loop's default rows (1 and 4 in flight) beside the raw loop
 #   and a raw graph, twice, with the automatic graphs' counters, and with
 #   them off; -g and -p rows; T=64 traced with device spans alternated with
-#   untraced, and trace_stalls.py; bench_gpu sections 2 and 5 at 8, 4 and
-#   16 workers; python: issue 33, the wheel carried as .whl/
+#   untraced, and trace_stalls.py; short T=64 runs for the start-up tails;
+#   bench_gpu sections 2 and 5 at 8, 4 and 16 workers; python: issue 33, the wheel carried as .whl/
 #   installed with no build, its pytest suite with torch and CuPy, and
 #   bench/python_launch.py at 1/4/16/64 threads with the GIL released and
 #   kept)
@@ -197,6 +197,10 @@ if want graphs; then
       "$B/bench/bench_serve" -v 3 -t 64 -n 512
   done
   run trace_stalls_t64 60 python3 tools/trace_stalls.py /tmp/ruda-trace-t64.json
+  # Start-up tails: short runs (512 requests a thread) at T=64, 4 in
+  # flight, where templates are built while requests arrive.
+  run bench_serve_startup_t64_1 200 "$B/bench/bench_serve" -v 3 -t 64 -n 512
+  run bench_serve_startup_t64_2 200 "$B/bench/bench_serve" -v 3 -t 64 -n 512
   # Sustained launches, empty and with one buffer argument (sections 2 and
   # 5), at the default 8 workers and at 4 and 16.
   run bench_gpu_workers 500 "$B/bench/bench_gpu" -s 2,5 -w 8,4,16 "$OUT/bench_gpu_workers.csv"
