@@ -405,15 +405,18 @@ struct ruda__stream {
   _Atomic int in_place;
   _Atomic uint32_t unwaited;   /* futures on it not yet waited or freed */
   _Atomic uint32_t since_wait; /* commands issued since its last wait */
-  /* Set when a run held for its wait point (inline.c) had to be issued
-   * without it; while non-zero, each launch or copy issued in place
-   * counts it down instead of being held. Exec holders only. */
-  uint32_t hold_miss;
-  /* The stream's last command run was a launch or a copy: a run that
-   * starts now is the tail of a request a batch split, which automatic
-   * graphs leave alone (auto_graph.h). Exec holders only. */
-  uint32_t mid_request;
   struct ruda__capture *_Atomic cap;
+  /* Exec holders' side, on a line of its own: written as commands run
+   * (by the worker thread when it runs them), so never on the line of
+   * the client's seq.
+   * hold_miss: set when a run held for its wait point (inline.c) had to
+   * be issued without it; while non-zero, each launch or copy issued in
+   * place counts it down instead of being held.
+   * mid_request: the stream's last command run was a launch or a copy: a
+   * run that starts now is the tail of a request a batch split, which
+   * automatic graphs leave alone (auto_graph.h). */
+  uint32_t hold_miss __attribute__((aligned(RUDA__CACHELINE)));
+  uint32_t mid_request;
   /* Error queue: workers push, drains take. */
   pthread_mutex_t err_lock;
   ruda_error *err_head, *err_tail;
