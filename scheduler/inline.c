@@ -26,19 +26,22 @@
  * graph, as it may on the worker thread: no lock of ruda's is held.
  *
  * A request issued in place is held for its wait point when automatic
- * graphs are on (cfg.auto_graphs): a launch or copy is claimed as above,
- * but parked in the worker's `held` list instead of issued, and its
- * stream's read, sync or flush issues the whole run with itself as one
- * automatic graph (auto_graph.h), on the calling thread: one driver
- * launch for the request's kernels, where the worker's batches already
- * got one. Whoever takes exec next (the worker thread for a queued
+ * graphs are on (cfg.auto_graphs): a launch, copy or contiguous write is
+ * claimed as above, but parked in the worker's `held` list instead of
+ * issued, and its stream's read issues the whole run with itself as one
+ * automatic graph (auto_graph.h), on the calling thread (a sync or flush,
+ * which always go to the worker, has the worker do the same): one driver
+ * launch for the request's upload and kernels, as the worker's batches
+ * already got. Whoever takes exec next (the worker thread for a queued
  * command, another stream's client) issues a held run first, since its
  * tickets come first; the worker thread, told by `holding`, also issues
  * one its stream left held for 100-200 us (a launch not followed by a
  * wait), and such a stream is not held again for a while
  * (ruda__held_flush). Nothing is held on a stream of another shape than a
- * request's: only launches and copies of one stream, at most
- * RUDA__AUTO_MAX, and none while that stream's last runs missed. On cuda
+ * request's: only the eligible commands of one stream, at most
+ * RUDA__AUTO_MAX, starting at a request's start (not right after a
+ * launch or copy of the stream), and none while that stream's last runs
+ * missed. On cuda
  * (hold_with_peers) a run is begun only while another worker issued in
  * the last 200 us: one thread alone starts its kernels sooner by
  * launching them as they come.
