@@ -133,8 +133,12 @@ static int finish(ruda__worker *w, ruda__cmd *cmd, int rc, ruda_error *err) {
   if (rc != 0) report(w, cmd, rc, err);
   for (uint32_t i = 0; i < cmd->npins; i++)
     ruda__handles_unpin(sch->handles, ruda__pin_slot(cmd->pins[i]), w->wstate);
-  /* Before `done` moves: once it did, an exited thread's stream may go. */
-  if (cmd->stream != NULL) cmd->stream->mid_request = cmd->kind == RUDA__CMD_LAUNCH || cmd->kind == RUDA__CMD_COPY;
+  /* Before `done` moves: once it did, an exited thread's stream may go.
+   * Not for a MARK: it runs on the worker whose work it marks, for a
+   * stream of another worker, which may be gone once the MARK published
+   * (its WAIT went on). Every other command runs on its stream's worker. */
+  if (cmd->kind != RUDA__CMD_MARK && cmd->stream != NULL)
+    cmd->stream->mid_request = cmd->kind == RUDA__CMD_LAUNCH || cmd->kind == RUDA__CMD_COPY;
   /* Counted run before its future completes, so a caller back from a
    * sync or read sees this worker past the command (scheduler/order.c). */
   uint64_t pos = atomic_load_explicit(&w->done, memory_order_relaxed) + 1;
