@@ -90,10 +90,14 @@ static void exited_threads_records_are_freed(void **state) {
   const uint64_t at_2000 = settled_records(), cap_2000 = ruda__streams_capacity(&dev->sched.streams);
   churn(2000, writing_connection);
   const uint64_t at_4000 = settled_records(), cap_4000 = ruda__streams_capacity(&dev->sched.streams);
-  /* Bounded by the streams not reaped yet, not by the threads that ran. */
+  /* Bounded by the streams not reaped yet, not by the threads that ran.
+   * The table's size is set at its last rebuild, for 4x the streams live
+   * then, mid-churn: on a loaded machine the reaps lag a few batches
+   * behind (a CI run saw 512 slots once). Kept records of the 4000 threads
+   * would need 16384. */
   assert_true(at_2000 <= 8 * AT_ONCE);
   assert_true(at_4000 <= 8 * AT_ONCE);
-  assert_true(cap_4000 <= 256 && cap_2000 <= 256);
+  assert_true(cap_4000 <= 1024 && cap_2000 <= 1024);
   /* Once the workers ran everything, a few reaps (each completes about
    * one half of a grace period) free every exited thread's record. */
   assert_ok(ruda_device_sync(dev, NULL));
