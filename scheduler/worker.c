@@ -157,8 +157,18 @@ static int finish(ruda__worker *w, ruda__cmd *cmd, int rc, ruda_error *err) {
 /* cfg.auto_graphs: a run of one stream's launches, copies and writes, issued as
  * one graph where it is known (auto_graph.h), each command then finished
  * as if it had run alone; what the graph did not issue runs one by one. */
-/* Returns the first failure of the run (already reported on its stream). */
+/* Returns the first failure of the run (already reported on its stream).
+ * RUDA_TRACE records the run as one span. */
+static int run_commands(ruda__worker *w, ruda__cmd *const *run, uint32_t n);
 static int execute_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n) {
+  ruda__trace *t = w->trace;
+  if (t != NULL) ruda__trace_begin_run(w, run, n);
+  const int rc = run_commands(w, run, n);
+  if (t != NULL) ruda__trace_end(w, t, rc);
+  return rc;
+}
+
+static int run_commands(ruda__worker *w, ruda__cmd *const *run, uint32_t n) {
   int rc = 0;
   ruda_error *err = NULL;
   uint32_t ok = ruda__auto_run(w, run, n, &rc, &err);
@@ -213,10 +223,7 @@ void ruda__held_flush(ruda__worker *w, const ruda__cmd *next) {
    * exited thread's stream may be retired. */
   if (next == NULL || next->stream != s) s->hold_miss = HOLD_PENALTY;
   if (n >= 2 && own_wait) {
-    ruda__trace *t = w->trace;
-    if (t != NULL) ruda__trace_begin_run(w, w->held, n);
-    const int rc = execute_run(w, w->held, n);
-    if (t != NULL) ruda__trace_end(w, t, rc);
+    execute_run(w, w->held, n);
   } else {
     for (uint32_t i = 0; i < n; i++) ruda__execute(w, w->held[i]);
   }
@@ -392,10 +399,7 @@ static void *worker_main(void *arg) {
         if (n >= 2 && nd != NULL &&
             ruda__auto_wait_point(caa_container_of(nd, ruda__cmd, node), cmd->stream)) {
           unretired += n - 1;
-          ruda__trace *t = w->trace;
-          if (t != NULL) ruda__trace_begin_run(w, run, n);
-          const int rc = execute_run(w, run, n);
-          if (t != NULL) ruda__trace_end(w, t, rc);
+          execute_run(w, run, n);
           for (uint32_t i = 0; i < n; i++) ruda__cmd_free(run[i]);
           next = nd; /* the loop goes on after the run */
           continue;

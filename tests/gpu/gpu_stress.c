@@ -17,6 +17,19 @@ typedef struct client {
   char why[256];
 } client;
 
+/* step(n, h, k) on n elements: each becomes k + 1 if it was k, else poison. */
+static int step(ruda_device *dev, ruda_stream_id s, ruda_handle h, unsigned n, unsigned k) {
+  ruda_arg args[] = {ruda_arg_scalar(&n, 4), ruda_arg_buffer(ruda_bind(h)), ruda_arg_scalar(&k, 4)};
+  ruda_launch_desc l;
+  memset(&l, 0, sizeof l);
+  l.kernel = "step";
+  l.grid = (ruda_dim3){n / 256, 1, 1};
+  l.block = (ruda_dim3){256, 1, 1};
+  l.args = args;
+  l.nargs = 3;
+  return ruda_launch(dev, s, &l);
+}
+
 static void *client_main(void *p) {
   client *c = p;
   ruda_handle h;
@@ -26,17 +39,7 @@ static void *client_main(void *p) {
   if (c->rc == 0) c->rc = ruda_write(c->dev, c->stream, &d, buf, N * 4);
   pthread_barrier_wait(c->go);
   const unsigned n = N;
-  for (unsigned k = 0; c->rc == 0 && k < c->launches; k++) {
-    ruda_arg args[] = {ruda_arg_scalar(&n, 4), ruda_arg_buffer(ruda_bind(h)), ruda_arg_scalar(&k, 4)};
-    ruda_launch_desc l;
-    memset(&l, 0, sizeof l);
-    l.kernel = "step";
-    l.grid = (ruda_dim3){N / 256, 1, 1};
-    l.block = (ruda_dim3){256, 1, 1};
-    l.args = args;
-    l.nargs = 3;
-    c->rc = ruda_launch(c->dev, c->stream, &l);
-  }
+  for (unsigned k = 0; c->rc == 0 && k < c->launches; k++) c->rc = step(c->dev, c->stream, h, n, k);
   if (c->rc != 0) {
     snprintf(c->why, sizeof c->why, "%s", ruda_error_message(ruda_last_error()));
     free(buf);
@@ -136,18 +139,7 @@ static void *loop_main(void *p) {
     const unsigned base = 10 * r + (unsigned)c->stream;
     for (unsigned i = 0; i < LOOP_N; i++) in[i] = base;
     c->rc = ruda_write(c->dev, c->stream, &d, in, LOOP_N * 4);
-    for (unsigned k = 0; c->rc == 0 && k < 3; k++) {
-      const unsigned want = base + k;
-      ruda_arg args[] = {ruda_arg_scalar(&n, 4), ruda_arg_buffer(ruda_bind(h)), ruda_arg_scalar(&want, 4)};
-      ruda_launch_desc l;
-      memset(&l, 0, sizeof l);
-      l.kernel = "step";
-      l.grid = (ruda_dim3){LOOP_N / 256, 1, 1};
-      l.block = (ruda_dim3){256, 1, 1};
-      l.args = args;
-      l.nargs = 3;
-      c->rc = ruda_launch(c->dev, c->stream, &l);
-    }
+    for (unsigned k = 0; c->rc == 0 && k < 3; k++) c->rc = step(c->dev, c->stream, h, n, base + k);
     ruda_future *f = NULL;
     ruda_error *err = NULL;
     if (c->rc == 0) c->rc = ruda_read(c->dev, c->stream, &d, out, LOOP_N * 4, &f);
