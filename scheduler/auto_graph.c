@@ -202,14 +202,18 @@ static uint32_t fixes(const ruda_graph *g, ruda__cmd *const *run, uint32_t n, ru
 
 uint32_t ruda__auto_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n, int *rc, ruda_error **err) {
   struct ruda__sched *sch = w->sch;
+  /* Templates per lane: launches of one executable graph are ordered
+   * after each other by the driver, whatever their streams, so lanes
+   * sharing one would run their requests in turn. */
+  ruda__lane *ln = run[0]->stream->lane;
   *rc = 0;
   *err = NULL;
-  if (w->autog == NULL && (w->autog = calloc(1, sizeof *w->autog)) == NULL) return 0;
+  if (ln->autog == NULL && (ln->autog = calloc(1, sizeof *ln->autog)) == NULL) return 0;
   const uint64_t sig = signature(run, n);
-  const uint64_t now = ++w->autog->clock;
-  entry *e = find(w->autog, sig, n);
+  const uint64_t now = ++ln->autog->clock;
+  entry *e = find(ln->autog, sig, n);
   if (e == NULL) { /* first sighting: noted, run one by one */
-    e = victim(w->autog);
+    e = victim(ln->autog);
     if (e->sig != 0) atomic_fetch_add_explicit(&w->auto_replaced, 1, memory_order_relaxed);
     forget(e);
     *e = (entry){sig, now, n, NULL};
@@ -239,7 +243,7 @@ uint32_t ruda__auto_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n, int 
     if ((nf = fixes(e->g, run, n, fix)) == UINT32_MAX) return 0;
   }
   uint32_t failed = 0;
-  *rc = ruda__graph_run(w, e->g, fix, nf, &failed, err);
+  *rc = ruda__graph_run(ln, e->g, fix, nf, &failed, err);
   if (*rc == 0) {
     atomic_fetch_add_explicit(&w->auto_cmds, n, memory_order_relaxed);
     return n;
@@ -260,8 +264,11 @@ uint32_t ruda__auto_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n, int 
 }
 
 void ruda__auto_free(ruda__worker *w) {
-  if (w->autog == NULL) return;
-  for (uint32_t i = 0; i < WAYS; i++) forget(&w->autog->e[i]);
-  free(w->autog);
-  w->autog = NULL;
+  for (uint32_t k = 0; k < w->nlanes; k++) {
+    ruda__lane *ln = &w->lanes[k];
+    if (ln->autog == NULL) continue;
+    for (uint32_t i = 0; i < WAYS; i++) forget(&ln->autog->e[i]);
+    free(ln->autog);
+    ln->autog = NULL;
+  }
 }

@@ -126,7 +126,10 @@ void ruda__future_unref(struct ruda_future *f) {
       f->completion.event = NULL; /* the backend's now */
       /* The recording worker may sleep without a timeout (nothing was
        * pending at its last poll): wake it to poll this one. */
-      if (f->order_worker != NULL) ck_ec32_inc(&f->order_worker->wake, &ruda__ec_mp);
+      if (f->order_lane != NULL) {
+        ruda__lane_dirty(f->order_lane);
+        ck_ec32_inc(&f->order_lane->worker->wake, &ruda__ec_mp);
+      }
     } else {
       if (f->completion.event != NULL) ops->event_wait(f->sch->backend.state, f->completion.event, NULL);
       f->completion.discard(f->sch->backend.state, f->completion.arg);
@@ -156,7 +159,7 @@ static int poll_open(struct ruda_future *f) {
    * here stays valid. */
   if (atomic_load_explicit(&f->finished, memory_order_acquire) || f->completion.event == NULL) return 1;
   int done = f->sch->backend.ops->event_query(f->sch->backend.state, f->completion.event);
-  if (done == 1 && f->order_worker != NULL) ruda__order_completed(f->order_worker, f->order_pos);
+  if (done == 1 && f->order_lane != NULL) ruda__order_completed(f->order_lane, f->order_pos);
   return done;
 }
 
@@ -181,7 +184,7 @@ static void wait_open(struct ruda_future *f) {
     ruda_error *e = NULL;
     if (rc == 0 && f->completion.event != NULL) {
       rc = f->sch->backend.ops->event_wait(f->sch->backend.state, f->completion.event, &e);
-      if (rc == 0 && f->order_worker != NULL) ruda__order_completed(f->order_worker, f->order_pos);
+      if (rc == 0 && f->order_lane != NULL) ruda__order_completed(f->order_lane, f->order_pos);
     }
     if (rc == 0 && f->completion.finish != NULL)
       f->completion.finish(f->sch->backend.state, f->completion.arg);

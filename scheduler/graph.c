@@ -109,7 +109,7 @@ void ruda__graph_unref(ruda_graph *g, void *wstate) {
 typedef struct replay_ctx {
   const ruda__backend_ops *ops;
   void *ws;        /* the state issuing: a worker's, or the builder's */
-  ruda__worker *w; /* the worker, NULL on the builder (which has no calls) */
+  ruda__lane *ln; /* the replaying lane, NULL on the builder (which has no calls) */
   ruda_graph *g;
   const ruda__graph_fix *fix; /* sorted by command */
   uint32_t nfix;
@@ -191,12 +191,12 @@ static int issue(void *arg, uint32_t i, ruda_error **err) {
       break;
     }
     case RUDA__CMD_CALL: /* never patched; a backend with graph_replay calls this while capturing */
-      if (r->w == NULL) { /* templates hold no calls: never on the builder */
+      if (r->ln == NULL) { /* templates hold no calls: never on the builder */
         *err = ruda__error_new(RUDA_EINVAL, 0, "a library call in an automatic graph");
         rc = RUDA_EINVAL;
         break;
       }
-      rc = ruda__libcall_run(r->w, cmd, r->capturing, err);
+      rc = ruda__libcall_run(r->ln, cmd, r->capturing, err);
       break;
     default: break;
   }
@@ -217,18 +217,19 @@ static uint32_t changed_list(const ruda_graph *g, const replay_ctx *r, uint32_t 
   return n;
 }
 
-int ruda__graph_run(ruda__worker *w, ruda_graph *g, const ruda__graph_fix *fix, uint32_t nfix, uint32_t *failed,
+int ruda__graph_run(ruda__lane *ln, ruda_graph *g, const ruda__graph_fix *fix, uint32_t nfix, uint32_t *failed,
                     ruda_error **err) {
-  const ruda__backend_ops *ops = w->sch->backend.ops;
+  struct ruda__sched *sch = ln->worker->sch;
+  const ruda__backend_ops *ops = sch->backend.ops;
   /* RUDA_LAUNCH_BLOCKING: one command at a time, each waited for, so a
    * fault is the recorded command's that caused it. */
-  const int blocking = w->sch->cfg.launch_blocking;
-  replay_ctx r = {.ops = ops, .ws = w->wstate, .w = w, .g = g, .fix = fix, .nfix = nfix,
+  const int blocking = sch->cfg.launch_blocking;
+  replay_ctx r = {.ops = ops, .ws = ln->wstate, .ln = ln, .g = g, .fix = fix, .nfix = nfix,
                   .capturing = ops->graph_replay != NULL && !blocking};
   int rc = 0;
   if (!r.capturing) {
     for (uint32_t i = 0; i < g->n && rc == 0; i++)
-      if ((rc = issue(&r, i, err)) == 0 && blocking && (rc = ruda__wait_device(w, err)) != 0) r.failed = i + 1;
+      if ((rc = issue(&r, i, err)) == 0 && blocking && (rc = ruda__wait_device(ln, err)) != 0) r.failed = i + 1;
   } else {
     /* Replays of one graph on several workers take turns: the first one
      * captures, and one executable graph is patched and launched by one
@@ -241,8 +242,8 @@ int ruda__graph_run(ruda__worker *w, ruda_graph *g, const ruda__graph_fix *fix, 
      * on this worker are made before, since making one allocates, which
      * a capture forbids. */
     for (uint32_t i = 0; g->exec == NULL && i < g->n && rc == 0; i++)
-      if ((rc = ruda__libcall_prepare(w, g->cmds[i], err)) != 0) r.failed = i + 1;
-    if (rc == 0) rc = ops->graph_replay(w->wstate, &g->exec, g->n, issue, changed, nchanged, &r, err);
+      if ((rc = ruda__libcall_prepare(ln, g->cmds[i], err)) != 0) r.failed = i + 1;
+    if (rc == 0) rc = ops->graph_replay(ln->wstate, &g->exec, g->n, issue, changed, nchanged, &r, err);
     /* What the backend's graph holds patched now: this replay's commands
      * (a graph released on failure holds nothing). */
     g->ndirty = 0;
@@ -255,10 +256,10 @@ int ruda__graph_run(ruda__worker *w, ruda_graph *g, const ruda__graph_fix *fix, 
   return rc;
 }
 
-int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err) {
+int ruda__graph_execute(ruda__cmd *cmd, ruda_error **err) {
   ruda_graph *g = cmd->u.graph.g;
-  replay_ctx r = {.w = w, .g = g, .fix = cmd->u.graph.fix, .nfix = cmd->u.graph.nfix};
-  int rc = ruda__graph_run(w, g, r.fix, r.nfix, &r.failed, err);
+  replay_ctx r = {.ln = cmd->stream->lane, .g = g, .fix = cmd->u.graph.fix, .nfix = cmd->u.graph.nfix};
+  int rc = ruda__graph_run(r.ln, g, r.fix, r.nfix, &r.failed, err);
   if (rc != 0 && r.failed && *err != NULL) {
     ruda__cmd *bad = g->cmds[r.failed - 1];
     char msg[RUDA__MSG_MAX];

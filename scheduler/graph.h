@@ -99,15 +99,16 @@ void ruda__capture_discard(struct ruda__sched *sch, ruda__cmd **cmds, uint32_t n
  * then submits cmd as usual), 0 when recorded, or a failure. */
 int ruda__capture_record(ruda__stream *s, ruda__cmd *cmd);
 
-/* Worker: issues g's commands with fix[0..nfix) (sorted by command)
- * applied: in order on a backend without graph_replay (stopping at a
- * failure), else as one backend graph, captured at the first run and
- * patched after. 0, or a code with *err and in *failed the command that
- * failed (from 1; 0: none in particular). */
-int ruda__graph_run(ruda__worker *w, struct ruda_graph *g, const ruda__graph_fix *fix, uint32_t nfix,
+/* Exec holder of ln's worker: issues g's commands on lane ln with
+ * fix[0..nfix) (sorted by command) applied: in order on a backend without
+ * graph_replay (stopping at a failure), else as one backend graph,
+ * captured at the first run and patched after. 0, or a code with *err and
+ * in *failed the command that failed (from 1; 0: none in particular). */
+int ruda__graph_run(ruda__lane *ln, struct ruda_graph *g, const ruda__graph_fix *fix, uint32_t nfix,
                     uint32_t *failed, ruda_error **err);
-/* Worker: runs a RUDA__CMD_GRAPH command. Returns 0 or a code with *err. */
-int ruda__graph_execute(ruda__worker *w, ruda__cmd *cmd, ruda_error **err);
+/* Exec holder: runs a RUDA__CMD_GRAPH command on its stream's lane.
+ * Returns 0 or a code with *err. */
+int ruda__graph_execute(ruda__cmd *cmd, ruda_error **err);
 /* A graph with no commands yet: sch, the stream it is of (for messages),
  * one reference (its owner's), its locks. NULL without host memory. Any
  * thread, non-blocking. */

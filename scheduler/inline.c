@@ -143,6 +143,7 @@ void ruda__inline_finish(ruda__worker *w, ruda__cmd *cmd, ruda__exec_guard *guar
   /* A held run goes first (its tickets do); with cmd when cmd is its
    * stream's wait point. */
   if (atomic_load_explicit(&w->nheld, memory_order_relaxed) > 0) ruda__held_flush(w, cmd);
+  void *ws = cmd->stream->lane->wstate;
   ruda__execute(w, cmd); /* reports a failure on the stream, completes the future */
   ruda__cmd_free(cmd);
   /* What commands left retiring (write staging whose copy ran) goes back
@@ -150,7 +151,7 @@ void ruda__inline_finish(ruda__worker *w, ruda__cmd *cmd, ruda__exec_guard *guar
    * or here every PROGRESS_EVERY commands run in place (each poll is a
    * driver query per pending event). The worker is not woken for it: it
    * would take exec from the next command issued in place. */
-  if (++w->in_place_runs % PROGRESS_EVERY == 0 && sch->backend.ops->progress != NULL) sch->backend.ops->progress(w->wstate, 0);
+  if (++w->in_place_runs % PROGRESS_EVERY == 0 && sch->backend.ops->progress != NULL) sch->backend.ops->progress(ws, 0);
   if (sch->backend.ops->exec_leave != NULL) sch->backend.ops->exec_leave(sch->backend.state, guard);
   ruda__queue_unadmit(w); /* the place the caller's admission took */
   ruda__exec_release(w);

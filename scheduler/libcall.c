@@ -1,11 +1,12 @@
 /* libcall.c - running a library call (ruda/call.h) on a worker, and the
- * libraries' per-worker state (ruda_library_register).
+ * libraries' state per device stream (a lane, scheduler.h;
+ * ruda_library_register).
  *
  * Worker (or the thread running a command in place or replaying a graph,
  * which holds the worker's exec word): the command's buffers are pinned
  * and ordered like a launch's, so all that is left is to hand the caller's
- * function the worker's native stream, the buffers' addresses and the
- * worker's state of the call's library, made here before its first call.
+ * function its lane's native stream, the buffers' addresses and the lane's
+ * state of the call's library, made here before its first call there.
  * ruda holds none of its locks here: a command run in place runs after
  * the client released its issue locks (scheduler/inline.c), and the worker
  * takes none around a command. On cuda the worker's thread has the
@@ -14,9 +15,9 @@
  *
  * The registry: entries are written once, under `lock`, before `n` is
  * raised (release); a call names an id only after its registration
- * returned, so whoever runs the call reads a complete entry. Each
- * worker's row of `states` is touched only while holding that worker's
- * exec word, and at its end by its own thread: no lock.
+ * returned, so whoever runs the call reads a complete entry. Each lane's
+ * row of `states` is touched only while holding its worker's exec word,
+ * and at the worker's end by its own thread: no lock.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -37,14 +38,14 @@ struct ruda__libraries {
     ruda_library_desc d;
     char name[RUDA_CALL_NAME_MAX];
   } lib[RUDA_LIBRARY_MAX];
-  ruda__lib_state *states; /* worker w, library id: states[w * RUDA_LIBRARY_MAX + id - 1] */
+  ruda__lib_state *states; /* lane l, library id: states[l * RUDA_LIBRARY_MAX + id - 1] */
 };
 
 static struct ruda__libraries *libs_of(struct ruda__sched *sch) {
   struct ruda__libraries *l = atomic_load_explicit(&sch->libs, memory_order_acquire);
   if (l != NULL) return l;
   l = calloc(1, sizeof *l);
-  ruda__lib_state *st = calloc((size_t)sch->nworkers * RUDA_LIBRARY_MAX, sizeof *st);
+  ruda__lib_state *st = calloc((size_t)sch->lanes_total * RUDA_LIBRARY_MAX, sizeof *st);
   if (l == NULL || st == NULL) {
     free(l);
     free(st);
@@ -88,23 +89,23 @@ int ruda__library_known(struct ruda__sched *sch, uint32_t id) {
   return l != NULL && id >= 1 && id <= atomic_load_explicit(&l->n, memory_order_acquire);
 }
 
-static ruda_call_ctx ctx_of(ruda__worker *w, const ruda__cmd *cmd) {
-  struct ruda__sched *sch = w->sch;
+static ruda_call_ctx ctx_of(ruda__lane *ln, const ruda__cmd *cmd) {
+  struct ruda__sched *sch = ln->worker->sch;
   const ruda__backend_ops *ops = sch->backend.ops;
   return (ruda_call_ctx){
       .dev = sch->handle,
       .stream = cmd != NULL ? cmd->u.call.stream : 0,
       .seq = cmd != NULL ? cmd->seq : 0,
-      .worker = w->index,
-      .cu_stream = ops->native_stream != NULL ? ops->native_stream(w->wstate) : NULL,
+      .worker = ln->worker->index,
+      .cu_stream = ops->native_stream != NULL ? ops->native_stream(ln->wstate) : NULL,
       .cu_context = ops->native_context != NULL ? ops->native_context(sch->backend.state) : NULL,
   };
 }
 
-/* w's state of library id, made now if w has none. 0, or RUDA_ECALL. */
-static int state_of(ruda__worker *w, const ruda__cmd *cmd, uint32_t id, void **out, ruda_error **err) {
-  struct ruda__libraries *l = atomic_load_explicit(&w->sch->libs, memory_order_acquire);
-  ruda__lib_state *st = &l->states[(size_t)w->index * RUDA_LIBRARY_MAX + id - 1];
+/* ln's state of library id, made now if ln has none. 0, or RUDA_ECALL. */
+static int state_of(ruda__lane *ln, const ruda__cmd *cmd, uint32_t id, void **out, ruda_error **err) {
+  struct ruda__libraries *l = atomic_load_explicit(&ln->worker->sch->libs, memory_order_acquire);
+  ruda__lib_state *st = &l->states[(size_t)ln->index * RUDA_LIBRARY_MAX + id - 1];
   if (__builtin_expect(st->made, 1)) {
     *out = st->state;
     return 0;
@@ -112,14 +113,14 @@ static int state_of(ruda__worker *w, const ruda__cmd *cmd, uint32_t id, void **o
   const ruda_library_desc *d = &l->lib[id - 1].d;
   char msg[RUDA_CALL_MSG_MAX];
   msg[0] = '\0';
-  ruda_call_ctx ctx = ctx_of(w, cmd);
+  ruda_call_ctx ctx = ctx_of(ln, cmd);
   ctx.msg = msg;
   void *state = NULL;
   const int status = d->create(&ctx, d->user, &state);
   if (status != 0) {
     msg[sizeof msg - 1] = '\0';
-    *err = ruda__error_new(RUDA_ECALL, status, "library \"%s\": create returned %d on worker %u%s%s", d->name,
-                           status, w->index, msg[0] ? ": " : "", msg);
+    *err = ruda__error_new(RUDA_ECALL, status, "library \"%s\": create returned %d on worker %u, device stream %u%s%s",
+                           d->name, status, ln->worker->index, ln->index, msg[0] ? ": " : "", msg);
     return RUDA_ECALL;
   }
   st->state = state;
@@ -128,19 +129,19 @@ static int state_of(ruda__worker *w, const ruda__cmd *cmd, uint32_t id, void **o
   return 0;
 }
 
-int ruda__libcall_prepare(ruda__worker *w, const ruda__cmd *cmd, ruda_error **err) {
+int ruda__libcall_prepare(ruda__lane *ln, const ruda__cmd *cmd, ruda_error **err) {
   if (cmd->kind != RUDA__CMD_CALL || cmd->u.call.library == 0) return 0;
   void *state;
-  return state_of(w, cmd, cmd->u.call.library, &state, err);
+  return state_of(ln, cmd, cmd->u.call.library, &state, err);
 }
 
-int ruda__libcall_run(ruda__worker *w, const ruda__cmd *cmd, int capturing, ruda_error **err) {
-  struct ruda__sched *sch = w->sch;
+int ruda__libcall_run(ruda__lane *ln, const ruda__cmd *cmd, int capturing, ruda_error **err) {
+  struct ruda__sched *sch = ln->worker->sch;
   const ruda__backend_ops *ops = sch->backend.ops;
   const ruda__libcall_cmd *c = &cmd->u.call;
   void *lib = NULL;
   if (c->library != 0) {
-    int rc = state_of(w, cmd, c->library, &lib, err);
+    int rc = state_of(ln, cmd, c->library, &lib, err);
     if (rc != 0) return rc;
   }
   char msg[RUDA_CALL_MSG_MAX];
@@ -149,11 +150,11 @@ int ruda__libcall_run(ruda__worker *w, const ruda__cmd *cmd, int capturing, ruda
       .dev = sch->handle,
       .stream = c->stream,
       .seq = cmd->seq,
-      .worker = w->index,
+      .worker = ln->worker->index,
       .nbuffers = c->nbuf,
       .addr = c->addr,
       .size = c->size,
-      .cu_stream = ops->native_stream != NULL ? ops->native_stream(w->wstate) : NULL,
+      .cu_stream = ops->native_stream != NULL ? ops->native_stream(ln->wstate) : NULL,
       .cu_context = ops->native_context != NULL ? ops->native_context(sch->backend.state) : NULL,
       .data = c->data,
       .data_size = c->data_size,
@@ -161,7 +162,7 @@ int ruda__libcall_run(ruda__worker *w, const ruda__cmd *cmd, int capturing, ruda
       .msg = msg,
       .library = lib,
   };
-  if (ops->call_begin != NULL) ops->call_begin(w->wstate, ctx.stream, ctx.seq);
+  if (ops->call_begin != NULL) ops->call_begin(ln->wstate, ctx.stream, ctx.seq);
   const int status = c->fn(&ctx, c->user);
   if (status == 0) return 0;
   msg[sizeof msg - 1] = '\0'; /* the function may have filled it to the end */
@@ -172,18 +173,20 @@ int ruda__libcall_run(ruda__worker *w, const ruda__cmd *cmd, int capturing, ruda
 void ruda__libcall_worker_end(ruda__worker *w) {
   struct ruda__libraries *l = atomic_load_explicit(&w->sch->libs, memory_order_acquire);
   if (l == NULL) return;
-  for (uint32_t id = atomic_load_explicit(&l->n, memory_order_acquire); id >= 1; id--) {
-    ruda__lib_state *st = &l->states[(size_t)w->index * RUDA_LIBRARY_MAX + id - 1];
-    const ruda_library_desc *d = &l->lib[id - 1].d;
-    if (!st->made) continue;
-    st->made = 0;
-    if (d->destroy == NULL) continue;
-    char msg[RUDA_CALL_MSG_MAX];
-    msg[0] = '\0';
-    ruda_call_ctx ctx = ctx_of(w, NULL);
-    ctx.msg = msg;
-    d->destroy(&ctx, d->user, st->state);
-  }
+  for (uint32_t id = atomic_load_explicit(&l->n, memory_order_acquire); id >= 1; id--)
+    for (uint32_t k = 0; k < w->nlanes; k++) {
+      ruda__lane *ln = &w->lanes[k];
+      ruda__lib_state *st = &l->states[(size_t)ln->index * RUDA_LIBRARY_MAX + id - 1];
+      const ruda_library_desc *d = &l->lib[id - 1].d;
+      if (!st->made) continue;
+      st->made = 0;
+      if (d->destroy == NULL) continue;
+      char msg[RUDA_CALL_MSG_MAX];
+      msg[0] = '\0';
+      ruda_call_ctx ctx = ctx_of(ln, NULL);
+      ctx.msg = msg;
+      d->destroy(&ctx, d->user, st->state);
+    }
 }
 
 void ruda__libraries_free(struct ruda__sched *sch) {

@@ -68,20 +68,20 @@ static void unlock_all(ruda__order *o) {
 
 /* ---- client: gathering what a command needs ---- */
 
-static void want(ruda__order *o, uint32_t worker, uint32_t ticket) {
+static void want(ruda__order *o, uint32_t lane, uint32_t ticket) {
   for (uint32_t i = 0; i < o->nwait; i++)
-    if (o->wait[i].worker == worker) {
+    if (o->wait[i].lane == lane) {
       if (!ruda__ticket_ge(o->wait[i].ticket, ticket)) o->wait[i].ticket = ticket;
       return;
     }
-  o->wait[o->nwait].worker = worker;
+  o->wait[o->nwait].lane = lane;
   o->wait[o->nwait].ticket = ticket;
   o->nwait++;
   o->need = 1;
 }
 
 /* Takes the reader bits of a buffer this command writes, except keep (the
- * writer's own worker, which its queue orders already). Under the write
+ * writer's own lane, which its queue and device stream order already). Under the write
  * lock, so every read whose bit is here was pushed: a MARK pushed on its
  * worker now follows it. */
 static void take_readers(ruda__order *o, _Atomic uint64_t *readers, uint64_t keep) {
@@ -95,7 +95,7 @@ static void take_readers(ruda__order *o, _Atomic uint64_t *readers, uint64_t kee
   o->ncleared++;
 }
 
-void ruda__order_lock(ruda__order *o, const ruda__worker *w) {
+void ruda__order_lock(ruda__order *o, const ruda__lane *l) {
   /* Key order, an insertion sort: commands use few buffers. */
   for (uint32_t i = 1; i < o->nuse; i++)
     for (uint32_t j = i; j > 0 && o->use[j - 1].key > o->use[j].key; j--) {
@@ -109,13 +109,13 @@ void ruda__order_lock(ruda__order *o, const ruda__worker *w) {
     else lock_read(last + RUDA__USE_LOCK);
     o->locked = i + 1;
     uint64_t seen = atomic_load_explicit(last, memory_order_relaxed);
-    if (o->use[i].write) take_readers(o, last + RUDA__USE_READERS, w->own_bit);
-    if ((seen >> 32) == (o->use[i].hi >> 32)) continue; /* last written on this worker: FIFO */
+    if (o->use[i].write) take_readers(o, last + RUDA__USE_READERS, l->own_bit);
+    if ((seen >> 32) == (o->use[i].hi >> 32)) continue; /* last written on this lane: FIFO */
     if (seen == 0) continue; /* never used: raw memory, nothing queued on it */
     uint32_t w1 = (uint32_t)(seen >> 48);
     if ((((seen ^ o->use[i].hi) >> 32) & 0xffffu) != 0) { /* another generation */
       /* A stale record (written late for an earlier buffer in this
-       * slot): order after every worker. */
+       * slot): order after every lane. */
       o->all = o->need = 1;
       continue;
     }
@@ -123,19 +123,19 @@ void ruda__order_lock(ruda__order *o, const ruda__worker *w) {
   }
 }
 
-void ruda__order_publish(ruda__order *o, ruda__worker *w) {
+void ruda__order_publish(ruda__order *o, ruda__lane *l) {
   if (o->nuse == 0) return; /* nothing noted, nothing pinned */
-  uint32_t t = ruda__queue_ticket(w);
+  uint32_t t = ruda__queue_ticket(l->worker);
   for (uint32_t i = 0; i < o->nuse; i++) {
     _Atomic uint64_t *last = o->use[i].last;
     if (o->use[i].write) {
       /* Ours alone under the write lock; the unlock releases it. */
       atomic_store_explicit(last, o->use[i].hi | t, memory_order_relaxed);
     } else {
-      /* A read: the worker's bit, set once; a writer reads it after our
+      /* A read: the lane's bit, set once; a writer reads it after our
        * unlock. */
       _Atomic uint64_t *rd = last + RUDA__USE_READERS;
-      uint64_t bit = UINT64_C(1) << (w->index & 63);
+      uint64_t bit = UINT64_C(1) << (l->order_id & 63);
       if (!(atomic_load_explicit(rd, memory_order_relaxed) & bit))
         atomic_fetch_or_explicit(rd, bit, memory_order_relaxed);
     }
@@ -158,28 +158,28 @@ void ruda__order_abandon(ruda__order *o) {
   o->npend = 0;
 }
 
-/* ---- client: has worker a passed ticket t? ---- */
+/* ---- client: has lane a passed ticket t? ---- */
 
 /* On a backend without device-side waits (host), work a worker ran is
  * done, so its count of commands run decides; otherwise only events seen
- * complete do. */
+ * complete on the lane do. */
 static int passed(struct ruda__sched *sch, uint32_t a, uint32_t t) {
-  ruda__worker *w = &sch->workers[a];
-  uint64_t x = sch->backend.ops->stream_wait == NULL ? atomic_load_explicit(&w->done, memory_order_acquire)
-                                             : atomic_load_explicit(&w->completed, memory_order_acquire);
+  ruda__lane *l = &sch->lanes[a];
+  uint64_t x = sch->backend.ops->stream_wait == NULL ? atomic_load_explicit(&l->worker->done, memory_order_acquire)
+                                                     : atomic_load_explicit(&l->completed, memory_order_acquire);
   return ruda__ticket_ge((uint32_t)x, t);
 }
 
-/* Does a WAIT already pushed on b wait for a MARK of a that covers t? */
-static int covered(ruda__worker *b, uint32_t a, uint32_t t) {
+/* Does a WAIT already pushed for lane b wait for a MARK of a that covers t? */
+static int covered(ruda__lane *b, uint32_t a, uint32_t t) {
   uint64_t v = atomic_load_explicit(&b->covered[a % RUDA__COVER_WAYS], memory_order_acquire);
   return (uint32_t)(v >> 32) == a + 1 && ruda__ticket_ge((uint32_t)v, t);
 }
 
-static void cover(ruda__worker *b, const ruda__dep *d) {
+static void cover(ruda__lane *b, const ruda__dep *d) {
   /* A plain store: losing a race only forgets some coverage, which costs
    * a MARK later, never an ordering. */
-  atomic_store_explicit(&b->covered[d->worker % RUDA__COVER_WAYS], ((uint64_t)(d->worker + 1) << 32) | d->lower,
+  atomic_store_explicit(&b->covered[d->lane % RUDA__COVER_WAYS], ((uint64_t)(d->lane + 1) << 32) | d->lower,
                         memory_order_release);
 }
 
@@ -190,27 +190,29 @@ static void dep_unref(struct ruda__sched *sch, ruda__dep *d) {
   free(d);
 }
 
-/* A MARK on worker a that follows the use at ticket t: the newest one
- * there if it was pushed after a had run t, else a new one. s: the stream
- * asking, the MARK's nominal stream. Returns a reference, or NULL. */
+/* A MARK for lane a that follows the use at ticket t: the newest one
+ * there if it was pushed after a's worker had run t, else a new one. s:
+ * the stream asking, the MARK's nominal stream. Returns a reference, or
+ * NULL. */
 static ruda__dep *mark_for(struct ruda__sched *sch, uint32_t a, uint32_t t, ruda__stream *s) {
-  ruda__worker *wa = &sch->workers[a];
-  pthread_mutex_lock(&wa->mark_lock);
-  ruda__dep *m = wa->last_mark;
+  ruda__lane *la = &sch->lanes[a];
+  ruda__worker *wa = la->worker;
+  pthread_mutex_lock(&la->mark_lock);
+  ruda__dep *m = la->last_mark;
   if (m != NULL && ruda__ticket_ge(m->lower, t)) {
     atomic_fetch_add_explicit(&m->refs, 1, memory_order_relaxed);
-    pthread_mutex_unlock(&wa->mark_lock);
+    pthread_mutex_unlock(&la->mark_lock);
     atomic_fetch_add_explicit(&sch->order.shared, 1, memory_order_relaxed);
     return m;
   }
   ruda__dep *d = calloc(1, sizeof *d);
   ruda__cmd *cmd = d != NULL ? ruda__cmd_alloc(0) : NULL;
   if (cmd == NULL) {
-    pthread_mutex_unlock(&wa->mark_lock);
+    pthread_mutex_unlock(&la->mark_lock);
     free(d);
     return NULL;
   }
-  d->worker = a;
+  d->lane = a;
   /* Read before the push: a had run at most this many commands, all of
    * them ahead of the MARK. */
   d->lower = (uint32_t)atomic_load_explicit(&wa->done, memory_order_acquire);
@@ -221,39 +223,39 @@ static ruda__dep *mark_for(struct ruda__sched *sch, uint32_t a, uint32_t t, ruda
   cmd->seq = 0;
   cmd->u.mark.dep = d;
   ruda__queue_push_unbounded(wa, cmd);
-  wa->last_mark = d;
-  pthread_mutex_unlock(&wa->mark_lock);
+  la->last_mark = d;
+  pthread_mutex_unlock(&la->mark_lock);
   if (m != NULL) dep_unref(sch, m);
   atomic_fetch_add_explicit(&sch->order.marks, 1, memory_order_relaxed);
   return d;
 }
 
 int ruda__order_prepare(struct ruda__sched *sch, ruda__order *o, ruda__stream *s, uint64_t seq) {
-  ruda__worker *b = s->worker;
+  ruda__lane *b = &sch->lanes[s->lane->order_id]; /* the WAIT's coverage is kept there */
   ruda__dep *stack[RUDA__MAX_PINS];
   ruda__dep **deps = stack;
   uint32_t n = 0, cap = RUDA__MAX_PINS;
-  /* With o->all, every other worker at its current ticket: a MARK pushed
-   * now follows everything pushed there before. Reader workers likewise
-   * (their bits say they read the buffer, not at which ticket), after the
-   * listed waits. */
-  const uint32_t count = o->all ? sch->nworkers : o->nwait + (o->readers ? sch->nworkers : 0);
+  /* With o->all, every other lane at its worker's current ticket: a MARK
+   * pushed now follows everything pushed there before. Reader lanes
+   * likewise (their bits say they read the buffer, not at which ticket),
+   * after the listed waits. */
+  const uint32_t count = o->all ? sch->lanes_total : o->nwait + (o->readers ? sch->lanes_total : 0);
   int rc = 0;
   for (uint32_t i = 0; i < count && rc == 0; i++) {
     uint32_t a, t;
     if (o->all) {
-      if ((a = i) == b->index) continue;
-      t = ruda__queue_ticket(&sch->workers[a]);
+      if ((a = i) == b->index || sch->lanes[a].order_id != a) continue;
+      t = ruda__queue_ticket(sch->lanes[a].worker);
     } else if (i < o->nwait) {
-      a = o->wait[i].worker;
+      a = o->wait[i].lane;
       t = o->wait[i].ticket;
     } else {
       a = i - o->nwait;
       if (a == b->index || !((o->readers >> (a & 63)) & 1)) continue;
-      t = ruda__queue_ticket(&sch->workers[a]);
+      t = ruda__queue_ticket(sch->lanes[a].worker);
     }
     if (passed(sch, a, t) || covered(b, a, t)) continue;
-    if (n == cap) { /* only with o->all and many busy workers */
+    if (n == cap) { /* only with o->all and many busy lanes */
       ruda__dep **bigger = malloc(2 * cap * sizeof *bigger);
       if (bigger == NULL) {
         rc = RUDA_ENOMEM;
@@ -280,7 +282,7 @@ int ruda__order_prepare(struct ruda__sched *sch, ruda__order *o, ruda__stream *s
       atomic_fetch_add_explicit(&deps[i]->refs, 1, memory_order_relaxed); /* the WAIT's */
       wait->u.wait.deps[i] = deps[i];
     }
-    ruda__queue_push_unbounded(b, wait);
+    ruda__queue_push_unbounded(b->worker, wait);
     atomic_fetch_add_explicit(&sch->order.waits, 1, memory_order_relaxed);
     /* Only now: a client that sees the coverage pushes after the WAIT. */
     for (uint32_t i = 0; i < n; i++) cover(b, deps[i]);
@@ -302,14 +304,13 @@ static void dep_ready(ruda__dep *d) {
     ruda__futex_wake_all((const uint32_t *)&d->state);
 }
 
-void ruda__order_mark(ruda__worker *w, ruda__dep *d) {
-  struct ruda__sched *sch = w->sch;
+void ruda__order_mark(struct ruda__sched *sch, ruda__dep *d) {
   /* Only a backend that orders streams on the device needs an event: on
    * the others, reaching the MARK means everything before it is done. */
   if (sch->backend.ops->stream_wait != NULL) {
     ruda__completion c = {0};
     ruda_error *err = NULL;
-    d->code = sch->backend.ops->record(w->wstate, &c, &err);
+    d->code = sch->backend.ops->record(sch->lanes[d->lane].wstate, &c, &err);
     if (d->code == 0) d->event = c.event;
     else d->err = err;
   }
@@ -329,8 +330,8 @@ static void await_ready(ruda__dep *d) {
     ruda__futex_wait((const uint32_t *)&d->state, RUDA__DEP_SLEEPER);
 }
 
-int ruda__order_wait(ruda__worker *w, ruda__dep **deps, uint32_t n, ruda_error **err) {
-  struct ruda__sched *sch = w->sch;
+int ruda__order_wait(ruda__lane *l, ruda__dep **deps, uint32_t n, ruda_error **err) {
+  struct ruda__sched *sch = l->worker->sch;
   int rc = 0;
   for (uint32_t i = 0; i < n; i++) {
     ruda__dep *d = deps[i];
@@ -340,11 +341,11 @@ int ruda__order_wait(ruda__worker *w, ruda__dep **deps, uint32_t n, ruda_error *
     if (d->code != 0) {
       r = d->code;
       e = ruda__error_new(r, d->err ? d->err->backend_code : 0,
-                          "cannot order after worker %u's earlier use of a buffer: its mark failed: %.300s",
-                          d->worker, d->err ? d->err->msg : ruda_err_name(r));
+                          "cannot order after device stream %u's earlier use of a buffer: its mark failed: %.300s",
+                          d->lane, d->err ? d->err->msg : ruda_err_name(r));
     } else if (d->event != NULL) {
       /* Asynchronous: the device stream waits, the worker goes on. */
-      r = sch->backend.ops->stream_wait(w->wstate, d->event, &e);
+      r = sch->backend.ops->stream_wait(l->wstate, d->event, &e);
     }
     if (r != 0 && rc == 0) {
       rc = r;
@@ -357,10 +358,10 @@ int ruda__order_wait(ruda__worker *w, ruda__dep **deps, uint32_t n, ruda_error *
   return rc;
 }
 
-void ruda__order_completed(ruda__worker *w, uint64_t pos) {
-  uint64_t cur = atomic_load_explicit(&w->completed, memory_order_relaxed);
+void ruda__order_completed(ruda__lane *l, uint64_t pos) {
+  uint64_t cur = atomic_load_explicit(&l->completed, memory_order_relaxed);
   while ((int64_t)(pos - cur) > 0 &&
-         !atomic_compare_exchange_weak_explicit(&w->completed, &cur, pos, memory_order_release,
+         !atomic_compare_exchange_weak_explicit(&l->completed, &cur, pos, memory_order_release,
                                                 memory_order_relaxed)) {
   }
 }
@@ -369,16 +370,19 @@ void ruda__order_worker_init(ruda__worker *w) {
   atomic_init(&w->depth, 0);
   atomic_init(&w->tickets, 0);
   atomic_init(&w->done, 0);
-  atomic_init(&w->completed, 0);
-  for (uint32_t i = 0; i < RUDA__COVER_WAYS; i++) atomic_init(&w->covered[i], 0);
-  pthread_mutex_init(&w->mark_lock, NULL);
-  w->last_mark = NULL;
 }
 
-void ruda__order_worker_fini(struct ruda__sched *sch, ruda__worker *w) {
-  /* The worker ran its MARK and every WAIT before it stopped: only this
-   * reference is left. */
-  if (w->last_mark != NULL) dep_unref(sch, w->last_mark);
-  w->last_mark = NULL;
-  pthread_mutex_destroy(&w->mark_lock);
+void ruda__order_lane_init(ruda__lane *l) {
+  atomic_init(&l->completed, 0);
+  for (uint32_t i = 0; i < RUDA__COVER_WAYS; i++) atomic_init(&l->covered[i], 0);
+  pthread_mutex_init(&l->mark_lock, NULL);
+  l->last_mark = NULL;
+}
+
+void ruda__order_lane_fini(struct ruda__sched *sch, ruda__lane *l) {
+  /* The lane's worker ran its MARKs and every WAIT before it stopped:
+   * only this reference is left. */
+  if (l->last_mark != NULL) dep_unref(sch, l->last_mark);
+  l->last_mark = NULL;
+  pthread_mutex_destroy(&l->mark_lock);
 }

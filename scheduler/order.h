@@ -1,23 +1,32 @@
 /* order.h - cross-stream ordering of buffer uses (scheduler/order.c).
  *
- * A command that uses a buffer whose last use was queued on another worker
- * must not start on the device before that use is done. Each worker counts
- * the commands pushed to it (its tickets, worker->tickets) and the
- * commands it ran (worker->done); each buffer slot records the worker and
- * ticket of its last use (memory/handles.h). At enqueue:
+ * A command that uses a buffer whose last use went to another lane (a
+ * device stream, scheduler.h: another worker's, or another of this
+ * worker's) must not start on the device before that use is done. Each
+ * worker counts the commands pushed to it (its tickets, worker->tickets)
+ * and the commands it ran (worker->done); each buffer slot records the
+ * lane and ticket of its last use (memory/handles.h). At enqueue:
  *
- *  - last use on the same worker (the common case): nothing to do; the
- *    queue is FIFO. One load and compare per buffer, then, after the push,
- *    the slot's record moves to the new ticket.
- *  - last use on worker a at ticket t, and a has already passed t (ran it,
- *    on a backend whose work is done when it runs; or a sync or read event
- *    past t was seen complete): nothing to do either.
- *  - otherwise the client pushes a MARK on a's queue (or shares one
- *    already there that covers t) and a WAIT on its own worker before the
- *    command. Worker a, on reaching the MARK, records a backend event
- *    (cuda) and publishes it; the waiting worker waits for the publication
- *    (worker to worker, a futex) and then makes its device stream wait for
- *    the event (cuStreamWaitEvent: asynchronous). The client never waits.
+ *  - last use on the same lane (the common case): nothing to do; the
+ *    queue is FIFO and so is the device stream. One load and compare per
+ *    buffer, then, after the push, the slot's record moves to the new
+ *    ticket.
+ *  - last use on lane a at ticket t, and a has already passed t (its
+ *    worker ran it, on a backend whose work is done when it runs; or a
+ *    sync or read event of a past t was seen complete): nothing to do.
+ *  - otherwise the client pushes a MARK for a on a's worker's queue (or
+ *    shares one already there that covers t) and a WAIT on its own worker
+ *    before the command. a's worker, on reaching the MARK, records a
+ *    backend event on a and publishes it; the waiting worker waits for
+ *    the publication (worker to worker, a futex; nothing when it is the
+ *    same worker, which ran the MARK first) and then makes its lane wait
+ *    for the event (cuStreamWaitEvent: asynchronous). The client never
+ *    waits.
+ *
+ * On a backend whose work is done once its worker ran it (host), the
+ * worker's queue orders all its lanes: records name the worker's first
+ * lane for any of them (ruda__lane.order_id), and only other workers are
+ * ordered after.
  *
  * Tickets are 32-bit and compared serially: a comparison can only err
  * towards ordering when a record is over 2^31 commands old.
@@ -33,7 +42,7 @@
  * number of client threads at once; ruda__order_mark/wait run on workers.
  * A client blocks only on the issue lock of a buffer another client is
  * issuing a conflicting command on, and on the short mark_lock of a
- * source worker, taken only when a MARK is needed.
+ * source lane, taken only when a MARK is needed.
  */
 #ifndef RUDA_ORDER_H
 #define RUDA_ORDER_H
@@ -55,8 +64,8 @@ static inline int ruda__ticket_ge(uint32_t a, uint32_t b) { return (int32_t)(a -
 typedef struct ruda__dep {
   _Atomic uint32_t state; /* futex word: RUDA__DEP_PENDING / _SLEEPER / _READY */
   _Atomic uint32_t refs;
-  uint32_t worker; /* the source worker */
-  uint32_t lower;  /* its `done` when the MARK was pushed: tickets up to here are covered */
+  uint32_t lane;  /* the source lane (sch->lanes) */
+  uint32_t lower; /* its worker's `done` when the MARK was pushed: tickets up to here are covered */
   int code;        /* the MARK's record failed with this code (err: why) */
   ruda_error *err;
   void *event; /* backend event recorded at the MARK; NULL: reaching it is enough */
@@ -78,7 +87,7 @@ typedef struct ruda__order {
   uint32_t locked; /* uses whose issue lock is held (the first `locked`) */
   int all;         /* a record could not be trusted: order after every worker */
   /* Writes: reader bits taken off the buffers' records (handles.h,
-   * RUDA__USE_READERS), whose workers this command orders after; `cleared`
+   * RUDA__USE_READERS), whose lanes this command orders after; `cleared`
    * goes back onto the records if the command is not pushed. */
   uint64_t readers;
   uint32_t ncleared, npend;
@@ -94,7 +103,7 @@ typedef struct ruda__order {
     uint32_t write; /* RUDA__USE_WRITE or _READ */
   } use[RUDA__MAX_PINS];
   struct {
-    uint32_t worker, ticket;
+    uint32_t lane, ticket;
   } wait[RUDA__MAX_PINS];
 } ruda__order;
 
@@ -106,12 +115,12 @@ static inline void ruda__order_init(ruda__order *o) {
   o->npend = 0;
 }
 
-/* Notes that the command being built for worker w uses a buffer (pinned,
+/* Notes that the command being built for lane l uses a buffer (pinned,
  * generation gen, slot index key) whose use record is at last, to read or
  * write it. Nothing is read yet: the record is consulted under its issue
  * lock. A buffer named twice is one use, a write if either is. */
 static inline void ruda__order_note(ruda__order *o, _Atomic uint64_t *last, uint32_t key, uint32_t gen,
-                                    const ruda__worker *w, uint32_t write) {
+                                    const ruda__lane *l, uint32_t write) {
   for (uint32_t i = 0; i < o->nuse; i++)
     if (o->use[i].last == last) {
       o->use[i].write |= write;
@@ -119,20 +128,20 @@ static inline void ruda__order_note(ruda__order *o, _Atomic uint64_t *last, uint
     }
   uint32_t i = o->nuse++;
   o->use[i].last = last;
-  o->use[i].hi = ruda__use_pack(w->index, gen, 0);
+  o->use[i].hi = ruda__use_pack(l->order_id, gen, 0);
   o->use[i].key = key;
   o->use[i].write = write;
 }
 
-/* Client, once the command is admitted on w and before anything is
- * pushed: takes the issue lock of every noted buffer, in key order (so
+/* Client, once the command is admitted on l's worker and before anything
+ * is pushed: takes the issue lock of every noted buffer, in key order (so
  * two commands never wait for each other), and reads what the command
- * must follow: the last write on another worker, and for a write every
- * worker that read since. Blocks only while another client issues a
+ * must follow: the last write on another lane, and for a write every
+ * lane that read since. Blocks only while another client issues a
  * conflicting command on one of these buffers (held from its lock to its
  * publish, which push without blocking). Then ruda__order_needed says
  * whether ruda__order_prepare has work. */
-void ruda__order_lock(ruda__order *o, const ruda__worker *w);
+void ruda__order_lock(ruda__order *o, const ruda__lane *l);
 
 /* The command was not pushed: the reader bits its writes took go back,
  * the issue locks are released, its pins are settled. Idempotent; a
@@ -148,23 +157,25 @@ static inline int ruda__order_needed(const ruda__order *o) { return o->need != 0
  * allocated; nothing the caller must undo then but ruda__order_abandon. */
 int ruda__order_prepare(struct ruda__sched *sch, ruda__order *o, ruda__stream *s, uint64_t seq);
 
-/* Client, after the command was pushed on w (while it still holds its
- * pins and locks): records its writes as the buffers' last use and its
- * reads as w's bit, then releases the issue locks. The ticket read after
- * the push is at least the command's position in w's queue. */
-void ruda__order_publish(ruda__order *o, ruda__worker *w);
+/* Client, after the command was pushed for lane l (while it still holds
+ * its pins and locks): records its writes as the buffers' last use and
+ * its reads as l's bit, then releases the issue locks. The ticket read
+ * after the push is at least the command's position in the queue. */
+void ruda__order_publish(ruda__order *o, ruda__lane *l);
 
-/* Worker side (worker.c). MARK: record and publish; WAIT: wait for every
- * dependency, then order the worker's stream after its event. Returns 0
- * or a code with *err. */
-void ruda__order_mark(ruda__worker *w, ruda__dep *d);
-int ruda__order_wait(ruda__worker *w, ruda__dep **deps, uint32_t n, ruda_error **err);
+/* Worker side (worker.c). MARK: record on its lane and publish; WAIT:
+ * wait for every dependency, then order lane l (the WAIT's stream's)
+ * after its event. Returns 0 or a code with *err. */
+void ruda__order_mark(struct ruda__sched *sch, ruda__dep *d);
+int ruda__order_wait(ruda__lane *l, ruda__dep **deps, uint32_t n, ruda_error **err);
 
-/* A waiter saw an event covering w's commands up to pos complete. */
-void ruda__order_completed(ruda__worker *w, uint64_t pos);
+/* A waiter saw an event covering l's commands up to pos complete. */
+void ruda__order_completed(ruda__lane *l, uint64_t pos);
 
-/* Worker lifecycle: reset before start; drop last marks after stop. */
+/* Lane lifecycle: reset before its worker starts; drop last marks after
+ * it stopped. Worker: its counters reset before start. */
+void ruda__order_lane_init(ruda__lane *l);
+void ruda__order_lane_fini(struct ruda__sched *sch, ruda__lane *l);
 void ruda__order_worker_init(ruda__worker *w);
-void ruda__order_worker_fini(struct ruda__sched *sch, ruda__worker *w);
 
 #endif /* RUDA_ORDER_H */

@@ -1,6 +1,8 @@
 /* progress.c - how memory learns that a worker's work passed a point
  * (base/progress.h), with fences: internal sync commands on a private
- * stream of each worker, one future each, polled and never waited on.
+ * stream of each lane, one future each, polled and never waited on.
+ * Memory's "worker" w is a lane (scheduler.h): what one device stream
+ * ran, in order.
  * Any thread, workers included: a worker whose unpin retires a buffer
  * issues fences on other workers' queues (unbounded pushes, no waiting).
  */
@@ -50,7 +52,7 @@ static void fence_free(void *ctx, void *fence) {
 static int idle(void *ctx, uint32_t w) {
   struct ruda__sched *sch = ctx;
   if (sch->backend.ops->event_query != NULL) return 0;
-  ruda__worker *wk = &sch->workers[w];
+  ruda__worker *wk = sch->lanes[w].worker;
   uint32_t e = atomic_load_explicit(&wk->idle_epoch, memory_order_seq_cst);
   if (!(e & 1) || !cds_wfcq_empty(&wk->head, &wk->tail) ||
       atomic_load_explicit(&wk->exec, memory_order_seq_cst) != 0 ||
@@ -61,7 +63,7 @@ static int idle(void *ctx, uint32_t w) {
 
 static uint32_t ticket(void *ctx, uint32_t w) {
   struct ruda__sched *sch = ctx;
-  return ruda__queue_ticket(&sch->workers[w]);
+  return ruda__queue_ticket(sch->lanes[w].worker);
 }
 
 static int closing(void *ctx) {
@@ -82,17 +84,17 @@ static const ruda__progress_ops fence_ops = {
 int ruda__progress_init(struct ruda__sched *sch) {
   sch->memory->progress.ops = &fence_ops;
   sch->memory->progress.ctx = sch;
-  sch->fence_streams = calloc(sch->nworkers, sizeof *sch->fence_streams);
+  sch->fence_streams = calloc(sch->lanes_total, sizeof *sch->fence_streams);
   if (sch->fence_streams == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
-  for (uint32_t w = 0; w < sch->nworkers; w++) {
-    sch->fence_streams[w] = ruda__stream_private(UINT64_MAX - 1 - w, &sch->workers[w]);
+  for (uint32_t w = 0; w < sch->lanes_total; w++) {
+    sch->fence_streams[w] = ruda__stream_private(UINT64_MAX - 1 - w, &sch->lanes[w]);
     if (sch->fence_streams[w] == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
   }
   return 0;
 }
 
 void ruda__progress_destroy(struct ruda__sched *sch) {
-  for (uint32_t w = 0; sch->fence_streams != NULL && w < sch->nworkers; w++)
+  for (uint32_t w = 0; sch->fence_streams != NULL && w < sch->lanes_total; w++)
     ruda__stream_private_free(sch, sch->fence_streams[w], "memory fence");
   free(sch->fence_streams);
   sch->fence_streams = NULL;

@@ -38,8 +38,12 @@ typedef struct ruda__sched {
   ruda__memory *memory;      /* memory's root (memory/memory.h) */
   ruda__worker *workers;
   uint32_t nworkers;
+  /* Every worker's device streams (scheduler.h, ruda__lane): nlanes per
+   * worker, lanes_total in all, worker w's at [w * nlanes]. */
+  ruda__lane *lanes;
+  uint32_t nlanes, lanes_total;
   ruda__stream_table streams;
-  /* Per worker: the private stream carrying memory's fences
+  /* Per lane: the private stream carrying memory's fences
    * (scheduler/progress.c). */
   ruda__stream **fence_streams;
   /* Tracing (scheduler/trace.h): per-worker buffers and the open file,
@@ -88,20 +92,31 @@ void ruda__sched_fault(ruda__sched *sch, ruda_error *err);
  * memory. Thread-safe. */
 static inline ruda__pools *ruda__stream_pools(ruda__sched *sch, ruda__stream *s) {
   ruda__pools *p = atomic_load_explicit(&s->pools, memory_order_acquire);
-  return p != NULL ? p : ruda__pools_of(sch->memory, &s->pools, s->worker->index, s->id);
+  return p != NULL ? p : ruda__pools_of(sch->memory, &s->pools, s->lane->index, s->id);
 }
 
-/* RUDA_LAUNCH_BLOCKING: waits until the device ran what worker w
- * submitted, so a failure is reported on the command that caused it (a
- * command's, scheduler/worker.c; a replayed graph's, scheduler/graph.c).
- * On w's thread, or a client holding its exec; blocks. */
-static inline int ruda__wait_device(ruda__worker *w, ruda_error **err) {
-  const ruda__backend_ops *ops = w->sch->backend.ops;
+/* The lane stream id `id` is served by: worker id % nworkers, and of its
+ * lanes the next digit, so consecutive ids (a thread each) get a device
+ * stream each until every lane is taken. The top bit (thread streams)
+ * is left out. */
+static inline ruda__lane *ruda__lane_of(const ruda__sched *sch, ruda_stream_id id) {
+  const uint64_t n = id & ~(1ull << 63);
+  const uint32_t w = (uint32_t)(n % sch->nworkers);
+  return &sch->lanes[(size_t)w * sch->nlanes + (uint32_t)((n / sch->nworkers) % sch->nlanes)];
+}
+
+/* RUDA_LAUNCH_BLOCKING: waits until the device ran what lane l was given,
+ * so a failure is reported on the command that caused it (a command's,
+ * scheduler/worker.c; a replayed graph's, scheduler/graph.c). On l's
+ * worker thread, or a client holding its exec; blocks. */
+static inline int ruda__wait_device(ruda__lane *l, ruda_error **err) {
+  const ruda__backend_ops *ops = l->worker->sch->backend.ops;
+  void *state = l->worker->sch->backend.state;
   ruda__completion c = {0};
-  int rc = ops->record(w->wstate, &c, err);
+  int rc = ops->record(l->wstate, &c, err);
   if (rc == 0 && c.event != NULL) {
-    rc = ops->event_wait(w->sch->backend.state, c.event, err);
-    if (ops->event_release != NULL) ops->event_release(w->sch->backend.state, c.event);
+    rc = ops->event_wait(state, c.event, err);
+    if (ops->event_release != NULL) ops->event_release(state, c.event);
   }
   return rc;
 }

@@ -158,9 +158,9 @@ struct ruda_future {
   struct ruda_future *hnext, *hprev;
   _Atomic uint32_t detached; /* futex word: close completed it, the device is gone */
   /* Set by the worker when the completion has an event: the event covers
-   * the worker's commands up to order_pos, which ordering may take as done
+   * its lane's commands up to order_pos, which ordering may take as done
    * once a waiter saw it complete (scheduler/order.c). */
-  struct ruda__worker *order_worker;
+  struct ruda__lane *order_lane;
   uint64_t order_pos;
   /* RUDA__CMD_STAMP: when the worker ran it (CLOCK_MONOTONIC), the time on
    * a backend whose work is done once its worker ran it (host). */
@@ -204,18 +204,15 @@ void ruda__future_unref(struct ruda_future *f);
  *   tail, depth, tickets           any pusher (atomics)     worker, ordering clients
  *   head                           worker thread (splice)   in-place clients (empty?)
  *   wake / space                   pushers / worker         worker / pushers (event counts)
- *   index, own_bit, thread, sch,   open (before the worker  anyone
- *     observed, reserve_*           starts)
- *   wstate, in_place_runs,         exec holder              exec holder
- *     held, held_run
+ *   index, thread, sch, lanes,     open (before the worker  anyone
+ *     nlanes, observed, reserve_*   starts)
+ *   in_place_runs, held, held_run  exec holder              exec holder
+ *   dirty                          exec holder, retirers    exec holder (atomic)
  *   nheld                          exec holder (atomic)     exec holder; scheduler/progress.c
  *   holding                        clients, worker thread   worker thread (atomic)
  *   issue_ns                       exec takers (atomic)     clients in place
  *   done                           exec holder (atomic)     anyone
  *   exec                           compare-and-swap         anyone
- *   completed                      any waiter (atomic max)  anyone
- *   covered                        pushers of WAITs         pushers (atomic, lossy)
- *   mark_lock, last_mark           clients, under mark_lock
  *   last_idle_ns, stats, trace,    worker thread only       worker; stats and traces
  *     idle_epoch (written),                                 after it stopped; idle_epoch
  *     held_seen_*                                           by scheduler/progress.c
@@ -236,11 +233,13 @@ struct ruda__worker {
   ck_ec32_t wake;  /* bumped when a push finds the queue empty */
   ck_ec32_t space; /* bumped when the worker drained a batch */
   uint32_t index;
-  /* This worker's reader bit (order.h), or 0 when more than 64 workers
-   * share the bits: a writer then cannot skip its own bit. */
-  uint64_t own_bit;
   pthread_t thread;
-  void *wstate;
+  /* Its device streams (sch->lanes[index * nlanes ...]), see ruda__lane. */
+  struct ruda__lane *lanes;
+  uint32_t nlanes;
+  /* Lanes whose backend state may have work retiring (bit k: lanes[k]),
+   * looked at by progress (ruda__lane_dirty). */
+  _Atomic uint32_t dirty;
   int start_code;
   uint64_t last_idle_ns; /* worker only: how long its last idle spell lasted */
   /* Made at start for stopping the worker, so close never needs memory it
@@ -260,12 +259,9 @@ struct ruda__worker {
    * it runs, that everything pushed earlier is done. */
   _Atomic uint32_t idle_epoch;
   /* Progress, on its own line: the worker stores `done` after each command
-   * (commands run, in queue order, the same count as the tickets);
-   * `completed` is how many are known finished on the device (raised when
-   * a waiter sees a sync's or read's event complete). Read by clients only
-   * when they order a command after this worker's work. */
+   * (commands run, in queue order, the same count as the tickets). Read
+   * by clients only when they order a command after this worker's work. */
   _Atomic uint64_t done __attribute__((aligned(RUDA__CACHELINE)));
-  _Atomic uint64_t completed;
   /* Who runs this worker's commands now: 0 nobody, RUDA__EXEC_WORKER (for
    * a batch and its progress) or RUDA__EXEC_CLIENT (a client issuing its
    * own command in place, scheduler/inline.c). The holder owns wstate and
@@ -287,24 +283,74 @@ struct ruda__worker {
   uint32_t held_seen_run;   /* worker thread: the run it last saw held, */
   uint64_t held_seen_ns;    /* since when, */
   uint64_t held_active_ns;  /* and when a run was last seen held */
-  /* cfg.auto_graphs: the runs this worker recorded (scheduler/auto_graph.c;
-   * exec holder), how many commands went as part of one, how many
-   * templates it made and how many noted shapes a new one replaced (its
-   * cache holds a few shapes: more that take turns are never replayed). */
-  struct ruda__auto *autog;
+  /* cfg.auto_graphs (scheduler/auto_graph.c; the runs each lane recorded
+   * are in its autog): how many commands went as part of one, how many
+   * templates this worker made and how many noted shapes a new one
+   * replaced (a lane's cache holds a few shapes: more that take turns are
+   * never replayed). */
   _Atomic uint64_t auto_cmds, auto_templates, auto_replaced;
   /* Set at start: commands are observed (RUDA_WORKER_STATS, NVTX), so they
    * all run on the worker thread, where those are kept. */
   int observed;
+} __attribute__((aligned(RUDA__CACHELINE)));
+
+/* ---- lanes ---- */
+
+/* A lane is one device stream of a worker (cuda: a CUstream), with the
+ * backend's state for it (wstate, from worker_start). Stream ids served by
+ * one worker are spread over its lanes (ruda__lane_of), so their work
+ * overlaps on the device as a CUstream per client would, while one thread
+ * issues it. A lane is what ordering and memory call a "worker": its
+ * device-wide index is the id of buffer use records (order.h) and of
+ * memory's fences (memory/fence.h), since only one lane's work is known
+ * to run in queue order. Its worker's tickets and `done` count for it.
+ *
+ *   field                          written by               read by
+ *   worker, wstate, index, k,      open                     anyone
+ *     order_id, own_bit
+ *   autog                          exec holder              exec holder
+ *   completed                      any waiter (atomic max)  anyone
+ *   covered                        pushers of WAITs         pushers (atomic, lossy)
+ *   mark_lock, last_mark           clients, under mark_lock
+ */
+typedef struct ruda__lane {
+  ruda__worker *worker;
+  void *wstate;
+  uint32_t index; /* worker->index * nlanes + k */
+  uint32_t k;     /* which of its worker's lanes */
+  /* The lane whose index ordering records for this one (order.h): its
+   * own, where each device stream runs apart (cuda); its worker's first,
+   * on a backend whose work is done as its worker runs it (host), where
+   * the worker's queue alone orders all its lanes. */
+  uint32_t order_id;
+  /* The order lane's reader bit (order.h), or 0 when more than 64 lanes
+   * share the bits: a writer then cannot skip its own bit. */
+  uint64_t own_bit;
+  /* Of its worker's commands up to here, this lane's are known finished
+   * on the device (raised when a waiter sees a sync's or read's event of
+   * this lane complete); clients ordering after the lane read it. */
+  _Atomic uint64_t completed __attribute__((aligned(RUDA__CACHELINE)));
+  /* cfg.auto_graphs: the runs recorded on this lane and their templates
+   * (scheduler/auto_graph.c); exec holder. */
+  struct ruda__auto *autog;
   /* Cross-stream ordering (order.c), off the hot path. last_mark: the
-   * newest mark pushed on this worker, which later requests may share. */
+   * newest mark pushed for this lane, which later requests may share. */
   pthread_mutex_t mark_lock;
   struct ruda__dep *last_mark;
-  /* Marks of other workers that a WAIT already pushed on this worker
-   * waits for: (source worker + 1) << 32 | that worker's `done` when the
-   * mark was pushed. A direct-mapped cache by source worker. */
+  /* Marks of other lanes that a WAIT already pushed for this lane waits
+   * for: (source lane + 1) << 32 | that lane's worker's `done` when the
+   * mark was pushed. A direct-mapped cache by source lane. */
   _Atomic uint64_t covered[RUDA__COVER_WAYS];
-} __attribute__((aligned(RUDA__CACHELINE)));
+} __attribute__((aligned(RUDA__CACHELINE))) ruda__lane;
+
+/* Lane l has work its backend state retires (write staging, an event of a
+ * dropped future): its worker's progress looks at it. Any thread; one
+ * load when already so. */
+static inline void ruda__lane_dirty(ruda__lane *l) {
+  const uint32_t bit = 1u << l->k;
+  if (!(atomic_load_explicit(&l->worker->dirty, memory_order_relaxed) & bit))
+    atomic_fetch_or_explicit(&l->worker->dirty, bit, memory_order_release);
+}
 
 /* Commands queued on w, for the bound. */
 static inline uint32_t ruda__queue_depth(ruda__worker *w) {
@@ -333,6 +379,9 @@ int ruda__queue_admit_as(ruda__worker *w, ruda_stream_id stream, int nowait);
 void ruda__queue_push_admitted(ruda__worker *w, ruda__cmd *cmd);
 void ruda__queue_unadmit(ruda__worker *w);
 
+/* Device open, before anything names a lane: ties each lane to its
+ * worker (sch->lanes, sch->workers allocated and zeroed). */
+void ruda__lanes_init(struct ruda__sched *sch);
 int ruda__workers_start(struct ruda__sched *sch);
 /* Runs everything queued, stops and joins every worker. */
 void ruda__workers_stop(struct ruda__sched *sch);
@@ -391,6 +440,7 @@ struct ruda__stream {
   /* Client side: read or written by every command issued on the stream. */
   ruda_stream_id id;
   ruda__worker *worker;
+  struct ruda__lane *lane; /* its device stream, one of worker's lanes */
   _Atomic uint64_t seq;
   struct ruda__pools *_Atomic pools; /* memory/pool.h; made at first use (ruda__stream_pools) */
   /* Graph capture (scheduler/graph.c). capturing is read by every launch
@@ -477,9 +527,9 @@ void ruda__streams_destroy(ruda__stream_table *t);
 ruda__stream *ruda__stream_get(struct ruda__sched *sch, ruda_stream_id id);
 size_t ruda__streams_list(ruda__stream_table *t, ruda_stream_id *ids, size_t cap);
 
-/* A private stream on worker w, outside the stream table (ruda_stream_ids
+/* A private stream on lane l (and its worker), outside the stream table (ruda_stream_ids
  * does not list it): memory fences, collectives. NULL without memory. */
-ruda__stream *ruda__stream_private(ruda_stream_id id, ruda__worker *w);
+ruda__stream *ruda__stream_private(ruda_stream_id id, struct ruda__lane *l);
 /* Frees one; errors nobody drained are logged as "<what> failed: ...". */
 void ruda__stream_private_free(struct ruda__sched *sch, ruda__stream *s, const char *what);
 

@@ -38,7 +38,8 @@ static ruda__stream *create(struct ruda__sched *sch, ruda_stream_id id) {
   ruda__stream *st = ruda__stream_alloc();
   if (st == NULL) return NULL;
   st->id = id;
-  st->worker = &sch->workers[(id & ~(1ull << 63)) % sch->nworkers];
+  st->lane = ruda__lane_of(sch, id);
+  st->worker = st->lane->worker;
   pthread_mutex_init(&st->err_lock, NULL);
   /* The calling thread's own stream: retired once the thread exits. */
   if (id == cache.current && id > RUDA_STREAM_EXPLICIT_MAX) st->life = ruda__thread_life_get();

@@ -198,11 +198,12 @@ size_t ruda__streams_list(ruda__stream_table *t, ruda_stream_id *ids, size_t cap
   return a.n;
 }
 
-ruda__stream *ruda__stream_private(ruda_stream_id id, ruda__worker *w) {
+ruda__stream *ruda__stream_private(ruda_stream_id id, ruda__lane *l) {
   ruda__stream *s = ruda__stream_alloc();
   if (s == NULL) return NULL;
   s->id = id;
-  s->worker = w;
+  s->worker = l->worker;
+  s->lane = l;
   pthread_mutex_init(&s->err_lock, NULL);
   return s;
 }

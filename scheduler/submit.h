@@ -48,9 +48,9 @@ static inline int ruda__pin_binding(struct ruda__sched *sch, ruda__stream *s, ru
   _Atomic uint64_t *last;
   char lb[48];
   *addr = *len = 0; /* set on every path: callers read them only on success */
-  /* Pinned for s's worker: a worker other than the buffer's home is
+  /* Pinned for s's lane: a lane other than the buffer's home is
    * recorded, so the buffer's memory waits for it after a free. */
-  if (ruda__handles_pin_use(sch->handles, b.handle, s->worker->index, hold, &base, &size, &slot, &last) != 0)
+  if (ruda__handles_pin_use(sch->handles, b.handle, s->lane->index, hold, &base, &size, &slot, &last) != 0)
     return ruda__fail(RUDA_ENOTFOUND, "%s: %s handle {slot %u, gen %u} names no live buffer", fn,
                       ruda__binding_label(lb, sizeof lb, what, index), b.handle.slot, b.handle.gen);
   if ((base & RUDA__UNBACKED) && ruda__memory_back(sch->memory, atomic_load(&slot->mem), base, fn, &base) != 0) {
@@ -71,7 +71,7 @@ static inline int ruda__pin_binding(struct ruda__sched *sch, ruda__stream *s, ru
   *addr = base + b.offset;
   *len = want;
   o->pend[o->npend++] = slot;
-  ruda__order_note(o, last, b.handle.slot, b.handle.gen, s->worker, use);
+  ruda__order_note(o, last, b.handle.slot, b.handle.gen, s->lane, use);
   return 0;
 }
 
@@ -144,7 +144,7 @@ static inline __attribute__((always_inline)) int ruda__submit_orders(struct ruda
     if (issue != NULL) pthread_mutex_unlock(issue);
     return rc;
   }
-  for (uint32_t i = 0; i < n; i++) ruda__order_lock(&o[i], w);
+  for (uint32_t i = 0; i < n; i++) ruda__order_lock(&o[i], s->lane);
   for (uint32_t i = 0; i < n; i++)
     if (__builtin_expect(ruda__order_needed(&o[i]), 0) && (rc = ruda__order_prepare(sch, &o[i], s, cmd->seq)) != 0) {
       ruda__queue_unadmit(w); /* WAITs already pushed only order this stream more */
@@ -160,7 +160,7 @@ static inline __attribute__((always_inline)) int ruda__submit_orders(struct ruda
   ruda__exec_guard guard;
   const int claimed = __builtin_expect(in_place, 0) && ruda__inline_claim(w, cmd, &guard);
   if (!claimed) ruda__queue_push_admitted(w, cmd);
-  for (uint32_t i = 0; i < n; i++) ruda__order_publish(&o[i], w);
+  for (uint32_t i = 0; i < n; i++) ruda__order_publish(&o[i], s->lane);
   if (issue != NULL) pthread_mutex_unlock(issue);
   if (claimed) ruda__inline_finish(w, cmd, &guard); /* no lock of ruda's held: cmd is freed */
   return 0;

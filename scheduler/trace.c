@@ -40,6 +40,7 @@ struct ruda__trace {
   uint32_t ntimed;
   uint32_t harvest; /* first record whose events may still be held */
   uint32_t open, open_cmds; /* record holding the open span's ev0 + 1 (0: none); its commands */
+  void *open_ws;            /* the lane the open span's events go on (its backend state) */
   int device; /* RUDA_TRACE_DEVICE=1: record device spans */
   /* Memory over time: device memory the arena holds, sampled by this
    * worker at most once a millisecond, after a command. */
@@ -118,21 +119,22 @@ static int device_work(int kind) {
          kind == RUDA__CMD_GRAPH || kind == RUDA__CMD_COLL || kind == RUDA__CMD_CALL;
 }
 
-/* A timing event on w's device stream now, or NULL (no timing events on
- * this backend, or the record failed: the span is then host-only). */
-static void *stamp(ruda__worker *w) {
+/* A timing event on a lane of w now (its backend state ws), or NULL (no
+ * timing events on this backend, or the record failed: the span is then
+ * host-only). */
+static void *stamp(ruda__worker *w, void *ws) {
   const ruda__backend_ops *ops = w->sch->backend.ops;
   ruda__completion c = {0};
   ruda_error *err = NULL;
-  if (ops->stamp == NULL || ops->elapsed == NULL || ops->stamp(w->wstate, &c, &err) != 0) {
+  if (ops->stamp == NULL || ops->elapsed == NULL || ops->stamp(ws, &c, &err) != 0) {
     ruda_error_free(err);
     return NULL;
   }
   return c.event;
 }
 
-static void start_device_clock(ruda__worker *w, ruda__trace *t) {
-  t->zero = stamp(w);
+static void start_device_clock(ruda__worker *w, ruda__trace *t, void *ws) {
+  t->zero = stamp(w, ws);
   if (t->zero == NULL) return;
   /* Blocks this worker once, while tracing: the zero's completion is
    * what ties device time to the host clock (within a wake-up). */
@@ -172,10 +174,19 @@ void ruda__trace_begin(ruda__worker *w, const ruda__cmd *cmd) {
   r->ev0 = r->ev1 = NULL;
   r->span_cmds = 0;
   if (t->device && device_work(cmd->kind) && w->sch->backend.ops->stamp != NULL) {
+    /* A span times one lane: another lane's command closes it. */
+    void *ws = cmd->stream->lane->wstate;
+    if (t->open != 0 && t->open_ws != ws) {
+      ruda__trace_batch_end(w, t);
+      r = &t->recs[t->n];
+    }
     if (t->open == 0 && t->ntimed < RUDA__TRACE_DEVICE_MAX) {
-      if (t->zero == NULL && t->ntimed == 0) start_device_clock(w, t);
+      if (t->zero == NULL && t->ntimed == 0) start_device_clock(w, t, ws);
       t->ntimed++;
-      if (t->zero != NULL && (r->ev0 = stamp(w)) != NULL) t->open = t->n + 1;
+      if (t->zero != NULL && (r->ev0 = stamp(w, ws)) != NULL) {
+        t->open = t->n + 1;
+        t->open_ws = ws;
+      }
     }
     if (t->open != 0) t->open_cmds++;
   }
@@ -248,7 +259,7 @@ void ruda__trace_end(ruda__worker *w, ruda__trace *t, int rc) {
 void ruda__trace_batch_end(ruda__worker *w, ruda__trace *t) {
   if (t == NULL || t->open == 0) return;
   trace_rec *r = &t->recs[t->open - 1];
-  if ((r->ev1 = stamp(w)) != NULL) {
+  if ((r->ev1 = stamp(w, t->open_ws)) != NULL) {
     r->span_cmds = t->open_cmds;
   } else { /* no span: the record keeps no event */
     w->sch->backend.ops->event_release(w->sch->backend.state, r->ev0);

@@ -68,49 +68,53 @@ static int finish(ruda__worker *w, ruda__cmd *cmd, int rc, ruda_error *err);
 int ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
   struct ruda__sched *sch = w->sch;
   const ruda__backend_ops *ops = sch->backend.ops;
+  /* The device stream of the command's stream (none for close's FENCE
+   * and STOP, which issue nothing). */
+  ruda__lane *lane = cmd->stream != NULL ? cmd->stream->lane : NULL;
+  void *ws = lane != NULL ? lane->wstate : NULL;
   ruda_error *err = NULL;
   int rc = 0;
   switch (cmd->kind) {
     case RUDA__CMD_WRITE:
-      rc = ops->write(w->wstate, cmd->u.write.dst, &cmd->u.write.layout, cmd->u.write.staged, &err);
+      rc = ops->write(ws, cmd->u.write.dst, &cmd->u.write.layout, cmd->u.write.staged, &err);
       break;
     case RUDA__CMD_READ:
-      rc = ops->read(w->wstate, cmd->u.read.dst, cmd->u.read.src, &cmd->u.read.layout,
+      rc = ops->read(ws, cmd->u.read.dst, cmd->u.read.src, &cmd->u.read.layout,
                      &cmd->future->completion, &err);
       break;
     case RUDA__CMD_COPY:
-      rc = ops->copy(w->wstate, cmd->u.copy.dst, cmd->u.copy.src, cmd->u.copy.size, &err);
+      rc = ops->copy(ws, cmd->u.copy.dst, cmd->u.copy.src, cmd->u.copy.size, &err);
       break;
     case RUDA__CMD_LAUNCH:
       if (!(cmd->u.launch.flags & RUDA_LAUNCH_DRY_RUN))
-        rc = ops->launch(w->wstate, &cmd->u.launch, &err);
+        rc = ops->launch(ws, &cmd->u.launch, &err);
       break;
     case RUDA__CMD_SYNC:
-      rc = ops->record(w->wstate, &cmd->future->completion, &err);
+      rc = ops->record(ws, &cmd->future->completion, &err);
       break;
     case RUDA__CMD_MARK:
-      ruda__order_mark(w, cmd->u.mark.dep);
+      ruda__order_mark(sch, cmd->u.mark.dep); /* on the lane it marks */
       break;
     case RUDA__CMD_WAIT:
-      rc = ruda__order_wait(w, cmd->u.wait.deps, cmd->u.wait.n, &err);
+      rc = ruda__order_wait(lane, cmd->u.wait.deps, cmd->u.wait.n, &err);
       break;
     case RUDA__CMD_GRAPH:
-      rc = ruda__graph_execute(w, cmd, &err);
+      rc = ruda__graph_execute(cmd, &err);
       /* ruda_graph_replay_async: the future completes after the replay. */
-      if (rc == 0 && cmd->future != NULL) rc = ops->record(w->wstate, &cmd->future->completion, &err);
-      if (cmd->u.graph.ran != NULL) cmd->u.graph.ran(cmd->u.graph.ran_arg, w->index);
+      if (rc == 0 && cmd->future != NULL) rc = ops->record(ws, &cmd->future->completion, &err);
+      if (cmd->u.graph.ran != NULL) cmd->u.graph.ran(cmd->u.graph.ran_arg, lane->index);
       /* The replay's reference; the error report below names no graph. */
-      ruda__graph_unref(cmd->u.graph.g, w->wstate);
+      ruda__graph_unref(cmd->u.graph.g, ws);
       break;
     case RUDA__CMD_STAMP:
-      if (ops->stamp != NULL) rc = ops->stamp(w->wstate, &cmd->future->completion, &err);
+      if (ops->stamp != NULL) rc = ops->stamp(ws, &cmd->future->completion, &err);
       cmd->future->stamp_ns = ruda__now_ns();
       break;
     case RUDA__CMD_COLL:
-      rc = ops->collective(w->wstate, cmd->u.coll.rank_handle, &cmd->u.coll, &err);
+      rc = ops->collective(ws, cmd->u.coll.rank_handle, &cmd->u.coll, &err);
       break;
     case RUDA__CMD_CALL:
-      rc = ruda__libcall_run(w, cmd, 0, &err);
+      rc = ruda__libcall_run(lane, cmd, 0, &err);
       break;
     case RUDA__CMD_TRACE:
       w->trace = cmd->u.trace.t;
@@ -126,13 +130,17 @@ int ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
  * report, its pins, `done`, its future. Returns rc (or the wait's code). */
 static int finish(ruda__worker *w, ruda__cmd *cmd, int rc, ruda_error *err) {
   struct ruda__sched *sch = w->sch;
+  ruda__lane *lane = cmd->stream != NULL ? cmd->stream->lane : NULL;
   if (__builtin_expect(sch->cfg.launch_blocking, 0) && rc == 0 && cmd->kind != RUDA__CMD_MARK &&
       cmd->kind != RUDA__CMD_WAIT && cmd->kind != RUDA__CMD_STOP && cmd->kind != RUDA__CMD_FENCE &&
       cmd->kind != RUDA__CMD_TRACE)
-    rc = ruda__wait_device(w, &err);
+    rc = ruda__wait_device(lane, &err);
   if (rc != 0) report(w, cmd, rc, err);
   for (uint32_t i = 0; i < cmd->npins; i++)
-    ruda__handles_unpin(sch->handles, ruda__pin_slot(cmd->pins[i]), w->wstate);
+    ruda__handles_unpin(sch->handles, ruda__pin_slot(cmd->pins[i]), lane->wstate);
+  /* Its lane may have work retiring now (progress looks at it). Not a
+   * MARK's: its stream is the waiting one, and its event nothing retires. */
+  if (lane != NULL && cmd->kind != RUDA__CMD_MARK) ruda__lane_dirty(lane);
   /* Before `done` moves: once it did, an exited thread's stream may go.
    * Not for a MARK: it runs on the worker whose work it marks, for a
    * stream of another worker, which may be gone once the MARK published
@@ -145,7 +153,7 @@ static int finish(ruda__worker *w, ruda__cmd *cmd, int rc, ruda_error *err) {
   atomic_store_explicit(&w->done, pos, memory_order_release);
   if (cmd->future != NULL) {
     if (rc == 0 && cmd->future->completion.event != NULL) {
-      cmd->future->order_worker = w;
+      cmd->future->order_lane = lane;
       cmd->future->order_pos = pos;
     }
     ruda__future_submitted(cmd->future, rc);
@@ -177,8 +185,9 @@ static int run_commands(ruda__worker *w, ruda__cmd *const *run, uint32_t n) {
   /* What a write does with its staged block after its copy, the graph's
    * uploads did not: they read the block when the graph runs. */
   void (*const retire_stage)(void *, void *, uint64_t) = w->sch->backend.ops->stage_retire;
+  void *ws = run[0]->stream->lane->wstate; /* a run is one stream's */
   for (uint32_t i = 0; i < issued; i++)
-    if (run[i]->kind == RUDA__CMD_WRITE) retire_stage(w->wstate, run[i]->u.write.staged, run[i]->u.write.layout.bytes);
+    if (run[i]->kind == RUDA__CMD_WRITE) retire_stage(ws, run[i]->u.write.staged, run[i]->u.write.layout.bytes);
   for (uint32_t i = 0; i < ok; i++) finish(w, run[i], 0, NULL);
   if (rc != 0) finish(w, run[ok++], rc, err);
   for (uint32_t i = ok; i < n; i++) {
@@ -280,6 +289,33 @@ static int worker_stats_on(void) {
   return ruda__env_bool("RUDA_WORKER_STATS", &on) > 0 && on;
 }
 
+/* The backend's state of w's first n lanes goes, last first. */
+static void stop_lanes(ruda__worker *w, uint32_t n) {
+  void (*const stop)(void *, void *) = w->sch->backend.ops->worker_stop;
+  for (uint32_t k = n; k-- > 0;) {
+    if (stop != NULL) stop(w->sch->backend.state, w->lanes[k].wstate);
+    w->lanes[k].wstate = NULL;
+  }
+}
+
+/* The backend's progress on each lane that may have work retiring;
+ * non-zero while some still is. Exec holder. */
+static int progress_lanes(ruda__worker *w, int idle) {
+  int (*const progress)(void *, int) = w->sch->backend.ops->progress;
+  if (progress == NULL) return 0;
+  int pending = 0;
+  for (uint32_t d = atomic_load_explicit(&w->dirty, memory_order_acquire); d != 0; d &= d - 1) {
+    const uint32_t k = (uint32_t)__builtin_ctz(d);
+    /* Cleared first: a retire added meanwhile sets it again. */
+    atomic_fetch_and_explicit(&w->dirty, ~(1u << k), memory_order_acq_rel);
+    if (progress(w->lanes[k].wstate, idle)) {
+      pending = 1;
+      ruda__lane_dirty(&w->lanes[k]);
+    }
+  }
+  return pending;
+}
+
 static void *worker_main(void *arg) {
   ruda__worker *w = arg;
   struct ruda__sched *sch = w->sch;
@@ -314,8 +350,7 @@ static void *worker_main(void *arg) {
       atomic_fetch_add_explicit(&w->idle_epoch, 1, memory_order_seq_cst); /* odd: idle */
       if (idle_since == 0) idle_since = now;
       const uint64_t idle_start = idle_since;
-      int (*const progress)(void *, int) = sch->backend.ops->progress;
-      int retiring = progress != NULL && progress(w->wstate, 0);
+      int retiring = progress_lanes(w, 0);
       const int watching = atomic_load_explicit(&w->holding, memory_order_relaxed) != 0;
       ruda__exec_release(w);
       /* Poll before sleeping while work has been coming back within the
@@ -336,7 +371,7 @@ static void *worker_main(void *arg) {
        * held until its copy ran), sleep only briefly so it is returned
        * promptly. */
       if (retiring && ruda__exec_try(w, RUDA__EXEC_WORKER) == 0) {
-        retiring = progress(w->wstate, 1);
+        retiring = progress_lanes(w, 1);
         ruda__exec_release(w);
       }
       if (retiring || watching) { /* both look again after HOLD_NS */
@@ -410,7 +445,7 @@ static void *worker_main(void *arg) {
       ruda__cmd_free(cmd);
     }
     if (w->trace != NULL) ruda__trace_batch_end(w, w->trace);
-    if (sch->backend.ops->progress != NULL) sch->backend.ops->progress(w->wstate, 0);
+    progress_lanes(w, 0);
     retire(w, &unretired);
     /* Kept after STOP: no client runs anything in place on a stopped
      * worker's state. */
@@ -420,11 +455,11 @@ static void *worker_main(void *arg) {
   /* Every command of this worker ran (close's FENCE and STOP came last):
    * the libraries' states go now, on this thread, with the stream alive. */
   ruda__libcall_worker_end(w);
-  if (sch->backend.ops->worker_stop) sch->backend.ops->worker_stop(sch->backend.state, w->wstate);
+  stop_lanes(w, w->nlanes);
   return NULL;
 }
 
-/* Start-up handshake: the backend's per-worker state (the CUDA stream) is
+/* Start-up handshake: the backend's state of each lane (a CUDA stream) is
  * made on the worker thread itself, and open() waits for every result. */
 typedef struct start_arg {
   ruda__worker *w;
@@ -437,9 +472,11 @@ static void *worker_boot(void *p) {
   start_arg a = *(start_arg *)p;
   free(p);
   ruda__worker *w = a.w;
-  w->start_code = w->sch->backend.ops->worker_start
-                      ? w->sch->backend.ops->worker_start(w->sch->backend.state, w->index, &w->wstate)
-                      : 0;
+  const ruda__backend_ops *ops = w->sch->backend.ops;
+  w->start_code = 0;
+  for (uint32_t k = 0; k < w->nlanes && w->start_code == 0 && ops->worker_start != NULL; k++)
+    if ((w->start_code = ops->worker_start(w->sch->backend.state, w->lanes[k].index, &w->lanes[k].wstate)) != 0)
+      stop_lanes(w, k);
   pthread_mutex_lock(a.lock);
   (*a.pending)--;
   pthread_cond_broadcast(a.cond);
@@ -459,6 +496,24 @@ static void release_reserve(ruda__worker *w) {
   w->reserve_future = NULL;
 }
 
+void ruda__lanes_init(struct ruda__sched *sch) {
+  for (uint32_t i = 0; i < sch->nworkers; i++) {
+    ruda__worker *w = &sch->workers[i];
+    w->nlanes = sch->nlanes;
+    w->lanes = &sch->lanes[(size_t)i * sch->nlanes];
+    for (uint32_t k = 0; k < w->nlanes; k++) {
+      ruda__lane *l = &w->lanes[k];
+      l->worker = w;
+      l->wstate = NULL;
+      l->index = i * sch->nlanes + k;
+      l->k = k;
+      l->order_id = sch->backend.ops->stream_wait != NULL ? l->index : i * sch->nlanes;
+      l->own_bit = sch->lanes_total <= 64 ? UINT64_C(1) << l->order_id : 0;
+      ruda__order_lane_init(l);
+    }
+  }
+}
+
 int ruda__workers_start(struct ruda__sched *sch) {
   uint32_t n = sch->nworkers;
   pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -473,9 +528,8 @@ int ruda__workers_start(struct ruda__sched *sch) {
     ck_ec32_init(&w->wake, 0);
     ck_ec32_init(&w->space, 0);
     w->index = i;
-    w->own_bit = sch->nworkers <= 64 ? UINT64_C(1) << i : 0;
     w->sch = sch;
-    w->wstate = NULL;
+    atomic_init(&w->dirty, 0);
     atomic_init(&w->exec, 0);
     w->observed = worker_stats_on() || ruda__nvtx_on();
     w->reserve_fence = ruda__cmd_alloc(0);
@@ -584,5 +638,5 @@ void ruda__workers_stop(struct ruda__sched *sch) {
   for (uint32_t i = 0; i < sch->nworkers; i++) pthread_join(sch->workers[i].thread, NULL);
   ruda__libraries_free(sch);
   print_stats(sch);
-  for (uint32_t i = 0; i < sch->nworkers; i++) ruda__order_worker_fini(sch, &sch->workers[i]);
+  for (uint32_t i = 0; i < sch->lanes_total; i++) ruda__order_lane_fini(sch, &sch->lanes[i]);
 }

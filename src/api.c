@@ -262,7 +262,7 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
     if ((rc = ruda__queue_admit(s->worker, s->id)) != 0) goto unpin;
     /* Pieces are pushed in any order: a WAIT goes before all of them. The
      * buffer's issue lock is held until the last piece is queued. */
-    ruda__order_lock(&o, s->worker);
+    ruda__order_lock(&o, s->lane);
     if (ruda__order_needed(&o) && (rc = ruda__order_prepare(&dev->sched, &o, s, 0)) != 0) {
       ruda__queue_unadmit(s->worker);
       goto unpin;
@@ -270,7 +270,7 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
     write_pieces j = {dev, s, dst->binding.handle, addr, src, len};
     rc = ruda__staging_parallel((len + RUDA__WRITE_PIECE - 1) / RUDA__WRITE_PIECE, write_piece, &j);
     ruda__queue_unadmit(s->worker);
-    ruda__order_publish(&o, s->worker); /* still pinned here */
+    ruda__order_publish(&o, s->lane); /* still pinned here */
     goto unpin; /* the pieces hold their own pins */
   }
   ruda__cmd *cmd = ruda__cmd_alloc(sizeof(uint32_t));

@@ -49,7 +49,7 @@ static int check_dtype(ruda_dtype t, ruda_reduce_op op, const char *fn) {
 /* A rank's collective stream on dev for communicator number id: ids from
  * the top of the reserved range, spread over the workers by communicator. */
 static ruda__stream *collective_stream(ruda_device *dev, uint64_t id) {
-  return ruda__stream_private(UINT64_MAX - (1ull << 32) - id, &dev->sched.workers[id % dev->sched.nworkers]);
+  return ruda__stream_private(UINT64_MAX - (1ull << 32) - id, ruda__lane_of(&dev->sched, id));
 }
 
 /* Frees what comm_init made, however far it got (any field may be NULL). */

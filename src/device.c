@@ -72,6 +72,8 @@ void ruda_config_init(ruda_config *cfg) {
   cfg->auto_graphs = -1; /* where the backend's graphs pay */
   if (ruda__env_bool("RUDA_AUTO_GRAPHS", &on) > 0) cfg->auto_graphs = on;
   if ((v = getenv("RUDA_CACHE_DIR")) != NULL) cfg->cache_dir = v;
+  if (env_u32("RUDA_LANES", &u) < 0) fprintf(stderr, "ruda: ignoring malformed RUDA_LANES\n");
+  else if (getenv("RUDA_LANES") && *getenv("RUDA_LANES")) cfg->lanes = u;
   cfg->spin_us = 50;
   if (env_u32("RUDA_SPIN_US", &u) < 0) fprintf(stderr, "ruda: ignoring malformed RUDA_SPIN_US\n");
   else if (getenv("RUDA_SPIN_US") && *getenv("RUDA_SPIN_US")) cfg->spin_us = u;
@@ -98,8 +100,14 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   else ruda_config_init(&cfg);
   /* A nonzero word is a setting this library does not know (the caller's
    * headers are newer) or garbage: refused, never silently ignored. */
-  const int r = RUDA__RESERVED_SET(&cfg);
-  if (r >= 0)
+  /* lanes took reserved[0]'s low half: its high half is checked alone. */
+  if (cfg.reserved[0] >> 32 != 0)
+    return ruda__fail(RUDA_EINVAL,
+                      "ruda_device_open: cfg->reserved[0] is 0x%llx, not zero above lanes: a setting this ruda %s "
+                      "does not know, or a config not filled by ruda_config_init()",
+                      (unsigned long long)cfg.reserved[0], RUDA_VERSION_STRING);
+  int r = ruda__reserved_set(cfg.reserved + 1, 7);
+  if (r >= 0 && ++r > 0)
     return ruda__fail(RUDA_EINVAL,
                       "ruda_device_open: cfg->reserved[%d] is 0x%llx, not zero: a setting this ruda %s does not "
                       "know, or a config not filled by ruda_config_init()",
@@ -107,6 +115,11 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
 
   if (cfg.num_streams == 0 || cfg.num_streams > 1024)
     return ruda__fail(RUDA_EINVAL, "ruda_device_open: num_streams %u outside 1..1024", cfg.num_streams);
+  if (cfg.lanes > 32)
+    return ruda__fail(RUDA_EINVAL, "ruda_device_open: lanes %u outside 1..32 (0: the default)", cfg.lanes);
+  /* Enough device streams that 64 client threads get one each, as many as
+   * cross-stream ordering's reader bits tell apart (order.h). */
+  if (cfg.lanes == 0) cfg.lanes = cfg.num_streams >= 64 ? 1 : 64 / cfg.num_streams > 16 ? 16 : 64 / cfg.num_streams;
   if (cfg.queue_bound == 0 || cfg.queue_bound > (1u << 30))
     return ruda__fail(RUDA_EINVAL, "ruda_device_open: queue_bound %u outside 1..2^30", cfg.queue_bound);
   if (cfg.backend > RUDA_BACKEND_HOST)
@@ -167,27 +180,32 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   pthread_mutex_init(&dev->sched.trace_lock, NULL);
   dev->kernels = ruda__kernels_new();
   dev->sched.nworkers = cfg.num_streams;
+  dev->sched.nlanes = cfg.lanes;
+  dev->sched.lanes_total = cfg.num_streams * cfg.lanes;
   dev->sched.workers = aligned_alloc(RUDA__CACHELINE, sizeof(ruda__worker) * dev->sched.nworkers);
+  dev->sched.lanes = aligned_alloc(RUDA__CACHELINE, sizeof(ruda__lane) * dev->sched.lanes_total);
   dev->calls = aligned_alloc(RUDA__CACHELINE, sizeof(ruda__call_slot) * RUDA__CALL_SLOTS);
   if (dev->calls != NULL) memset(dev->calls, 0, sizeof(ruda__call_slot) * RUDA__CALL_SLOTS);
   dev->sched.streams.grace.calls = dev->calls;
   dev->sched.streams.grace.phase = &dev->call_phase;
-  if (dev->sched.workers == NULL || dev->calls == NULL || dev->kernels == NULL || atomic_load(&dev->sched.streams.current) == NULL) {
+  if (dev->sched.workers == NULL || dev->sched.lanes == NULL || dev->calls == NULL || dev->kernels == NULL || atomic_load(&dev->sched.streams.current) == NULL) {
     rc = ruda__fail(RUDA_ENOMEM, "ruda_device_open: out of host memory");
     goto fail;
   }
   memset(dev->sched.workers, 0, sizeof(ruda__worker) * dev->sched.nworkers);
+  memset(dev->sched.lanes, 0, sizeof(ruda__lane) * dev->sched.lanes_total);
+  ruda__lanes_init(&dev->sched);
   if ((rc = ruda__futures_open(&dev->sched)) != 0) goto fail;
   if ((rc = ruda__progress_init(&dev->sched)) != 0) goto fail;
   dev->memory.backend = &dev->sched.backend;
   dev->memory.handles = &dev->handles;
-  rc = ruda__memory_init(&dev->memory, dev->sched.nworkers);
+  rc = ruda__memory_init(&dev->memory, dev->sched.lanes_total); /* memory's "workers" are lanes */
   if (rc != 0) goto fail;
   ruda__trace_open(&dev->sched);
   rc = ruda__workers_start(&dev->sched);
   if (rc != 0) goto fail;
-  ruda__log(cfg.log_level, RUDA_LOG_INFO, "device open: backend %s (%s), %u streams, queue bound %u",
-            dev->sched.backend.ops->name, dev->limits.name, dev->sched.nworkers, cfg.queue_bound);
+  ruda__log(cfg.log_level, RUDA_LOG_INFO, "device open: backend %s (%s), %u streams of %u lanes, queue bound %u",
+            dev->sched.backend.ops->name, dev->limits.name, dev->sched.nworkers, dev->sched.nlanes, cfg.queue_bound);
   *out = dev;
   return 0;
 
@@ -197,6 +215,7 @@ fail:
   ruda__memory_destroy(&dev->memory);
   ruda__progress_destroy(&dev->sched);
   free(dev->sched.workers);
+  free(dev->sched.lanes);
   free(dev->calls);
   ruda__kernels_destroy(dev);
   ruda__streams_destroy(&dev->sched.streams);
@@ -314,6 +333,7 @@ int ruda_device_close(ruda_device *dev, ruda_error **errors) {
   dev->sched.backend.ops->close(dev->sched.backend.state);
   ruda_error_free(dev->sched.fault);
   free(dev->sched.workers);
+  free(dev->sched.lanes);
   /* A call that started while close ran may have entered its slot after
    * the first wait; it only reads `closed` and leaves, and is waited for
    * here, before the slots and the device go. */
@@ -330,6 +350,7 @@ const char *ruda_device_fallback_reason(const ruda_device *dev) {
   return dev != NULL && dev->fallback[0] != '\0' ? dev->fallback : NULL;
 }
 uint32_t ruda_device_num_streams(const ruda_device *dev) { return dev ? dev->sched.nworkers : 0; }
+uint32_t ruda_device_num_lanes(const ruda_device *dev) { return dev ? dev->sched.lanes_total : 0; }
 
 size_t ruda_stream_ids(ruda_device *dev, ruda_stream_id *ids, size_t cap) {
   if (dev == NULL) return 0;

@@ -376,7 +376,7 @@ static int replay(ruda_device *dev, ruda_stream_id stream, ruda_graph *g, const 
   uint32_t nbuf = 0;
   for (uint32_t k = 0; k < np; k++)
     if ((rc = check_patch(dev, g, &patches[k], k, &scalar_bytes, &nbuf, fn)) != 0) return rc;
-  ruda__worker *w = s->worker;
+  ruda__lane *w = s->lane;
   ruda__handles *h = &dev->handles;
   /* One allocation: the patches' pins, their fixes, scalar bytes. */
   size_t fix_off = (nbuf * sizeof(uint32_t) + 7) & ~(size_t)7;

@@ -45,7 +45,7 @@ int ruda_cuda_stream(ruda_device *dev, ruda_stream_id stream, void **cu_stream) 
     return ruda__fail(RUDA_EINVAL, "ruda_cuda_stream: stream id %llu is reserved", (unsigned long long)stream);
   ruda__stream *s = ruda__stream_get(&dev->sched, stream);
   if (s == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_cuda_stream: out of host memory creating stream");
-  *cu_stream = dev->sched.backend.ops->native_stream(s->worker->wstate);
+  *cu_stream = dev->sched.backend.ops->native_stream(s->lane->wstate);
   return 0;
 }
 

@@ -4,14 +4,14 @@
  * Libraries that take a CUstream and issue their own kernels (cuBLAS,
  * cuBLASLt, cuDNN, CUTLASS's host API, NCCL) run through ruda_call as one
  * command of a stream: the caller's function runs holding the stream's worker,
- * in stream order, with the worker's CUstream and the device's context
+ * in stream order, with the stream's CUstream and the device's context
  * current, and gets the device address of every buffer the call names.
  * Each buffer carries an access mode (ruda_arg_in, ruda_arg_out,
  * ruda_arg_buffer), so other streams' work on those buffers is ordered
  * against the library's exactly as against a kernel that declared them:
  *
  *   static int gemm(const ruda_call_ctx *c, void *user) {
- *     cublasHandle_t h = c->library;         (the worker's: see ruda_library_register)
+ *     cublasHandle_t h = c->library;         (its CUstream's: see ruda_library_register)
  *     const float *x = ruda_call_ptr(c, 0), *w = ruda_call_ptr(c, 1);
  *     float *y = ruda_call_ptr(c, 2);
  *     return cublasSgemm(h, ...);            (a nonzero status is an error)
@@ -31,13 +31,18 @@
  * and ctx->worker (0..num_streams-1) is its key. The thread is not a key:
  * per-thread caches (thread-local handles) may meet several workers, or
  * miss one. Several stream ids share a worker (explicit id i uses worker
- * i % num_streams). ctx->cu_stream is the worker's CUstream: the same for
- * every call on that worker while the device is open, whatever stream id
- * the call was issued on, so a library handle bound to it once
- * (cublasSetStream, which also resets the handle's workspace) stays
- * bound.
+ * i % num_streams), and a worker issues to several CUstreams, its device
+ * streams (ruda_device_num_lanes of them in all): stream ids of one
+ * worker get one each in turn (i / num_streams % lanes per worker), so
+ * their work overlaps on the device. ctx->cu_stream is the CUstream of the
+ * call's stream id (in a graph replay, of the replaying stream): fixed
+ * while the device is open, and shared only by stream ids that share it.
+ * A library handle bound to it once (cublasSetStream, which also resets
+ * the handle's workspace) stays bound if it is kept per lane
+ * (ruda_library_register does so); one kept per worker (ctx->worker) must
+ * be bound to ctx->cu_stream at each call.
  *
- * What the function may do. While it runs, its worker runs nothing else
+ * What the function may do. While it runs, its worker issues nothing else
  * and every later command of every stream on that worker waits; ruda
  * holds none of its own locks. It should only issue work on ctx->cu_stream
  * (any number of library calls, kernels, async copies), or order work
@@ -61,13 +66,14 @@
  * call that synchronizes its stream internally is allowed but stalls the
  * worker for that long.
  *
- * Per-worker library state (ruda_library_register): a library registered
- * on the device gets one state per worker, made by its create callback on
- * that worker (lazily: holding the worker, right before the first call
- * naming the library runs there, never inside a capture) and handed to
- * every call naming it as ctx->library. Its destroy callback runs once per
+ * Library state per device stream (ruda_library_register): a library
+ * registered on the device gets one state per lane (a CUstream of a
+ * worker), made by its create callback holding that worker, with that
+ * lane's ctx->cu_stream (lazily: right before the first call naming the
+ * library runs on the lane, never inside a capture) and handed to every
+ * call naming it there as ctx->library. Its destroy callback runs once per
  * state at ruda_device_close, on the worker's thread after the worker ran
- * its last command, before its CUstream is destroyed. The device may still
+ * its last command, before the CUstream is destroyed. The device may still
  * be running what those commands issued: synchronizing (the stream, or
  * even the whole device, as cublasDestroy does) is allowed there, and
  * needed before freeing memory that work uses. So a cuBLAS
@@ -77,7 +83,7 @@
  *     cublasHandle_t h;
  *     int st = cublasCreate(&h);
  *     if (st == 0) st = cublasSetStream(h, (cudaStream_t)c->cu_stream);
- *     *state = h;                              (bound once: the stream is fixed)
+ *     *state = h;                              (bound once: the lane's stream is fixed)
  *     return st;
  *   }
  *   static void drop(const ruda_call_ctx *c, void *user, void *state) { cublasDestroy(state); }
@@ -102,7 +108,7 @@
  * Graphs (ruda/graph.h): a call issued on a capturing stream is recorded
  * like a launch, unless its desc has RUDA_CALL_NOT_CAPTURABLE, which is
  * refused with RUDA_EGRAPHSTATE (the capture stays open). On the cuda
- * backend a replay is a CUDA graph captured from the worker's stream at
+ * backend a replay is a CUDA graph captured from the replaying stream's CUstream at
  * the first replay: the function runs once then, with ctx->capturing set
  * and the stream in capture (thread-local mode), and later replays launch
  * what it enqueued, not the function; so a recorded function must enqueue
@@ -148,7 +154,7 @@ typedef struct ruda_call_ctx {
   const uint64_t *addr;  /* addr[i]: buffer i's first byte (device address on
                             cuda, host address on host) */
   const uint64_t *size;  /* size[i]: bytes of binding i */
-  void *cu_stream;       /* cuda: the worker's CUstream; host: NULL */
+  void *cu_stream;       /* cuda: the CUstream of the call's lane; host: NULL */
   void *cu_context;      /* cuda: the CUcontext, current on the thread; host: NULL */
   const void *data;      /* desc->data's bytes, copied at the call (NULL if none) */
   uint32_t data_size;
@@ -156,7 +162,7 @@ typedef struct ruda_call_ctx {
   char *msg;             /* RUDA_CALL_MSG_MAX bytes, "" on entry: a failing
                             function may write why (NUL-terminated) */
   union {                /* library took reserved[0] (ruda/ruda.h, "Versions and ABI") */
-    void *library;       /* the worker's state of desc->library (what its
+    void *library;       /* the lane's state of desc->library (what its
                             create made), or NULL without one */
     uint64_t reserved[4]; /* [1..3] zero */
   };

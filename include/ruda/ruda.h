@@ -150,12 +150,21 @@ typedef struct ruda_config {
                                 more than a replay), not host. Not while
                                 tracing, NVTX, RUDA_WORKER_STATS or
                                 RUDA_LAUNCH_BLOCKING are on. */
-  uint64_t reserved[8];      /* zero: room for later settings, each of which
+  union {                    /* lanes took reserved[0]'s low half */
+    uint32_t lanes;          /* RUDA_LANES: device streams (CUstreams) per
+                                worker, 1..32: stream ids of one worker get
+                                one each in turn, so their work overlaps on
+                                the device as a CUstream per client thread
+                                would. 0 (the default): 64 / num_streams, at
+                                least 1, at most 16 (8 with the default 8
+                                workers). */
+    uint64_t reserved[8];    /* zero but lanes: room for later settings, each of which
                                 will mean "the default" when 0, so a config
                                 of these headers opens the same under a
                                 later 0.3.x library; ruda_device_open
                                 refuses a nonzero word (a setting of newer
                                 headers it does not know) */
+  };
 } ruda_config;
 
 /* Sets cfg->size and fills cfg with defaults (auto backend, 8 streams,
@@ -212,6 +221,11 @@ RUDA_EXTERN const char *ruda_device_fallback_reason(const ruda_device *dev);
 
 /* Number of worker streams. Thread-safe, non-blocking. */
 RUDA_EXTERN uint32_t ruda_device_num_streams(const ruda_device *dev);
+
+/* Number of device streams (lanes) of all workers together: num_streams
+ * times the lanes per worker (ruda_config.lanes); ruda_call_ctx.lane lies
+ * below it. Thread-safe, non-blocking. */
+RUDA_EXTERN uint32_t ruda_device_num_lanes(const ruda_device *dev);
 
 /* ------------------------------------------------------------------ */
 /* Streams                                                             */

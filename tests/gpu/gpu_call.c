@@ -154,14 +154,14 @@ static void a_failure_reaches_the_stream(void **state) {
   test_close(dev);
 }
 
-/* ---- the worker's stream is fixed; per-worker library state ---- */
+/* ---- a lane's stream is fixed; library state per lane ---- */
 
 typedef struct lib_seen {
   pthread_mutex_t lock;
   int creates, destroys, calls, capturing_creates, bad;
-  void *create_stream, *destroy_stream, *destroy_current;
+  void *create_stream[8], *destroy_stream[8], *destroy_current;
   char destroy_thread[16];
-  void *call_stream[64];
+  void *call_stream[64], *call_state[64];
   uint32_t call_worker[64];
 } lib_seen;
 
@@ -176,9 +176,9 @@ static int dev_create(const ruda_call_ctx *c, void *user, void **state) {
   CUdeviceptr p = 0;
   CUresult r = ruda__cu.cuMemAlloc(&p, 4096);
   pthread_mutex_lock(&lseen.lock);
+  if (lseen.creates < 8) lseen.create_stream[lseen.creates] = c->cu_stream;
   lseen.creates++;
   lseen.capturing_creates += st != CU_STREAM_CAPTURE_STATUS_NONE || c->capturing;
-  lseen.create_stream = c->cu_stream;
   pthread_mutex_unlock(&lseen.lock);
   *state = (void *)(uintptr_t)p;
   return (int)r;
@@ -192,9 +192,9 @@ static void dev_destroy(const ruda_call_ctx *c, void *user, void *state) {
   CUresult r = ruda__cu.cuStreamSynchronize((CUstream)c->cu_stream);
   if (r == CUDA_SUCCESS) r = ruda__cu.cuMemFree((CUdeviceptr)(uintptr_t)state);
   pthread_mutex_lock(&lseen.lock);
+  if (lseen.destroys < 8) lseen.destroy_stream[lseen.destroys] = c->cu_stream;
   lseen.destroys++;
   lseen.bad += r != CUDA_SUCCESS;
-  lseen.destroy_stream = c->cu_stream;
   lseen.destroy_current = cur;
   pthread_getname_np(pthread_self(), lseen.destroy_thread, sizeof lseen.destroy_thread);
   pthread_mutex_unlock(&lseen.lock);
@@ -210,6 +210,7 @@ static int via_scratch_fn(const ruda_call_ctx *c, void *user) {
   int i = lseen.calls++;
   if (i < 64) {
     lseen.call_stream[i] = c->cu_stream;
+    lseen.call_state[i] = c->library;
     lseen.call_worker[i] = c->worker;
   }
   pthread_mutex_unlock(&lseen.lock);
@@ -218,10 +219,26 @@ static int via_scratch_fn(const ruda_call_ctx *c, void *user) {
   return (int)r;
 }
 
-static void the_stream_is_fixed_per_worker_and_the_library_state_lives_with_it(void **state) {
+static int seen_in(void *const *list, int n, void *p) {
+  for (int i = 0; i < n; i++)
+    if (list[i] == p) return 1;
+  return 0;
+}
+
+static void the_stream_is_fixed_per_lane_and_the_library_state_lives_with_it(void **state) {
   (void)state;
   memset(&lseen.creates, 0, sizeof lseen - offsetof(lib_seen, creates));
-  ruda_device *dev = gpu_open(); /* 4 workers: streams 1, 5 and 9 share worker 1 */
+  /* 4 workers of 16 lanes: streams 1, 5 and 9 share worker 1, each on a
+   * lane of its own; stream 65 shares stream 1's lane. */
+  ruda_device *dev = gpu_open();
+  assert_int_equal(ruda_device_num_lanes(dev), 64);
+  void *cs[4] = {0};
+  const ruda_stream_id ids[4] = {1, 5, 9, 65};
+  for (int i = 0; i < 4; i++) assert_ok(ruda_cuda_stream(dev, ids[i], &cs[i]));
+  assert_ptr_not_equal(cs[0], cs[1]);
+  assert_ptr_not_equal(cs[0], cs[2]);
+  assert_ptr_not_equal(cs[1], cs[2]);
+  assert_ptr_equal(cs[3], cs[0]);
   ruda_library_desc l = {.name = "scratch", .create = dev_create, .destroy = dev_destroy};
   uint32_t id = 0;
   assert_ok(ruda_library_register(dev, &l, &id));
@@ -233,8 +250,9 @@ static void the_stream_is_fixed_per_worker_and_the_library_state_lives_with_it(v
   test_write(dev, 1, ruda_bind(x), in, sizeof in);
   ruda_arg b[2] = {ruda_arg_in(ruda_bind(x)), ruda_arg_out(ruda_bind(y))};
   ruda_call_desc d = {.name = "scratch", .fn = via_scratch_fn, .buffers = b, .nbuffers = 2, .library = id};
-  /* The first call on worker 1 comes through a graph's first replay: the
-   * state is made before the capture starts. */
+  /* The first call on stream 9's lane comes through a graph's first
+   * replay there: the state is made before the capture starts, and the
+   * call is captured on the replaying stream's CUstream. */
   assert_ok(ruda_graph_begin_capture(dev, 5));
   assert_ok(ruda_call(dev, 5, &d));
   ruda_graph *g = NULL;
@@ -242,23 +260,26 @@ static void the_stream_is_fixed_per_worker_and_the_library_state_lives_with_it(v
   assert_ok(ruda_graph_replay(dev, 9, g));
   test_read(dev, 9, ruda_bind(y), got, sizeof got);
   assert_memory_equal(got, in, sizeof in);
-  for (ruda_stream_id s = 1; s <= 9; s += 4) {
+  for (int i = 0; i < 4; i++) {
     memset(got, 0, sizeof got);
-    test_write(dev, s, ruda_bind(y), got, sizeof got);
-    assert_ok(ruda_call(dev, s, &d));
-    test_read(dev, s, ruda_bind(y), got, sizeof got);
+    test_write(dev, ids[i], ruda_bind(y), got, sizeof got);
+    assert_ok(ruda_call(dev, ids[i], &d));
+    test_read(dev, ids[i], ruda_bind(y), got, sizeof got);
     assert_memory_equal(got, in, sizeof in);
   }
-  void *stream1 = NULL;
-  assert_ok(ruda_cuda_stream(dev, 1, &stream1));
-  assert_int_equal(lseen.creates, 1); /* one worker, one state */
+  assert_int_equal(lseen.creates, 3); /* one per lane used */
   assert_int_equal(lseen.capturing_creates, 0);
-  assert_int_equal(lseen.calls, 4); /* the capture's, then three issued */
+  assert_int_equal(lseen.calls, 5); /* the capture's on 9, then 1, 5, 9, 65 */
+  void *const want[5] = {cs[2], cs[0], cs[1], cs[2], cs[0]};
   for (int i = 0; i < lseen.calls; i++) {
-    assert_ptr_equal(lseen.call_stream[i], stream1); /* whichever stream id issued it */
+    assert_ptr_equal(lseen.call_stream[i], want[i]); /* the issuing stream id's, the replaying one's for a graph */
     assert_int_equal(lseen.call_worker[i], 1);
   }
-  assert_ptr_equal(lseen.create_stream, stream1);
+  assert_ptr_equal(lseen.call_state[3], lseen.call_state[0]); /* stream 9's state both times */
+  assert_ptr_equal(lseen.call_state[4], lseen.call_state[1]); /* 65 shares 1's lane and state */
+  assert_ptr_not_equal(lseen.call_state[1], lseen.call_state[2]);
+  assert_ptr_equal(lseen.create_stream[0], cs[2]);
+  for (int i = 0; i < 3; i++) assert_true(seen_in(lseen.create_stream, 3, cs[i]));
   assert_ok(ruda_graph_destroy(dev, g));
   assert_ok(ruda_buffer_free(dev, 1, x));
   assert_ok(ruda_buffer_free(dev, 1, y));
@@ -266,9 +287,10 @@ static void the_stream_is_fixed_per_worker_and_the_library_state_lives_with_it(v
   assert_ok(ruda_cuda_context(dev, &ctx));
   assert_int_equal(lseen.destroys, 0);
   test_close(dev);
-  assert_int_equal(lseen.destroys, 1);
+  assert_int_equal(lseen.destroys, 3);
   assert_int_equal(lseen.bad, 0);
-  assert_ptr_equal(lseen.destroy_stream, stream1); /* still the worker's stream, still alive */
+  for (int i = 0; i < 3; i++) /* each with its lane's stream, still alive */
+    assert_true(seen_in(lseen.destroy_stream, 3, cs[i]));
   assert_ptr_equal(lseen.destroy_current, ctx);
   assert_string_equal(lseen.destroy_thread, "ruda-w1");
 }
@@ -344,7 +366,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(call_follows_a_kernel_writing_its_input_on_another_stream),
       cmocka_unit_test(a_captured_call_is_part_of_the_graph),
       cmocka_unit_test(a_failure_reaches_the_stream),
-      cmocka_unit_test(the_stream_is_fixed_per_worker_and_the_library_state_lives_with_it),
+      cmocka_unit_test(the_stream_is_fixed_per_lane_and_the_library_state_lives_with_it),
       cmocka_unit_test(a_call_may_allocate),
       cmocka_unit_test(a_graph_run_issues_its_call_on_the_calling_thread),
   };

@@ -324,15 +324,16 @@ static void upload_1gib_verified_by_checksum(void **state) {
 
 static void interop_handles_and_ordering(void **state) {
   (void)state;
-  ruda_device *dev = gpu_open(); /* 4 workers */
-  void *s[5], *ctx = NULL;
-  for (int i = 0; i < 5; i++) {
-    assert_ok(ruda_cuda_stream(dev, (ruda_stream_id)i, &s[i]));
+  ruda_device *dev = gpu_open(); /* 4 workers of 16 lanes: 64 CUstreams */
+  void *s[6], *ctx = NULL;
+  const ruda_stream_id ids[6] = {0, 1, 2, 3, 4, 64};
+  for (int i = 0; i < 6; i++) {
+    assert_ok(ruda_cuda_stream(dev, ids[i], &s[i]));
     assert_non_null(s[i]);
   }
-  for (int i = 0; i < 4; i++)
-    for (int j = i + 1; j < 4; j++) assert_ptr_not_equal(s[i], s[j]);
-  assert_ptr_equal(s[4], s[0]); /* explicit id 4 shares worker 0 */
+  for (int i = 0; i < 5; i++)
+    for (int j = i + 1; j < 5; j++) assert_ptr_not_equal(s[i], s[j]); /* 4: worker 0, its next lane */
+  assert_ptr_equal(s[5], s[0]); /* explicit id 64 shares stream 0's lane */
   assert_ok(ruda_cuda_context(dev, &ctx));
   assert_non_null(ctx);
 

@@ -647,7 +647,20 @@ static CUresult m_cuStreamCreate(CUstream *out, unsigned int flags) {
   pthread_cond_init(&s->idle, NULL);
   pthread_create(&s->thread, NULL, stream_main, s);
   pthread_mutex_lock(&streams_lock);
-  streams[nstreams++] = s;
+  int at = 0; /* a destroyed stream's place, else a new one */
+  while (at < nstreams && streams[at] != NULL) at++;
+  if (at == nstreams && nstreams == (int)(sizeof streams / sizeof streams[0])) {
+    pthread_mutex_unlock(&streams_lock);
+    pthread_mutex_lock(&s->lock);
+    s->stop = 1;
+    pthread_cond_signal(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+    pthread_join(s->thread, NULL);
+    free(s);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  streams[at] = s;
+  if (at == nstreams) nstreams++;
   pthread_mutex_unlock(&streams_lock);
   *out = s;
   return CUDA_SUCCESS;

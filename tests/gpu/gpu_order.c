@@ -187,8 +187,9 @@ static void writer_waits_for_a_reader_on_another_stream(void **state) {
   test_close(dev);
 }
 
-/* What is pushed: nothing on one worker, nothing after a sync was waited,
- * one MARK and one WAIT for an unfinished writer. */
+/* What is pushed: nothing on one lane, nothing after a sync was waited,
+ * one MARK and one WAIT for an unfinished writer on another worker or on
+ * another lane of the same worker. */
 static void marks_only_where_needed(void **state) {
   (void)state;
   ruda_device *dev = open_order_gpu();
@@ -199,9 +200,10 @@ static void marks_only_where_needed(void **state) {
   assert_ok(ruda_buffer_create(dev, 1, n * 4, &z));
   gpu_sync_ok(dev, 0);
   gpu_sync_ok(dev, 1);
+  const ruda_stream_id lanes = ruda_device_num_lanes(dev); /* stream 0's lane again */
   uint64_t m0 = atomic_load(&dev->sched.order.marks), w0 = atomic_load(&dev->sched.order.waits);
   fill(dev, 0, x, n, 5, 0);
-  add(dev, 4, x, x, n, 1, 0); /* stream 4: worker 0 too */
+  add(dev, lanes, x, x, n, 1, 0); /* stream 0's lane too */
   gpu_sync_ok(dev, 0);
   add(dev, 1, y, x, n, 1, 0); /* the sync's event covered the writes */
   expect(dev, 1, y, n, 7, "after sync", 0);
@@ -212,6 +214,12 @@ static void marks_only_where_needed(void **state) {
   assert_int_equal(atomic_load(&dev->sched.order.marks), m0 + 1);
   assert_int_equal(atomic_load(&dev->sched.order.waits), w0 + 1);
   expect(dev, 1, z, n, 9, "after mark", 0);
+  /* Stream 4: worker 0's next lane, its own CUstream, so a MARK too. */
+  fill(dev, 0, x, n, 11, SPIN);
+  add(dev, 4, y, x, n, 1, 0);
+  assert_int_equal(atomic_load(&dev->sched.order.marks), m0 + 2);
+  assert_int_equal(atomic_load(&dev->sched.order.waits), w0 + 2);
+  expect(dev, 4, y, n, 12, "after a mark on the same worker", 0);
   assert_ok(ruda_buffer_free(dev, 0, x));
   assert_ok(ruda_buffer_free(dev, 1, y));
   assert_ok(ruda_buffer_free(dev, 1, z));

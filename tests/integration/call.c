@@ -774,7 +774,7 @@ static uint32_t register_lib(ruda_device *dev) {
   return id;
 }
 
-static void a_library_state_is_made_per_worker_and_destroyed_after_its_work(void **state) {
+static void a_library_state_is_made_per_lane_and_destroyed_after_its_work(void **state) {
   (void)state;
   log_reset();
   ruda_device *dev = test_open(4, 65536, RUDA_BACKPRESSURE_BLOCK);
@@ -782,8 +782,9 @@ static void a_library_state_is_made_per_worker_and_destroyed_after_its_work(void
   const uint32_t id = register_lib(dev);
   assert_int_equal(liblog.n, 0); /* nothing made at registration */
   ruda_call_desc d = {.name = "lib", .fn = lib_call, .library = id};
-  /* Streams 0..5 on workers 0..3 (4 and 5 share workers 0 and 1);
-   * worker 3 only runs kernels, so it never makes a state. */
+  /* Streams 0..5 on workers 0..3, each on a lane of its own (4 and 5 on
+   * the second lanes of workers 0 and 1); worker 3 only runs kernels, so
+   * it never makes a state. */
   for (int round = 0; round < 3; round++)
     for (ruda_stream_id s = 0; s < 6; s++)
       if (s % 4 != 3) assert_ok(ruda_call(dev, s, &d));
@@ -797,8 +798,10 @@ static void a_library_state_is_made_per_worker_and_destroyed_after_its_work(void
     assert_ok(test_launch(dev, w, "log_kernel", &a, 1));
   }
   test_close(dev);
-  int creates[4] = {0}, destroys[4] = {0}, calls[4] = {0}, kernels[4] = {0};
-  void *made[4] = {0};
+  /* Per stream: the state its calls saw, made on its worker before its
+   * first call, destroyed once after its worker's last command. */
+  void *made[6] = {0};
+  int creates[4] = {0}, destroys[6] = {0}, calls[6] = {0}, kernels[4] = {0};
   for (int i = 0; i < liblog.n; i++) {
     const lib_event *e = &liblog.ev[i];
     uint32_t w = e->worker;
@@ -807,31 +810,42 @@ static void a_library_state_is_made_per_worker_and_destroyed_after_its_work(void
     snprintf(name, sizeof name, "ruda-w%u", w);
     assert_string_equal(e->thread, name); /* on the worker's thread */
     switch (e->what) {
-      case EV_CREATE:
-        assert_int_equal(calls[w], 0); /* before its first call */
-        made[w] = e->state;
+      case EV_CREATE: /* named by the call it is made for */
+        assert_true(e->stream < 6 && e->stream % 4 == w);
+        assert_null(made[e->stream]);
+        made[e->stream] = e->state;
         creates[w]++;
         break;
       case EV_CALL:
-        assert_int_equal(creates[w], 1);
-        assert_ptr_equal(e->state, made[w]);
-        assert_int_equal(destroys[w], 0);
-        calls[w]++;
+        assert_true(e->stream < 6);
+        assert_ptr_equal(e->state, made[e->stream]);
+        calls[e->stream]++;
         break;
-      case EV_KERNEL: assert_int_equal(destroys[w], 0); kernels[w]++; break;
-      case EV_DESTROY:
-        assert_ptr_equal(e->state, made[w]);
+      case EV_KERNEL:
+        for (int k = 0; k < 6; k++) assert_int_equal(destroys[k], 0);
+        kernels[w]++;
+        break;
+      case EV_DESTROY: {
         assert_int_equal(e->stream, 0);
-        destroys[w]++;
+        int k = 0;
+        while (k < 6 && made[k] != e->state) k++;
+        assert_true(k < 6 && (uint32_t)k % 4 == w);
+        destroys[k]++;
         break;
+      }
       default: fail();
     }
   }
   for (uint32_t w = 0; w < 4; w++) {
     assert_int_equal(kernels[w], 1);
-    assert_int_equal(creates[w], w == 3 ? 0 : 1);
-    assert_int_equal(destroys[w], creates[w]);
-    assert_int_equal(calls[w], w == 3 ? 0 : w < 2 ? 7 : 4); /* 3 rounds x (1 or 2 streams) + 1 */
+    assert_int_equal(creates[w], w == 3 ? 0 : w < 2 ? 2 : 1); /* one per lane used */
+  }
+  for (int k = 0; k < 6; k++) {
+    if (k == 3) continue;
+    assert_non_null(made[k]);
+    assert_int_equal(destroys[k], 1);
+    assert_int_equal(calls[k], k < 4 ? 4 : 3); /* 3 rounds, + 1 for streams 0..2 */
+    for (int j = 0; j < k; j++) assert_true(made[j] != made[k]); /* lanes share no state */
   }
 }
 
@@ -849,7 +863,7 @@ static void a_failing_create_fails_the_call_and_is_tried_again(void **state) {
   assert_int_equal(ruda_error_code(e), RUDA_ECALL);
   assert_int_equal(ruda_error_backend_code(e), 7);
   assert_contains(ruda_error_message(e), "ruda_call \"lib\"");
-  assert_contains(ruda_error_message(e), "library \"standin\": create returned 7 on worker 1: no handle today");
+  assert_contains(ruda_error_message(e), "library \"standin\": create returned 7 on worker 1, device stream 16: no handle today");
   ruda_error_free(err);
   assert_int_equal(liblog.n, 0); /* the function did not run */
   assert_ok(ruda_call(dev, 1, &d));
@@ -1060,7 +1074,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(a_call_not_capturable_is_refused_at_capture),
       cmocka_unit_test(the_function_may_issue_on_its_own_buffers),
       cmocka_unit_test(worker_stats_count_calls),
-      cmocka_unit_test(a_library_state_is_made_per_worker_and_destroyed_after_its_work),
+      cmocka_unit_test(a_library_state_is_made_per_lane_and_destroyed_after_its_work),
       cmocka_unit_test(a_failing_create_fails_the_call_and_is_tried_again),
       cmocka_unit_test(register_refuses_bad_input),
       cmocka_unit_test(the_function_runs_holding_its_worker_on_the_worker_or_the_issuer),

@@ -237,10 +237,18 @@ static void invalid_values_are_refused(void **state) {
   assert_rc(open_with(c), RUDA_EINVAL);
   /* Reserved words: zero from ruda_config_init, and any other value (a
    * setting of newer headers) is refused naming the word. */
-  for (size_t i = 0; i < sizeof base.reserved / sizeof base.reserved[0]; i++) assert_int_equal(base.reserved[i], 0);
-  c = base, c.reserved[0] = 1;
+  for (size_t i = 0; i < sizeof base.reserved / sizeof base.reserved[0]; i++)
+    assert_int_equal(base.reserved[i], i == 0 ? base.lanes : 0);
+  c = base, c.reserved[1] = 1;
   assert_rc(open_with(c), RUDA_EINVAL);
-  assert_last_error_contains("cfg->reserved[0] is 0x1, not zero");
+  assert_last_error_contains("cfg->reserved[1] is 0x1, not zero");
+  /* lanes took reserved[0]'s low half; the high half is still reserved. */
+  c = base, c.reserved[0] = UINT64_C(1) << 32;
+  assert_rc(open_with(c), RUDA_EINVAL);
+  assert_last_error_contains("cfg->reserved[0] is 0x100000000, not zero above lanes");
+  c = base, c.lanes = 33;
+  assert_rc(open_with(c), RUDA_EINVAL);
+  assert_last_error_contains("lanes 33 outside 1..32");
   c = base, c.reserved[7] = UINT64_C(1) << 63;
   assert_rc(open_with(c), RUDA_EINVAL);
   assert_last_error_contains("cfg->reserved[7] is 0x8000000000000000");
@@ -252,6 +260,20 @@ static void invalid_values_are_refused(void **state) {
   assert_ok(open_with(c));
   c = base, c.num_streams = 64;
   assert_ok(open_with(c));
+  /* Lanes: the default gives 64 device streams up to 64 workers, one
+   * each beyond; any count from 1 to 32 is taken as given. */
+  const struct {
+    uint32_t workers, lanes, total;
+  } lanes[] = {{8, 0, 64}, {1, 0, 16}, {3, 0, 48}, {64, 0, 64}, {100, 0, 100}, {2, 32, 64}, {4, 1, 4}};
+  for (size_t i = 0; i < sizeof lanes / sizeof lanes[0]; i++) {
+    ruda_device *dev = NULL;
+    c = base, c.num_streams = lanes[i].workers, c.lanes = lanes[i].lanes;
+    assert_ok(ruda_device_open(&c, &dev));
+    assert_int_equal(ruda_device_num_streams(dev), lanes[i].workers);
+    assert_int_equal(ruda_device_num_lanes(dev), lanes[i].total);
+    test_close(dev);
+  }
+  assert_int_equal(ruda_device_num_lanes(NULL), 0);
 }
 
 static int noop_kernel(const ruda_host_ctx *c, void *const *args) {

@@ -230,8 +230,8 @@ static void stale_record_orders_after_every_busy_worker(void **state) {
  * ruda__order_lock and ruda__order_publish), as another thread would be. */
 static void begin_issue(ruda_device *dev, ruda__order *o, ruda_handle x, uint32_t wi, uint32_t write) {
   ruda__order_init(o);
-  ruda__order_note(o, ruda__handles_last(&dev->handles, x.slot), x.slot, x.gen, &dev->sched.workers[wi], write);
-  ruda__order_lock(o, &dev->sched.workers[wi]);
+  ruda__order_note(o, ruda__handles_last(&dev->handles, x.slot), x.slot, x.gen, ruda__lane_of(&dev->sched, wi), write);
+  ruda__order_lock(o, ruda__lane_of(&dev->sched, wi));
 }
 
 /* Another client thread issuing one call on x; `issued` once it returned. */
@@ -288,9 +288,9 @@ static void write_waits_for_reads_being_issued(void **state) {
   wait_for_claimed_write(dev, x);
   /* The write cannot look at x's readers while reads are mid-issue. */
   assert_int_equal(atomic_load(&a.issued), 0);
-  ruda__order_publish(&r1, &dev->sched.workers[1]);
+  ruda__order_publish(&r1, ruda__lane_of(&dev->sched, 1));
   assert_int_equal(atomic_load(&a.issued), 0); /* r2 still holds it */
-  ruda__order_publish(&r2, &dev->sched.workers[2]);
+  ruda__order_publish(&r2, ruda__lane_of(&dev->sched, 2));
   pthread_join(t, NULL);
   assert_ok(a.rc);
   /* It saw both: ordered after workers 1 and 2 (both still gated). */
@@ -329,7 +329,7 @@ static void read_waits_for_a_write_being_issued(void **state) {
   assert_int_equal(pthread_create(&t, NULL, read_x, &a), 0);
   wait_for_pending_use(dev, x); /* the read pinned x: at the lock the write holds */
   assert_int_equal(atomic_load(&a.issued), 0);
-  ruda__order_publish(&w, &dev->sched.workers[1]);
+  ruda__order_publish(&w, ruda__lane_of(&dev->sched, 1));
   test_wait_count(&a.issued, 1);
   /* It waited for the publish: ordered after worker 1's write. */
   assert_int_equal(marks(dev), 1);
@@ -455,7 +455,7 @@ static void completed_sync_spares_the_mark(void **state) {
   set(dev, 0, x, 16, 5);
   assert_ok(ruda_flush(dev, 0, NULL));
   /* Run but not known finished: ordering would need a MARK now. */
-  assert_false(ruda__ticket_ge((uint32_t)atomic_load(&dev->sched.workers[0].completed),
+  assert_false(ruda__ticket_ge((uint32_t)atomic_load(&ruda__lane_of(&dev->sched, 0)->completed),
                                ruda__queue_ticket(&dev->sched.workers[0])));
   assert_ok(ruda_sync(dev, 0, NULL));
   /* The sync's event covered the write and was seen complete. */
