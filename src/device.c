@@ -120,6 +120,9 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   /* Enough device streams that 64 client threads get one each, as many as
    * cross-stream ordering's reader bits tell apart (order.h). */
   if (cfg.lanes == 0) cfg.lanes = cfg.num_streams >= 64 ? 1 : 64 / cfg.num_streams > 16 ? 16 : 64 / cfg.num_streams;
+  if (cfg.num_streams * cfg.lanes > 1024)
+    return ruda__fail(RUDA_EINVAL, "ruda_device_open: %u workers of %u lanes: more than 1024 device streams",
+                      cfg.num_streams, cfg.lanes);
   if (cfg.queue_bound == 0 || cfg.queue_bound > (1u << 30))
     return ruda__fail(RUDA_EINVAL, "ruda_device_open: queue_bound %u outside 1..2^30", cfg.queue_bound);
   if (cfg.backend > RUDA_BACKEND_HOST)

@@ -72,7 +72,7 @@ static ruda__cu_event *event_take(ruda__cu_backend *b, uint32_t home, int timed,
 
 /* Worker side (w's exec holder): from w's own list. */
 static ruda__cu_event *event_get(ruda__cu_worker *w, int timed, CUresult *r) {
-  return event_take(w->b, w->index, timed, r);
+  return event_take(w->b, w->index % 1024u, timed, r); /* the builder's index is past the lists */
 }
 
 ruda__cu_event *ruda__cu_event_get(ruda__cu_worker *w, CUresult *r) { return event_get(w, 0, r); }
@@ -135,7 +135,7 @@ static void describe_in_flight(ruda__cu_backend *b, char *out, size_t len) {
   }
   static const char tail[] = "; the faulting one is among these or launched before them "
                              "(RUDA_LAUNCH_BLOCKING=1 names it)";
-  size_t at = (size_t)snprintf(out, len, "the latest launch of each worker then:");
+  size_t at = (size_t)snprintf(out, len, "the latest launch of each device stream then:");
   unsigned listed = 0, left_out = 0;
   for (uint32_t i = 0; i < 1024; i++) {
     ruda__cu_worker *w = atomic_load_explicit(&b->workers[i], memory_order_acquire);

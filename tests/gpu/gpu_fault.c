@@ -73,7 +73,7 @@ static void illegal_address_reported_on_its_stream(void **state) {
   /* The launches in flight are listed once, in the first report, and no
    * message is cut short. */
   int cut = 0;
-  assert_int_equal(count_in(err, "the latest launch of each worker", &cut), 1);
+  assert_int_equal(count_in(err, "the latest launch of each device stream", &cut), 1);
   assert_false(cut);
   const ruda_error *first = ruda_error_cause(err);
   assert_int_equal(ruda_error_code(first), RUDA_EFAULTED);

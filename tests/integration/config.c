@@ -249,6 +249,9 @@ static void invalid_values_are_refused(void **state) {
   c = base, c.lanes = 33;
   assert_rc(open_with(c), RUDA_EINVAL);
   assert_last_error_contains("lanes 33 outside 1..32");
+  c = base, c.num_streams = 33, c.lanes = 32;
+  assert_rc(open_with(c), RUDA_EINVAL);
+  assert_last_error_contains("33 workers of 32 lanes: more than 1024 device streams");
   c = base, c.reserved[7] = UINT64_C(1) << 63;
   assert_rc(open_with(c), RUDA_EINVAL);
   assert_last_error_contains("cfg->reserved[7] is 0x8000000000000000");
