@@ -286,18 +286,18 @@ tails-ab)
     r new.tails.$i build-gpu/bench/bench_serve -v 1,3 -t 16,64 -n 2048
   done ;;
 lanes)
-  # Is the T=16 loss of two streams per worker the shared CUstream, and
-  # do more workers lose by their threads' spinning? 8/16/32 workers,
-  # with and without the workers' spin, README loop and bench_blas.
-  for w in 8 16 32; do
-    r lanes.serve.w$w build-gpu/bench/bench_serve -v 1,3 -t 16,64 -w $w -n 2048
-    r lanes.serve.w$w.spin0 env RUDA_SPIN_US=0 build-gpu/bench/bench_serve -v 1,3 -t 16,64 -w $w -n 2048
-    r lanes.blas.w$w build-gpu/bench/bench_blas -s -t 4,16 -w $w -n 1000
-    r lanes.blas.w$w.spin0 env RUDA_SPIN_US=0 build-gpu/bench/bench_blas -s -t 4,16 -w $w -n 1000
+  # A CUstream per stream id (lanes, the default) against one per worker
+  # (RUDA_LANES=1), the same build, alternated twice: the README loop,
+  # bench_blas page-locked and pageable, sustained launches.
+  for i in 1 2; do
+    r one.serve$i env RUDA_LANES=1 build-gpu/bench/bench_serve -v 1,3 -n 2048
+    r lanes.serve$i build-gpu/bench/bench_serve -v 1,3 -n 2048
+    r one.blas$i env RUDA_LANES=1 build-gpu/bench/bench_blas -s -n 1000
+    r lanes.blas$i build-gpu/bench/bench_blas -s -n 1000
   done
-  r lanes.blas.pageable build-gpu/bench/bench_blas -t 1 -n 2000
-  r lanes.blas.pageable.trace env RUDA_TRACE=/tmp/trace_pg.json RUDA_TRACE_DEVICE=1 build-gpu/bench/bench_blas -t 1 -n 300
-  xz -T4 -3 -c /tmp/trace_pg.json > "$OUT/trace_pageable.json.xz" ;;
+  r lanes.blas.pg build-gpu/bench/bench_blas -n 1000
+  r one.gpu env RUDA_LANES=1 build-gpu/bench/bench_gpu -q -s 2,5 "$OUT/one_gpu.csv"
+  r lanes.gpu build-gpu/bench/bench_gpu -q -s 2,5 "$OUT/lanes_gpu.csv" ;;
 final)
   # The defaults' final table: call-by-call, page-locked, graph, patched rows.
   r final.serve build-gpu/bench/bench_serve -v 1,3 -n 2048
