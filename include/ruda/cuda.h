@@ -128,8 +128,10 @@ RUDA_EXTERN int ruda_staging_usage(ruda_device *dev, ruda_staging_stats *out);
  *    the caller then issues on that CUstream runs after it.
  *  - Work the caller issued on the CUstream before it enqueues a ruda
  *    command (from the same thread) runs before that command.
- *  - Several ruda stream ids may share one worker and so one CUstream
- *    (explicit id i uses worker i % num_streams).
+ *  - Several ruda stream ids share one worker thread, each on one of the
+ *    worker's CUstreams (its lanes: explicit id i uses worker
+ *    i % num_streams, lane i / num_streams % lanes); ids that share a
+ *    lane share its CUstream (ruda_config.lanes).
  *  - Never destroy, capture into or synchronize-and-reset the stream;
  *    ruda owns it until ruda_device_close().
  *  - A device pointer from ruda_binding_device_ptr() is valid while the
@@ -137,7 +139,8 @@ RUDA_EXTERN int ruda_staging_usage(ruda_device *dev, ruda_staging_stats *out);
  *    commands using it ran, not yours; free it only after your work on it
  *    completed (e.g. after a ruda_sync on the stream you used). */
 
-/* The CUstream (as void *) of stream's worker. RUDA_ENOBACKEND on the host
+/* The CUstream (as void *) that stream's commands run on: one lane of its
+ * worker, fixed while the device is open. RUDA_ENOBACKEND on the host
  * backend. Thread-safe, non-blocking. */
 RUDA_EXTERN int ruda_cuda_stream(ruda_device *dev, ruda_stream_id stream, void **cu_stream);
 
