@@ -13,7 +13,8 @@
  *   - replays with patches move a request graph onto another buffer, other
  *     blocks and a new scalar and download what the model says; a bad
  *     patch is refused with its code and the graph replays as recorded;
- *   - all of the above with cfg.auto_graphs on (inputs whose last byte is odd);
+ *   - all of the above with cfg.auto_graphs on (inputs whose last byte is odd),
+ *     and with 1 to 4 lanes a worker (its next two bits);
  *   - streams switched to issuing in place (ruda_stream_set_in_place) and
  *     back keep all of the above;
  *   - library calls (ruda_call) order by their buffers' access modes like
@@ -737,6 +738,7 @@ int ruda_fuzz_one(const uint8_t *data, size_t size) {
   cfg.log_level = RUDA_LOG_OFF;
   cfg.spin_us = 0;
   cfg.auto_graphs = size > 0 && (data[size - 1] & 1); /* half the inputs: automatic request graphs */
+  cfg.lanes = size > 0 ? 1 + ((data[size - 1] >> 1) & 3) : 0; /* 1..4 device streams a worker */
   CHECK(ruda_device_open(&cfg, &z->dev) == 0, "open");
   const ruda_host_param p3[3] = {{RUDA_ARG_BUFFER, 0}, {RUDA_ARG_SCALAR, 4}, {RUDA_ARG_SCALAR, 4}};
   const ruda_host_param pc[3] = {{RUDA_ARG_BUFFER, 0}, {RUDA_ARG_BUFFER, 0}, {RUDA_ARG_SCALAR, 4}};

@@ -435,6 +435,11 @@ int main(int argc, char **argv) {
   if (ruda_device_open(&cfg, &dev) != 0 || ruda_host_kernel_register(dev, "bump", k_bump) != 0 ||
       ruda_host_kernel_register(dev, "peek", k_peek) != 0 || ruda_host_kernel_register(dev, "bump_nest", k_bump_nest) != 0)
     return 1;
+  /* 8 workers of 8 lanes: the threads' streams spread over 64 of them. */
+  if (ruda_device_num_lanes(dev) != 64) {
+    fprintf(stderr, "torture: %u device streams, not 64\n", ruda_device_num_lanes(dev));
+    return 1;
+  }
   for (int k = 0; k < 16; k++) {
     ruda_handle h;
     if (ruda_buffer_create(dev, 0, WORDS * 8, &h) != 0) return 1;
