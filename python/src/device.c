@@ -208,6 +208,14 @@ static PyObject *device_get_num_streams(DeviceObject *self, void *c) {
   return r;
 }
 
+static PyObject *device_get_num_lanes(DeviceObject *self, void *c) {
+  ruda_device *d = dev_enter(self);
+  if (!d) return NULL;
+  PyObject *r = PyLong_FromUnsignedLong(ruda_device_num_lanes(d));
+  dev_leave(self);
+  return r;
+}
+
 static PyObject *device_get_closed(DeviceObject *self, void *c) {
   return PyBool_FromLong(atomic_load(&self->closed));
 }
@@ -965,6 +973,7 @@ static PyGetSetDef device_getset[] = {
     {"backend", (getter)device_get_backend, NULL, "'host' or 'cuda'", NULL},
     {"fallback_reason", (getter)device_get_fallback, NULL, "why auto chose host, or None", NULL},
     {"num_streams", (getter)device_get_num_streams, NULL, "worker streams", NULL},
+    {"num_lanes", (getter)device_get_num_lanes, NULL, "device streams (CUstreams) of all workers", NULL},
     {"closed", (getter)device_get_closed, NULL, "True once closed", NULL},
     {NULL}};
 
