@@ -380,7 +380,8 @@ void ruda__queue_push_admitted(ruda__worker *w, ruda__cmd *cmd);
 void ruda__queue_unadmit(ruda__worker *w);
 
 /* Device open, before anything names a lane: ties each lane to its
- * worker (sch->lanes, sch->workers allocated and zeroed). */
+ * worker (sch->lanes, sch->workers allocated and zeroed). Its ordering
+ * state is made by ruda__workers_start and goes in ruda__workers_stop. */
 void ruda__lanes_init(struct ruda__sched *sch);
 int ruda__workers_start(struct ruda__sched *sch);
 /* Runs everything queued, stops and joins every worker. */

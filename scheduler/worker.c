@@ -69,8 +69,9 @@ int ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
   struct ruda__sched *sch = w->sch;
   const ruda__backend_ops *ops = sch->backend.ops;
   /* The device stream of the command's stream (none for close's FENCE
-   * and STOP, which issue nothing). */
-  ruda__lane *lane = cmd->stream != NULL ? cmd->stream->lane : NULL;
+   * and STOP, which issue nothing; a MARK's stream is another worker's,
+   * maybe gone: it runs on the lane it marks). */
+  ruda__lane *lane = cmd->stream != NULL && cmd->kind != RUDA__CMD_MARK ? cmd->stream->lane : NULL;
   void *ws = lane != NULL ? lane->wstate : NULL;
   ruda_error *err = NULL;
   int rc = 0;
@@ -130,7 +131,8 @@ int ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
  * report, its pins, `done`, its future. Returns rc (or the wait's code). */
 static int finish(ruda__worker *w, ruda__cmd *cmd, int rc, ruda_error *err) {
   struct ruda__sched *sch = w->sch;
-  ruda__lane *lane = cmd->stream != NULL ? cmd->stream->lane : NULL;
+  /* Not a MARK's: see ruda__execute. */
+  ruda__lane *lane = cmd->stream != NULL && cmd->kind != RUDA__CMD_MARK ? cmd->stream->lane : NULL;
   if (__builtin_expect(sch->cfg.launch_blocking, 0) && rc == 0 && cmd->kind != RUDA__CMD_MARK &&
       cmd->kind != RUDA__CMD_WAIT && cmd->kind != RUDA__CMD_STOP && cmd->kind != RUDA__CMD_FENCE &&
       cmd->kind != RUDA__CMD_TRACE)
@@ -138,9 +140,9 @@ static int finish(ruda__worker *w, ruda__cmd *cmd, int rc, ruda_error *err) {
   if (rc != 0) report(w, cmd, rc, err);
   for (uint32_t i = 0; i < cmd->npins; i++)
     ruda__handles_unpin(sch->handles, ruda__pin_slot(cmd->pins[i]), lane->wstate);
-  /* Its lane may have work retiring now (progress looks at it). Not a
-   * MARK's: its stream is the waiting one, and its event nothing retires. */
-  if (lane != NULL && cmd->kind != RUDA__CMD_MARK) ruda__lane_dirty(lane);
+  /* Its lane may have work retiring now (progress looks at it); a MARK's
+   * event nothing retires. */
+  if (lane != NULL) ruda__lane_dirty(lane);
   /* Before `done` moves: once it did, an exited thread's stream may go.
    * Not for a MARK: it runs on the worker whose work it marks, for a
    * stream of another worker, which may be gone once the MARK published
@@ -507,9 +509,6 @@ void ruda__lanes_init(struct ruda__sched *sch) {
       l->wstate = NULL;
       l->index = i * sch->nlanes + k;
       l->k = k;
-      l->order_id = sch->backend.ops->stream_wait != NULL ? l->index : i * sch->nlanes;
-      l->own_bit = sch->lanes_total <= 64 ? UINT64_C(1) << l->order_id : 0;
-      ruda__order_lane_init(l);
     }
   }
 }
@@ -530,6 +529,12 @@ int ruda__workers_start(struct ruda__sched *sch) {
     w->index = i;
     w->sch = sch;
     atomic_init(&w->dirty, 0);
+    for (uint32_t k = 0; k < w->nlanes; k++) { /* order state: after the backend is known */
+      ruda__lane *l = &w->lanes[k];
+      l->order_id = sch->backend.ops->stream_wait != NULL ? l->index : i * sch->nlanes;
+      l->own_bit = sch->lanes_total <= 64 ? UINT64_C(1) << l->order_id : 0;
+      ruda__order_lane_init(l);
+    }
     atomic_init(&w->exec, 0);
     w->observed = worker_stats_on() || ruda__nvtx_on();
     w->reserve_fence = ruda__cmd_alloc(0);
