@@ -167,6 +167,35 @@ static void chain_across_three_streams(void **state) {
   test_close(dev);
 }
 
+/* The same on one worker: streams 0, 4 and 8 share worker 0, each on a
+ * lane (CUstream) of its own, so only the MARKs and WAITs order them. */
+static void chain_across_lanes_of_one_worker(void **state) {
+  (void)state;
+  ruda_device *dev = open_order_gpu();
+  const unsigned n = 1u << 20;
+  for (int round = 0; round < 4; round++) {
+    ruda_stream_id s0 = 4 * (ruda_stream_id)(round % 3), s1 = 4 * ((round + 1) % 3), s2 = 4 * ((round + 2) % 3);
+    ruda_handle x, y, z;
+    assert_ok(ruda_buffer_create(dev, s0, (uint64_t)n * 4, &x));
+    assert_ok(ruda_buffer_create(dev, s1, (uint64_t)n * 4, &y));
+    assert_ok(ruda_buffer_create(dev, s2, (uint64_t)n * 4, &z));
+    fill(dev, s0, x, n, 100u * (unsigned)round, SPIN);
+    add(dev, s1, y, x, n, 1, SPIN);
+    add(dev, s2, z, y, n, 1, 0);
+    expect(dev, s2, z, n, 100u * (unsigned)round + 2, "chain", round);
+    /* A slow reader on one lane, then a writer on another. */
+    add(dev, s1, y, x, n, 0, SPIN);
+    fill(dev, s0, x, n, 77777u, 0);
+    expect(dev, s1, y, n, 100u * (unsigned)round, "reader", round);
+    expect(dev, s0, x, n, 77777u, "writer", round);
+    assert_ok(ruda_buffer_free(dev, s2, x));
+    assert_ok(ruda_buffer_free(dev, s2, y));
+    assert_ok(ruda_buffer_free(dev, s2, z));
+  }
+  for (ruda_stream_id s = 0; s <= 8; s += 4) gpu_sync_ok(dev, s);
+  test_close(dev);
+}
+
 /* A slow reader on B, then a writer on A: the reader sees the old data. */
 static void writer_waits_for_a_reader_on_another_stream(void **state) {
   (void)state;
@@ -231,6 +260,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(long_writer_then_reader_on_another_stream),
       cmocka_unit_test(chain_across_three_streams),
+      cmocka_unit_test(chain_across_lanes_of_one_worker),
       cmocka_unit_test(writer_waits_for_a_reader_on_another_stream),
       cmocka_unit_test(marks_only_where_needed),
       cmocka_unit_test(readers_of_one_buffer_run_at_once),
