@@ -66,7 +66,7 @@ judge() {
 plant src/device.h 's/^struct ruda_device {/&\n  int planted_internal;/'
 plant scheduler/graph.h 's/^struct ruda_graph {/&\n  int planted_internal;/'
 plant base/error.h 's/^struct ruda_error {/&\n  int planted_internal;/'
-plant include/ruda/ruda.h 's/^  uint64_t reserved\[8\];  *\/\* zero: room for later settings/  union {\n    uint64_t planted_setting;\n    uint64_t reserved[8];\n  };                         \/* room/'
+plant include/ruda/ruda.h 's/^    uint32_t lanes;  /    uint32_t planted_setting;\n&/'
 plant include/ruda/ruda.h 's/^RUDA_EXTERN const char \*ruda_version_string(void);/&\n\/* Planted. Thread-safe, non-blocking. *\/\nRUDA_EXTERN int ruda_planted_new(void);/'
 printf 'int ruda_planted_new(void) { return 1; }\n' >>"$src/src/version.c"
 judge "internal fields, a reserved word taken, a new function" 0 ruda_planted_new
