@@ -116,10 +116,11 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   if (cfg.num_streams == 0 || cfg.num_streams > 1024)
     return ruda__fail(RUDA_EINVAL, "ruda_device_open: num_streams %u outside 1..1024", cfg.num_streams);
   if (cfg.lanes > 32)
-    return ruda__fail(RUDA_EINVAL, "ruda_device_open: lanes %u outside 1..32 (0: the default)", cfg.lanes);
-  /* Enough device streams that 64 client threads get one each, as many as
-   * cross-stream ordering's reader bits tell apart (order.h). */
-  if (cfg.lanes == 0) cfg.lanes = cfg.num_streams >= 64 ? 1 : 64 / cfg.num_streams > 16 ? 16 : 64 / cfg.num_streams;
+    return ruda__fail(RUDA_EINVAL, "ruda_device_open: lanes %u outside 1..32 (0: the default, 1)", cfg.lanes);
+  /* One CUstream per worker by default: more win GEMM-sized requests of
+   * clients that share a worker, and lose small kernels' launch rate and
+   * tails (docs/benchmarks.md, "Lanes"). */
+  if (cfg.lanes == 0) cfg.lanes = 1;
   if (cfg.num_streams * cfg.lanes > 1024)
     return ruda__fail(RUDA_EINVAL, "ruda_device_open: %u workers of %u lanes: more than 1024 device streams",
                       cfg.num_streams, cfg.lanes);

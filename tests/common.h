@@ -100,6 +100,10 @@ static inline double test_json_number(const char *ev, const char *key) {
   return strtod(p + strlen(pat), NULL);
 }
 
+/* Lanes per worker for n workers in tests: 64 device streams in all, at
+ * most 16 a worker, 1 from 64 workers on. */
+static inline uint32_t test_lanes(uint32_t n) { return n >= 64 ? 1 : 64 / n > 16 ? 16 : 64 / n; }
+
 /* A host device with explicit settings, so the tester's RUDA_*
  * environment cannot change what a test exercises. */
 static inline ruda_device *test_open(uint32_t streams, uint32_t queue_bound, ruda_backpressure bp) {
@@ -107,6 +111,10 @@ static inline ruda_device *test_open(uint32_t streams, uint32_t queue_bound, rud
   ruda_config_init(&cfg);
   cfg.backend = RUDA_BACKEND_HOST;
   cfg.num_streams = streams;
+  /* Lanes: 64 device streams in all up to 64 workers, so every path that
+   * crosses lanes of one worker runs (a worker's lanes share one order on
+   * the host backend; memory keeps them apart). */
+  cfg.lanes = test_lanes(streams);
   cfg.queue_bound = queue_bound;
   cfg.backpressure = bp;
   cfg.log_level = RUDA_LOG_ERROR;

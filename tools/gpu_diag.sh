@@ -286,29 +286,29 @@ tails-ab)
     r new.tails.$i build-gpu/bench/bench_serve -v 1,3 -t 16,64 -n 2048
   done ;;
 lanes)
-  # A CUstream per stream id (lanes, the default) against one per worker
-  # (RUDA_LANES=1), the same build, alternated twice: the README loop,
+  # A CUstream per stream id (RUDA_LANES=8) against one per worker (the
+  # default), the same build, alternated twice: the README loop,
   # bench_blas page-locked and pageable, sustained launches.
   for i in 1 2; do
     r one.serve$i env RUDA_LANES=1 build-gpu/bench/bench_serve -v 1,3 -n 2048
-    r lanes.serve$i build-gpu/bench/bench_serve -v 1,3 -n 2048
+    r lanes.serve$i env RUDA_LANES=8 build-gpu/bench/bench_serve -v 1,3 -n 2048
     r one.blas$i env RUDA_LANES=1 build-gpu/bench/bench_blas -s -n 1000
-    r lanes.blas$i build-gpu/bench/bench_blas -s -n 1000
+    r lanes.blas$i env RUDA_LANES=8 build-gpu/bench/bench_blas -s -n 1000
   done
-  r lanes.blas.pg build-gpu/bench/bench_blas -n 1000
+  r lanes.blas.pg env RUDA_LANES=8 build-gpu/bench/bench_blas -n 1000
   r one.gpu env RUDA_LANES=1 build-gpu/bench/bench_gpu -q -s 2,5 "$OUT/one_gpu.csv"
-  r lanes.gpu build-gpu/bench/bench_gpu -q -s 2,5 "$OUT/lanes_gpu.csv" ;;
+  r lanes.gpu env RUDA_LANES=8 build-gpu/bench/bench_gpu -q -s 2,5 "$OUT/lanes_gpu.csv" ;;
 lanes2)
   # Where lanes' 4-in-flight tails come from: lanes 8, 2 and 1 at T=16
   # and 64, without automatic graphs, a traced run read by trace_stalls.py;
   # sustained launches with 2 lanes.
-  r l8.v3 build-gpu/bench/bench_serve -v 3 -t 16,64 -n 2048
+  r l8.v3 env RUDA_LANES=8 build-gpu/bench/bench_serve -v 3 -t 16,64 -n 2048
   r l1.v3 env RUDA_LANES=1 build-gpu/bench/bench_serve -v 3 -t 16,64 -n 2048
   r l2.v13 env RUDA_LANES=2 build-gpu/bench/bench_serve -v 1,3 -t 16,64 -n 2048
-  r l8.v3.noauto env RUDA_AUTO_GRAPHS=0 build-gpu/bench/bench_serve -v 3 -t 16,64 -n 2048
-  r l8.v3.c32 env CUDA_DEVICE_MAX_CONNECTIONS=32 build-gpu/bench/bench_serve -v 3 -t 16,64 -n 2048
-  r l8.v3.stats env RUDA_WORKER_STATS=1 build-gpu/bench/bench_serve -v 3 -t 16 -n 2048
-  r l8.trace env RUDA_TRACE=/tmp/trace_l8.json RUDA_TRACE_DEVICE=1 build-gpu/bench/bench_serve -v 3 -t 16 -n 2048
+  r l8.v3.noauto env RUDA_LANES=8 RUDA_AUTO_GRAPHS=0 build-gpu/bench/bench_serve -v 3 -t 16,64 -n 2048
+  r l8.v3.c32 env RUDA_LANES=8 CUDA_DEVICE_MAX_CONNECTIONS=32 build-gpu/bench/bench_serve -v 3 -t 16,64 -n 2048
+  r l8.v3.stats env RUDA_LANES=8 RUDA_WORKER_STATS=1 build-gpu/bench/bench_serve -v 3 -t 16 -n 2048
+  r l8.trace env RUDA_LANES=8 RUDA_TRACE=/tmp/trace_l8.json RUDA_TRACE_DEVICE=1 build-gpu/bench/bench_serve -v 3 -t 16 -n 2048
   r l8.trace.stalls python3 tools/trace_stalls.py /tmp/trace_l8.json
   r l2.gpu env RUDA_LANES=2 build-gpu/bench/bench_gpu -q -s 2 "$OUT/l2_gpu.csv" ;;
 final)

@@ -31,10 +31,10 @@
  * and ctx->worker (0..num_streams-1) is its key. The thread is not a key:
  * per-thread caches (thread-local handles) may meet several workers, or
  * miss one. Several stream ids share a worker (explicit id i uses worker
- * i % num_streams), and a worker issues to several CUstreams, its device
- * streams (ruda_device_num_lanes of them in all): stream ids of one
- * worker get one each in turn (i / num_streams % lanes per worker), so
- * their work overlaps on the device. ctx->cu_stream is the CUstream of the
+ * i % num_streams), and a worker may issue to several CUstreams, its
+ * lanes (ruda_config.lanes, one by default; ruda_device_num_lanes in
+ * all): stream ids of one worker get one each in turn
+ * (i / num_streams % lanes), so their work overlaps on the device. ctx->cu_stream is the CUstream of the
  * call's stream id (in a graph replay, of the replaying stream): fixed
  * while the device is open, and shared only by stream ids that share it.
  * A library handle bound to it once (cublasSetStream, which also resets

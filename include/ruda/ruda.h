@@ -152,12 +152,14 @@ typedef struct ruda_config {
                                 RUDA_LAUNCH_BLOCKING are on. */
   union {                    /* lanes took reserved[0]'s low half */
     uint32_t lanes;          /* RUDA_LANES: device streams (CUstreams) per
-                                worker, 1..32: stream ids of one worker get
-                                one each in turn, so their work overlaps on
-                                the device as a CUstream per client thread
-                                would. 0 (the default): 64 / num_streams, at
-                                least 1, at most 16 (8 with the default 8
-                                workers). */
+                                worker, 1..32, at most 1024 in all: stream
+                                ids of one worker get one each in turn, so
+                                their work overlaps on the device as a
+                                CUstream per client thread would (a GEMM
+                                server with more clients than workers:
+                                64 / num_streams). 0 (the default): 1, one
+                                CUstream per worker, which issues small
+                                kernels fastest (docs/benchmarks.md). */
     uint64_t reserved[8];    /* zero but lanes: room for later settings, each of which
                                 will mean "the default" when 0, so a config
                                 of these headers opens the same under a

@@ -263,11 +263,11 @@ static void invalid_values_are_refused(void **state) {
   assert_ok(open_with(c));
   c = base, c.num_streams = 64;
   assert_ok(open_with(c));
-  /* Lanes: the default gives 64 device streams up to 64 workers, one
-   * each beyond; any count from 1 to 32 is taken as given. */
+  /* Lanes: one CUstream per worker by default; any count from 1 to 32
+   * is taken as given. */
   const struct {
     uint32_t workers, lanes, total;
-  } lanes[] = {{8, 0, 64}, {1, 0, 16}, {3, 0, 48}, {64, 0, 64}, {100, 0, 100}, {2, 32, 64}, {4, 1, 4}};
+  } lanes[] = {{8, 0, 8}, {1, 0, 1}, {3, 16, 48}, {64, 0, 64}, {100, 1, 100}, {2, 32, 64}, {4, 16, 64}};
   for (size_t i = 0; i < sizeof lanes / sizeof lanes[0]; i++) {
     ruda_device *dev = NULL;
     c = base, c.num_streams = lanes[i].workers, c.lanes = lanes[i].lanes;

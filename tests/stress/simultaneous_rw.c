@@ -57,6 +57,7 @@ int main(int argc, char **argv) {
   ruda_config_init(&cfg);
   cfg.backend = RUDA_BACKEND_HOST;
   cfg.num_streams = 2;
+  cfg.lanes = 16; /* the two threads' streams on lanes of their own or shared, by id */
   if (ruda_device_open(&cfg, &dev) != 0 || ruda_host_kernel_register(dev, "check", k_check) != 0 ||
       ruda_buffer_create(dev, 1, sizeof(float) * WORDS, &slot[0]) != 0 ||
       ruda_buffer_create(dev, 1, sizeof(float) * WORDS, &slot[1]) != 0 ||

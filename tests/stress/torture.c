@@ -430,6 +430,7 @@ int main(int argc, char **argv) {
   ruda_config_init(&cfg);
   cfg.backend = RUDA_BACKEND_HOST;
   cfg.num_streams = 8;
+  cfg.lanes = 8; /* 64 device streams: lanes crossed by every thread mix */
   cfg.log_level = RUDA_LOG_OFF;
   cfg.auto_graphs = auto_graphs;
   if (ruda_device_open(&cfg, &dev) != 0 || ruda_host_kernel_register(dev, "bump", k_bump) != 0 ||

@@ -37,6 +37,7 @@ static ruda_device *open_auto(int on, uint32_t streams) {
   ruda_config_init(&cfg);
   cfg.backend = RUDA_BACKEND_HOST;
   cfg.num_streams = streams;
+  cfg.lanes = test_lanes(streams);
   cfg.log_level = RUDA_LOG_OFF;
   cfg.auto_graphs = on;
   ruda_device *dev = NULL;

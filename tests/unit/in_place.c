@@ -57,6 +57,7 @@ static ruda_device *open_in_place_as(uint32_t workers, int auto_graphs) {
   ruda_config_init(&cfg);
   cfg.backend = RUDA_BACKEND_HOST;
   cfg.num_streams = workers;
+  cfg.lanes = test_lanes(workers);
   cfg.queue_bound = 4096;
   cfg.backpressure = RUDA_BACKPRESSURE_BLOCK;
   cfg.log_level = RUDA_LOG_ERROR;
