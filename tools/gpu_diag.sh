@@ -311,6 +311,14 @@ lanes2)
   r l8.trace env RUDA_LANES=8 RUDA_TRACE=/tmp/trace_l8.json RUDA_TRACE_DEVICE=1 build-gpu/bench/bench_serve -v 3 -t 16 -n 2048
   r l8.trace.stalls python3 tools/trace_stalls.py /tmp/trace_l8.json
   r l2.gpu env RUDA_LANES=2 build-gpu/bench/bench_gpu -q -s 2 "$OUT/l2_gpu.csv" ;;
+lanes3)
+  # lanes2 in short: counters of 8 lanes and 1 at T=16, 4 in flight; 8
+  # lanes without automatic graphs; a traced run read by trace_stalls.py.
+  r l8.b env RUDA_LANES=8 build-gpu/bench/bench_serve -b -v 3 -t 16 -n 2048
+  r l1.b env RUDA_LANES=1 build-gpu/bench/bench_serve -b -v 3 -t 16 -n 2048
+  r l8.noauto env RUDA_LANES=8 RUDA_AUTO_GRAPHS=0 build-gpu/bench/bench_serve -v 3 -t 16 -n 2048
+  r l8.trace env RUDA_LANES=8 RUDA_TRACE=/tmp/trace_l8.json RUDA_TRACE_DEVICE=1 build-gpu/bench/bench_serve -v 3 -t 16 -n 1024
+  r l8.trace.stalls python3 tools/trace_stalls.py /tmp/trace_l8.json ;;
 final)
   # The defaults' final table: call-by-call, page-locked, graph, patched rows.
   r final.serve build-gpu/bench/bench_serve -v 1,3 -n 2048
