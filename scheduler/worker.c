@@ -65,57 +65,59 @@ static void report(ruda__worker *w, ruda__cmd *cmd, int code, ruda_error *err) {
 
 static int finish(ruda__worker *w, ruda__cmd *cmd, int rc, ruda_error *err);
 
+/* The lane of cmd's stream, whose backend state (ws) its work goes to.
+ * Not for close's FENCE and STOP (no stream, nothing issued) nor a MARK
+ * (its stream is the waiting one, another worker's, maybe gone: it runs
+ * on the lane it marks). */
+#define LANE(cmd) ((cmd)->stream->lane)
+#define WS(cmd) (LANE(cmd)->wstate)
+
 int ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
   struct ruda__sched *sch = w->sch;
   const ruda__backend_ops *ops = sch->backend.ops;
-  /* The device stream of the command's stream (none for close's FENCE
-   * and STOP, which issue nothing; a MARK's stream is another worker's,
-   * maybe gone: it runs on the lane it marks). */
-  ruda__lane *lane = cmd->stream != NULL && cmd->kind != RUDA__CMD_MARK ? cmd->stream->lane : NULL;
-  void *ws = lane != NULL ? lane->wstate : NULL;
   ruda_error *err = NULL;
   int rc = 0;
   switch (cmd->kind) {
     case RUDA__CMD_WRITE:
-      rc = ops->write(ws, cmd->u.write.dst, &cmd->u.write.layout, cmd->u.write.staged, &err);
+      rc = ops->write(WS(cmd), cmd->u.write.dst, &cmd->u.write.layout, cmd->u.write.staged, &err);
       break;
     case RUDA__CMD_READ:
-      rc = ops->read(ws, cmd->u.read.dst, cmd->u.read.src, &cmd->u.read.layout,
+      rc = ops->read(WS(cmd), cmd->u.read.dst, cmd->u.read.src, &cmd->u.read.layout,
                      &cmd->future->completion, &err);
       break;
     case RUDA__CMD_COPY:
-      rc = ops->copy(ws, cmd->u.copy.dst, cmd->u.copy.src, cmd->u.copy.size, &err);
+      rc = ops->copy(WS(cmd), cmd->u.copy.dst, cmd->u.copy.src, cmd->u.copy.size, &err);
       break;
     case RUDA__CMD_LAUNCH:
       if (!(cmd->u.launch.flags & RUDA_LAUNCH_DRY_RUN))
-        rc = ops->launch(ws, &cmd->u.launch, &err);
+        rc = ops->launch(WS(cmd), &cmd->u.launch, &err);
       break;
     case RUDA__CMD_SYNC:
-      rc = ops->record(ws, &cmd->future->completion, &err);
+      rc = ops->record(WS(cmd), &cmd->future->completion, &err);
       break;
     case RUDA__CMD_MARK:
       ruda__order_mark(sch, cmd->u.mark.dep); /* on the lane it marks */
       break;
     case RUDA__CMD_WAIT:
-      rc = ruda__order_wait(lane, cmd->u.wait.deps, cmd->u.wait.n, &err);
+      rc = ruda__order_wait(LANE(cmd), cmd->u.wait.deps, cmd->u.wait.n, &err);
       break;
     case RUDA__CMD_GRAPH:
       rc = ruda__graph_execute(cmd, &err);
       /* ruda_graph_replay_async: the future completes after the replay. */
-      if (rc == 0 && cmd->future != NULL) rc = ops->record(ws, &cmd->future->completion, &err);
-      if (cmd->u.graph.ran != NULL) cmd->u.graph.ran(cmd->u.graph.ran_arg, lane->index);
+      if (rc == 0 && cmd->future != NULL) rc = ops->record(WS(cmd), &cmd->future->completion, &err);
+      if (cmd->u.graph.ran != NULL) cmd->u.graph.ran(cmd->u.graph.ran_arg, LANE(cmd)->index);
       /* The replay's reference; the error report below names no graph. */
-      ruda__graph_unref(cmd->u.graph.g, ws);
+      ruda__graph_unref(cmd->u.graph.g, WS(cmd));
       break;
     case RUDA__CMD_STAMP:
-      if (ops->stamp != NULL) rc = ops->stamp(ws, &cmd->future->completion, &err);
+      if (ops->stamp != NULL) rc = ops->stamp(WS(cmd), &cmd->future->completion, &err);
       cmd->future->stamp_ns = ruda__now_ns();
       break;
     case RUDA__CMD_COLL:
-      rc = ops->collective(ws, cmd->u.coll.rank_handle, &cmd->u.coll, &err);
+      rc = ops->collective(WS(cmd), cmd->u.coll.rank_handle, &cmd->u.coll, &err);
       break;
     case RUDA__CMD_CALL:
-      rc = ruda__libcall_run(lane, cmd, 0, &err);
+      rc = ruda__libcall_run(LANE(cmd), cmd, 0, &err);
       break;
     case RUDA__CMD_TRACE:
       w->trace = cmd->u.trace.t;
@@ -131,18 +133,16 @@ int ruda__execute(ruda__worker *w, ruda__cmd *cmd) {
  * report, its pins, `done`, its future. Returns rc (or the wait's code). */
 static int finish(ruda__worker *w, ruda__cmd *cmd, int rc, ruda_error *err) {
   struct ruda__sched *sch = w->sch;
-  /* Not a MARK's: see ruda__execute. */
-  ruda__lane *lane = cmd->stream != NULL && cmd->kind != RUDA__CMD_MARK ? cmd->stream->lane : NULL;
   if (__builtin_expect(sch->cfg.launch_blocking, 0) && rc == 0 && cmd->kind != RUDA__CMD_MARK &&
       cmd->kind != RUDA__CMD_WAIT && cmd->kind != RUDA__CMD_STOP && cmd->kind != RUDA__CMD_FENCE &&
       cmd->kind != RUDA__CMD_TRACE)
-    rc = ruda__wait_device(lane, &err);
+    rc = ruda__wait_device(LANE(cmd), &err);
   if (rc != 0) report(w, cmd, rc, err);
-  for (uint32_t i = 0; i < cmd->npins; i++)
-    ruda__handles_unpin(sch->handles, ruda__pin_slot(cmd->pins[i]), lane->wstate);
-  /* Its lane may have work retiring now (progress looks at it); a MARK's
-   * event nothing retires. */
-  if (lane != NULL) ruda__lane_dirty(lane);
+  for (uint32_t i = 0; i < cmd->npins; i++) /* commands with pins have streams, never a MARK */
+    ruda__handles_unpin(sch->handles, ruda__pin_slot(cmd->pins[i]), WS(cmd));
+  /* A write's staging retires on its lane once its copy ran: progress
+   * looks there (a dropped future's event marks its lane itself). */
+  if (cmd->kind == RUDA__CMD_WRITE) ruda__lane_dirty(LANE(cmd));
   /* Before `done` moves: once it did, an exited thread's stream may go.
    * Not for a MARK: it runs on the worker whose work it marks, for a
    * stream of another worker, which may be gone once the MARK published
@@ -155,7 +155,7 @@ static int finish(ruda__worker *w, ruda__cmd *cmd, int rc, ruda_error *err) {
   atomic_store_explicit(&w->done, pos, memory_order_release);
   if (cmd->future != NULL) {
     if (rc == 0 && cmd->future->completion.event != NULL) {
-      cmd->future->order_lane = lane;
+      cmd->future->order_lane = LANE(cmd); /* commands with futures have streams */
       cmd->future->order_pos = pos;
     }
     ruda__future_submitted(cmd->future, rc);
