@@ -133,10 +133,11 @@ class Device(_ruda.Device):
     fields; absent ones come from the RUDA_* environment variables, as in
     C: backend ("auto" | "cuda" | "host"), device (GPU ordinal), streams,
     queue_bound, backpressure ("block" | "error"), log ("off" ... "debug"),
-    bounds_check, cache_dir, launch_blocking, spin_us. launch_gil is the
-    package's own: "auto" (default: a launch keeps the GIL while its queue
-    has room and hands it over only to wait for room), "release" (hands it
-    over around every launch) or "keep" (never; backpressure="error" only).
+    bounds_check, cache_dir, launch_blocking, spin_us, lanes (CUstreams
+    per worker). launch_gil is the package's own: "auto" (default: a
+    launch keeps the GIL while its queue has room and hands it over only to
+    wait for room), "release" (hands it over around every launch) or "keep"
+    (never; backpressure="error" only).
 
     A context manager: leaving the block closes it (close() runs what is
     queued, then raises the errors still queued)."""

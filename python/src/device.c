@@ -36,12 +36,12 @@ static int u32_arg(PyObject *o, const char *what, uint32_t *out) {
 
 static int device_init(DeviceObject *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"backend", "device", "streams", "queue_bound", "backpressure", "log",
-                           "bounds_check", "cache_dir", "launch_blocking", "spin_us", "launch_gil", NULL};
+                           "bounds_check", "cache_dir", "launch_blocking", "spin_us", "launch_gil", "lanes", NULL};
   PyObject *backend = Py_None, *ordinal = Py_None, *streams = Py_None, *qbound = Py_None, *bp = Py_None,
            *log = Py_None, *bounds = Py_None, *cache = Py_None, *blocking = Py_None, *spin = Py_None,
-           *gil = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOOOOOOOOO", kwlist, &backend, &ordinal, &streams, &qbound, &bp,
-                                   &log, &bounds, &cache, &blocking, &spin, &gil))
+           *gil = Py_None, *lanes = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOOOOOOOOOO", kwlist, &backend, &ordinal, &streams, &qbound, &bp,
+                                   &log, &bounds, &cache, &blocking, &spin, &gil, &lanes))
     return -1;
   if (self->dev) {
     PyErr_SetString(PyExc_RuntimeError, "ruda.Device is already open");
@@ -81,6 +81,7 @@ static int device_init(DeviceObject *self, PyObject *args, PyObject *kw) {
     cfg.launch_blocking = v;
   }
   if (spin != Py_None && u32_arg(spin, "spin_us", &cfg.spin_us) < 0) return -1;
+  if (lanes != Py_None && u32_arg(lanes, "lanes", &cfg.lanes) < 0) return -1;
   if (cache != Py_None) {
     cfg.cache_dir = PyUnicode_AsUTF8(cache); /* lives with the argument, past the open */
     if (!cfg.cache_dir) return -1;

@@ -208,6 +208,10 @@ def test_config_keywords_win_over_the_environment(monkeypatch):
         assert d.num_lanes == 3  # one device stream a worker by default
     with ruda.Device(backend="host", streams=5) as d:
         assert d.num_streams == 5
+    with ruda.Device(backend="host", streams=2, lanes=8) as d:
+        assert d.num_lanes == 16
+    with pytest.raises(ruda.EINVAL):
+        ruda.Device(backend="host", lanes=33)
     with pytest.raises(ruda.EINVAL):
         ruda.Device(backend="host", streams=0)
     with pytest.raises(ValueError):
