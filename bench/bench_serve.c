@@ -259,6 +259,7 @@ typedef struct thread_arg {
   run_ctx *rc;
   int index;
   uint64_t *lat; /* n latencies, ns */
+  uint64_t *at;  /* n start times (mono_ns), for -b's slow-request report */
   uint64_t done_ns;
   uint64_t phase_ns[4]; /* -b, ruda: in ruda_write, the launches, ruda_read, ruda_future_wait */
 } thread_arg;
@@ -366,7 +367,7 @@ static void *ruda_thread(void *p) {
         }
         ruda_future_free(fut[slot]);
         fut[slot] = NULL;
-        if (phase) a->lat[o - WARMUP] = t - start[slot];
+        if (phase) a->lat[o - WARMUP] = t - start[slot], a->at[o - WARMUP] = start[slot];
         if (o == 0 || (phase && must_check(o - WARMUP))) check_output("ruda", a->index, o, out[slot]);
       }
       if (i < count) {
@@ -487,7 +488,7 @@ static void *raw_thread(void *p) {
           CU(ruda__cu.cuEventSynchronize(ev[slot]));
         uint64_t t = mono_ns();
         if (phase) a->phase_ns[3] += t - tw;
-        if (phase) a->lat[o - WARMUP] = t - start[slot];
+        if (phase) a->lat[o - WARMUP] = t - start[slot], a->at[o - WARMUP] = start[slot];
         if (o == 0 || (phase && must_check(o - WARMUP)))
           check_output("raw", a->index, o, out + (size_t)slot * OUT_FLOATS);
       }
@@ -546,7 +547,7 @@ typedef struct result {
   double rps, p50, p99, p999; /* requests/s, latencies in us */
 } result;
 
-static uint64_t *lat_all;
+static uint64_t *lat_all, *at_all;
 
 /* -b: ruda's own counters, read before and after a run. */
 typedef struct counters {
@@ -563,6 +564,34 @@ static counters counters_of(ruda_device *dev) {
     c.auto_replaced += atomic_load(&w->auto_replaced);
   }
   return c;
+}
+
+/* -b: when the slow requests ran. A request is slow above 1 ms; the report
+ * counts them per tenth of the run (start-up or periodic) and names the
+ * five slowest with their start and thread. Reads lat_all/at_all before
+ * they are sorted. */
+static void slow_report(int threads, size_t n, int raw, uint64_t t0, uint64_t end) {
+  enum { SLOW_NS = 1000000, WORST = 5 };
+  size_t tenth[10] = {0}, nslow = 0, worst[WORST];
+  int nworst = 0;
+  const double span = (double)(end - t0);
+  for (size_t i = 0; i < n * (size_t)threads; i++) {
+    if (lat_all[i] <= SLOW_NS) continue;
+    nslow++;
+    double f = ((double)at_all[i] - (double)t0) / span;
+    int k = f < 0 ? 0 : f >= 1 ? 9 : (int)(f * 10);
+    tenth[k]++;
+    if (nworst == WORST && lat_all[worst[WORST - 1]] >= lat_all[i]) continue;
+    int j = nworst < WORST ? nworst++ : WORST - 1;
+    for (; j > 0 && lat_all[worst[j - 1]] < lat_all[i]; j--) worst[j] = worst[j - 1];
+    worst[j] = i;
+  }
+  printf("       T=%d %s: %zu requests over 1 ms; per tenth of the run:", threads, raw ? "raw" : "ruda", nslow);
+  for (int k = 0; k < 10; k++) printf(" %zu", tenth[k]);
+  printf("\n");
+  for (int j = 0; j < nworst; j++)
+    printf("       T=%d %s: slow %.2f ms, thread %zu, started at %.1f ms of %.1f\n", threads, raw ? "raw" : "ruda",
+           (double)lat_all[worst[j]] / 1e6, worst[j] / n, ((double)at_all[worst[j]] - (double)t0) / 1e6, span / 1e6);
 }
 
 static result run(ruda_device *dev, const variant *v, int threads, size_t n, int raw) {
@@ -603,7 +632,7 @@ static result run(ruda_device *dev, const variant *v, int threads, size_t n, int
     make_weights(dev, 0, &rc.w, &rc.b);
     CHECK(ruda_sync(dev, 0, NULL));
   }
-  for (int i = 0; i < threads; i++) a[i] = (thread_arg){.rc = &rc, .index = i, .lat = lat_all + (size_t)i * n};
+  for (int i = 0; i < threads; i++) a[i] = (thread_arg){.rc = &rc, .index = i, .lat = lat_all + (size_t)i * n, .at = at_all + (size_t)i * n};
   const uint64_t t0 = bench_threads_run(&rc.go, threads, fn, a, sizeof a[0]);
   uint64_t end = t0;
   for (int i = 0; i < threads; i++)
@@ -663,6 +692,7 @@ static result run(ruda_device *dev, const variant *v, int threads, size_t n, int
              "ruda_future_wait %.2f\n",
              threads, ph[0] / cnt / 1e3, ph[1] / cnt / 1e3, ph[2] / cnt / 1e3, ph[3] / cnt / 1e3);
   }
+  if (breakdown) slow_report(threads, n, raw, t0, end);
   qsort(lat_all, cnt, sizeof *lat_all, cmp_u64);
   result r;
   r.rps = (double)cnt / ((double)(end - t0) / 1e9);
@@ -807,6 +837,7 @@ int main(int argc, char **argv) {
   int maxt = 1;
   for (int i = 0; i < nt; i++) maxt = ts[i] > maxt ? ts[i] : maxt;
   lat_all = malloc((size_t)maxt * n * sizeof *lat_all);
+  at_all = malloc((size_t)maxt * n * sizeof *at_all);
 
   for (int vi = 0; vi < 4; vi++) {
     if (!vrun[vi]) continue;
@@ -853,6 +884,7 @@ int main(int argc, char **argv) {
   unsigned long mm = atomic_load(&mismatches), ck = atomic_load(&checks);
   printf("\nchecked %lu results against the CPU reference (tolerance 1e-3 relative): %lu mismatches\n", ck, mm);
   free(lat_all);
+  free(at_all);
   free(inputs);
   return mm ? 1 : 0;
 }

@@ -246,11 +246,16 @@ struct ruda__worker {
    * may not get: the last FENCE, its future, the STOP. */
   ruda__cmd *reserve_fence, *reserve_stop;
   struct ruda_future *reserve_future;
-  /* With RUDA_WORKER_STATS=1: time spent running each kind of command,
-   * polling and asleep (worker only; printed when the device closes). */
+  /* With RUDA_WORKER_STATS=1: time spent running each kind of command and
+   * the longest, polling and asleep; commands over a millisecond and the
+   * CPU time they took (the rest the thread was off its CPU: blocked in
+   * the driver or preempted); context switches (worker only; printed when
+   * the device closes). */
   struct {
-    uint64_t ns[RUDA__CMD_NKINDS], n[RUDA__CMD_NKINDS];
-    uint64_t poll_ns, sleep_ns;
+    uint64_t ns[RUDA__CMD_NKINDS], n[RUDA__CMD_NKINDS], max_ns[RUDA__CMD_NKINDS];
+    uint64_t poll_ns, sleep_ns, max_sleep_ns;
+    uint64_t slow_n, slow_ns, slow_cpu_ns;
+    long vcsw, ivcsw;
   } stats;
   struct ruda__sched *sch;
   struct ruda__trace *trace; /* RUDA_TRACE only (scheduler/trace.h); worker only */

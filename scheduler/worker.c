@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include <sys/resource.h>
+#include <time.h>
 
 #include "scheduler/sched.h"
 #include "base/env.h"
@@ -266,6 +268,13 @@ static int queue_nonempty(const void *p) {
   return !cds_wfcq_empty(&w->head, &w->tail);
 }
 
+/* CPU time of the calling thread (a system call: RUDA_WORKER_STATS only). */
+static uint64_t thread_cpu_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* ruda__execute with RUDA_TRACE's record, an NVTX range and
  * RUDA_WORKER_STATS' time, each when enabled. */
 static void execute_observed(ruda__worker *w, ruda__cmd *cmd, int stats, int nvtx) {
@@ -277,12 +286,20 @@ static void execute_observed(ruda__worker *w, ruda__cmd *cmd, int stats, int nvt
   if (kind == RUDA__CMD_TRACE) ruda__trace_batch_end(w, w->trace); /* a stop takes the buffer */
   if (t != NULL) ruda__trace_begin(w, cmd);
   if (nvtx) ruda__nvtx_begin(cmd);
+  const uint64_t c0 = stats ? thread_cpu_ns() : 0;
   int rc = ruda__execute(w, cmd);
   if (nvtx) ruda__nvtx_end();
   if (t != NULL) ruda__trace_end(w, t, rc);
   if (stats) {
-    w->stats.ns[kind] += ruda__now_ns() - t0;
+    const uint64_t d = ruda__now_ns() - t0;
+    w->stats.ns[kind] += d;
     w->stats.n[kind]++;
+    if (d > w->stats.max_ns[kind]) w->stats.max_ns[kind] = d;
+    if (d > 1000000) {
+      w->stats.slow_n++;
+      w->stats.slow_ns += d;
+      w->stats.slow_cpu_ns += thread_cpu_ns() - c0;
+    }
   }
 }
 
@@ -388,6 +405,7 @@ static void *worker_main(void *arg) {
       const uint64_t t = ruda__now_ns();
       w->last_idle_ns = t - idle_start; /* the whole idle spell, its looks at held runs included */
       w->stats.sleep_ns += t - now;
+      if (t - now > w->stats.max_sleep_ns) w->stats.max_sleep_ns = t - now;
       atomic_fetch_add_explicit(&w->idle_epoch, 1, memory_order_seq_cst);
       continue;
     }
@@ -452,6 +470,10 @@ static void *worker_main(void *arg) {
     /* Kept after STOP: no client runs anything in place on a stopped
      * worker's state. */
     if (!stop) ruda__exec_release(w);
+  }
+  if (stats) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_THREAD, &ru) == 0) w->stats.vcsw = ru.ru_nvcsw, w->stats.ivcsw = ru.ru_nivcsw;
   }
   ruda__auto_free(w);
   /* Every command of this worker ran (close's FENCE and STOP came last):
@@ -593,15 +615,19 @@ static void print_stats(struct ruda__sched *sch) {
   if (!worker_stats_on()) return;
   for (uint32_t i = 0; i < sch->nworkers; i++) {
     ruda__worker *w = &sch->workers[i];
-    char line[1024];
+    char line[2048];
     int at = snprintf(line, sizeof line, "ruda: worker %u:", i);
     for (int k = 0; k < RUDA__CMD_NKINDS && at < (int)sizeof line; k++)
       if (w->stats.n[k] != 0)
-        at += snprintf(line + at, sizeof line - (size_t)at, " %s %.1f ms/%llu", cmd_name(k), w->stats.ns[k] / 1e6,
-                       (unsigned long long)w->stats.n[k]);
+        at += snprintf(line + at, sizeof line - (size_t)at, " %s %.1f ms/%llu (longest %.2f)", cmd_name(k),
+                       w->stats.ns[k] / 1e6, (unsigned long long)w->stats.n[k], w->stats.max_ns[k] / 1e6);
     if (at < (int)sizeof line)
-      snprintf(line + at, sizeof line - (size_t)at, "; polling %.1f ms, asleep %.1f ms", w->stats.poll_ns / 1e6,
-               w->stats.sleep_ns / 1e6);
+      snprintf(line + at, sizeof line - (size_t)at,
+               "; polling %.1f ms, asleep %.1f ms (longest %.2f); %llu commands over 1 ms, %.1f ms, %.1f of it "
+               "on the CPU; context switches %ld voluntary, %ld involuntary",
+               w->stats.poll_ns / 1e6, w->stats.sleep_ns / 1e6, w->stats.max_sleep_ns / 1e6,
+               (unsigned long long)w->stats.slow_n, w->stats.slow_ns / 1e6, w->stats.slow_cpu_ns / 1e6,
+               w->stats.vcsw, w->stats.ivcsw);
     fprintf(stderr, "%s\n", line);
   }
 }

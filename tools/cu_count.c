@@ -5,7 +5,8 @@
  *   cc -O2 -shared -fPIC -o cu_count.so tools/cu_count.c -ldl -I<cuda>/include
  *   RUDA_CUDA_DRIVER=$PWD/cu_count.so bench/bench_serve -v 1 -t 4 -n 2048
  * At exit it prints, per thread name (ruda-w3 counts as "ruda-w") and per
- * call, the number of calls and their mean duration. CU_COUNT_REAL names
+ * call, the number of calls, their mean duration, the longest and how
+ * many took over a millisecond. CU_COUNT_REAL names
  * the real driver (default libcuda.so.1). Only the calls listed below are
  * wrapped; every other symbol is the real driver's. ruda's loader asks
  * for symbols through cuGetProcAddress_v2, which is what this intercepts.
@@ -58,7 +59,7 @@ static const char *const names[] = {
 typedef struct tstats {
   char kind[16];
   unsigned named; /* calls that read the name: a thread may name itself after its first calls */
-  uint64_t n[NCALLS], ns[NCALLS];
+  uint64_t n[NCALLS], ns[NCALLS], mx[NCALLS], over[NCALLS]; /* over: calls longer than 1 ms */
   struct tstats *next;
 } tstats;
 
@@ -102,8 +103,11 @@ static uint64_t now(void) {
     tstats *t = me();                                                                              \
     uint64_t t0 = now();                                                                           \
     CUresult r = real_##name args;                                                                 \
-    t->ns[I_##name] += now() - t0;                                                                 \
+    const uint64_t dt_ = now() - t0;                                                               \
+    t->ns[I_##name] += dt_;                                                                        \
     t->n[I_##name]++;                                                                              \
+    if (dt_ > t->mx[I_##name]) t->mx[I_##name] = dt_;                                              \
+    if (dt_ > 1000000) t->over[I_##name]++;                                                        \
     return r;                                                                                      \
   }
 CALLS(X)
@@ -152,21 +156,26 @@ __attribute__((destructor)) static void report(void) {
   /* Merge threads of one kind. */
   for (tstats *a = all; a != NULL; a = a->next) {
     if (a->kind[0] == 1) continue;
-    uint64_t n[NCALLS], ns[NCALLS];
+    uint64_t n[NCALLS], ns[NCALLS], mx[NCALLS], over[NCALLS];
     memcpy(n, a->n, sizeof n);
     memcpy(ns, a->ns, sizeof ns);
+    memcpy(mx, a->mx, sizeof mx);
+    memcpy(over, a->over, sizeof over);
     int threads = 1;
     for (tstats *b = a->next; b != NULL; b = b->next)
       if (b->kind[0] != 1 && strcmp(a->kind, b->kind) == 0) {
-        for (int i = 0; i < NCALLS; i++) n[i] += b->n[i], ns[i] += b->ns[i];
+        for (int i = 0; i < NCALLS; i++) {
+          n[i] += b->n[i], ns[i] += b->ns[i], over[i] += b->over[i];
+          if (b->mx[i] > mx[i]) mx[i] = b->mx[i];
+        }
         b->kind[0] = 1; /* merged */
         threads++;
       }
     for (int i = 0; i < NCALLS; i++)
       if (n[i] != 0)
-        fprintf(stderr, "cu_count %-12s threads %3d %-32s calls %10llu mean %8.0f ns\n",
+        fprintf(stderr, "cu_count %-12s threads %3d %-32s calls %10llu mean %8.0f ns longest %8.3f ms, %llu over 1 ms\n",
                 a->kind[0] ? a->kind : "(unnamed)", threads, names[i], (unsigned long long)n[i],
-                (double)ns[i] / (double)n[i]);
+                (double)ns[i] / (double)n[i], (double)mx[i] / 1e6, (unsigned long long)over[i]);
   }
   pthread_mutex_unlock(&all_lock);
 }

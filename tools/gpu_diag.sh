@@ -319,6 +319,34 @@ lanes3)
   r l8.noauto env RUDA_LANES=8 RUDA_AUTO_GRAPHS=0 build-gpu/bench/bench_serve -v 3 -t 16 -n 2048
   r l8.trace env RUDA_LANES=8 RUDA_TRACE=/tmp/trace_l8.json RUDA_TRACE_DEVICE=1 build-gpu/bench/bench_serve -v 3 -t 16 -n 1024
   r l8.trace.stalls python3 tools/trace_stalls.py /tmp/trace_l8.json ;;
+stall)
+  # When 4-in-flight requests are slow (-b's per-tenth counts and the five
+  # slowest): 1 lane and 8, without automatic graphs, graph replays, a
+  # long run at T=16, and 8 lanes with more hardware queues.
+  r s1.b build-gpu/bench/bench_serve -b -v 3 -t 16,64 -n 2048
+  r s8.b env RUDA_LANES=8 build-gpu/bench/bench_serve -b -v 3 -t 16,64 -n 2048
+  r s8.noauto env RUDA_LANES=8 RUDA_AUTO_GRAPHS=0 build-gpu/bench/bench_serve -b -v 3 -t 16,64 -n 2048
+  r s8.c32 env RUDA_LANES=8 CUDA_DEVICE_MAX_CONNECTIONS=32 build-gpu/bench/bench_serve -b -v 3 -t 16 -n 2048
+  r s1.g env build-gpu/bench/bench_serve -b -g -v 3 -t 16,64 -n 2048
+  r s8.long env RUDA_LANES=8 build-gpu/bench/bench_serve -b -v 3 -t 16 -n 16384
+  r s1.long build-gpu/bench/bench_serve -b -v 3 -t 16 -n 16384 ;;
+stall2)
+  # Whether a stalled worker was blocked in a driver call, asleep or
+  # preempted (RUDA_WORKER_STATS' longest command, longest sleep, CPU time
+  # of slow commands, context switches); the same tails without clients
+  # issuing in place, without spinning, and with a worker per client.
+  r t.stats env RUDA_WORKER_STATS=1 build-gpu/bench/bench_serve -b -v 3 -t 16,64 -n 2048
+  r t.I build-gpu/bench/bench_serve -b -I -v 3 -t 16,64 -n 2048
+  r t.spin0 env RUDA_SPIN_US=0 build-gpu/bench/bench_serve -b -v 3 -t 16,64 -n 2048
+  r t.w16 build-gpu/bench/bench_serve -b -w 16 -v 3 -t 16 -n 2048 ;;
+stall3)
+  # Which call a worker's slow read blocks in: each driver call's longest
+  # (tools/cu_count.c), pageable and page-locked I/O (-s: the read lands
+  # in the caller's staging block, no block taken on the worker).
+  r probe.cc cc -O2 -shared -fPIC -o /tmp/cu_count.so tools/cu_count.c -ldl -I/usr/local/cuda/include
+  r c.count env RUDA_CUDA_DRIVER=/tmp/cu_count.so RUDA_WORKER_STATS=1 build-gpu/bench/bench_serve -b -v 3 -t 16 -n 2048
+  r c.count-s env RUDA_CUDA_DRIVER=/tmp/cu_count.so RUDA_WORKER_STATS=1 build-gpu/bench/bench_serve -s -b -v 3 -t 16 -n 2048
+  r c.s build-gpu/bench/bench_serve -s -b -v 3 -t 16,64 -n 2048 ;;
 final)
   # The defaults' final table: call-by-call, page-locked, graph, patched rows.
   r final.serve build-gpu/bench/bench_serve -v 1,3 -n 2048
