@@ -338,9 +338,6 @@ static int progress_lanes(ruda__worker *w, int idle) {
 static void *worker_main(void *arg) {
   ruda__worker *w = arg;
   struct ruda__sched *sch = w->sch;
-  char name[16];
-  snprintf(name, sizeof name, "ruda-w%u", w->index);
-  pthread_setname_np(pthread_self(), name);
   const int stats = worker_stats_on();
   const int nvtx = ruda__nvtx_on();
   ruda__nvtx_name_worker(w->index);
@@ -496,6 +493,9 @@ static void *worker_boot(void *p) {
   start_arg a = *(start_arg *)p;
   free(p);
   ruda__worker *w = a.w;
+  char name[16]; /* named first: the backend's start-up calls are the worker's too */
+  snprintf(name, sizeof name, "ruda-w%u", w->index);
+  pthread_setname_np(pthread_self(), name);
   const ruda__backend_ops *ops = w->sch->backend.ops;
   w->start_code = 0;
   for (uint32_t k = 0; k < w->nlanes && w->start_code == 0 && ops->worker_start != NULL; k++)

@@ -347,6 +347,16 @@ stall3)
   r c.count env RUDA_CUDA_DRIVER=/tmp/cu_count.so RUDA_WORKER_STATS=1 build-gpu/bench/bench_serve -b -v 3 -t 16 -n 2048
   r c.count-s env RUDA_CUDA_DRIVER=/tmp/cu_count.so RUDA_WORKER_STATS=1 build-gpu/bench/bench_serve -s -b -v 3 -t 16 -n 2048
   r c.s build-gpu/bench/bench_serve -s -b -v 3 -t 16,64 -n 2048 ;;
+stall4)
+  # The tails once events are made off the workers: driver calls by
+  # thread (no cuEventCreate on ruda-w), 1 and 8 lanes, graph replays, a
+  # long run.
+  r probe.cc cc -O2 -shared -fPIC -o /tmp/cu_count.so tools/cu_count.c -ldl -I/usr/local/cuda/include
+  r e.count env RUDA_CUDA_DRIVER=/tmp/cu_count.so RUDA_WORKER_STATS=1 build-gpu/bench/bench_serve -b -v 3 -t 16 -n 2048
+  r e1.b build-gpu/bench/bench_serve -b -v 1,3 -t 16,64 -n 2048
+  r e8.b env RUDA_LANES=8 build-gpu/bench/bench_serve -b -v 1,3 -t 16,64 -n 2048
+  r e1.g build-gpu/bench/bench_serve -b -g -v 1,3 -t 16,64 -n 2048
+  r e1.long build-gpu/bench/bench_serve -b -v 3 -t 16,64 -n 8192 ;;
 final)
   # The defaults' final table: call-by-call, page-locked, graph, patched rows.
   r final.serve build-gpu/bench/bench_serve -v 1,3 -n 2048

@@ -99,6 +99,8 @@ if want tests || want all; then
       gpu_fallback|gpu_staging_arena) run "$(basename "$t")" 240 env RUDA_CUDA_DRIVER=/nonexistent/libcuda.so.1 "$t" ;;
       # Its cases hold events pending through the mock driver's hooks.
       gpu_detach) run gpu_detach_mock 60 env RUDA_CUDA_DRIVER="$PWD/$B/tests/libruda_mockcuda.so" "$t" ;;
+      # Its cases count the events each thread made (mock driver's hook).
+      gpu_events) run gpu_events_mock 60 env RUDA_CUDA_DRIVER="$PWD/$B/tests/libruda_mockcuda.so" "$t" ;;
       # It dlopens the library it is given.
       integration_dlopen) run integration_dlopen 60 "$t" "$PWD/$B/libruda.so" ;;
       # A real fault poisons the process's context: one case per process.

@@ -35,85 +35,6 @@ void ruda__cu_leave(ruda__cu_guard *g) {
   if (g->changed) ruda__cu.cuCtxSetCurrent(g->prev);
 }
 
-/* ---- events ---- */
-
-/* An event from free list home (locked: any thread may take from one),
- * else a new one that goes back there. */
-static ruda__cu_event *event_take(ruda__cu_backend *b, uint32_t home, int timed, CUresult *r) {
-  struct ruda__cu_event_list *l = &b->ev_lists[home];
-  pthread_mutex_lock(&l->lock);
-  ruda__cu_event **list = timed ? &l->free_timed : &l->free;
-  ruda__cu_event *e = *list;
-  if (e != NULL) *list = e->next_free;
-  pthread_mutex_unlock(&l->lock);
-  if (e != NULL) {
-    atomic_store_explicit(&e->refs, 1, memory_order_relaxed);
-    return e;
-  }
-  e = calloc(1, sizeof *e);
-  if (e == NULL) {
-    *r = CUDA_ERROR_OUT_OF_MEMORY;
-    return NULL;
-  }
-  /* No timing unless asked: recording and querying such events is cheaper. */
-  e->timed = (uint8_t)timed;
-  e->home = (uint16_t)home;
-  if ((*r = ruda__cu.cuEventCreate(&e->ev, timed ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) {
-    free(e);
-    return NULL;
-  }
-  atomic_init(&e->refs, 1);
-  pthread_mutex_lock(&b->ev_lock);
-  e->next_all = b->ev_all;
-  b->ev_all = e;
-  pthread_mutex_unlock(&b->ev_lock);
-  return e;
-}
-
-/* Worker side (w's exec holder): from w's own list. */
-static ruda__cu_event *event_get(ruda__cu_worker *w, int timed, CUresult *r) {
-  return event_take(w->b, w->index % 1024u, timed, r); /* the builder's index is past the lists */
-}
-
-ruda__cu_event *ruda__cu_event_get(ruda__cu_worker *w, CUresult *r) { return event_get(w, 0, r); }
-
-void ruda__cu_event_put(ruda__cu_backend *b, ruda__cu_event *e) {
-  if (e == NULL || atomic_fetch_sub_explicit(&e->refs, 1, memory_order_acq_rel) != 1) return;
-  struct ruda__cu_event_list *l = &b->ev_lists[e->home];
-  pthread_mutex_lock(&l->lock);
-  ruda__cu_event **list = e->timed ? &l->free_timed : &l->free;
-  e->next_free = *list;
-  *list = e;
-  pthread_mutex_unlock(&l->lock);
-}
-
-ruda__cu_event *ruda__cu_record(ruda__cu_worker *w, CUresult *r) {
-  ruda__cu_event *e = ruda__cu_event_get(w, r);
-  if (e == NULL) return NULL;
-  if ((*r = ruda__cu.cuEventRecord(e->ev, w->stream)) != CUDA_SUCCESS) {
-    ruda__cu_event_put(w->b, e);
-    return NULL;
-  }
-  e->kernel = atomic_load_explicit(&w->last_kernel, memory_order_relaxed);
-  e->stream = atomic_load_explicit(&w->last_stream, memory_order_relaxed);
-  e->seq = atomic_load_explicit(&w->last_seq, memory_order_relaxed);
-  e->worker = w;
-  e->writes = w->writes; /* worker-only counter: no lock needed to read */
-  /* Writes recorded no event of their own (ruda__cu_write): the newest
-   * pending one takes a reference to this one, which covers it and every
-   * write before it. */
-  pthread_mutex_lock(&w->plock);
-  if (w->count > 0) {
-    ruda__cu_pending *tail = &w->pending[(w->head + w->count - 1) % w->cap];
-    if (tail->ev == NULL) {
-      atomic_fetch_add_explicit(&e->refs, 1, memory_order_relaxed);
-      tail->ev = e;
-    }
-  }
-  pthread_mutex_unlock(&w->plock);
-  return e;
-}
-
 /* A fault poisons the whole context: every stream must report it, so the
  * device is marked faulted with a copy of the first report. */
 static void fault_device(ruda__cu_backend *b, const ruda_error *e) {
@@ -439,8 +360,7 @@ static int cu_open(const ruda__backend_env *env, void **state, ruda__limits *lim
   b->log_level = cfg->log_level;
   b->ordinal = ord;
   b->bounds_checked = cfg->bounds_checked;
-  pthread_mutex_init(&b->ev_lock, NULL);
-  for (size_t i = 0; i < sizeof b->ev_lists / sizeof b->ev_lists[0]; i++) pthread_mutex_init(&b->ev_lists[i].lock, NULL);
+  ruda__cu_events_init(b);
   pthread_mutex_init(&b->mod_lock, NULL);
   pthread_cond_init(&b->mod_cond, NULL);
   if ((r = ruda__cu.cuDeviceGet(&b->cudev, ord)) != CUDA_SUCCESS) {
@@ -518,20 +438,13 @@ static void cu_close(void *state) {
   ruda__cu_guard g;
   int entered = b->ctx != NULL && ruda__cu_enter(b, &g) == 0;
   ruda__cu_modules_destroy(b);
-  for (ruda__cu_event *e = b->ev_all; e != NULL;) {
-    ruda__cu_event *n = e->next_all;
-    ruda__cu.cuEventDestroy(e->ev);
-    free(e);
-    e = n;
-  }
+  ruda__cu_events_fini(b);
   ruda__staging_destroy(b->staging);
   if (entered) ruda__cu_leave(&g);
   if (b->ctx != NULL) ruda__cu.cuDevicePrimaryCtxRelease(b->cudev);
   free(b->cache_dir);
   pthread_cond_destroy(&b->mod_cond);
   pthread_mutex_destroy(&b->mod_lock);
-  pthread_mutex_destroy(&b->ev_lock);
-  for (size_t i = 0; i < sizeof b->ev_lists / sizeof b->ev_lists[0]; i++) pthread_mutex_destroy(&b->ev_lists[i].lock);
   free(b);
 }
 
@@ -561,6 +474,14 @@ static int cu_worker_start(void *state, uint32_t index, void **wstate) {
     pthread_mutex_destroy(&w->plock);
     free(w);
     return ruda__fail(RUDA_ENOMEM, "ruda_device_open: worker %u: out of host memory", index);
+  }
+  /* Events made here, not on the hot path (cuda_event.c). */
+  if ((r = ruda__cu_events_fill(w)) != CUDA_SUCCESS) {
+    ruda__staging_free(b->staging, w->indirect);
+    ruda__cu.cuStreamDestroy(w->stream);
+    pthread_mutex_destroy(&w->plock);
+    free(w);
+    return ruda__cu_fail(r, "ruda_device_open: worker %u: cuEventCreate", index);
   }
   if (index < 1024) atomic_store_explicit(&b->workers[index], w, memory_order_release);
   *wstate = w;
@@ -594,7 +515,7 @@ static int cu_native_record(void *state, void *stream, void **event, const char 
   ruda__cu_guard g = {NULL, 0};
   if (ruda__cu_enter(b, &g) != 0) return ruda_error_code(ruda_last_error());
   CUresult r;
-  ruda__cu_event *e = event_take(b, 0, 0, &r); /* list 0: these are few, any thread takes them */
+  ruda__cu_event *e = ruda__cu_event_get_shared(b, &r);
   if (e != NULL && (r = ruda__cu.cuEventRecord(e->ev, (CUstream)stream)) != CUDA_SUCCESS) {
     ruda__cu_event_put(b, e);
     e = NULL;
@@ -817,7 +738,7 @@ static int cu_stream_wait(void *ws, void *event, ruda_error **err) {
 static int cu_stamp(void *ws, ruda__completion *c, ruda_error **err) {
   ruda__cu_worker *w = ws;
   CUresult r;
-  ruda__cu_event *e = event_get(w, 1, &r);
+  ruda__cu_event *e = ruda__cu_event_get_timed(w, &r);
   if (e == NULL) return ruda__cu_worker_fail(w, r, err, "cuEventCreate (timing)");
   if ((r = ruda__cu.cuEventRecord(e->ev, w->stream)) != CUDA_SUCCESS) {
     ruda__cu_event_put(w->b, e);

@@ -1,7 +1,8 @@
 /* cuda_internal.h - state shared by the cuda backend's files.
  *
- *   cuda_backend.c  open/close, workers and their streams, memory, events,
+ *   cuda_backend.c  open/close, workers and their streams, memory,
  *                   staging, the operations table
+ *   cuda_event.c    the event pool and its refiller
  *   cuda_copy.c     writes, reads and device copies (1D, 2D, 3D)
  *   cuda_launch.c   launches, launch checks, indirect grids
  *   cuda_compile.c  NVRTC, the in-memory module cache, the on-disk cache
@@ -41,6 +42,8 @@ typedef struct ruda__cu_event {
   _Atomic uint32_t refs;
 } ruda__cu_event;
 
+#define RUDA__CU_EV_LISTS 1024u
+
 typedef struct ruda__cu_backend {
   ruda__backend_env env; /* the device's callbacks (env.cfg is not kept) */
   /* Every running worker by index (set at worker_start, cleared at stop):
@@ -55,17 +58,22 @@ typedef struct ruda__cu_backend {
   uint64_t max_pitch;
   uint32_t max_shared_optin;
   ruda__staging *staging;
-  /* Event pool: events are reused, never destroyed before close. */
-  /* Event pool: free lists per worker (a worker takes from its own; any
-   * thread puts an event back on its recorder's), so workers and their
-   * clients do not all meet on one lock; ev_all (every event, for close)
-   * under ev_lock, touched only when an event is created. */
+  /* Event pool (cuda_event.c): free lists per lane, each under its lock;
+   * ev_all (every event, for close) under ev_lock, touched only when an
+   * event is created; the refiller's queue of lists running low. */
   pthread_mutex_t ev_lock;
   ruda__cu_event *ev_all;
   struct ruda__cu_event_list {
     pthread_mutex_t lock;
-    ruda__cu_event *free, *free_timed;
-  } ev_lists[1024];
+    ruda__cu_event *free[2]; /* [1]: timed */
+    uint32_t nfree[2];
+    uint8_t asked; /* bit k: a refill of free[k] is queued or running */
+  } ev_lists[RUDA__CU_EV_LISTS];
+  pthread_mutex_t refill_lock;
+  pthread_cond_t refill_cond;
+  pthread_t refiller;
+  int refiller_started, refill_stop;
+  uint32_t refill_n, refill_want[2 * RUDA__CU_EV_LISTS]; /* list << 1 | timed */
   /* Module cache: one module per (source, options, arch, versions). */
   pthread_mutex_t mod_lock;
   pthread_cond_t mod_cond;
@@ -151,9 +159,20 @@ typedef struct ruda__cu_guard {
 int ruda__cu_enter(ruda__cu_backend *b, ruda__cu_guard *g);
 void ruda__cu_leave(ruda__cu_guard *g);
 
-/* An event from the pool, for w (its exec holder); ruda__cu_event_put from
- * any thread. NULL with *r set on error. */
+/* cuda_event.c: the event pool. init and fini at open and close (fini
+ * stops the refiller and destroys every event). */
+void ruda__cu_events_init(ruda__cu_backend *b);
+void ruda__cu_events_fini(ruda__cu_backend *b);
+/* Fills w's list ahead of its first takes (worker start, context
+ * current); the driver's failure, if any. */
+CUresult ruda__cu_events_fill(struct ruda__cu_worker *w);
+/* An event from the pool, for w (its exec holder): untimed, or timed
+ * (profiling stamps); _shared from any thread (few: ordering with foreign
+ * streams). ruda__cu_event_put from any thread. NULL with *r set on
+ * error. */
 ruda__cu_event *ruda__cu_event_get(struct ruda__cu_worker *w, CUresult *r);
+ruda__cu_event *ruda__cu_event_get_timed(struct ruda__cu_worker *w, CUresult *r);
+ruda__cu_event *ruda__cu_event_get_shared(ruda__cu_backend *b, CUresult *r);
 void ruda__cu_event_put(ruda__cu_backend *b, ruda__cu_event *e);
 
 /* Records a pooled event on w's stream, tagged with w's last launch. */

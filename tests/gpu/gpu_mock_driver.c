@@ -20,9 +20,9 @@
  *    queries and new work return CUDA_ERROR_ILLEGAL_ADDRESS, as a real
  *    illegal access does.
  * Device properties are an H100's, with 8 GiB of memory (RUDA_MOCK_MEM).
- * Tests reach two hooks with dlsym (see "test hooks" below): holding the
- * streams, so recorded events stay pending, and gating cuEventRecord, so
- * a worker stops inside a command.
+ * Tests reach hooks with dlsym (see "test hooks" below): holding the
+ * streams, so recorded events stay pending; gating cuEventRecord, so a
+ * worker stops inside a command; counting the events each thread made.
  */
 #include <cuda.h>
 #include <pthread.h>
@@ -120,6 +120,37 @@ EXPORT void ruda_mock_gate_records(int on) { hook_set(&records_gated, on); }
 /* How many callers cuEventRecord holds at its gate now: a test waits for
  * this to know a worker stopped there, instead of sleeping. */
 EXPORT int ruda_mock_records_waiting(void) { return atomic_load(&records_waiting); }
+
+/* cuEventCreate calls by the name of the calling thread (its first 15
+ * characters), so a test can tell which of ruda's threads made events. */
+static pthread_mutex_t creates_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  char name[16];
+  unsigned long n;
+} creates[64];
+
+static void count_create(void) {
+  char name[16] = "";
+  pthread_getname_np(pthread_self(), name, sizeof name);
+  pthread_mutex_lock(&creates_lock);
+  for (size_t i = 0; i < sizeof creates / sizeof creates[0]; i++)
+    if (creates[i].name[0] == 0 || strcmp(creates[i].name, name) == 0) {
+      memcpy(creates[i].name, name, sizeof name);
+      creates[i].n++;
+      break;
+    }
+  pthread_mutex_unlock(&creates_lock);
+}
+
+/* Events created so far by threads whose name starts with prefix. */
+EXPORT unsigned long ruda_mock_event_creates(const char *prefix) {
+  unsigned long n = 0;
+  pthread_mutex_lock(&creates_lock);
+  for (size_t i = 0; i < sizeof creates / sizeof creates[0] && creates[i].name[0] != 0; i++)
+    if (strncmp(creates[i].name, prefix, strlen(prefix)) == 0) n += creates[i].n;
+  pthread_mutex_unlock(&creates_lock);
+  return n;
+}
 
 /* ---- streams: a thread per stream running queued operations ---- */
 
@@ -731,6 +762,7 @@ static CUresult m_cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
 }
 static CUresult m_cuEventCreate(CUevent *out, unsigned int flags) {
   NEED_CTX();
+  count_create();
   struct CUevent_st *e = calloc(1, sizeof *e);
   e->timing = !(flags & CU_EVENT_DISABLE_TIMING);
   pthread_mutex_init(&e->lock, NULL);
