@@ -357,6 +357,21 @@ stall4)
   r e8.b env RUDA_LANES=8 build-gpu/bench/bench_serve -b -v 1,3 -t 16,64 -n 2048
   r e1.g build-gpu/bench/bench_serve -b -g -v 1,3 -t 16,64 -n 2048
   r e1.long build-gpu/bench/bench_serve -b -v 3 -t 16,64 -n 8192 ;;
+lanes4)
+  # The default lane count once events are made off the workers: 1, 2, 4
+  # and 8 lanes on the README loop, bench_blas page-locked and pageable,
+  # sustained launches; then what tracing with device spans costs at T=64,
+  # 4 in flight.
+  for l in 1 2 4 8; do
+    r l$l.serve env RUDA_LANES=$l build-gpu/bench/bench_serve -v 1,3 -n 2048
+    r l$l.blas-s env RUDA_LANES=$l build-gpu/bench/bench_blas -s -n 1000
+    r l$l.blas env RUDA_LANES=$l build-gpu/bench/bench_blas -n 1000
+    r l$l.gpu env RUDA_LANES=$l build-gpu/bench/bench_gpu -q -s 2,5 "$OUT/l${l}_gpu.csv"
+  done
+  r untraced build-gpu/bench/bench_serve -v 3 -t 64 -n 1024
+  r trace_dev env RUDA_TRACE=/tmp/trace_dev.json RUDA_TRACE_DEVICE=1 build-gpu/bench/bench_serve -v 3 -t 64 -n 1024
+  r trace_dev.stalls python3 tools/trace_stalls.py /tmp/trace_dev.json
+  r untraced2 build-gpu/bench/bench_serve -v 3 -t 64 -n 1024 ;;
 final)
   # The defaults' final table: call-by-call, page-locked, graph, patched rows.
   r final.serve build-gpu/bench/bench_serve -v 1,3 -n 2048
