@@ -54,7 +54,7 @@ static inline int gpu_try_open_ordinal(int ordinal, uint32_t streams, const char
   cfg.backend = RUDA_BACKEND_CUDA;
   cfg.device_ordinal = ordinal;
   cfg.num_streams = streams;
-  cfg.lanes = streams >= 64 ? 1 : 64 / streams > 16 ? 16 : 64 / streams; /* 4 workers: 16 CUstreams each */
+  cfg.lanes = test_lanes(streams); /* 4 workers: 16 CUstreams each */
   cfg.queue_bound = 1u << 20;
   cfg.backpressure = RUDA_BACKPRESSURE_BLOCK;
   cfg.log_level = RUDA_LOG_ERROR;
