@@ -463,29 +463,31 @@ static int cu_worker_start(void *state, uint32_t index, void **wstate) {
   pthread_mutex_init(&w->plock, NULL);
   /* Non-blocking: no implicit ordering with the legacy default stream,
    * which other code in the process may use. */
+  int rc;
   if ((r = ruda__cu.cuStreamCreate(&w->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
-    pthread_mutex_destroy(&w->plock);
-    free(w);
-    return ruda__cu_fail(r, "ruda_device_open: worker %u: cuStreamCreate", index);
+    rc = ruda__cu_fail(r, "ruda_device_open: worker %u: cuStreamCreate", index);
+    goto no_stream;
   }
-  w->indirect = ruda__staging_alloc(b->staging, 16);
-  if (w->indirect == NULL) {
-    ruda__cu.cuStreamDestroy(w->stream);
-    pthread_mutex_destroy(&w->plock);
-    free(w);
-    return ruda__fail(RUDA_ENOMEM, "ruda_device_open: worker %u: out of host memory", index);
+  if ((w->indirect = ruda__staging_alloc(b->staging, 16)) == NULL) {
+    rc = ruda__fail(RUDA_ENOMEM, "ruda_device_open: worker %u: out of host memory", index);
+    goto no_indirect;
   }
   /* Events made here, not on the hot path (cuda_event.c). */
   if ((r = ruda__cu_events_fill(w)) != CUDA_SUCCESS) {
-    ruda__staging_free(b->staging, w->indirect);
-    ruda__cu.cuStreamDestroy(w->stream);
-    pthread_mutex_destroy(&w->plock);
-    free(w);
-    return ruda__cu_fail(r, "ruda_device_open: worker %u: cuEventCreate", index);
+    rc = ruda__cu_fail(r, "ruda_device_open: worker %u: cuEventCreate", index);
+    goto no_events;
   }
   if (index < 1024) atomic_store_explicit(&b->workers[index], w, memory_order_release);
   *wstate = w;
   return 0;
+no_events: /* the events made stay in the pool until close */
+  ruda__staging_free(b->staging, w->indirect);
+no_indirect:
+  ruda__cu.cuStreamDestroy(w->stream);
+no_stream:
+  pthread_mutex_destroy(&w->plock);
+  free(w);
+  return rc;
 }
 
 static void cu_worker_stop(void *state, void *ws) {

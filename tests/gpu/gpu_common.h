@@ -9,6 +9,7 @@
 #ifndef RUDA_TESTS_GPU_COMMON_H
 #define RUDA_TESTS_GPU_COMMON_H
 
+#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
 #include <time.h>
@@ -90,6 +91,17 @@ static inline ruda_device *gpu_open(void) { return gpu_open_cfg(4, "", 0); }
 static inline int gpu_is_mock(ruda_device *dev) {
   ruda_device_props p;
   return ruda_device_get_props(dev, &p) == 0 && strcmp(p.name, "ruda mock GPU") == 0;
+}
+
+/* A test hook the mock driver exports (tests/gpu/gpu_mock_driver.c, "test
+ * hooks"), or NULL on a real device. */
+static inline void *gpu_mock_hook(ruda_device *dev, const char *name) {
+  const char *path = getenv("RUDA_CUDA_DRIVER");
+  void *lib = gpu_is_mock(dev) && path != NULL ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+  if (lib == NULL) return NULL;
+  void *p = dlsym(lib, name);
+  dlclose(lib); /* ruda still holds it */
+  return p;
 }
 
 /* ---- kernels ---- */

@@ -6,17 +6,15 @@
  * meanwhile: a worker that did would stall every stream it serves. The
  * cases keep the device's events pending with the mock driver's hooks, so
  * they are skipped on a real device. */
-#include <dlfcn.h>
-
 #include "gpu_common.h"
 
 typedef void (*hook_fn)(int on);
 static hook_fn hold_streams; /* recorded events stay pending while on */
 static hook_fn gate_records; /* cuEventRecord blocks (the worker) while on */
 
-static hook_fn find_hook(void *lib, const char *name) {
+static hook_fn find_hook(ruda_device *dev, const char *name) {
   hook_fn fn = NULL;
-  void *p = dlsym(lib, name);
+  void *p = gpu_mock_hook(dev, name);
   memcpy(&fn, &p, sizeof fn);
   return fn;
 }
@@ -24,13 +22,8 @@ static hook_fn find_hook(void *lib, const char *name) {
 /* One stream, so one worker: every command below goes through it. */
 static ruda_device *open_with_hooks(void) {
   ruda_device *dev = gpu_open_cfg(1, "", 0);
-  const char *path = getenv("RUDA_CUDA_DRIVER");
-  void *lib = gpu_is_mock(dev) && path != NULL ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
-  if (lib != NULL) {
-    hold_streams = find_hook(lib, "ruda_mock_hold_streams");
-    gate_records = find_hook(lib, "ruda_mock_gate_records");
-    dlclose(lib); /* ruda still holds it */
-  }
+  hold_streams = find_hook(dev, "ruda_mock_hold_streams");
+  gate_records = find_hook(dev, "ruda_mock_gate_records");
   if (hold_streams == NULL || gate_records == NULL) {
     test_close(dev);
     gpu_skip("needs the mock driver's hooks to keep events pending");

@@ -6,8 +6,6 @@
  * topped up by the refiller thread ("ruda-events"). The cases count the
  * events each thread made through the mock driver's hook, so they are
  * skipped on a real device (tools/gpu_run.sh runs them on the mock). */
-#include <dlfcn.h>
-
 #include "gpu_common.h"
 
 typedef unsigned long (*creates_fn)(const char *prefix);
@@ -19,15 +17,10 @@ static hold_fn hold_streams;
  * nlanes. */
 static ruda_device *open_counted(void) {
   ruda_device *dev = gpu_open_cfg(1, "", 0);
-  const char *path = getenv("RUDA_CUDA_DRIVER");
-  void *lib = gpu_is_mock(dev) && path != NULL ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
-  if (lib != NULL) {
-    void *p = dlsym(lib, "ruda_mock_event_creates");
-    memcpy(&creates, &p, sizeof creates);
-    p = dlsym(lib, "ruda_mock_hold_streams");
-    memcpy(&hold_streams, &p, sizeof hold_streams);
-    dlclose(lib); /* ruda still holds it */
-  }
+  void *p = gpu_mock_hook(dev, "ruda_mock_event_creates");
+  memcpy(&creates, &p, sizeof creates);
+  p = gpu_mock_hook(dev, "ruda_mock_hold_streams");
+  memcpy(&hold_streams, &p, sizeof hold_streams);
   if (creates == NULL || hold_streams == NULL) {
     test_close(dev);
     gpu_skip("needs the mock driver's count of the events each thread made");

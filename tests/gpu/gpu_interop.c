@@ -141,9 +141,7 @@ static void hold(int on) {
 }
 
 static void find_hold(ruda_device *dev) {
-  const char *path = getenv("RUDA_CUDA_DRIVER");
-  void *lib = gpu_is_mock(dev) && path != NULL ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
-  void *f = lib ? dlsym(lib, "ruda_mock_hold_streams") : NULL;
+  void *f = gpu_mock_hook(dev, "ruda_mock_hold_streams");
   memcpy(&hold_streams, &f, sizeof f);
 }
 
