@@ -80,6 +80,8 @@ int ruda__library_add(struct ruda__sched *sch, const ruda_library_desc *d, uint3
   l->lib[n].d.name = l->lib[n].name;
   atomic_store_explicit(&l->n, n + 1, memory_order_release);
   pthread_mutex_unlock(&l->lock);
+  /* A library server: streams made from now on take every lane. */
+  if (sch->lanes_auto) atomic_store_explicit(&sch->lanes_spread, sch->nlanes, memory_order_relaxed);
   *id = n + 1;
   return 0;
 }

@@ -42,6 +42,12 @@ typedef struct ruda__sched {
    * worker, lanes_total in all, worker w's at [w * nlanes]. */
   ruda__lane *lanes;
   uint32_t nlanes, lanes_total;
+  /* How many of each worker's lanes a stream id first used now is spread
+   * over (ruda__lane_of): nlanes, or with cfg.lanes left at 0, 1 until a
+   * library is registered (scheduler/libcall.c), then nlanes. A stream
+   * keeps the lane it was made on. */
+  _Atomic uint32_t lanes_spread;
+  int lanes_auto;
   ruda__stream_table streams;
   /* Per lane: the private stream carrying memory's fences
    * (scheduler/progress.c). */
@@ -96,13 +102,14 @@ static inline ruda__pools *ruda__stream_pools(ruda__sched *sch, ruda__stream *s)
 }
 
 /* The lane stream id `id` is served by: worker id % nworkers, and of its
- * lanes the next digit, so consecutive ids (a thread each) get a device
- * stream each until every lane is taken. The top bit (thread streams)
- * is left out. */
-static inline ruda__lane *ruda__lane_of(const ruda__sched *sch, ruda_stream_id id) {
+ * first lanes_spread lanes the next digit, so consecutive ids (a thread
+ * each) get a device stream each until every lane is taken. The top bit
+ * (thread streams) is left out. */
+static inline ruda__lane *ruda__lane_of(ruda__sched *sch, ruda_stream_id id) {
   const uint64_t n = id & ~(1ull << 63);
   const uint32_t w = (uint32_t)(n % sch->nworkers);
-  return &sch->lanes[(size_t)w * sch->nlanes + (uint32_t)((n / sch->nworkers) % sch->nlanes)];
+  const uint32_t spread = atomic_load_explicit(&sch->lanes_spread, memory_order_relaxed);
+  return &sch->lanes[(size_t)w * sch->nlanes + (uint32_t)((n / sch->nworkers) % spread)];
 }
 
 /* RUDA_LAUNCH_BLOCKING: waits until the device ran what lane l was given,

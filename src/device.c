@@ -116,11 +116,14 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   if (cfg.num_streams == 0 || cfg.num_streams > 1024)
     return ruda__fail(RUDA_EINVAL, "ruda_device_open: num_streams %u outside 1..1024", cfg.num_streams);
   if (cfg.lanes > 32)
-    return ruda__fail(RUDA_EINVAL, "ruda_device_open: lanes %u outside 1..32 (0: the default, 1)", cfg.lanes);
-  /* One CUstream per worker by default: more win GEMM-sized requests of
-   * clients that share a worker, and lose small kernels' launch rate and
-   * tails (docs/benchmarks.md, "Lanes"). */
-  if (cfg.lanes == 0) cfg.lanes = 1;
+    return ruda__fail(RUDA_EINVAL, "ruda_device_open: lanes %u outside 1..32 (0: the default)", cfg.lanes);
+  /* By default one CUstream per worker until a library is registered,
+   * then two for streams made after: more lanes win GEMM-sized requests
+   * of clients that share a worker and lose small kernels' launch rate
+   * (docs/benchmarks.md, "Lanes"). The second lane is made at open
+   * (within 64 lanes, where ordering keeps a reader bit per lane). */
+  const int lanes_auto = cfg.lanes == 0;
+  if (lanes_auto) cfg.lanes = cfg.num_streams <= 32 ? 2 : 1;
   if (cfg.num_streams * cfg.lanes > 1024)
     return ruda__fail(RUDA_EINVAL, "ruda_device_open: %u workers of %u lanes: more than 1024 device streams",
                       cfg.num_streams, cfg.lanes);
@@ -186,6 +189,8 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   dev->sched.nworkers = cfg.num_streams;
   dev->sched.nlanes = cfg.lanes;
   dev->sched.lanes_total = cfg.num_streams * cfg.lanes;
+  dev->sched.lanes_auto = lanes_auto;
+  atomic_init(&dev->sched.lanes_spread, lanes_auto ? 1 : cfg.lanes);
   dev->sched.workers = aligned_alloc(RUDA__CACHELINE, sizeof(ruda__worker) * dev->sched.nworkers);
   dev->sched.lanes = aligned_alloc(RUDA__CACHELINE, sizeof(ruda__lane) * dev->sched.lanes_total);
   dev->calls = aligned_alloc(RUDA__CACHELINE, sizeof(ruda__call_slot) * RUDA__CALL_SLOTS);
@@ -208,8 +213,9 @@ int ruda_device_open(const ruda_config *cfg_in, ruda_device **out) {
   ruda__trace_open(&dev->sched);
   rc = ruda__workers_start(&dev->sched);
   if (rc != 0) goto fail;
-  ruda__log(cfg.log_level, RUDA_LOG_INFO, "device open: backend %s (%s), %u streams of %u lanes, queue bound %u",
-            dev->sched.backend.ops->name, dev->limits.name, dev->sched.nworkers, dev->sched.nlanes, cfg.queue_bound);
+  ruda__log(cfg.log_level, RUDA_LOG_INFO, "device open: backend %s (%s), %u streams of %u lanes%s, queue bound %u",
+            dev->sched.backend.ops->name, dev->limits.name, dev->sched.nworkers, dev->sched.nlanes,
+            lanes_auto && cfg.lanes > 1 ? " (one used until a library is registered)" : "", cfg.queue_bound);
   *out = dev;
   return 0;
 

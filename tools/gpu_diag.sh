@@ -372,6 +372,29 @@ lanes4)
   r trace_dev env RUDA_TRACE=/tmp/trace_dev.json RUDA_TRACE_DEVICE=1 build-gpu/bench/bench_serve -v 3 -t 64 -n 1024
   r trace_dev.stalls python3 tools/trace_stalls.py /tmp/trace_dev.json
   r untraced2 build-gpu/bench/bench_serve -v 3 -t 64 -n 1024 ;;
+libauto)
+  # Two lanes a worker once a library is registered (the default): bench_blas
+  # against RUDA_LANES=1, alternated; the README loop and launches (no library:
+  # one lane used, the second made) against RUDA_LANES=1; graphs; and a trace
+  # of the README loop at T=4, 1 in flight.
+  for i in 1 2; do
+    r l1.blas-s$i env RUDA_LANES=1 build-gpu/bench/bench_blas -s -n 1000
+    r auto.blas-s$i build-gpu/bench/bench_blas -s -n 1000
+    r l1.blas$i env RUDA_LANES=1 build-gpu/bench/bench_blas -n 1000
+    r auto.blas$i build-gpu/bench/bench_blas -n 1000
+    r auto.blas-g$i build-gpu/bench/bench_blas -g -n 1000
+  done
+  r auto.blas-sI build-gpu/bench/bench_blas -s -I -n 1000
+  for i in 1 2; do
+    r l1.serve$i env RUDA_LANES=1 build-gpu/bench/bench_serve -v 1,3 -n 2048
+    r auto.serve$i build-gpu/bench/bench_serve -v 1,3 -n 2048
+    r auto.serve-g$i build-gpu/bench/bench_serve -g -v 1,3 -n 2048
+    r l1.gpu$i env RUDA_LANES=1 build-gpu/bench/bench_gpu -q -s 2,5 "$OUT/l1_gpu$i.csv"
+    r auto.gpu$i build-gpu/bench/bench_gpu -q -s 2,5 "$OUT/auto_gpu$i.csv"
+  done
+  r trace4 env RUDA_TRACE=/tmp/trace4.json RUDA_TRACE_DEVICE=1 build-gpu/bench/bench_serve -v 1 -t 4 -n 2048
+  r trace4.stalls python3 tools/trace_stalls.py /tmp/trace4.json
+  cp /tmp/trace4.json "$OUT/" 2>/dev/null; xz -9 "$OUT/trace4.json" 2>/dev/null ;;
 final)
   # The defaults' final table: call-by-call, page-locked, graph, patched rows.
   r final.serve build-gpu/bench/bench_serve -v 1,3 -n 2048

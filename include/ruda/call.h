@@ -233,6 +233,9 @@ typedef struct ruda_library_desc {
 /* Registers a library on dev: *id (from 1) goes into ruda_call_desc's
  * library field. Nothing runs yet: each worker's state is made at its
  * first call naming the library, and destroyed at ruda_device_close.
+ * With cfg.lanes left at its default, stream ids first used after the
+ * first registration spread over two CUstreams per worker instead of one
+ * (ruda/ruda.h, lanes): register before the serving threads start.
  * RUDA_EINVAL (create NULL, reserved set, or RUDA_LIBRARY_MAX libraries
  * registered already). Thread-safe; blocks only on a short lock of the
  * registry, never waits for a worker or the device. */

@@ -157,9 +157,15 @@ typedef struct ruda_config {
                                 their work overlaps on the device as a
                                 CUstream per client thread would (a GEMM
                                 server with more clients than workers:
-                                64 / num_streams). 0 (the default): 1, one
+                                64 / num_streams). 0 (the default): one
                                 CUstream per worker, which issues small
-                                kernels fastest (docs/benchmarks.md). */
+                                kernels fastest, until a library is
+                                registered (ruda_library_register, ruda/
+                                call.h); stream ids first used after that
+                                take two per worker (with num_streams at
+                                most 32), so GEMMs of clients sharing a
+                                worker overlap (docs/benchmarks.md). A
+                                stream keeps the lane it started on. */
     uint64_t reserved[8];    /* zero but lanes: room for later settings, each of which
                                 will mean "the default" when 0, so a config
                                 of these headers opens the same under a

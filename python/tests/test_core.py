@@ -205,7 +205,7 @@ def test_config_keywords_win_over_the_environment(monkeypatch):
     monkeypatch.setenv("RUDA_STREAMS", "3")
     with ruda.Device(backend="host") as d:
         assert d.num_streams == 3 and d.backend == "host"
-        assert d.num_lanes == 3  # one device stream a worker by default
+        assert d.num_lanes == 6  # two device streams a worker by default, one used before a library
     with ruda.Device(backend="host", streams=5) as d:
         assert d.num_streams == 5
     with ruda.Device(backend="host", streams=2, lanes=8) as d:

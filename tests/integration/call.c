@@ -849,6 +849,69 @@ static void a_library_state_is_made_per_lane_and_destroyed_after_its_work(void *
   }
 }
 
+/* The state a call on each of streams `ids` sees, on a host device of 2
+ * workers with `lanes` (0: the default) where ids[0..before) are first
+ * used before the library is registered. */
+static void states_seen(uint32_t lanes, const ruda_stream_id *ids, int n, int before, void **seen) {
+  log_reset();
+  ruda_config cfg;
+  ruda_config_init(&cfg);
+  cfg.backend = RUDA_BACKEND_HOST;
+  cfg.num_streams = 2;
+  cfg.lanes = lanes;
+  cfg.log_level = RUDA_LOG_ERROR;
+  ruda_device *dev = NULL;
+  assert_ok(ruda_device_open(&cfg, &dev));
+  assert_int_equal(ruda_device_num_lanes(dev), lanes ? 2 * lanes : 4);
+  unsigned char bytes[64] = {1};
+  ruda_handle h;
+  assert_ok(ruda_buffer_create(dev, 0, sizeof bytes, &h));
+  for (int i = 0; i < before; i++) { /* first used: a write makes the stream */
+    ruda_copy_desc c = ruda_copy_contiguous(ruda_bind(h));
+    assert_ok(ruda_write(dev, ids[i], &c, bytes, sizeof bytes));
+  }
+  const uint32_t id = register_lib(dev);
+  ruda_call_desc d = {.name = "lib", .fn = lib_call, .library = id};
+  for (int i = 0; i < n; i++) assert_ok(ruda_call(dev, ids[i], &d));
+  for (int i = 0; i < n; i++) assert_ok(ruda_sync(dev, ids[i], NULL));
+  for (int i = 0; i < n; i++) {
+    seen[i] = NULL;
+    for (int k = 0; k < liblog.n; k++)
+      if (liblog.ev[k].what == EV_CALL && liblog.ev[k].stream == ids[i]) seen[i] = liblog.ev[k].state;
+    assert_non_null(seen[i]);
+  }
+  assert_ok(ruda_buffer_free(dev, 0, h));
+  test_close(dev);
+}
+
+static void registering_a_library_spreads_later_streams_over_two_lanes(void **state) {
+  (void)state;
+  /* Streams 0, 2 and 4 are worker 0's; 1 and 3 worker 1's. By default a
+   * worker has two lanes but spreads stream ids over them only once a
+   * library is registered: 0 and 2, first used before, share lane 0; 4
+   * (digit 2: lane 0) joins them, 6 (digit 3) takes lane 1. */
+  const ruda_stream_id ids[] = {0, 2, 4, 6, 1, 3};
+  void *seen[6];
+  states_seen(0, ids, 6, 2, seen);
+  assert_ptr_equal(seen[0], seen[1]);
+  assert_ptr_equal(seen[0], seen[2]);
+  assert_true(seen[3] != seen[0]);
+  assert_true(seen[4] != seen[5]); /* worker 1: 1 (digit 0) and 3 (digit 1), both made after */
+  assert_true(seen[4] != seen[0] && seen[4] != seen[3] && seen[5] != seen[0] && seen[5] != seen[3]);
+  /* Lanes set explicitly are used from the start: stream 2 first used
+   * before the registration is on worker 0's second lane. */
+  states_seen(2, ids, 6, 2, seen);
+  assert_true(seen[0] != seen[1]);
+  assert_ptr_equal(seen[0], seen[2]);
+  assert_ptr_equal(seen[1], seen[3]);
+  /* One lane: a worker's streams share its one state. */
+  states_seen(1, ids, 6, 2, seen);
+  assert_ptr_equal(seen[0], seen[1]);
+  assert_ptr_equal(seen[0], seen[3]);
+  assert_ptr_equal(seen[4], seen[5]);
+  assert_true(seen[0] != seen[4]);
+}
+
 static void a_failing_create_fails_the_call_and_is_tried_again(void **state) {
   (void)state;
   log_reset();
@@ -1075,6 +1138,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(the_function_may_issue_on_its_own_buffers),
       cmocka_unit_test(worker_stats_count_calls),
       cmocka_unit_test(a_library_state_is_made_per_lane_and_destroyed_after_its_work),
+      cmocka_unit_test(registering_a_library_spreads_later_streams_over_two_lanes),
       cmocka_unit_test(a_failing_create_fails_the_call_and_is_tried_again),
       cmocka_unit_test(register_refuses_bad_input),
       cmocka_unit_test(the_function_runs_holding_its_worker_on_the_worker_or_the_issuer),

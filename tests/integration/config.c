@@ -263,11 +263,12 @@ static void invalid_values_are_refused(void **state) {
   assert_ok(open_with(c));
   c = base, c.num_streams = 64;
   assert_ok(open_with(c));
-  /* Lanes: one CUstream per worker by default; any count from 1 to 32
-   * is taken as given. */
+  /* Lanes: by default two per worker up to 32 workers (the second used
+   * once a library is registered, tests/integration/call.c), one from 33;
+   * any count from 1 to 32 is taken as given. */
   const struct {
     uint32_t workers, lanes, total;
-  } lanes[] = {{8, 0, 8}, {1, 0, 1}, {3, 16, 48}, {64, 0, 64}, {100, 1, 100}, {2, 32, 64}, {4, 16, 64}};
+  } lanes[] = {{8, 0, 16}, {1, 0, 2}, {32, 0, 64}, {33, 0, 33}, {3, 16, 48}, {64, 0, 64}, {100, 1, 100}, {2, 32, 64}, {4, 16, 64}};
   for (size_t i = 0; i < sizeof lanes / sizeof lanes[0]; i++) {
     ruda_device *dev = NULL;
     c = base, c.num_streams = lanes[i].workers, c.lanes = lanes[i].lanes;
