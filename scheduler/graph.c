@@ -204,17 +204,57 @@ static int issue(void *arg, uint32_t i, ruda_error **err) {
   return rc;
 }
 
-/* changed = the commands the replay patches, with the graph's dirty ones
- * (sorted, once each); the count. */
+/* Whether patch f of graph g sets a scalar argument (its bytes). */
+static int scalar_fix(const ruda_graph *g, const ruda__graph_fix *f) {
+  return f->kind == RUDA_GRAPH_PATCH_ARG && g->cmds[f->cmd]->u.launch.args[f->index].kind == RUDA_ARG_SCALAR;
+}
+
+/* Whether g holds command c patched exactly as the replay's fix[k0..k1)
+ * would patch it (held[h0..h1): what it holds of c). */
+static int holds_same(const ruda_graph *g, uint32_t h0, uint32_t h1, const ruda__graph_fix *fix, uint32_t k0,
+                      uint32_t k1) {
+  if (h1 - h0 != k1 - k0) return 0;
+  for (uint32_t i = 0; i < k1 - k0; i++) {
+    const ruda__graph_held *a = &g->held[h0 + i];
+    const ruda__graph_fix *b = &fix[k0 + i];
+    if (a->fix.kind != b->kind || a->fix.index != b->index) return 0;
+    if (b->kind == RUDA_GRAPH_PATCH_GRID) {
+      if (a->fix.grid.x != b->grid.x || a->fix.grid.y != b->grid.y || a->fix.grid.z != b->grid.z) return 0;
+    } else if (scalar_fix(g, b)) {
+      if (!a->kept || a->fix.size != b->size || memcmp(a->bytes, b->bytes, b->size) != 0) return 0;
+    } else if (a->fix.addr != b->addr || a->fix.host != b->host) {
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* changed = the commands whose patches differ from what the graph holds:
+ * patched now and not held so, or held patched and not patched now (put
+ * back), sorted, once each; the count. Both lists are sorted by command. */
 static uint32_t changed_list(const ruda_graph *g, const replay_ctx *r, uint32_t *changed) {
-  uint32_t n = 0, d = 0;
-  for (uint32_t k = 0; k < r->nfix || d < g->ndirty;) {
-    uint32_t c;
-    if (d < g->ndirty && (k == r->nfix || g->dirty[d] <= r->fix[k].cmd)) c = g->dirty[d++];
-    else c = r->fix[k++].cmd;
-    if (n == 0 || changed[n - 1] != c) changed[n++] = c;
+  uint32_t n = 0, k = 0, h = 0;
+  while (k < r->nfix || h < g->nheld) {
+    const uint32_t c = h == g->nheld || (k < r->nfix && r->fix[k].cmd < g->held[h].fix.cmd) ? r->fix[k].cmd
+                                                                                          : g->held[h].fix.cmd;
+    const uint32_t k0 = k, h0 = h;
+    while (k < r->nfix && r->fix[k].cmd == c) k++;
+    while (h < g->nheld && g->held[h].fix.cmd == c) h++;
+    if (!holds_same(g, h0, h, r->fix, k0, k)) changed[n++] = c;
   }
   return n;
+}
+
+/* What g holds after a replay that applied r's patches. */
+static void hold(ruda_graph *g, const replay_ctx *r) {
+  g->nheld = 0;
+  for (uint32_t k = 0; k < r->nfix; k++) {
+    ruda__graph_held *h = &g->held[g->nheld++];
+    h->fix = r->fix[k];
+    h->fix.bytes = NULL; /* the replay command's, gone after it */
+    h->kept = scalar_fix(g, &r->fix[k]) && r->fix[k].size <= sizeof h->bytes;
+    if (h->kept) memcpy(h->bytes, r->fix[k].bytes, r->fix[k].size);
+  }
 }
 
 int ruda__graph_run(ruda__lane *ln, ruda_graph *g, const ruda__graph_fix *fix, uint32_t nfix, uint32_t *failed,
@@ -244,12 +284,10 @@ int ruda__graph_run(ruda__lane *ln, ruda_graph *g, const ruda__graph_fix *fix, u
     for (uint32_t i = 0; g->exec == NULL && i < g->n && rc == 0; i++)
       if ((rc = ruda__libcall_prepare(ln, g->cmds[i], err)) != 0) r.failed = i + 1;
     if (rc == 0) rc = ops->graph_replay(ln->wstate, &g->exec, g->n, issue, changed, nchanged, &r, err);
-    /* What the backend's graph holds patched now: this replay's commands
+    /* What the backend's graph holds patched now: this replay's patches
      * (a graph released on failure holds nothing). */
-    g->ndirty = 0;
-    if (g->exec != NULL)
-      for (uint32_t k = 0; k < r.nfix; k++)
-        if (g->ndirty == 0 || g->dirty[g->ndirty - 1] != r.fix[k].cmd) g->dirty[g->ndirty++] = r.fix[k].cmd;
+    if (g->exec != NULL) hold(g, &r);
+    else g->nheld = 0;
     pthread_mutex_unlock(&g->exec_lock);
   }
   *failed = r.failed;

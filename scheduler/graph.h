@@ -48,6 +48,15 @@ typedef struct ruda__graph_fix {
   ruda_dim3 grid;
 } ruda__graph_fix;
 
+/* A patch the backend's graph holds (fix.bytes NULL). A scalar's bytes
+ * are kept by value up to sizeof bytes; a longer one is never taken as
+ * held, so the next replay sets it again. */
+typedef struct ruda__graph_held {
+  ruda__graph_fix fix;
+  int kept; /* a scalar's bytes are in bytes */
+  unsigned char bytes[16];
+} ruda__graph_held;
+
 struct ruda_graph {
   struct ruda_graph *next, *prev; /* the device's list, for close */
   struct ruda__sched *sch;
@@ -62,11 +71,12 @@ struct ruda_graph {
   uint32_t *pin_base, *pin_slot, *slot_uses;
   pthread_mutex_t exec_lock; /* the backend's graph is made at first replay */
   void *exec;
-  /* Under exec_lock: the commands the backend's graph holds patched (by
-   * the last replay), sorted, which the next replay puts back unless it
-   * patches them too. */
-  uint32_t dirty[RUDA_GRAPH_MAX_PATCHES];
-  uint32_t ndirty;
+  /* Under exec_lock: the patches the backend's graph holds (the last
+   * replay's, sorted by command; a scalar's bytes by value), which the
+   * next replay puts back unless it patches them too, and leaves where it
+   * patches a command exactly so again (graph.c, changed_list). */
+  ruda__graph_held held[RUDA_GRAPH_MAX_PATCHES];
+  uint32_t nheld;
   ruda_stream_id stream; /* captured on, for messages */
   /* A use record of the graph itself (memory/handles.h's words),
    * which every replay writes: replays of one graph are ordered one after

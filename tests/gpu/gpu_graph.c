@@ -282,6 +282,63 @@ static void patched_replays_update_nodes(void **state) {
   request_close(&q);
 }
 
+/* A replay that patches commands exactly as the executable graph holds
+ * them (the previous replay's patches) updates no node; one value that
+ * differs updates its node alone; a plain replay then puts back only
+ * what is held patched. Results stay right throughout. */
+static void repeated_patches_update_no_node(void **state) {
+  (void)state;
+  request q = request_open(4096);
+  graph_stats_fn stats = mock_graph_stats(q.dev);
+  ruda_handle h2;
+  unsigned *in2, *out2;
+  assert_ok(ruda_buffer_create(q.dev, 0, (uint64_t)q.n * 4, &h2));
+  assert_ok(ruda_staging_alloc(q.dev, (size_t)q.n * 4, (void **)&in2));
+  assert_ok(ruda_staging_alloc(q.dev, (size_t)q.n * 4, (void **)&out2));
+  unsigned inst0 = 0, upd0 = 0, inst = 0, upd = 0;
+  assert_ok(ruda_graph_run(q.dev, 0, q.g, NULL)); /* captured and instantiated */
+  unsigned k = 7;
+  ruda_graph_patch p[6] = {
+      ruda_graph_patch_buffer(RUDA_GRAPH_PATCH_DST, 0, ruda_bind(h2)),
+      ruda_graph_patch_host(RUDA_GRAPH_PATCH_SRC, 0, in2),
+      ruda_graph_patch_arg(1, 1, ruda_arg_buffer(ruda_bind(h2))),
+      ruda_graph_patch_arg(1, 2, ruda_arg_scalar(&k, 4)),
+      ruda_graph_patch_buffer(RUDA_GRAPH_PATCH_SRC, 2, ruda_bind(h2)),
+      ruda_graph_patch_host(RUDA_GRAPH_PATCH_DST, 2, out2),
+  };
+  /* Replays 0-3 with k 7, 4 with k 9 (the scalar is read at the call). */
+  const unsigned want_upd[5] = {3, 0, 0, 0, 1};
+  for (int r = 0; r < 5; r++) {
+    if (r == 4) k = 9;
+    for (unsigned i = 0; i < q.n; i++) in2[i] = k;
+    memset(out2, 0, (size_t)q.n * 4);
+    if (stats) stats(&inst0, &upd0);
+    assert_ok(ruda_graph_run_with(q.dev, 0, q.g, p, 6, NULL));
+    for (unsigned i = 0; i < q.n; i++)
+      if (out2[i] != k + 1) fail_msg("replay %d: element %u is %#x, expected %#x", r, i, out2[i], k + 1);
+    if (stats) {
+      stats(&inst, &upd);
+      assert_int_equal(inst, inst0);
+      if (upd - upd0 != want_upd[r]) fail_msg("replay %d: %u node updates, expected %u", r, upd - upd0, want_upd[r]);
+    }
+  }
+  for (int r = 0; r < 2; r++) { /* plain: three nodes put back, then none */
+    unsigned want = request_fill(&q, 5);
+    if (stats) stats(&inst0, &upd0);
+    assert_ok(ruda_graph_run(q.dev, 0, q.g, NULL));
+    request_check(&q, r, want);
+    if (stats) {
+      stats(&inst, &upd);
+      assert_int_equal(upd - upd0, r == 0 ? 3 : 0);
+    }
+  }
+  assert_ok(ruda_buffer_free(q.dev, 0, h2));
+  gpu_sync_ok(q.dev, 0);
+  assert_ok(ruda_staging_free(q.dev, in2));
+  assert_ok(ruda_staging_free(q.dev, out2));
+  request_close(&q);
+}
+
 /* A driver that cannot say which node a command made (here: no
  * cuStreamGetCaptureInfo, as before CUDA 12.3): replays that change
  * arguments capture and instantiate again, with the same results. */
@@ -478,6 +535,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(destroyed_with_replays_in_flight),
       cmocka_unit_test(run_serves_requests_in_place),
       cmocka_unit_test(patched_replays_update_nodes),
+      cmocka_unit_test(repeated_patches_update_no_node),
       cmocka_unit_test(patched_replays_capture_again_without_node_updates),
       cmocka_unit_test(auto_graphs_replay_queued_runs),
   };

@@ -25,6 +25,7 @@
  * worker stops inside a command; counting the events each thread made.
  */
 #include <cuda.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -455,6 +456,39 @@ static void k_block_sum(const unsigned g[3], const unsigned b[3], const unsigned
   }
 }
 
+/* bench_serve's request (a row of 128 floats per block of 128 threads),
+ * so the README loop runs on this mock: counting calls per request. */
+static void k_serve_layer(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
+  const float *x = PTR(const float, 0), *w = PTR(const float, 8);
+  float *y = PTR(float, 16);
+  for (unsigned r = 0; r < g[0]; r++)
+    for (unsigned c = 0; c < b[0]; c++) {
+      float acc = 0.0f;
+      for (unsigned k = 0; k < 128u; k++) acc += x[r * 128u + k] * w[k * 128u + c];
+      y[r * 128u + c] = acc;
+    }
+}
+
+static void k_serve_bias_relu(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
+  float *y = PTR(float, 0);
+  const float *bias = PTR(const float, 8);
+  for (unsigned i = 0; i < g[0] * 128u && i < g[0] * b[0]; i++) {
+    float v = y[i] + bias[i % 128u];
+    y[i] = v > 0.0f ? v : 0.0f;
+  }
+}
+
+static void k_serve_softmax(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
+  (void)b;
+  float *y = PTR(float, 0);
+  for (unsigned r = 0; r < g[0]; r++) {
+    float *row = y + r * 128u, mx = row[0], sum = 0.0f;
+    for (unsigned c = 1; c < 128u; c++) mx = row[c] > mx ? row[c] : mx;
+    for (unsigned c = 0; c < 128u; c++) sum += (row[c] = expf(row[c] - mx));
+    for (unsigned c = 0; c < 128u; c++) row[c] /= sum;
+  }
+}
+
 static void k_nop(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
   (void)g, (void)b, (void)params;
 }
@@ -479,6 +513,9 @@ static const mock_kernel kernels[] = {
     {"scale", 3, {8, 4, 4}, 1024, 0, k_scale_f}, /* the README's Python snippet */
     {"_ZN2ns4axpyIfLi4EEEvPKT_PS1_S1_i", 4, {8, 8, 4, 4}, 1024, 0, k_ns_axpy4},
     {"_Z9block_sumPKfPfi", 3, {8, 8, 4}, 1024, 0, k_block_sum},
+    {"serve_layer", 3, {8, 8, 8}, 1024, 0, k_serve_layer},
+    {"serve_bias_relu", 2, {8, 8}, 1024, 0, k_serve_bias_relu},
+    {"serve_softmax", 1, {8}, 1024, 512, k_serve_softmax},
 };
 
 /* Parameters sit at their natural alignment, as in the CUDA ABI. */
