@@ -18,7 +18,8 @@
  * fixes for each buffer address and scalar that differs. The template's
  * own addresses are never used for work: every replay patches each
  * argument to the one its command carries, and the executable graph on
- * cuda is patched back or forth accordingly (graph.c's dirty list). */
+ * cuda is patched back or forth accordingly (graph.c's held patches: a
+ * node the last replay patched to the same values is left alone). */
 #include <stdlib.h>
 #include <string.h>
 
