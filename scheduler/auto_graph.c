@@ -2,13 +2,17 @@
  * launches and copies, replayed as one graph with what changed patched in
  * (auto_graph.h has the rules).
  *
- * A small fully associative cache per worker, by a signature of the run's
- * shape: signatures hash kernel addresses, so in a direct-mapped cache
+ * A small fully associative cache per lane, by a signature of the run's
+ * shape and its stream: signatures hash kernel addresses, so in a direct-mapped cache
  * whether two shapes of one workload collide would change from process to
  * process. When a new shape needs a way, an empty one goes first, then the
  * least recently used shape that has no template yet, then the least
  * recently used template: shapes seen once do not push out the ones that
- * replay. The first sighting of a shape only notes it (the run goes one by
+ * replay. Each stream keeps its own template of a shape, so streams
+ * sharing a lane do not patch one executable graph back and forth between
+ * their buffers; a stream whose shape has no way left replays another
+ * stream's template of it, patched, rather than push one out.
+ * The first sighting of a shape only notes it (the run goes one by
  * one); the second records a template, a copy of that run's commands
  * without pins, and replays it (where the backend builds graphs apart,
  * graph_build, the device's builder captures and instantiates it while
@@ -28,11 +32,12 @@
 #include "scheduler/sched.h"
 #include "scheduler/graph.h"
 
-#define WAYS 8u
+#define WAYS 16u
 
 typedef struct entry {
   uint64_t sig; /* 0: empty */
   uint64_t used; /* the cache's clock at the last sighting */
+  ruda_stream_id stream;
   uint32_t n;
   ruda_graph *g; /* the template, NULL until the second sighting */
 } entry;
@@ -42,10 +47,26 @@ struct ruda__auto {
   uint64_t clock;
 };
 
-/* The way of (sig, n), or NULL. */
-static entry *find(struct ruda__auto *a, uint64_t sig, uint32_t n) {
+/* The way of (sig, n) for stream, or NULL. */
+static entry *find(struct ruda__auto *a, uint64_t sig, uint32_t n, ruda_stream_id stream) {
   for (uint32_t i = 0; i < WAYS; i++)
-    if (a->e[i].sig == sig && a->e[i].n == n) return &a->e[i];
+    if (a->e[i].sig == sig && a->e[i].n == n && a->e[i].stream == stream) return &a->e[i];
+  return NULL;
+}
+
+/* The most recently used template of (sig, n) of any stream, or NULL. */
+static entry *find_shared(struct ruda__auto *a, uint64_t sig, uint32_t n) {
+  entry *best = NULL;
+  for (uint32_t i = 0; i < WAYS; i++) {
+    entry *e = &a->e[i];
+    if (e->sig == sig && e->n == n && e->g != NULL && (best == NULL || e->used > best->used)) best = e;
+  }
+  return best;
+}
+
+static entry *empty_way(struct ruda__auto *a) {
+  for (uint32_t i = 0; i < WAYS; i++)
+    if (a->e[i].sig == 0) return &a->e[i];
   return NULL;
 }
 
@@ -65,7 +86,7 @@ static entry *victim(struct ruda__auto *a) {
  * may hold one). */
 static void forget(entry *e) {
   if (e->g != NULL) ruda__graph_unref(e->g, NULL); /* a template pins nothing */
-  *e = (entry){0, 0, 0, NULL};
+  *e = (entry){0, 0, 0, 0, NULL};
 }
 
 /* FNV-1a over the fields that make two runs replayable by one graph. */
@@ -212,13 +233,18 @@ uint32_t ruda__auto_run(ruda__worker *w, ruda__cmd *const *run, uint32_t n, int 
   if (ln->autog == NULL && (ln->autog = calloc(1, sizeof *ln->autog)) == NULL) return 0;
   const uint64_t sig = signature(run, n);
   const uint64_t now = ++ln->autog->clock;
-  entry *e = find(ln->autog, sig, n);
-  if (e == NULL) { /* first sighting: noted, run one by one */
-    e = victim(ln->autog);
-    if (e->sig != 0) atomic_fetch_add_explicit(&w->auto_replaced, 1, memory_order_relaxed);
-    forget(e);
-    *e = (entry){sig, now, n, NULL};
-    return 0;
+  const ruda_stream_id stream = run[0]->stream->id;
+  entry *e = find(ln->autog, sig, n, stream);
+  if (e == NULL) { /* the stream's first sighting: noted */
+    entry *shared = find_shared(ln->autog, sig, n), *way = empty_way(ln->autog);
+    if (way == NULL && shared == NULL) {
+      way = victim(ln->autog);
+      atomic_fetch_add_explicit(&w->auto_replaced, 1, memory_order_relaxed);
+      forget(way);
+    }
+    if (way != NULL) *way = (entry){sig, now, stream, n, NULL};
+    if (shared == NULL) return 0; /* run one by one */
+    e = shared; /* meanwhile (or with no way left) another stream's template, patched */
   }
   e->used = now;
   ruda__graph_fix fix[RUDA_GRAPH_MAX_PATCHES];

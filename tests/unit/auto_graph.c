@@ -229,21 +229,25 @@ static void the_environment_turns_it_on(void **state) {
  * so the worker takes the run in one batch): x zeroed, len launches of
  * addk with k = i + add, a read; the bytes read are checked. No gate: a
  * gate's flag would order the pushes for TSan. */
-static void queued_request(ruda_device *dev, ruda_handle x, uint32_t len, uint64_t add) {
+static void queued_request_on(ruda_device *dev, ruda_stream_id s, ruda_handle x, uint32_t len, uint64_t add) {
   uint64_t want[N] = {0};
-  test_write(dev, 0, ruda_bind(x), want, sizeof want);
+  test_write(dev, s, ruda_bind(x), want, sizeof want);
   assert_ok(test_launch(dev, 1, "nap", NULL, 0));
   for (uint32_t i = 0; i < len; i++) {
-    addk(dev, 0, x, i + add);
+    addk(dev, s, x, i + add);
     for (int j = 0; j < N; j++) want[j] = want[j] * 3 + i + add;
   }
   ruda_copy_desc d = ruda_copy_contiguous(ruda_bind(x));
   uint64_t got[N];
   ruda_future *f;
-  assert_ok(ruda_read(dev, 0, &d, got, sizeof got, &f));
+  assert_ok(ruda_read(dev, s, &d, got, sizeof got, &f));
   assert_ok(ruda_future_wait(f, NULL));
   ruda_future_free(f);
   for (int j = 0; j < N; j++) assert_int_equal(got[j], want[j]);
+}
+
+static void queued_request(ruda_device *dev, ruda_handle x, uint32_t len, uint64_t add) {
+  queued_request_on(dev, 0, x, len, add);
 }
 
 /* Runs of 15, 16 and 17 launches, each ended by a read: a run stops at
@@ -299,6 +303,34 @@ static void shapes_taking_turns_keep_their_templates(void **state) {
 }
 
 
+/* Streams sharing a lane (ids 0, 16, 32, ... of one worker of 16 lanes)
+ * keep a template each of one shape, rather than patch one graph back and
+ * forth between their buffers; past the cache's ways, the streams left
+ * over replay another stream's template instead of pushing one out. */
+static void streams_sharing_a_lane_keep_their_own_templates(void **state) {
+  (void)state;
+  ruda_device *dev = open_auto(1, 1);
+  enum { S = 20 };
+  ruda_handle x[S];
+  for (int k = 0; k < S; k++) assert_ok(ruda_buffer_create(dev, 0, N * sizeof(uint64_t), &x[k]));
+  for (int round = 0; round < 4; round++)
+    for (int k = 0; k < 2; k++) queued_request_on(dev, (ruda_stream_id)(16 * k), x[k], 3, (uint64_t)round);
+  uint64_t templates = worker_sum(dev, offsetof(ruda__worker, auto_templates));
+  assert_true(templates >= 2 && templates <= 3); /* a batch cut by a late nap: one stray */
+  assert_true(auto_cmds(dev) > 0);
+  const uint64_t replayed = auto_cmds(dev);
+  for (int round = 0; round < 3; round++)
+    for (int k = 0; k < S; k++) queued_request_on(dev, (ruda_stream_id)(16 * k), x[k], 3, (uint64_t)round);
+  templates = worker_sum(dev, offsetof(ruda__worker, auto_templates));
+  assert_true(templates >= 3 && templates <= 16);
+  assert_int_equal(worker_sum(dev, offsetof(ruda__worker, auto_replaced)), 0);
+  /* Every stream's requests after its first replayed (4 commands each):
+   * the leftover ones from the first, on a shared template. */
+  assert_true(auto_cmds(dev) - replayed >= (uint64_t)(S * 2 - 4) * 4);
+  for (int k = 0; k < S; k++) assert_ok(ruda_buffer_free(dev, 0, x[k]));
+  test_close(dev);
+}
+
 /* The tail of a request a batch boundary split (its first launch run
  * alone, the rest queued behind a gate) is no run: it never makes a
  * template (its capture would cost what a whole request's does, for a
@@ -349,6 +381,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(the_environment_turns_it_on),
     cmocka_unit_test(runs_at_the_length_limit),
     cmocka_unit_test(shapes_taking_turns_keep_their_templates),
+    cmocka_unit_test(streams_sharing_a_lane_keep_their_own_templates),
     cmocka_unit_test(split_requests_make_no_templates),
 };
 
