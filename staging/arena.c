@@ -268,10 +268,14 @@ void ruda__staging_destroy(ruda__staging *s) {
   free(s);
 }
 
-void *ruda__staging_alloc(ruda__staging *s, size_t size) {
+void *ruda__staging_alloc(ruda__staging *s, size_t size) { return ruda__staging_alloc_near(s, size, RUDA__STAGE_THREAD); }
+
+void ruda__staging_free(ruda__staging *s, void *p) { ruda__staging_free_near(s, p, RUDA__STAGE_THREAD); }
+
+void *ruda__staging_alloc_near(ruda__staging *s, size_t size, uint32_t near) {
   if (size == 0) size = 1;
   uint64_t u = size <= RUDA__CACHE_MAX_BLOCK ? nallocx(size, s->flags) : 0;
-  void *p = u != 0 ? ruda__block_cache_take(&s->cache, u) : NULL; /* u: its size */
+  void *p = u != 0 ? ruda__block_cache_take(&s->cache, u, near) : NULL; /* u: its size */
   if (p == NULL && (p = mallocx(size, s->flags)) != NULL) u = sallocx(p, s->flags);
   if (p != NULL && ruda__staging_pinned(s, p)) {
     uint64_t now = atomic_fetch_add_explicit(&s->in_use, u, memory_order_relaxed) + u;
@@ -293,12 +297,12 @@ void *ruda__staging_alloc(ruda__staging *s, size_t size) {
   return p;
 }
 
-void ruda__staging_free(ruda__staging *s, void *p) {
+void ruda__staging_free_near(ruda__staging *s, void *p, uint32_t near) {
   if (p == NULL) return;
   if (ruda__staging_pinned(s, p)) {
     const size_t u = sallocx(p, s->flags);
     atomic_fetch_sub_explicit(&s->in_use, u, memory_order_relaxed);
-    ruda__block_cache_put(&s->cache, p, u);
+    ruda__block_cache_put(&s->cache, p, u, near);
   } else {
     atomic_fetch_sub_explicit(&s->fb_bytes, malloc_usable_size(p), memory_order_relaxed);
     free(p);

@@ -6,7 +6,8 @@
 static _Atomic unsigned next_stripe;
 static _Thread_local unsigned my_stripe; /* stripe + 1; 0: not assigned yet */
 
-static struct ruda__cache_stripe *stripe_of(ruda__block_cache *c) {
+static struct ruda__cache_stripe *stripe_of(ruda__block_cache *c, uint32_t key) {
+  if (key != RUDA__CACHE_THREAD) return &c->stripe[key % RUDA__CACHE_STRIPES];
   if (my_stripe == 0)
     my_stripe = atomic_fetch_add_explicit(&next_stripe, 1, memory_order_relaxed) % RUDA__CACHE_STRIPES + 1;
   return &c->stripe[my_stripe - 1];
@@ -30,8 +31,8 @@ void ruda__block_cache_destroy(ruda__block_cache *c) {
   }
 }
 
-void *ruda__block_cache_take(ruda__block_cache *c, size_t size) {
-  struct ruda__cache_stripe *s = stripe_of(c);
+void *ruda__block_cache_take(ruda__block_cache *c, size_t size, uint32_t key) {
+  struct ruda__cache_stripe *s = stripe_of(c, key);
   void *p = NULL;
   pthread_mutex_lock(&s->lock);
   for (unsigned i = s->n; i-- > 0;) { /* newest first: likely still in the CPU's cache */
@@ -46,12 +47,12 @@ void *ruda__block_cache_take(ruda__block_cache *c, size_t size) {
   return p;
 }
 
-void ruda__block_cache_put(ruda__block_cache *c, void *p, size_t size) {
+void ruda__block_cache_put(ruda__block_cache *c, void *p, size_t size, uint32_t key) {
   if (size > RUDA__CACHE_MAX_BLOCK) {
     c->release(c->ctx, p);
     return;
   }
-  struct ruda__cache_stripe *s = stripe_of(c);
+  struct ruda__cache_stripe *s = stripe_of(c, key);
   void *out[RUDA__CACHE_SLOTS];
   unsigned n_out = 0;
   pthread_mutex_lock(&s->lock);

@@ -19,6 +19,7 @@
 
 #include <pthread.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define RUDA__CACHE_STRIPES 32u
 #define RUDA__CACHE_SLOTS 8u                    /* blocks per stripe */
@@ -44,13 +45,18 @@ void ruda__block_cache_init(ruda__block_cache *c, void (*release)(void *ctx, voi
 /* Releases every block it holds. */
 void ruda__block_cache_destroy(ruda__block_cache *c);
 
-/* A kept block of exactly size usable bytes from the caller's stripe, or
- * NULL. */
-void *ruda__block_cache_take(ruda__block_cache *c, size_t size);
+/* Which stripe a take or put uses: key % RUDA__CACHE_STRIPES, or with
+ * RUDA__CACHE_THREAD the calling thread's. A key lets blocks that one
+ * thread takes and another returns (a write's, taken by a client and
+ * retired by a worker) come back to the next take of that key. */
+#define RUDA__CACHE_THREAD UINT32_MAX
 
-/* Keeps block p (size usable bytes) in the caller's stripe, releasing the
+/* A kept block of exactly size usable bytes from key's stripe, or NULL. */
+void *ruda__block_cache_take(ruda__block_cache *c, size_t size, uint32_t key);
+
+/* Keeps block p (size usable bytes) in key's stripe, releasing the
  * stripe's oldest blocks to make room; a block over
  * RUDA__CACHE_MAX_BLOCK is released at once. */
-void ruda__block_cache_put(ruda__block_cache *c, void *p, size_t size);
+void ruda__block_cache_put(ruda__block_cache *c, void *p, size_t size, uint32_t key);
 
 #endif /* RUDA_STAGING_CACHE_H */

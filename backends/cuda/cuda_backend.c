@@ -133,8 +133,9 @@ static void pinned_free(void *ctx, void *p) {
   ruda__cu_leave(&g);
 }
 
-static void *cu_stage_alloc(void *state, size_t size) {
-  return ruda__staging_alloc(((ruda__cu_backend *)state)->staging, size);
+static void *cu_stage_alloc(void *state, size_t size, uint32_t near) {
+  _Static_assert(RUDA__STAGE_THREAD == UINT32_MAX, "stage_alloc's 'no lane'");
+  return ruda__staging_alloc_near(((ruda__cu_backend *)state)->staging, size, near);
 }
 
 static void cu_stage_free(void *state, void *p) {
@@ -161,7 +162,7 @@ void ruda__cu_retire(ruda__cu_worker *w, ruda__cu_event *ev, void *staged, size_
       if (ev != NULL) ruda__cu.cuEventSynchronize(ev->ev);
       else ruda__cu.cuStreamSynchronize(w->stream);
       ruda__cu_event_put(w->b, ev);
-      ruda__staging_free(w->b->staging, staged);
+      ruda__staging_free_near(w->b->staging, staged, w->index);
       return;
     }
     for (uint32_t i = 0; i < w->count; i++) p[i] = w->pending[(w->head + i) % w->cap];
@@ -186,9 +187,12 @@ static int pop_oldest(ruda__cu_worker *w, ruda__cu_pending *out) {
   return 1;
 }
 
+/* The block goes back near its lane, whoever retires it (the worker, or
+ * a client whose wait saw a later event): the lane's next write takes
+ * it again. */
 static void release_pending(ruda__cu_worker *w, ruda__cu_pending *p) {
   ruda__cu_event_put(w->b, p->ev);
-  ruda__staging_free(w->b->staging, p->staged);
+  ruda__staging_free_near(w->b->staging, p->staged, w->index);
 }
 
 /* Returns the staging of every write whose copy completed; non-zero while
