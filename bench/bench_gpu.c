@@ -25,7 +25,9 @@
  *    over the wall time from the start barrier to the last thread done.
  *    ruda runs once per worker count given (default 4 and 8): client
  *    threads beyond that share workers, so the number of threads calling
- *    the driver stays at its sweet spot.
+ *    the driver stays at its sweet spot. Each thread count is measured in
+ *    rounds (-R, default 3), raw then every ruda configuration back to
+ *    back in each; printed are medians and the per-round ratios' spread.
  * 3. Upload of 512 MiB: ruda_write from pageable memory (staged, chunked),
  *    ruda_write_staged from a staging buffer, and the raw driver's
  *    cuMemcpyHtoD from pageable and from page-locked memory. Best and
@@ -341,38 +343,60 @@ static double run_tput(ruda_device *dev, int raw, int threads, size_t total) {
   return (double)(total / (size_t)threads * (size_t)threads) / ((end - start) / 1e9);
 }
 
+static int cmp_d(const void *a, const void *b);
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_d);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 /* ruda with each worker count of the list beside the raw driver; each
- * ruda configuration gets a device of its own. */
-static void throughput(ruda_device *raw_dev, size_t total, const uint32_t *workers, int nw) {
+ * ruda configuration gets a device of its own, all open at once, so
+ * that each round measures raw and every ruda configuration back to back
+ * at one thread count: a machine whose speed drifts during the run moves
+ * both sides of a round's ratio alike. Printed: the medians over the
+ * rounds of each rate and of the per-round ratios, and the ratios'
+ * spread (min-max). */
+static void throughput(ruda_device *raw_dev, size_t total, const uint32_t *workers, int nw, int rounds) {
   static const int T[] = {1, 2, 4, 8, 16, 64};
-  enum { NT = sizeof T / sizeof *T };
-  double raw[NT], r[8][NT];
-  for (int i = 0; i < NT; i++) raw[i] = run_tput(raw_dev, 1, T[i], total);
+  enum { NT = sizeof T / sizeof *T, MAXR = 16 };
+  ruda_device *devs[8];
   for (int w = 0; w < nw; w++) {
-    ruda_device *dev = open_dev(workers[w], "");
-    CHECK(ruda_kernel_source(dev, "empty", SRC_EMPTY, NULL));
-    CHECK(ruda_kernel_source(dev, "touch", SRC_TOUCH, NULL));
-    for (int i = 0; i < NT; i++) r[w][i] = run_tput(dev, 0, T[i], total);
-    ruda_device_close(dev, NULL);
+    devs[w] = open_dev(workers[w], "");
+    CHECK(ruda_kernel_source(devs[w], "empty", SRC_EMPTY, NULL));
+    CHECK(ruda_kernel_source(devs[w], "touch", SRC_TOUCH, NULL));
   }
-  printf("\n%s. sustained launches/s (%zu %s launches per point)\n", with_buf ? "5b" : "2", total,
-         with_buf ? "one-buffer" : "empty");
+  printf("\n%s. sustained launches/s (%zu %s launches per point, medians of %d rounds)\n", with_buf ? "5b" : "2",
+         total, with_buf ? "one-buffer" : "empty", rounds);
   printf("   %8s %14s", "threads", "raw driver");
-  for (int w = 0; w < nw; w++) printf("   ruda %2u wkrs  ratio", workers[w]);
+  for (int w = 0; w < nw; w++) printf("   ruda %2u wkrs  ratio (min-max)", workers[w]);
   printf("\n");
   double best_raw = 0;
   for (int i = 0; i < NT; i++) {
-    if (raw[i] > best_raw) best_raw = raw[i];
-    printf("   %8d %14.0f", T[i], raw[i]);
-    row("throughput", with_buf ? "raw_1buf" : "raw", T[i], "launches_per_s", raw[i], "1/s");
+    double raw[MAXR], r[8][MAXR], ratio[8][MAXR];
+    for (int k = 0; k < rounds; k++) {
+      raw[k] = run_tput(raw_dev, 1, T[i], total);
+      for (int w = 0; w < nw; w++) {
+        r[w][k] = run_tput(devs[w], 0, T[i], total);
+        ratio[w][k] = r[w][k] / raw[k];
+      }
+    }
+    const double raw_m = median(raw, rounds);
+    if (raw_m > best_raw) best_raw = raw_m;
+    printf("   %8d %14.0f", T[i], raw_m);
+    row("throughput", with_buf ? "raw_1buf" : "raw", T[i], "launches_per_s", raw_m, "1/s");
     for (int w = 0; w < nw; w++) {
-      printf(" %14.0f %6.3f", r[w][i], r[w][i] / raw[i]);
+      const double rm = median(r[w], rounds), qm = median(ratio[w], rounds); /* sorts: min first */
+      printf(" %14.0f %6.3f (%.2f-%.2f)", rm, qm, ratio[w][0], ratio[w][rounds - 1]);
       char v[32];
       snprintf(v, sizeof v, "ruda_w%u%s", workers[w], with_buf ? "_1buf" : "");
-      row("throughput", v, T[i], "launches_per_s", r[w][i], "1/s");
+      row("throughput", v, T[i], "launches_per_s", rm, "1/s");
+      snprintf(v, sizeof v, "ratio_w%u%s", workers[w], with_buf ? "_1buf" : "");
+      row("throughput", v, T[i], "median_ratio", qm, "x");
     }
     printf("\n");
   }
+  for (int w = 0; w < nw; w++) ruda_device_close(devs[w], NULL);
   printf("   raw driver best: %.0f/s\n", best_raw);
   row("throughput", with_buf ? "raw_best_1buf" : "raw_best", 0, "launches_per_s", best_raw, "1/s");
 }
@@ -571,13 +595,15 @@ static void kernel_load(int k) {
 }
 
 int main(int argc, char **argv) {
-  int quick = 0, opt, nw = 0;
+  int quick = 0, opt, nw = 0, rounds = 0;
   uint32_t workers[8];
   int run[7] = {0, 1, 1, 1, 1, 1, 1}; /* sections 1-6 */
   size_t window = 256;
-  while ((opt = getopt(argc, argv, "hqs:W:w:")) != -1) {
+  while ((opt = getopt(argc, argv, "hqs:R:W:w:")) != -1) {
     if (opt == 'q') {
       quick = 1;
+    } else if (opt == 'R' && atoi(optarg) >= 1 && atoi(optarg) <= 16) {
+      rounds = atoi(optarg);
     } else if (opt == 's') {
       memset(run, 0, sizeof run);
       for (char *t = strtok(optarg, ","); t; t = strtok(NULL, ","))
@@ -588,11 +614,12 @@ int main(int argc, char **argv) {
       for (char *t = strtok(optarg, ","); t && nw < 8; t = strtok(NULL, ",")) workers[nw++] = (uint32_t)atoi(t);
     } else {
       fprintf(opt == 'h' ? stdout : stderr,
-              "usage: bench_gpu [-q] [-s sections] [-W window] [-w workers[,workers...]] [out.csv]\n"
+              "usage: bench_gpu [-q] [-s sections] [-R rounds] [-W window] [-w workers[,workers...]] [out.csv]\n"
               "  -q  quick: fewer launches and runs\n"
               "  -s  sections to run, comma-separated: 1 latency, 2 throughput, 3 uploads,\n"
               "      4 kernel load, 5 sections 1-2 with one buffer argument, 6 graph replay\n"
               "      (default all)\n"
+              "  -R  throughput rounds, raw and ruda back to back in each (1..16; default 3, quick 1)\n"
               "  -W  steady-state latency: launches between untimed waits (default 256)\n"
               "  -w  worker counts for the throughput section (default 4,8)\n"
               "  -h  this help\n"
@@ -601,6 +628,7 @@ int main(int argc, char **argv) {
     }
   }
   if (nw == 0) workers[nw++] = 4, workers[nw++] = 8;
+  if (rounds == 0) rounds = quick ? 1 : 3;
   if (optind < argc && (csv = fopen(argv[optind], "w")) == NULL) {
     perror(argv[optind]);
     return 1;
@@ -615,12 +643,12 @@ int main(int argc, char **argv) {
   CHECK(ruda_kernel_source(dev, "empty", SRC_EMPTY, NULL));
   CHECK(ruda_kernel_source(dev, "touch", SRC_TOUCH, NULL));
   if (run[1]) latency(dev, quick ? 20000 : 200000, window);
-  if (run[2]) throughput(dev, quick ? 64000 : 640000, workers, nw);
+  if (run[2]) throughput(dev, quick ? 64000 : 640000, workers, nw, rounds);
   if (run[3]) uploads(dev, quick ? 3 : 5);
   if (run[5]) {
     with_buf = 1;
     latency(dev, quick ? 20000 : 200000, window);
-    throughput(dev, quick ? 64000 : 640000, workers, nw);
+    throughput(dev, quick ? 64000 : 640000, workers, nw, rounds);
     with_buf = 0;
   }
   if (run[6]) graphs(dev, quick ? 100 : 1000);

@@ -389,8 +389,8 @@ libauto)
     r l1.serve$i env RUDA_LANES=1 build-gpu/bench/bench_serve -v 1,3 -n 2048
     r auto.serve$i build-gpu/bench/bench_serve -v 1,3 -n 2048
     r auto.serve-g$i build-gpu/bench/bench_serve -g -v 1,3 -n 2048
-    r l1.gpu$i env RUDA_LANES=1 build-gpu/bench/bench_gpu -q -s 2,5 "$OUT/l1_gpu$i.csv"
-    r auto.gpu$i build-gpu/bench/bench_gpu -q -s 2,5 "$OUT/auto_gpu$i.csv"
+    r l1.gpu$i env RUDA_LANES=1 build-gpu/bench/bench_gpu -q -R 3 -s 2,5 "$OUT/l1_gpu$i.csv"
+    r auto.gpu$i build-gpu/bench/bench_gpu -q -R 3 -s 2,5 "$OUT/auto_gpu$i.csv"
   done
   r trace4 env RUDA_TRACE=/tmp/trace4.json RUDA_TRACE_DEVICE=1 build-gpu/bench/bench_serve -v 1 -t 4 -n 2048
   r trace4.stalls python3 tools/trace_stalls.py /tmp/trace4.json
