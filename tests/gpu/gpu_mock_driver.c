@@ -457,10 +457,19 @@ static void k_block_sum(const unsigned g[3], const unsigned b[3], const unsigned
 }
 
 /* bench_serve's request (a row of 128 floats per block of 128 threads),
- * so the README loop runs on this mock: counting calls per request. */
+ * so the README loop runs on this mock: counting calls per request.
+ * RUDA_MOCK_SKIP_SERVE=1 leaves y as it is (results then fail bench_serve's
+ * check), for profiling the host's side without the emulation's cost. */
+static int skip_serve(void) {
+  static int v = -1;
+  if (v < 0) v = getenv("RUDA_MOCK_SKIP_SERVE") != NULL && *getenv("RUDA_MOCK_SKIP_SERVE") == '1';
+  return v;
+}
+
 static void k_serve_layer(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
   const float *x = PTR(const float, 0), *w = PTR(const float, 8);
   float *y = PTR(float, 16);
+  if (skip_serve()) return;
   for (unsigned r = 0; r < g[0]; r++)
     for (unsigned c = 0; c < b[0]; c++) {
       float acc = 0.0f;
@@ -472,6 +481,7 @@ static void k_serve_layer(const unsigned g[3], const unsigned b[3], const unsign
 static void k_serve_bias_relu(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
   float *y = PTR(float, 0);
   const float *bias = PTR(const float, 8);
+  if (skip_serve()) return;
   for (unsigned i = 0; i < g[0] * 128u && i < g[0] * b[0]; i++) {
     float v = y[i] + bias[i % 128u];
     y[i] = v > 0.0f ? v : 0.0f;
@@ -481,6 +491,7 @@ static void k_serve_bias_relu(const unsigned g[3], const unsigned b[3], const un
 static void k_serve_softmax(const unsigned g[3], const unsigned b[3], const unsigned char *params) {
   (void)b;
   float *y = PTR(float, 0);
+  if (skip_serve()) return;
   for (unsigned r = 0; r < g[0]; r++) {
     float *row = y + r * 128u, mx = row[0], sum = 0.0f;
     for (unsigned c = 1; c < 128u; c++) mx = row[c] > mx ? row[c] : mx;
