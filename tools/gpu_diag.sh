@@ -395,6 +395,17 @@ libauto)
   r trace4 env RUDA_TRACE=/tmp/trace4.json RUDA_TRACE_DEVICE=1 build-gpu/bench/bench_serve -v 1 -t 4 -n 2048
   r trace4.stalls python3 tools/trace_stalls.py /tmp/trace4.json
   cp /tmp/trace4.json "$OUT/" 2>/dev/null; xz -9 "$OUT/trace4.json" 2>/dev/null ;;
+graphs_ab)
+  # Automatic replays' node updates (held patches, a template per stream,
+  # staging blocks by lane) against build-gpu-base/bench/bench_serve built
+  # at dbc8ecd (statically linked: carry that one file beside
+  # build-gpu-pack and copy it into the unpacked tree), alternated twice.
+  for i in 1 2; do
+    r base.serve$i build-gpu-base/bench/bench_serve -v 1,3 -n 2048
+    r new.serve$i build-gpu/bench/bench_serve -v 1,3 -n 2048
+    r base.serve-g$i build-gpu-base/bench/bench_serve -g -v 1,3 -n 2048
+    r new.serve-g$i build-gpu/bench/bench_serve -g -v 1,3 -n 2048
+  done ;;
 final)
   # The defaults' final table: call-by-call, page-locked, graph, patched rows.
   r final.serve build-gpu/bench/bench_serve -v 1,3 -n 2048
