@@ -176,10 +176,10 @@ typedef struct ruda__backend_ops {
    * with ruda__fail naming fn. NULL: any non-null address is. */
   int (*mem_check)(void *state, uint64_t addr, uint64_t size, const char *fn);
   /* Host memory that stages a write until its copy ran. Any thread.
-   * near: the lane the block is for (its index), whose freed blocks the
-   * backend may keep for its next one, or UINT32_MAX (none: kept by the
-   * calling thread). */
-  void *(*stage_alloc)(void *state, size_t size, uint32_t near);
+   * prev: the same user's previous block (a stream's last write's), which
+   * the backend may hand out again if it came back, or NULL. Only a key:
+   * it may have been freed. */
+  void *(*stage_alloc)(void *state, size_t size, const void *prev);
   void (*stage_free)(void *state, void *p);
   /* Worker side. write takes ownership of the staged bytes. */
   int (*write)(void *wstate, uint64_t dst, const ruda__layout *l, void *staged, ruda_error **err);

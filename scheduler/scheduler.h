@@ -449,6 +449,9 @@ struct ruda__stream {
   struct ruda__lane *lane; /* its device stream, one of worker's lanes */
   _Atomic uint64_t seq;
   struct ruda__pools *_Atomic pools; /* memory/pool.h; made at first use (ruda__stream_pools) */
+  /* The staging block of its last ruda_write (src/api.c): only a key for
+   * the next one (the backend's stage_alloc), it may be freed. */
+  const void *_Atomic last_staged;
   /* Graph capture (scheduler/graph.c). capturing is read by every launch
    * and copy; the recording itself is made at the first begin. */
   _Atomic int capturing;

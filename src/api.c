@@ -198,7 +198,7 @@ static int write_piece(void *arg, size_t i) {
     return ruda__fail(RUDA_ENOTFOUND, "ruda_write: buffer {slot %u, gen %u} was freed during the write",
                       j->h.slot, j->h.gen);
   ruda__cmd *cmd = ruda__cmd_alloc(sizeof(uint32_t));
-  void *staged = cmd ? dev->sched.backend.ops->stage_alloc(dev->sched.backend.state, n, j->s->lane->index) : NULL;
+  void *staged = cmd ? dev->sched.backend.ops->stage_alloc(dev->sched.backend.state, n, NULL) : NULL;
   if (staged == NULL) {
     ruda__cmd_free(cmd);
     ruda__handles_unpin(&dev->handles, j->h.slot, NULL);
@@ -275,8 +275,12 @@ static int write_impl(ruda_device *dev, ruda_stream_id stream, const ruda_copy_d
   }
   ruda__cmd *cmd = ruda__cmd_alloc(sizeof(uint32_t));
   void *staged = user_staged;
-  if (cmd != NULL && staged == NULL)
-    staged = dev->sched.backend.ops->stage_alloc(dev->sched.backend.state, len, s->lane->index);
+  if (cmd != NULL && staged == NULL) {
+    /* After the stream's last write's block: it comes back once retired. */
+    staged = dev->sched.backend.ops->stage_alloc(dev->sched.backend.state, len,
+                                                 atomic_load_explicit(&s->last_staged, memory_order_relaxed));
+    if (staged != NULL) atomic_store_explicit(&s->last_staged, staged, memory_order_relaxed);
+  }
   if (cmd == NULL || staged == NULL) {
     ruda__cmd_free(cmd);
     rc = ruda__fail(RUDA_ENOMEM, "%s: no staging memory for %zu bytes", fn, len);

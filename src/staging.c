@@ -14,7 +14,7 @@ int ruda_staging_alloc(ruda_device *dev, size_t size, void **out) {
   if (out == NULL) return ruda__fail(RUDA_EINVAL, "ruda_staging_alloc: out is NULL");
   *out = NULL;
   if (size == 0) return ruda__fail(RUDA_EINVAL, "ruda_staging_alloc: size is 0");
-  void *p = dev->sched.backend.ops->stage_alloc(dev->sched.backend.state, size, UINT32_MAX); /* the caller's */
+  void *p = dev->sched.backend.ops->stage_alloc(dev->sched.backend.state, size, NULL);
   if (p == NULL) return ruda__fail(RUDA_ENOMEM, "ruda_staging_alloc: no staging memory for %zu bytes", size);
   *out = p;
   return 0;

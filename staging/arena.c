@@ -268,14 +268,24 @@ void ruda__staging_destroy(ruda__staging *s) {
   free(s);
 }
 
-void *ruda__staging_alloc(ruda__staging *s, size_t size) { return ruda__staging_alloc_near(s, size, RUDA__STAGE_THREAD); }
+static void *alloc_keyed(ruda__staging *s, size_t size, uint32_t key, const void *want);
+static void free_keyed(ruda__staging *s, void *p, int by_addr);
 
-void ruda__staging_free(ruda__staging *s, void *p) { ruda__staging_free_near(s, p, RUDA__STAGE_THREAD); }
+void *ruda__staging_alloc(ruda__staging *s, size_t size) { return alloc_keyed(s, size, RUDA__CACHE_THREAD, NULL); }
 
-void *ruda__staging_alloc_near(ruda__staging *s, size_t size, uint32_t near) {
+void ruda__staging_free(ruda__staging *s, void *p) { free_keyed(s, p, 0); }
+
+void *ruda__staging_alloc_after(ruda__staging *s, size_t size, const void *prev) {
+  return alloc_keyed(s, size, prev != NULL ? ruda__block_cache_key(prev) : RUDA__CACHE_THREAD, prev);
+}
+
+void ruda__staging_free_addr(ruda__staging *s, void *p) { free_keyed(s, p, 1); }
+
+static void *alloc_keyed(ruda__staging *s, size_t size, uint32_t key, const void *want) {
   if (size == 0) size = 1;
   uint64_t u = size <= RUDA__CACHE_MAX_BLOCK ? nallocx(size, s->flags) : 0;
-  void *p = u != 0 ? ruda__block_cache_take(&s->cache, u, near) : NULL; /* u: its size */
+  void *p = u != 0 ? ruda__block_cache_take(&s->cache, u, key, want) : NULL; /* u: its size */
+  if (p == NULL && u != 0 && key != RUDA__CACHE_THREAD) p = ruda__block_cache_take(&s->cache, u, RUDA__CACHE_THREAD, NULL);
   if (p == NULL && (p = mallocx(size, s->flags)) != NULL) u = sallocx(p, s->flags);
   if (p != NULL && ruda__staging_pinned(s, p)) {
     uint64_t now = atomic_fetch_add_explicit(&s->in_use, u, memory_order_relaxed) + u;
@@ -297,12 +307,12 @@ void *ruda__staging_alloc_near(ruda__staging *s, size_t size, uint32_t near) {
   return p;
 }
 
-void ruda__staging_free_near(ruda__staging *s, void *p, uint32_t near) {
+static void free_keyed(ruda__staging *s, void *p, int by_addr) {
   if (p == NULL) return;
   if (ruda__staging_pinned(s, p)) {
     const size_t u = sallocx(p, s->flags);
     atomic_fetch_sub_explicit(&s->in_use, u, memory_order_relaxed);
-    ruda__block_cache_put(&s->cache, p, u, near);
+    ruda__block_cache_put(&s->cache, p, u, by_addr ? ruda__block_cache_key(p) : RUDA__CACHE_THREAD);
   } else {
     atomic_fetch_sub_explicit(&s->fb_bytes, malloc_usable_size(p), memory_order_relaxed);
     free(p);

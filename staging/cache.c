@@ -31,11 +31,14 @@ void ruda__block_cache_destroy(ruda__block_cache *c) {
   }
 }
 
-void *ruda__block_cache_take(ruda__block_cache *c, size_t size, uint32_t key) {
+void *ruda__block_cache_take(ruda__block_cache *c, size_t size, uint32_t key, const void *want) {
   struct ruda__cache_stripe *s = stripe_of(c, key);
   void *p = NULL;
   pthread_mutex_lock(&s->lock);
-  for (unsigned i = s->n; i-- > 0;) { /* newest first: likely still in the CPU's cache */
+  unsigned i = s->n; /* the loop below starts at slot i - 1 */
+  for (unsigned k = 0; want != NULL && k < s->n; k++)
+    if (s->slot[k].p == want && s->slot[k].size == size) i = k + 1; /* want itself */
+  for (; i-- > 0;) { /* else newest first: likely still in the CPU's cache */
     if (s->slot[i].size != size) continue;
     p = s->slot[i].p;
     for (unsigned k = i; k + 1 < s->n; k++) s->slot[k] = s->slot[k + 1];

@@ -46,13 +46,21 @@ void ruda__block_cache_init(ruda__block_cache *c, void (*release)(void *ctx, voi
 void ruda__block_cache_destroy(ruda__block_cache *c);
 
 /* Which stripe a take or put uses: key % RUDA__CACHE_STRIPES, or with
- * RUDA__CACHE_THREAD the calling thread's. A key lets blocks that one
- * thread takes and another returns (a write's, taken by a client and
- * retired by a worker) come back to the next take of that key. */
+ * RUDA__CACHE_THREAD the calling thread's. Keyed by a block's address
+ * (ruda__block_cache_key), a block that one thread takes and another
+ * returns (a write's, taken by a client and retired by a worker) is found
+ * again by a take keyed by that address: the same user's next block. */
 #define RUDA__CACHE_THREAD UINT32_MAX
 
-/* A kept block of exactly size usable bytes from key's stripe, or NULL. */
-void *ruda__block_cache_take(ruda__block_cache *c, size_t size, uint32_t key);
+/* The key of block p: its address hashed (Fibonacci), so blocks spread
+ * over the stripes. */
+static inline uint32_t ruda__block_cache_key(const void *p) {
+  return (uint32_t)(((uintptr_t)p >> 6) * UINT64_C(0x9e3779b97f4a7c15) >> 40);
+}
+
+/* A kept block of exactly size usable bytes from key's stripe, or NULL:
+ * block `want` if it is kept there, else the newest. */
+void *ruda__block_cache_take(ruda__block_cache *c, size_t size, uint32_t key, const void *want);
 
 /* Keeps block p (size usable bytes) in key's stripe, releasing the
  * stripe's oldest blocks to make room; a block over

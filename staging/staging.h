@@ -48,15 +48,15 @@ void *ruda__staging_alloc(ruda__staging *s, size_t size);
 /* Returns a block from ruda__staging_alloc. NULL is a no-op. Thread-safe. */
 void ruda__staging_free(ruda__staging *s, void *p);
 
-/* The same, with the freed blocks kept for reuse by key `near` rather
- * than by the calling thread (RUDA__STAGE_THREAD: by the thread): blocks
- * of one lane, taken by a client and returned by a worker, then come back
- * to that lane's next allocation, at the same address while one is in
- * use at a time (which lets a graph replay leave its upload node as it
- * is). Thread-safe. */
-#define RUDA__STAGE_THREAD UINT32_MAX
-void *ruda__staging_alloc_near(ruda__staging *s, size_t size, uint32_t near);
-void ruda__staging_free_near(ruda__staging *s, void *p, uint32_t near);
+/* Blocks kept by address rather than by thread: ruda__staging_free_addr
+ * keeps p where ruda__staging_alloc_after(s, size, p) looks first, so a
+ * user whose blocks one thread takes and another returns (a stream's
+ * writes: a client takes, a worker retires) gets its previous block back
+ * while it uses one at a time, at the same address (which lets a graph
+ * replay leave its upload node as it is). prev is only a key, never
+ * read; NULL: the calling thread's kept blocks. Thread-safe. */
+void *ruda__staging_alloc_after(ruda__staging *s, size_t size, const void *prev);
+void ruda__staging_free_addr(ruda__staging *s, void *p);
 
 /* The usable bytes of block p from ruda__staging_alloc. Thread-safe. */
 size_t ruda__staging_size(const ruda__staging *s, const void *p);

@@ -133,9 +133,8 @@ static void pinned_free(void *ctx, void *p) {
   ruda__cu_leave(&g);
 }
 
-static void *cu_stage_alloc(void *state, size_t size, uint32_t near) {
-  _Static_assert(RUDA__STAGE_THREAD == UINT32_MAX, "stage_alloc's 'no lane'");
-  return ruda__staging_alloc_near(((ruda__cu_backend *)state)->staging, size, near);
+static void *cu_stage_alloc(void *state, size_t size, const void *prev) {
+  return ruda__staging_alloc_after(((ruda__cu_backend *)state)->staging, size, prev);
 }
 
 static void cu_stage_free(void *state, void *p) {
@@ -162,7 +161,7 @@ void ruda__cu_retire(ruda__cu_worker *w, ruda__cu_event *ev, void *staged, size_
       if (ev != NULL) ruda__cu.cuEventSynchronize(ev->ev);
       else ruda__cu.cuStreamSynchronize(w->stream);
       ruda__cu_event_put(w->b, ev);
-      ruda__staging_free_near(w->b->staging, staged, w->index);
+      ruda__staging_free_addr(w->b->staging, staged);
       return;
     }
     for (uint32_t i = 0; i < w->count; i++) p[i] = w->pending[(w->head + i) % w->cap];
@@ -187,12 +186,12 @@ static int pop_oldest(ruda__cu_worker *w, ruda__cu_pending *out) {
   return 1;
 }
 
-/* The block goes back near its lane, whoever retires it (the worker, or
- * a client whose wait saw a later event): the lane's next write takes
- * it again. */
+/* The block is kept by its address, whoever retires it (the worker, or
+ * a client whose wait saw a later event): its stream's next write, which
+ * asks for a block after it, takes it again. */
 static void release_pending(ruda__cu_worker *w, ruda__cu_pending *p) {
   ruda__cu_event_put(w->b, p->ev);
-  ruda__staging_free_near(w->b->staging, p->staged, w->index);
+  ruda__staging_free_addr(w->b->staging, p->staged);
 }
 
 /* Returns the staging of every write whose copy completed; non-zero while

@@ -195,7 +195,7 @@ int ruda__cu_write(void *ws, uint64_t dst, const ruda__layout *l, void *staged, 
   plan p;
   char why[256];
   if (make_plan(l, w->b->max_pitch, &p, why, sizeof why) != 0) { /* api.c checked; be safe */
-    ruda__staging_free_near(w->b->staging, staged, w->index);
+    ruda__staging_free_addr(w->b->staging, staged);
     *err = ruda__error_new(RUDA_EUNSUPPORTEDSTRIDES, 0, "%s", why);
     return RUDA_EUNSUPPORTEDSTRIDES;
   }
@@ -203,7 +203,7 @@ int ruda__cu_write(void *ws, uint64_t dst, const ruda__layout *l, void *staged, 
   if (r != CUDA_SUCCESS) {
     /* A failed async copy was never queued (or the context is dead), so
      * the block can go back at once. */
-    ruda__staging_free_near(w->b->staging, staged, w->index);
+    ruda__staging_free_addr(w->b->staging, staged);
     return ruda__cu_worker_fail(w, r, err, "upload of %llu bytes to 0x%llx", (unsigned long long)l->bytes,
                                 (unsigned long long)dst);
   }
@@ -219,7 +219,6 @@ typedef struct read_block {
   ruda__cu_backend *b;
   void *dst;
   size_t bytes;
-  uint32_t lane; /* the block goes back near it (ruda__staging_free_near) */
 } read_block;
 
 #define READ_HDR 64 /* keeps the payload cache-line aligned */
@@ -242,12 +241,11 @@ static void read_finish(void *state, void *arg) {
     ruda__staging_parallel((rb->bytes + READ_PIECE - 1) / READ_PIECE, read_piece, rb);
   else
     memcpy(rb->dst, (unsigned char *)rb + READ_HDR, rb->bytes);
-  ruda__staging_free_near(b->staging, rb, rb->lane);
+  ruda__staging_free_addr(b->staging, rb);
 }
 
 static void read_discard(void *state, void *arg) {
-  read_block *rb = arg;
-  ruda__staging_free_near(((ruda__cu_backend *)state)->staging, rb, rb->lane);
+  ruda__staging_free_addr(((ruda__cu_backend *)state)->staging, arg);
 }
 
 int ruda__cu_read(void *ws, void *dst, uint64_t src, const ruda__layout *l, ruda__completion *c,
@@ -273,7 +271,9 @@ int ruda__cu_read(void *ws, void *dst, uint64_t src, const ruda__layout *l, ruda
     c->event = e;
     return 0;
   }
-  read_block *rb = ruda__staging_alloc_near(w->b->staging, READ_HDR + l->bytes, w->index);
+  /* After the lane's last read block: with one read in flight, the same
+   * block each time (freed by address once copied out). */
+  read_block *rb = ruda__staging_alloc_after(w->b->staging, READ_HDR + l->bytes, w->last_read);
   if (rb == NULL) {
     *err = ruda__error_new(RUDA_ENOMEM, 0, "no staging memory for a read of %llu bytes",
                            (unsigned long long)l->bytes);
@@ -282,11 +282,11 @@ int ruda__cu_read(void *ws, void *dst, uint64_t src, const ruda__layout *l, ruda
   rb->b = w->b;
   rb->dst = dst;
   rb->bytes = l->bytes;
-  rb->lane = w->index;
+  w->last_read = rb;
   CUresult r = copy_strided(w, &p, 0, (unsigned char *)rb + READ_HDR, src);
   ruda__cu_event *e = r == CUDA_SUCCESS ? ruda__cu_record(w, &r) : NULL;
   if (e == NULL) {
-    ruda__staging_free_near(w->b->staging, rb, w->index);
+    ruda__staging_free_addr(w->b->staging, rb);
     return ruda__cu_worker_fail(w, r, err, "download of %llu bytes from 0x%llx", (unsigned long long)l->bytes,
                                 (unsigned long long)src);
   }

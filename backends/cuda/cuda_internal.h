@@ -103,6 +103,9 @@ typedef struct ruda__cu_worker {
   ruda__cu_backend *b;
   CUstream stream;
   uint32_t index;
+  /* The last read's bounce block (only a key for the next one, see
+   * ruda__staging_alloc_after; it may be freed): its exec holder's. */
+  const void *last_read;
   /* FIFO of writes in flight; stream order means they finish in order.
    * The worker adds and polls; a thread that saw a later event of this
    * stream complete (a sync's waiter) may retire them too, so the lock. */

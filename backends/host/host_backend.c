@@ -81,8 +81,8 @@ static void host_mem_free(void *state, uint64_t addr, void *wstate) {
   free((void *)(uintptr_t)addr);
 }
 
-static void *host_stage_alloc(void *state, size_t size, uint32_t near) {
-  (void)near; /* malloc keeps its own per-thread caches */
+static void *host_stage_alloc(void *state, size_t size, const void *prev) {
+  (void)prev; /* malloc keeps its own per-thread caches */
   host_state *h = state;
   if (size > SIZE_MAX - sizeof(stage_hdr)) return NULL;
   stage_hdr *b = malloc(sizeof *b + (size ? size : 1));
@@ -134,7 +134,7 @@ static void read_discard(void *state, void *arg) { host_stage_free(state, arg); 
 
 static int host_read(void *ws, void *dst, uint64_t src, const ruda__layout *l, ruda__completion *c,
                      ruda_error **err) {
-  read_bounce *r = host_stage_alloc(ws, sizeof *r + l->bytes, UINT32_MAX);
+  read_bounce *r = host_stage_alloc(ws, sizeof *r + l->bytes, NULL);
   c->event = NULL;
   if (r == NULL) {
     *err = ruda__error_new(RUDA_ENOMEM, 0, "no host memory for a read of %llu bytes", (unsigned long long)l->bytes);

@@ -263,40 +263,43 @@ static void threads_keep_to_their_own_stripe(void **state) {
   assert_int_equal(atomic_load(&pv.bytes), 0);
 }
 
-/* A lane's blocks (ruda__staging_free_near) come back to that lane's next
- * allocation whichever thread freed them, as a write's block taken by a
- * client and retired by a worker does; another lane's stripe does not
- * see them. */
-typedef struct near_arg {
+/* A block returned by address (ruda__staging_free_addr) comes back to the
+ * next allocation after it (ruda__staging_alloc_after) whichever thread
+ * freed it, as a stream's write block taken by a client and retired by a
+ * worker does; two users, each after its own previous block, keep theirs;
+ * an allocation with no previous block is served too. */
+typedef struct addr_arg {
   ruda__staging *s;
   void *p;
-  uint32_t lane;
-} near_arg;
+} addr_arg;
 
-static void *free_near(void *p) {
-  near_arg *a = p;
-  ruda__staging_free_near(a->s, a->p, a->lane);
+static void *free_addr(void *p) {
+  addr_arg *a = p;
+  ruda__staging_free_addr(a->s, a->p);
   return NULL;
 }
 
-static void blocks_freed_near_a_lane_come_back_to_it(void **state) {
+static void blocks_freed_by_address_come_back_after_themselves(void **state) {
   (void)state;
   provider pv;
   ruda__staging *s = make(&pv, 4u << 20, 0);
-  for (int round = 0; round < 3; round++) {
-    void *a = ruda__staging_alloc_near(s, 65536, 5);
-    assert_true(ruda__staging_pinned(s, a));
-    near_arg arg = {s, a, 5};
-    pthread_t t;
-    assert_int_equal(pthread_create(&t, NULL, free_near, &arg), 0); /* a worker retires it */
+  void *mine = ruda__staging_alloc_after(s, 65536, NULL), *theirs = ruda__staging_alloc_after(s, 65536, NULL);
+  assert_true(ruda__staging_pinned(s, mine) && ruda__staging_pinned(s, theirs));
+  assert_ptr_not_equal(mine, theirs);
+  for (int round = 0; round < 4; round++) {
+    addr_arg a = {s, mine}, b = {s, theirs};
+    pthread_t t, u;
+    assert_int_equal(pthread_create(&t, NULL, free_addr, &a), 0); /* a worker retires them */
+    assert_int_equal(pthread_create(&u, NULL, free_addr, &b), 0);
     pthread_join(t, NULL);
-    void *other = ruda__staging_alloc_near(s, 65536, 6); /* another lane: not a */
-    assert_ptr_not_equal(other, a);
-    void *again = ruda__staging_alloc_near(s, 65536, 5 + RUDA__CACHE_STRIPES); /* the same stripe */
-    assert_ptr_equal(again, a);
-    ruda__staging_free_near(s, again, 5);
-    ruda__staging_free_near(s, other, 6);
+    pthread_join(u, NULL);
+    /* The other user first: it still gets its own block back. */
+    void *t2 = ruda__staging_alloc_after(s, 65536, theirs), *m2 = ruda__staging_alloc_after(s, 65536, mine);
+    assert_ptr_equal(t2, theirs);
+    assert_ptr_equal(m2, mine);
   }
+  ruda__staging_free_addr(s, mine);
+  ruda__staging_free_addr(s, theirs);
   ruda_staging_stats st;
   ruda__staging_usage(s, &st);
   assert_int_equal(st.in_use_bytes, 0);
@@ -375,7 +378,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(concurrent_users_never_share_bytes),
       cmocka_unit_test(freed_blocks_serve_the_next_of_their_size),
       cmocka_unit_test(threads_keep_to_their_own_stripe),
-      cmocka_unit_test(blocks_freed_near_a_lane_come_back_to_it),
+      cmocka_unit_test(blocks_freed_by_address_come_back_after_themselves),
       cmocka_unit_test(growth_takes_chunks_made_ahead),
       cmocka_unit_test(parallel_pieces_run_once_each),
   };
