@@ -226,6 +226,22 @@ static graph_stats_fn mock_graph_stats(ruda_device *dev) {
   return fn;
 }
 
+/* Where patched replays move a request: another buffer and two staging
+ * blocks of q's size; closed with q. */
+static void patch_targets_open(const request *q, ruda_handle *h2, unsigned **in2, unsigned **out2) {
+  assert_ok(ruda_buffer_create(q->dev, 0, (uint64_t)q->n * 4, h2));
+  assert_ok(ruda_staging_alloc(q->dev, (size_t)q->n * 4, (void **)in2));
+  assert_ok(ruda_staging_alloc(q->dev, (size_t)q->n * 4, (void **)out2));
+}
+
+static void patch_targets_close(request *q, ruda_handle h2, unsigned *in2, unsigned *out2) {
+  assert_ok(ruda_buffer_free(q->dev, 0, h2));
+  gpu_sync_ok(q->dev, 0);
+  assert_ok(ruda_staging_free(q->dev, in2));
+  assert_ok(ruda_staging_free(q->dev, out2));
+  request_close(q);
+}
+
 /* Replays with patches move the request onto other buffers and blocks, a
  * new scalar and a smaller grid by updating the executable graph's nodes
  * (cuGraphExecKernelNodeSetParams, cuGraphExecMemcpyNodeSetParams), never
@@ -236,9 +252,7 @@ static void patched_replays_update_nodes(void **state) {
   graph_stats_fn stats = mock_graph_stats(q.dev);
   ruda_handle h2;
   unsigned *in2, *out2;
-  assert_ok(ruda_buffer_create(q.dev, 0, (uint64_t)q.n * 4, &h2));
-  assert_ok(ruda_staging_alloc(q.dev, (size_t)q.n * 4, (void **)&in2));
-  assert_ok(ruda_staging_alloc(q.dev, (size_t)q.n * 4, (void **)&out2));
+  patch_targets_open(&q, &h2, &in2, &out2);
   unsigned inst0 = 0, upd0 = 0, inst, upd;
   unsigned want = request_fill(&q, 5);
   assert_ok(ruda_graph_run(q.dev, 0, q.g, NULL));
@@ -275,11 +289,7 @@ static void patched_replays_update_nodes(void **state) {
     assert_int_equal(inst, inst0);     /* no capture or instantiation again */
     assert_int_equal(upd - upd0, 4 * 2 * 3); /* three nodes patched, three put back, per round */
   }
-  assert_ok(ruda_buffer_free(q.dev, 0, h2));
-  gpu_sync_ok(q.dev, 0);
-  assert_ok(ruda_staging_free(q.dev, in2));
-  assert_ok(ruda_staging_free(q.dev, out2));
-  request_close(&q);
+  patch_targets_close(&q, h2, in2, out2);
 }
 
 /* A replay that patches commands exactly as the executable graph holds
@@ -292,9 +302,7 @@ static void repeated_patches_update_no_node(void **state) {
   graph_stats_fn stats = mock_graph_stats(q.dev);
   ruda_handle h2;
   unsigned *in2, *out2;
-  assert_ok(ruda_buffer_create(q.dev, 0, (uint64_t)q.n * 4, &h2));
-  assert_ok(ruda_staging_alloc(q.dev, (size_t)q.n * 4, (void **)&in2));
-  assert_ok(ruda_staging_alloc(q.dev, (size_t)q.n * 4, (void **)&out2));
+  patch_targets_open(&q, &h2, &in2, &out2);
   unsigned inst0 = 0, upd0 = 0, inst = 0, upd = 0;
   assert_ok(ruda_graph_run(q.dev, 0, q.g, NULL)); /* captured and instantiated */
   unsigned k = 7;
@@ -332,11 +340,7 @@ static void repeated_patches_update_no_node(void **state) {
       assert_int_equal(upd - upd0, r == 0 ? 3 : 0);
     }
   }
-  assert_ok(ruda_buffer_free(q.dev, 0, h2));
-  gpu_sync_ok(q.dev, 0);
-  assert_ok(ruda_staging_free(q.dev, in2));
-  assert_ok(ruda_staging_free(q.dev, out2));
-  request_close(&q);
+  patch_targets_close(&q, h2, in2, out2);
 }
 
 /* A driver that cannot say which node a command made (here: no
